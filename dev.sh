@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Quick start from a clean clone: `./dev.sh demo` runs the demo, `./dev.sh test` the tests.
+# Installs only what is missing, and never replaces an installed torch.
+set -euo pipefail
+cd "$(dirname "$0")"
+PY=${PYTHON:-python3}
+
+ensure_deps() {
+  if ! "$PY" -c "import torch" 2>/dev/null; then
+    # A CPU build: the default wheel on PyPI pulls several GB of CUDA libraries.
+    "$PY" -m pip install -q torch==2.13.0 || \
+      "$PY" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+  fi
+  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    # Triton's CPU interpreter (how CPU runs Triton kernels) needs >= 3.8 with numpy >= 2.4.
+    "$PY" -c "import triton, sys; v=tuple(map(int, triton.__version__.split('.')[:2])); sys.exit(v < (3, 8))" \
+      2>/dev/null || "$PY" -m pip install -q "triton>=3.8"
+  fi
+  "$PY" -c "import staticattn, pytest, hypothesis, pytest_benchmark" 2>/dev/null || \
+    "$PY" -m pip install -q -e ".[test]"
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+  demo) ensure_deps; exec "$PY" -m staticattn demo "$@" ;;
+  test) ensure_deps; exec "$PY" -m pytest "$@" ;;
+  *) echo "usage: ./dev.sh demo|test [args...]" >&2; exit 2 ;;
+esac

@@ -1,0 +1,220 @@
+"""A step's inputs at fixed addresses, and how host values reach them.
+
+Two ways in, both at fixed addresses (DESIGN.md, Lifecycle 4):
+
+* small per-step vectors (query start locations, sequence lengths, slot mapping) are written
+  by the host into the staging block (pinned on CUDA); one kernel, the first node of a
+  captured step, reads them straight from pinned memory and writes the device views, deriving
+  ``positions`` and ``token_to_req`` on the way;
+* large persistent state (the block tables) lives only in device views that the engine
+  updates in place, the rows that changed; no step copies a whole table.
+
+The host never rewrites staging that an in-flight step may still read: the staging kernel is
+followed by an event (recorded inside the graph too, as an external event node), and
+:meth:`StepInputs.stage` waits on it before writing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from staticattn.arena.buffers import BufferDecl
+from staticattn.arena.config import ArenaConfig
+from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.kernels.backend import resolve_backend
+from staticattn.kernels.staging import stage_inputs
+
+__all__ = ["input_buffers", "StepInputs", "StagedCounts", "PAD_SLOT_ID", "NULL_BLOCK_ID"]
+
+#: Slot of a token whose KV is not written (graph padding, or told so by the engine).
+PAD_SLOT_ID = -1
+#: Block 0 is reserved as the null block: padded requests' rows point at it.
+NULL_BLOCK_ID = 0
+
+
+def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
+    """The input views every arena has: device inputs and their host staging.
+
+    Device (``input.*``): ``query_start_loc`` int32 ``(max_num_seqs + 1,)``, ``seq_lens`` int32
+    ``(max_num_seqs,)``, ``slot_mapping`` / ``positions`` int64 ``(max_num_batched_tokens,)``,
+    ``token_to_req`` int32 ``(max_num_batched_tokens,)``, ``block_table`` int32
+    ``(max_num_seqs, max_blocks_per_req)``, and with SWA ``swa_block_table`` int32
+    ``(max_num_seqs, max_swa_blocks_per_req)``.
+    Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping``.
+    """
+    r, t = config.max_num_seqs, config.max_num_batched_tokens
+    decls = [
+        BufferDecl("input.query_start_loc", (r + 1,), torch.int32),
+        BufferDecl("input.seq_lens", (r,), torch.int32),
+        BufferDecl("input.slot_mapping", (t,), torch.int64, fill=PAD_SLOT_ID),
+        BufferDecl("input.positions", (t,), torch.int64),
+        BufferDecl("input.token_to_req", (t,), torch.int32),
+        BufferDecl("input.block_table", (r, config.max_blocks_per_req), torch.int32),
+        BufferDecl("staging.query_start_loc", (r + 1,), torch.int32, where="host"),
+        BufferDecl("staging.seq_lens", (r,), torch.int32, where="host"),
+        BufferDecl("staging.slot_mapping", (t,), torch.int64, where="host", fill=PAD_SLOT_ID),
+    ]
+    if config.has_swa:
+        decls.append(
+            BufferDecl("input.swa_block_table", (r, config.max_swa_blocks_per_req), torch.int32)
+        )
+    return decls
+
+
+@dataclass(frozen=True, slots=True)
+class StagedCounts:
+    """What :meth:`StepInputs.stage` wrote: real and padded extents, host maxima."""
+
+    num_reqs: int
+    num_tokens: int
+    num_reqs_padded: int
+    num_tokens_padded: int
+    max_query_len: int
+    max_seq_len: int
+
+
+class StepInputs:
+    """The arena's input views and the staging of host values into them.
+
+    Parameters
+    ----------
+    arena : Arena
+        Allocated, with :func:`input_buffers` declared.
+
+    Attributes
+    ----------
+    query_start_loc, seq_lens, slot_mapping, positions, token_to_req, block_table,
+    swa_block_table : torch.Tensor
+        Device views (``swa_block_table`` is None without SWA).
+    host_query_start_loc, host_seq_lens, host_slot_mapping : torch.Tensor
+        Host staging views; the eager path reads its host-side lengths from them.
+    """
+
+    def __init__(self, arena) -> None:
+        self.config: ArenaConfig = arena.config
+        self.device = arena.device
+        self.backend = resolve_backend(self.config.kernel_backend, self.device)
+        self.query_start_loc = arena["input.query_start_loc"]
+        self.seq_lens = arena["input.seq_lens"]
+        self.slot_mapping = arena["input.slot_mapping"]
+        self.positions = arena["input.positions"]
+        self.token_to_req = arena["input.token_to_req"]
+        self.block_table = arena["input.block_table"]
+        self.swa_block_table = (
+            arena["input.swa_block_table"] if "input.swa_block_table" in arena else None
+        )
+        self.host_query_start_loc = arena["staging.query_start_loc"]
+        self.host_seq_lens = arena["staging.seq_lens"]
+        self.host_slot_mapping = arena["staging.slot_mapping"]
+        # numpy views of the same host memory: writing through them costs no torch dispatch.
+        self._np_qsl = self.host_query_start_loc.numpy()
+        self._np_seq_lens = self.host_seq_lens.numpy()
+        self._np_slots = self.host_slot_mapping.numpy()
+        self._consumed = (
+            torch.cuda.Event(external=True) if self.device.type == "cuda" else None
+        )
+
+    # ----------------------------------------------------------------- host side
+    def stage(
+        self,
+        query_lens: np.ndarray,
+        seq_lens: np.ndarray,
+        slot_mapping: np.ndarray,
+        *,
+        num_reqs_padded: int | None = None,
+        num_tokens_padded: int | None = None,
+    ) -> StagedCounts:
+        """Write one step's host values into the staging block.
+
+        Parameters
+        ----------
+        query_lens : int array ``(num_reqs,)``
+            Tokens scheduled per request this step.
+        seq_lens : int array ``(num_reqs,)``
+            Context + scheduled tokens per request.
+        slot_mapping : int array ``(num_tokens,)``
+            KV slot per token, ``-1`` = do not write.
+        num_reqs_padded, num_tokens_padded : int, optional
+            Pad to these extents with null requests (query length 0, sequence length 0;
+            spec §10.5) and null tokens (slot -1).
+
+        Waits until the previous step's staging kernel has read the staging block (a no-op
+        on CPU, and nearly always already true on CUDA), then writes. Raises
+        :class:`CapacityError` / :class:`InvalidBatchError` before writing anything.
+        """
+        query_lens = np.asarray(query_lens)
+        seq_lens = np.asarray(seq_lens)
+        slot_mapping = np.asarray(slot_mapping)
+        num_reqs, num_tokens = int(query_lens.shape[0]), int(slot_mapping.shape[0])
+        pr = num_reqs if num_reqs_padded is None else int(num_reqs_padded)
+        pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
+        self._check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
+        if self._consumed is not None:
+            self._consumed.synchronize()
+        qsl = self._np_qsl
+        qsl[0] = 0
+        np.cumsum(query_lens, out=qsl[1 : num_reqs + 1])
+        qsl[num_reqs + 1 : pr + 1] = num_tokens
+        self._np_seq_lens[:num_reqs] = seq_lens
+        self._np_seq_lens[num_reqs:pr] = 0
+        self._np_slots[:num_tokens] = slot_mapping
+        self._np_slots[num_tokens:pt] = PAD_SLOT_ID
+        return StagedCounts(
+            num_reqs=num_reqs, num_tokens=num_tokens, num_reqs_padded=pr,
+            num_tokens_padded=pt,
+            max_query_len=int(query_lens.max()) if num_reqs else 0,
+            max_seq_len=int(seq_lens.max()) if num_reqs else 0,
+        )
+
+    def _check_extents(self, query_lens, seq_lens, slot_mapping, pr: int, pt: int) -> None:
+        cfg = self.config
+        if query_lens.ndim != 1 or seq_lens.ndim != 1 or slot_mapping.ndim != 1:
+            raise InvalidBatchError(
+                "query_lens, seq_lens and slot_mapping must be 1-D, got shapes "
+                f"{query_lens.shape}, {seq_lens.shape}, {slot_mapping.shape}"
+            )
+        for name, arr in (("query_lens", query_lens), ("seq_lens", seq_lens),
+                          ("slot_mapping", slot_mapping)):
+            if arr.size and not np.issubdtype(arr.dtype, np.integer):
+                raise InvalidBatchError(f"{name} must hold integers, got dtype {arr.dtype}")
+        num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
+        if seq_lens.shape[0] != num_reqs:
+            raise InvalidBatchError(
+                f"seq_lens has {seq_lens.shape[0]} entries but query_lens has {num_reqs}"
+            )
+        if pr < num_reqs or pt < num_tokens:
+            raise InvalidBatchError(
+                f"padding ({pr} requests, {pt} tokens) is smaller than the batch "
+                f"({num_reqs} requests, {num_tokens} tokens)"
+            )
+        if pr > cfg.max_num_seqs:
+            raise CapacityError(f"num_reqs={pr} exceeds max_num_seqs={cfg.max_num_seqs}")
+        if pt > cfg.max_num_batched_tokens:
+            raise CapacityError(
+                f"num_tokens={pt} exceeds max_num_batched_tokens={cfg.max_num_batched_tokens}"
+            )
+        if num_reqs and int(query_lens.min()) < 0:
+            raise InvalidBatchError(f"query_lens has a negative entry ({int(query_lens.min())})")
+        total = int(query_lens.sum()) if num_reqs else 0
+        if total != num_tokens:
+            raise InvalidBatchError(
+                f"query_lens sum to {total} tokens but slot_mapping has {num_tokens} entries"
+            )
+
+    # --------------------------------------------------------------- device side
+    def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
+        """Launch the staging kernel over a static extent, then mark the staging block free.
+
+        Graph-safe: the extent is a static int, and inside a capture the event becomes an
+        event-record node that fires on every replay.
+        """
+        stage_inputs(
+            self.backend, self.host_query_start_loc, self.host_seq_lens,
+            self.host_slot_mapping, self.query_start_loc, self.seq_lens, self.slot_mapping,
+            self.positions, self.token_to_req, num_reqs, num_tokens,
+        )
+        if self._consumed is not None:
+            self._consumed.record()

@@ -1,0 +1,65 @@
+"""The builder contract the graph manager relies on (DESIGN.md, "The builder contract").
+
+Every builder, whatever it builds, offers:
+
+* ``name`` -- a short unique key (``"indexer"``, ``"swa"``); metadata is handed to the step
+  under it;
+* ``buffers(config)`` -- the buffer declarations it needs for that config;
+* ``bind(arena)`` -- takes its views; after this it never allocates;
+* ``build(batch)`` -- metadata for any batch (mixed, prefill, decode), eager; may read the
+  host-side lengths the batch carries, never the device;
+* ``build_decode(batch)`` -- the graph-safe decode build for a *static* uniform decode batch
+  (:meth:`Batch.for_decode_capture`): reads only arena views and static ints, launches only
+  kernels, and returns metadata whose tensors are the same views on every call.
+
+Both builds return the same metadata type, so the user's step never needs to know which ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from staticattn.arena import Arena, ArenaConfig, BufferDecl, StepInputs, input_buffers
+from staticattn.builders.batch import Batch
+from staticattn.errors import ArenaError
+
+__all__ = ["MetadataBuilder", "make_arena"]
+
+
+@runtime_checkable
+class MetadataBuilder(Protocol):
+    name: str
+
+    def buffers(self, config: ArenaConfig) -> list[BufferDecl]: ...
+
+    def bind(self, arena: Arena) -> None: ...
+
+    def build(self, batch: Batch) -> Any: ...
+
+    def build_decode(self, batch: Batch) -> Any: ...
+
+
+def make_arena(
+    config: ArenaConfig, builders: Sequence[MetadataBuilder] = ()
+) -> tuple[Arena, StepInputs]:
+    """Declare the inputs and every builder's buffers, allocate once, bind the builders.
+
+    Returns
+    -------
+    arena : Arena
+        Allocated and frozen.
+    inputs : StepInputs
+        The arena's input views and staging.
+    """
+    names = [b.name for b in builders]
+    if len(set(names)) != len(names):
+        raise ArenaError(f"builder names must be unique, got {names}")
+    arena = Arena(config)
+    arena.declare(input_buffers(config))
+    for b in builders:
+        arena.declare(b.buffers(config))
+    arena.allocate()
+    for b in builders:
+        b.bind(arena)
+    return arena, StepInputs(arena)

@@ -1,0 +1,116 @@
+"""The batch every builder reads: our counterpart of the reference engine's common
+attention metadata (spec §2).
+
+A :class:`Batch` is a set of views plus static ints. When it comes from the arena
+(:meth:`Batch.from_inputs`) every tensor is an arena view, so its addresses never change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from staticattn.arena.inputs import StagedCounts, StepInputs
+
+__all__ = ["Batch"]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One step's attention inputs.
+
+    Attributes
+    ----------
+    query_start_loc : int32 device ``(num_reqs + 1,)``
+        Prefix sums of query lengths; ``qsl[0] = 0``, non-decreasing. Padded requests
+        repeat the real token count (query length 0).
+    query_start_loc_cpu : int32 host ``(num_reqs + 1,)``
+        The same values on the host (eager planning reads these, never the device).
+    seq_lens : int32 device ``(num_reqs,)``
+        Context + scheduled tokens per request (``L_b``); padded requests have 0.
+    seq_lens_cpu : int32 host ``(num_reqs,)``
+        Host copy of ``seq_lens``; an upper bound (exact for prefill rows).
+    num_reqs : int
+        Requests, padded ones included.
+    num_actual_tokens : int
+        Tokens, padded ones included (as the reference's FULL-graph mode counts them).
+    max_query_len, max_seq_len : int
+        Maxima over the real requests.
+    block_table : int32 device ``(num_reqs, max_blocks_per_req)``
+        Main cache group (indexer / compressed caches), ``block_size`` tokens per block.
+    slot_mapping : int64 device ``(num_actual_tokens,)``
+        Uncompressed KV slot per token in the SWA group if the model has one, else in the
+        main group; ``-1`` = do not write (padded tokens are always -1).
+    positions : int64 device ``(num_actual_tokens,)`` or None
+        Absolute position per token; padded tokens 0.
+    token_to_req : int32 device ``(num_actual_tokens,)`` or None
+        Request of each token; padded tokens 0.
+    swa_block_table : int32 device ``(num_reqs, max_swa_blocks_per_req)`` or None
+        SWA cache group, ``swa_block_size`` tokens per block.
+    dcp_local_seq_lens : int32 device ``(num_reqs,)`` or None
+        Context-parallel local lengths, when used.
+    is_prefilling : bool host ``(num_reqs,)`` or None
+        Requests still processing their prompt (for the split's short-extend rule).
+    """
+
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    num_reqs: int
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor | None = None
+    token_to_req: torch.Tensor | None = None
+    swa_block_table: torch.Tensor | None = None
+    dcp_local_seq_lens: torch.Tensor | None = None
+    is_prefilling: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.query_start_loc.device
+
+    @classmethod
+    def from_inputs(
+        cls, inputs: StepInputs, num_reqs: int, num_tokens: int, max_query_len: int,
+        max_seq_len: int,
+    ) -> Batch:
+        """Arena views over ``num_reqs`` requests and ``num_tokens`` tokens (padding included)."""
+        return cls(
+            query_start_loc=inputs.query_start_loc[: num_reqs + 1],
+            query_start_loc_cpu=inputs.host_query_start_loc[: num_reqs + 1],
+            seq_lens=inputs.seq_lens[:num_reqs],
+            seq_lens_cpu=inputs.host_seq_lens[:num_reqs],
+            num_reqs=num_reqs,
+            num_actual_tokens=num_tokens,
+            max_query_len=max_query_len,
+            max_seq_len=max_seq_len,
+            block_table=inputs.block_table[:num_reqs],
+            slot_mapping=inputs.slot_mapping[:num_tokens],
+            positions=inputs.positions[:num_tokens],
+            token_to_req=inputs.token_to_req[:num_tokens],
+            swa_block_table=(
+                None if inputs.swa_block_table is None else inputs.swa_block_table[:num_reqs]
+            ),
+        )
+
+    @classmethod
+    def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:
+        """The batch a :meth:`StepInputs.stage` call described (padded extents)."""
+        return cls.from_inputs(
+            inputs, counts.num_reqs_padded, counts.num_tokens_padded, counts.max_query_len,
+            counts.max_seq_len,
+        )
+
+    @classmethod
+    def for_decode_capture(cls, inputs: StepInputs, num_reqs: int) -> Batch:
+        """The static uniform-decode batch a graph of ``num_reqs`` requests is captured for:
+        ``next_n`` tokens per request, maxima at their capacities (never read from data)."""
+        cfg = inputs.config
+        return cls.from_inputs(
+            inputs, num_reqs, num_reqs * cfg.next_n, cfg.next_n, cfg.max_model_len
+        )

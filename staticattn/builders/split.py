@@ -1,0 +1,84 @@
+"""Where the decodes end and the prefills begin (spec §3.2, §3 of the seed page).
+
+Pure host functions over the batch's host-side query start locations; no device reads.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from staticattn.builders.batch import Batch
+
+__all__ = ["split_decodes_and_prefills", "DecodePrefillSplit"]
+
+DecodePrefillSplit = tuple[int, int, int, int]
+
+
+def split_decodes_and_prefills(
+    batch: Batch,
+    decode_threshold: int = 1,
+    require_uniform: bool = False,
+    treat_short_extends_as_decodes: bool = True,
+) -> DecodePrefillSplit:
+    """Split a decode-first batch into ``(num_decodes, num_prefills, num_decode_tokens,
+    num_prefill_tokens)``.
+
+    Parameters
+    ----------
+    batch : Batch
+        Reads ``query_start_loc_cpu`` (int32 host ``(num_reqs + 1,)``), ``num_reqs``,
+        ``num_actual_tokens``, ``max_query_len`` and, when short extends are not decodes,
+        ``is_prefilling`` (bool host ``(num_reqs,)``).
+    decode_threshold : int
+        Longest query that still counts as a decode.
+    require_uniform : bool
+        Decodes must all have the first request's query length; rows of query length 0
+        are graph padding and count as decodes, so a padded uniform batch is all decodes.
+    treat_short_extends_as_decodes : bool
+        When False, a request still prefilling its prompt is a prefill whatever its length.
+
+    Returns
+    -------
+    tuple of int
+        ``(D, P, Td, Tp)`` with ``D + P = num_reqs`` and ``Td + Tp = num_actual_tokens``.
+        ``Td`` is ``num_actual_tokens`` (padding included) when every request is a decode.
+
+    Notes
+    -----
+    Follows the reference v0.20.2 behaviour. The seed page (v0.14) asserts
+    ``num_reqs * query_lens[0] == num_tokens`` for padded uniform batches and has no
+    ``treat_short_extends_as_decodes``; v0.20.2 drops the assertion and adds the flag.
+
+    Examples
+    --------
+    Non-uniform, threshold 4, query lengths ``[2,1,3,4,5,6,7,8]`` -> ``(4, 4, 10, 26)``;
+    uniform, threshold 4, ``[2,1,2,4,5,6,7,8]`` -> ``(1, 7, 2, 33)``; uniform, threshold 3,
+    ``[2,2,2,0]`` padded to 8 tokens -> ``(4, 0, 8, 0)``.
+    """
+    num_reqs, num_tokens = batch.num_reqs, batch.num_actual_tokens
+    all_decodes = (num_reqs, 0, num_tokens, 0)
+    if (
+        batch.max_query_len <= decode_threshold
+        and (not require_uniform or decode_threshold <= 1)
+        and treat_short_extends_as_decodes
+    ):
+        return all_decodes
+    qsl = np.asarray(batch.query_start_loc_cpu[: num_reqs + 1])
+    query_lens = np.diff(qsl)
+    if num_reqs == 0:
+        return all_decodes
+    if query_lens[0] > decode_threshold:
+        return 0, num_reqs, 0, num_tokens
+    if require_uniform:
+        if np.all((query_lens == query_lens[0]) | (query_lens == 0)):
+            return all_decodes
+        is_prefill = query_lens != query_lens[0]
+    else:
+        is_prefill = query_lens > decode_threshold
+    if not treat_short_extends_as_decodes and batch.is_prefilling is not None:
+        is_prefill = is_prefill | np.asarray(batch.is_prefilling[:num_reqs], dtype=bool)
+    if not is_prefill.any():
+        return all_decodes
+    first = int(np.argmax(is_prefill))
+    num_decode_tokens = int(qsl[first])
+    return first, num_reqs - first, num_decode_tokens, num_tokens - num_decode_tokens

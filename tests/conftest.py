@@ -1,0 +1,47 @@
+"""Test setup: interpreted Triton on CPU, the `gpu` marker, hypothesis profiles."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+# Triton picks compiled vs interpreted when a kernel is defined, and staticattn defines its
+# kernels lazily, so switching the interpreter on here covers every Triton kernel on CPU.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile(
+    "ci", deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True,
+    print_blob=True,
+)
+settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords and not HAS_CUDA:
+            item.add_marker(skip_gpu)
+
+
+def backends_here() -> list[str]:
+    """Kernel backends testable on this machine: torch always; Triton compiled on CUDA or
+    interpreted on CPU."""
+    return ["torch", "triton"]
+
+
+@pytest.fixture(params=backends_here())
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"
