@@ -1,0 +1,197 @@
+"""Shared test support: a host-side step description, staging it into an arena, and one
+hypothesis strategy that draws realistic steps for a config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+from staticattn.arena import ArenaConfig, StepInputs
+from staticattn.builders import Batch
+
+
+@dataclass
+class HostStep:
+    """One step as an engine knows it on the host.
+
+    query_lens, seq_lens : int32 ``(num_reqs,)`` real requests, decodes first.
+    slot_mapping : int64 ``(num_tokens,)``; -1 = do not write.
+    block_table : int32 ``(num_reqs, max_blocks_per_req)`` main group.
+    swa_block_table : int32 ``(num_reqs, max_swa_blocks_per_req)`` or None.
+    num_reqs_padded, num_tokens_padded : extents after graph padding (>= the real ones).
+    """
+
+    query_lens: np.ndarray
+    seq_lens: np.ndarray
+    slot_mapping: np.ndarray
+    block_table: np.ndarray
+    swa_block_table: np.ndarray | None
+    num_reqs_padded: int
+    num_tokens_padded: int
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.query_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query_lens.sum())
+
+    @property
+    def query_start_loc(self) -> list[int]:
+        """Padded query start locations, as plain ints."""
+        qsl = [0]
+        for q in self.query_lens:
+            qsl.append(qsl[-1] + int(q))
+        qsl += [qsl[-1]] * (self.num_reqs_padded - self.num_reqs)
+        return qsl
+
+    def padded_seq_lens(self) -> list[int]:
+        return [int(x) for x in self.seq_lens] + [0] * (self.num_reqs_padded - self.num_reqs)
+
+
+def slots_for(block_table: np.ndarray, block_size: int, query_lens, seq_lens) -> np.ndarray:
+    """Uncompressed KV slot of every token: ``bt[b, p // bs] * bs + p % bs``."""
+    out = []
+    for b, (q, L) in enumerate(zip(query_lens, seq_lens)):
+        for j in range(int(q)):
+            p = int(L) - int(q) + j
+            out.append(int(block_table[b, p // block_size]) * block_size + p % block_size)
+    return np.asarray(out, dtype=np.int64)
+
+
+def make_step(
+    config: ArenaConfig,
+    query_lens,
+    seq_lens,
+    *,
+    num_reqs_padded: int | None = None,
+    num_tokens_padded: int | None = None,
+    invalid_tokens=(),
+    rng: np.random.Generator | None = None,
+    num_blocks: int = 100_000,
+) -> HostStep:
+    """A step with random block tables (block ids >= 1; 0 is the null block) and slots
+    derived from them; ``invalid_tokens`` get slot -1."""
+    rng = rng or np.random.default_rng(0)
+    q = np.asarray(query_lens, dtype=np.int32)
+    L = np.asarray(seq_lens, dtype=np.int32)
+    r = q.shape[0]
+    bt = rng.integers(1, num_blocks, size=(r, config.max_blocks_per_req), dtype=np.int32)
+    swa_bt = None
+    if config.has_swa:
+        swa_bt = rng.integers(
+            1, num_blocks, size=(r, config.max_swa_blocks_per_req), dtype=np.int32
+        )
+        slots = slots_for(swa_bt, config.swa_block_size, q, L)
+    else:
+        slots = slots_for(bt, config.block_size, q, L)
+    for t in invalid_tokens:
+        slots[t] = -1
+    nt = int(q.sum())
+    return HostStep(
+        q, L, slots, bt, swa_bt,
+        r if num_reqs_padded is None else num_reqs_padded,
+        nt if num_tokens_padded is None else num_tokens_padded,
+    )
+
+
+def stage(inputs: StepInputs, step: HostStep) -> Batch:
+    """Write the step's block tables into the arena, stage the small inputs, run the
+    staging kernel, and return the arena-view batch (padded extents)."""
+    r = step.num_reqs
+    inputs.block_table[:r].copy_(_t(step.block_table))
+    if step.swa_block_table is not None:
+        inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+    counts = inputs.stage(
+        step.query_lens, step.seq_lens, step.slot_mapping,
+        num_reqs_padded=step.num_reqs_padded, num_tokens_padded=step.num_tokens_padded,
+    )
+    inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
+    return Batch.from_staged(inputs, counts)
+
+
+def _t(a: np.ndarray):
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+# ------------------------------------------------------------------ hypothesis strategy
+STEP_KINDS = ("uniform_decode", "decode", "mixed", "prefill")
+
+
+@st.composite
+def host_steps(
+    draw,
+    config: ArenaConfig,
+    kinds=STEP_KINDS,
+    max_reqs: int | None = None,
+    max_seq_len: int | None = None,
+):
+    """Realistic steps for ``config``.
+
+    * ``uniform_decode``: k requests of ``next_n`` tokens, padded to a captured size
+      ``S >= k`` (query length 0, sequence length 0, slots -1) or not padded;
+    * ``decode``: MTP decodes with variable accepted lengths ``1..next_n``;
+    * ``mixed``: decodes first, then extends (context > 0) and fresh prefills;
+    * ``prefill``: only prefills / extends.
+    Long and short sequences, some tokens with slot -1, random block ids.
+    """
+    n = config.next_n
+    kind = draw(st.sampled_from(kinds))
+    cap_reqs = min(config.max_num_seqs, max_reqs or config.max_num_seqs)
+    cap_len = min(config.max_model_len, max_seq_len or config.max_model_len)
+    budget = config.max_num_batched_tokens
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+
+    def seq_len(q: int, fresh: bool = False) -> int:
+        if fresh:
+            return q
+        # Mix very short (near the query) and long sequences.
+        hi = cap_len
+        if draw(st.booleans()):
+            hi = min(cap_len, q + draw(st.integers(0, 300)))
+        return draw(st.integers(min(q + (0 if q == 0 else 1), hi), hi)) if hi > q else q
+
+    q_lens: list[int] = []
+    s_lens: list[int] = []
+    pad_reqs = pad_tokens = None
+    if kind == "uniform_decode":
+        max_k = max(1, min(cap_reqs, budget // n))
+        k = draw(st.integers(1, max_k))
+        q_lens = [n] * k
+        s_lens = [seq_len(n) for _ in range(k)]
+        if draw(st.booleans()):
+            pad_reqs = draw(st.integers(k, max_k))
+            pad_tokens = pad_reqs * n
+    else:
+        num_dec = 0 if kind == "prefill" else draw(st.integers(0 if kind == "mixed" else 1,
+                                                                 min(cap_reqs, budget // n)))
+        for _ in range(num_dec):
+            q = draw(st.integers(1, n))
+            q_lens.append(q)
+            s_lens.append(seq_len(q))
+        if kind in ("mixed", "prefill"):
+            remaining = budget - sum(q_lens)
+            num_pre = draw(st.integers(1 if kind == "prefill" else 0,
+                                       max(0, min(cap_reqs - num_dec, 6))))
+            for _ in range(num_pre):
+                if remaining <= n:
+                    break
+                q = draw(st.integers(n + 1, min(remaining, cap_len, n + 600)))
+                fresh = draw(st.booleans())
+                q_lens.append(q)
+                s_lens.append(seq_len(q, fresh=fresh))
+                remaining -= q
+        if not q_lens:
+            q_lens, s_lens = [1], [seq_len(1)]
+    total = sum(q_lens)
+    invalid = []
+    if total and draw(st.booleans()):
+        invalid = sorted(set(draw(st.lists(st.integers(0, total - 1), max_size=4))))
+    return make_step(config, q_lens, s_lens, num_reqs_padded=pad_reqs,
+                     num_tokens_padded=pad_tokens, invalid_tokens=invalid, rng=rng)
