@@ -1,0 +1,90 @@
+"""What the sparse sliding-window builder hands the step: views and static ints only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY
+
+__all__ = ["SparseSWAMetadata"]
+
+
+@dataclass(slots=True)
+class SparseSWAMetadata:
+    """DeepSeek V4 sparse sliding-window metadata of one step (spec §6.3, plus C128A §7).
+
+    Every tensor is an arena view (or a view of the batch's inputs), so a captured step reads
+    the same addresses on every replay. ``T`` = tokens of the step (padding included),
+    ``Td`` / ``Tp`` = decode / prefill tokens, ``P`` = prefill requests, ``W`` = window,
+    ``maxC`` = :attr:`ArenaConfig.c128a_max_compressed`.
+
+    Attributes
+    ----------
+    query_start_loc, seq_lens : int32 device ``(num_reqs + 1,)``, ``(num_reqs,)``
+    query_start_loc_cpu : int32 host ``(num_reqs + 1,)``
+    block_table : int32 device ``(num_reqs, max_swa_blocks_per_req)``
+        The SWA group's block table.
+    slot_mapping : int64 device ``(T,)``
+        SWA slots; -1 = invalid token.
+    block_size, window_size : int
+        SWA tokens per block; ``W``.
+    is_valid_token : bool device ``(T,)``
+        ``slot_mapping >= 0``.
+    token_to_req_indices : int32 device ``(T,)``
+        Request of each token; padded tokens 0 (the reference covers only the real tokens).
+    decode_swa_indices : int32 device ``(Td, 1, W)``
+        Flat SWA slots of each decode token's window (the ``W`` most recent positions
+        including its own), -1 past its length. Invalid tokens: a row of -1.
+    decode_swa_lens : int32 device ``(Td,)``
+        ``min(p + 1, W)``; 0 for invalid tokens.
+    c128a_decode_indices : int32 device ``(Td, 1, maxC)`` or None
+        C128A top-k of each decode token: flat slots of its ``n_c = min((p + 1) // 128,
+        maxC)`` complete compressed entries, -1 past ``n_c``; a row of -1 for invalid
+        tokens. None when the model has no C128A layers. (The reference's
+        ``c128a_global_decode_topk_indices``.)
+    c128a_decode_lens : int32 device ``(Td,)`` or None
+        ``n_c``; 0 for invalid tokens. (The reference's ``c128a_decode_topk_lens``.)
+    num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens : int
+        The decode/prefill split, decode threshold ``next_n``.
+    prefill_seq_lens : int32 device ``(P,)`` or None
+        ``seq_lens[num_decodes:]``; only when ``P > 0``.
+    prefill_gather_lens : int32 device ``(P,)`` or None
+        ``q + min(L - q, W - 1)`` per prefill request; only when ``P > 0``.
+    tile_sched_swaonly, tile_sched_c4a, tile_sched_c128a : FlashMLA tile-plan holder or None
+        A fresh empty holder per layer type present in the model, None for absent types and
+        when ``Td == 0``; see :mod:`staticattn.builders.tile_plan`.
+    """
+
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_size: int
+    window_size: int
+    is_valid_token: torch.Tensor
+    token_to_req_indices: torch.Tensor
+    decode_swa_indices: torch.Tensor
+    decode_swa_lens: torch.Tensor
+    c128a_decode_indices: torch.Tensor | None
+    c128a_decode_lens: torch.Tensor | None
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    prefill_seq_lens: torch.Tensor | None = None
+    prefill_gather_lens: torch.Tensor | None = None
+    tile_sched_swaonly: Any = None
+    tile_sched_c4a: Any = None
+    tile_sched_c128a: Any = None
+
+    def tile_sched(self, layer_type: str) -> Any:
+        """The tile-plan holder of ``layer_type`` ("swaonly", "c4a" or "c128a")."""
+        attrs = {SWA_ONLY: "tile_sched_swaonly", C4A: "tile_sched_c4a",
+                 C128A: "tile_sched_c128a"}
+        if layer_type not in attrs:
+            raise KeyError(f"unknown layer type {layer_type!r}; expected one of {list(attrs)}")
+        return getattr(self, attrs[layer_type])

@@ -1,0 +1,82 @@
+"""FlashMLA tile-plan holders, one per present layer type per step (spec §6.8; FlashMLA notes §2).
+
+FlashMLA's sparse decode plans its tiles lazily: the first ``flash_mla_with_kvcache`` call
+with an empty ``FlashMLASchedMeta`` runs the planner on the device and stores the plan in it;
+later calls with the same holder reuse that plan. A plan depends on the step's top-k *lengths*,
+so a holder must live for exactly one step and be shared by all layers of one type.
+
+Graph safety: the builder makes fresh holders inside ``build_decode``, i.e. inside the
+capture, so the planner kernel is recorded in the graph and re-plans from the current lengths
+on every replay. A holder made outside the capture and warmed eagerly would freeze a stale plan.
+
+When ``flash_mla`` is importable its own ``get_mla_metadata()[0]`` is used; otherwise
+:class:`TilePlanHolder`, a stand-in with the same fields.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from staticattn.builders.layer_types import LAYER_TYPES
+
+__all__ = ["TilePlanHolder", "new_tile_plan", "tile_plans"]
+
+
+@dataclass(slots=True)
+class TilePlanHolder:
+    """An empty tile plan, field for field FlashMLA's ``FlashMLASchedMeta``.
+
+    Attributes
+    ----------
+    have_initialized : bool
+        Set by the first decode call that plans.
+    config : object
+        The call's shape configuration, recorded at planning; later calls must match it.
+    tile_scheduler_metadata : int32 ``(num_sm_parts, 8)`` or None
+    num_splits : int32 ``(batch + 1,)`` or None
+    """
+
+    have_initialized: bool = False
+    config: Any = None
+    tile_scheduler_metadata: torch.Tensor | None = None
+    num_splits: torch.Tensor | None = None
+
+
+_HOLDER_FIELDS = tuple(f.name for f in fields(TilePlanHolder))
+
+
+@functools.cache
+def _plan_factory() -> Callable[[], Any]:
+    """FlashMLA's holder factory if the installed ``flash_mla`` has the lazy-planning API
+    (``get_mla_metadata()`` taking no arguments), else :class:`TilePlanHolder`. Probed once:
+    a failing import walks ``sys.path``, far too slow for every step."""
+    try:
+        from flash_mla import get_mla_metadata
+
+        probe = get_mla_metadata()[0]
+    except (ImportError, OSError, RuntimeError, TypeError):
+        # Absent, broken, or the older API that plans eagerly from lengths.
+        return TilePlanHolder
+    if not all(hasattr(probe, name) for name in _HOLDER_FIELDS):
+        return TilePlanHolder
+    return lambda: get_mla_metadata()[0]
+
+
+def new_tile_plan() -> Any:
+    """A fresh, empty tile-plan holder (FlashMLA's when available)."""
+    return _plan_factory()()
+
+
+def tile_plans(layer_types: Iterable[str], num_decode_tokens: int) -> dict[str, Any]:
+    """One fresh holder per present layer type, keyed by every type in :data:`LAYER_TYPES`;
+    absent types, and all types when the step has no decode tokens, map to None."""
+    plans: dict[str, Any] = dict.fromkeys(LAYER_TYPES)
+    if num_decode_tokens > 0:
+        for layer_type in layer_types:
+            plans[layer_type] = new_tile_plan()
+    return plans

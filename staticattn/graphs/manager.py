@@ -1,0 +1,371 @@
+"""GraphManager: one CUDA graph per uniform decode size, metadata build included.
+
+Workflow:
+
+1. ``GraphManager(arena, inputs, builders, step)`` -- builders already bound to ``arena``
+   (see :func:`staticattn.builders.make_arena`); ``step(batch, metadata)`` is the user's own
+   work, called with the batch and ``{builder.name: metadata}``. It may launch any kernels;
+   it must write its outputs into memory it owns (or the arena) and return them (a tensor,
+   a tuple of tensors, or None), leading dimension = tokens.
+2. ``capture(sizes)`` -- largest size first, one shared memory pool, Python's gc frozen,
+   each graph = staging kernel + every builder's ``build_decode`` + ``step``, warmed up
+   first with minimal sequence lengths.
+3. ``run(query_lens, seq_lens, slot_mapping)`` per step -- validate; a uniform decode batch
+   that fits is padded to the smallest captured size with null requests (query length 0,
+   sequence length 0, slot -1), staged, and replayed: one ``replay()``, nothing else
+   launched for the step. Anything else runs the same builders and step eagerly, and the
+   manager counts why. Block tables are not arguments: the engine updates the rows that
+   changed in ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
+4. ``close()`` (or leave the ``with`` block) -- drops the graphs and their pool.
+
+Example
+-------
+>>> import numpy as np, torch                                      # doctest: +SKIP
+>>> from staticattn import ArenaConfig, make_arena
+>>> from staticattn.builders.indexer import IndexerMetadataBuilder
+>>> from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+>>> from staticattn.graphs import GraphManager
+>>> cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
+>>> builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+>>> arena, inputs = make_arena(cfg, builders)
+>>> out = torch.zeros(cfg.max_decode_tokens, dtype=torch.int32, device="cuda")
+>>> def step(batch, md):                # the user's forward; reads metadata views
+...     torch.clamp(md["swa"].decode_swa_lens, max=7, out=out[: batch.num_actual_tokens])
+...     return out[: batch.num_actual_tokens]
+>>> with GraphManager(arena, inputs, builders, step) as gm:
+...     gm.capture()                    # default sizes, progress bar
+...     inputs.block_table[:3, :4] = torch.arange(1, 13).view(3, 4)  # engine-owned rows
+...     inputs.swa_block_table[:3, :16] = 7
+...     res = gm.run([2, 2, 2], [100, 37, 5000], np.arange(6))
+...     res.mode, res.graph_size    # ('graph', 6)
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from staticattn.arena import Arena, StepInputs
+from staticattn.builders.base import MetadataBuilder
+from staticattn.builders.batch import Batch
+from staticattn.errors import GraphError
+from staticattn.graphs.introspect import new_graph, node_census
+from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
+
+__all__ = ["GraphManager", "CapturedGraph", "RunResult", "StepFn"]
+
+StepFn = Callable[[Batch, dict[str, Any]], Any]
+
+#: Why a step ran eagerly.
+REASONS = ("non-uniform", "prefill", "too-large", "not-captured")
+
+
+@dataclass(slots=True)
+class CapturedGraph:
+    """Per-size state: the graph, what the capture returned, and its figures."""
+
+    size: int
+    num_reqs: int
+    graph: torch.cuda.CUDAGraph
+    outputs: Any
+    metadata: dict[str, Any]
+    capture_s: float
+    pool_bytes: int
+    nodes: dict[str, int] | None
+
+
+@dataclass(slots=True)
+class RunResult:
+    """One step: its outputs for the real tokens, and how it ran."""
+
+    outputs: Any
+    mode: str  # "graph" or "eager"
+    graph_size: int | None = None
+    reason: str | None = None
+    num_tokens: int = 0
+
+
+@dataclass(slots=True)
+class RunStats:
+    replays: int = 0
+    eager: Counter = field(default_factory=Counter)
+
+    @property
+    def eager_total(self) -> int:
+        return sum(self.eager.values())
+
+
+class GraphManager:
+    """Captures and replays one CUDA graph per uniform decode size (in tokens).
+
+    Parameters
+    ----------
+    arena : Arena
+        Allocated; every builder is bound to it.
+    inputs : StepInputs
+        The arena's input views and staging.
+    builders : sequence of MetadataBuilder
+        Their ``build_decode`` runs inside every graph, ``build`` on the eager path.
+    step : callable ``(batch, metadata) -> outputs``
+        The user's work. Outputs must live in memory the step owns: a fresh tensor
+        returned from inside a capture would come from the graph pool and be overwritten
+        by the next replay of any graph -- results are valid until the next ``run``.
+    validate : bool
+        Check every step's host inputs before anything is written (default True).
+    progress : bool
+        Show a progress bar while capturing.
+    """
+
+    def __init__(
+        self,
+        arena: Arena,
+        inputs: StepInputs,
+        builders: Sequence[MetadataBuilder],
+        step: StepFn,
+        *,
+        validate: bool = True,
+        progress: bool = True,
+    ) -> None:
+        self.arena = arena
+        self.inputs = inputs
+        self.config = arena.config
+        self.builders = list(builders)
+        self.step = step
+        self.validate = validate
+        self.progress = progress
+        self.graphs: dict[int, CapturedGraph] = {}
+        self.stats = RunStats()
+        self._pool = None
+        self._stream: torch.cuda.Stream | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> GraphManager:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release every graph and the shared pool (after the device is idle)."""
+        if self._closed:
+            return
+        if self.graphs and torch.cuda.is_available():
+            torch.cuda.synchronize(self.arena.device)
+        self.graphs.clear()
+        self._pool = None
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def capture_sizes(self) -> list[int]:
+        return sorted(self.graphs)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise GraphError("the GraphManager is closed; create a new one to capture or run")
+
+    # ------------------------------------------------------------------ capture
+    def capture(self, sizes: Sequence[int] | None = None) -> list[CapturedGraph]:
+        """Capture one graph per size (tokens), largest first, into one shared pool.
+
+        Sizes default to :func:`default_capture_sizes`. Already-captured sizes are kept.
+        """
+        self._check_open()
+        if self.arena.device.type != "cuda":
+            raise GraphError(
+                f"CUDA graphs need a CUDA arena; this one is on {self.arena.device} "
+                "(run() still works: every step runs eagerly)"
+            )
+        sizes = (default_capture_sizes(self.config) if sizes is None
+                 else normalize_capture_sizes(self.config, sizes))
+        todo = [s for s in sorted(sizes, reverse=True) if s not in self.graphs]
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.arena.device)
+        captured = []
+        with _frozen_gc():
+            for size in _progress(todo, self.progress, "capturing graphs"):
+                captured.append(self._capture_one(size))
+        return captured
+
+    def _capture_one(self, size: int) -> CapturedGraph:
+        n = self.config.next_n
+        num_reqs = size // n
+        # Warm-up at minimal sequence lengths: every kernel compiles (and every lazy
+        # library initialises) outside the capture.
+        self.inputs.stage(np.full(num_reqs, n), np.full(num_reqs, n),
+                          np.full(size, -1, dtype=np.int64))
+        torch.cuda.synchronize(self.arena.device)
+        mem0 = torch.cuda.memory_reserved(self.arena.device)
+        t0 = time.perf_counter()
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            self._body(num_reqs, size)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize(self.arena.device)
+        graph = new_graph()
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
+            outputs, metadata = self._body(num_reqs, size)
+        if hasattr(graph, "instantiate"):
+            try:
+                graph.instantiate()
+            except RuntimeError:
+                pass  # already instantiated by capture_end on this torch version
+        torch.cuda.synchronize(self.arena.device)
+        record = CapturedGraph(
+            size=size, num_reqs=num_reqs, graph=graph, outputs=outputs, metadata=metadata,
+            capture_s=time.perf_counter() - t0,
+            pool_bytes=torch.cuda.memory_reserved(self.arena.device) - mem0,
+            nodes=node_census(graph),
+        )
+        self.graphs[size] = record
+        return record
+
+    def _body(self, num_reqs: int, num_tokens: int):
+        """What one graph holds: stage, build every builder's decode metadata, step."""
+        self.inputs.copy_to_device(num_reqs, num_tokens)
+        batch = Batch.for_decode_capture(self.inputs, num_reqs)
+        metadata = {b.name: b.build_decode(batch) for b in self.builders}
+        return self.step(batch, metadata), metadata
+
+    # ---------------------------------------------------------------------- run
+    def dispatch(self, query_lens: np.ndarray) -> tuple[int | None, str | None]:
+        """``(graph size, None)`` if the step replays, else ``(None, reason)``."""
+        n = self.config.next_n
+        num_reqs = int(query_lens.shape[0])
+        if num_reqs == 0 or int(query_lens.max()) > n:
+            return None, "prefill"
+        if int(query_lens.min()) != n:
+            return None, "non-uniform"
+        if not self.graphs:
+            return None, "not-captured"
+        num_tokens = num_reqs * n
+        for size in sorted(self.graphs):
+            if size >= num_tokens:
+                return size, None
+        return None, "too-large"
+
+    def run(
+        self,
+        query_lens: Sequence[int] | np.ndarray,
+        seq_lens: Sequence[int] | np.ndarray,
+        slot_mapping: Sequence[int] | np.ndarray,
+        *,
+        is_prefilling: Sequence[bool] | np.ndarray | None = None,
+    ) -> RunResult:
+        """Run one step: replay if it is a uniform decode that fits, else eagerly.
+
+        Parameters
+        ----------
+        query_lens, seq_lens : int ``(num_reqs,)``
+            Decodes first (the batch is reordered decode -> extend -> prefill).
+        slot_mapping : int64 ``(num_tokens,)``
+            -1 = do not write.
+        is_prefilling : bool ``(num_reqs,)``, optional
+            Requests still processing their prompt (eager split only).
+
+        Returns
+        -------
+        RunResult
+            ``outputs`` sliced to the real tokens; valid until the next ``run``.
+        """
+        self._check_open()
+        q = np.asarray(query_lens)
+        s = np.asarray(seq_lens)
+        slots = np.asarray(slot_mapping)
+        if self.validate:
+            self._validate(q, s, slots)
+        size, reason = self.dispatch(q) if q.ndim == 1 else (None, "prefill")
+        num_tokens = int(slots.shape[0])
+        if size is not None:
+            g = self.graphs[size]
+            self.inputs.stage(q, s, slots, num_reqs_padded=g.num_reqs, num_tokens_padded=size)
+            g.graph.replay()
+            self.stats.replays += 1
+            return RunResult(_slice(g.outputs, num_tokens), "graph", size, None, num_tokens)
+        outputs = self.run_eager(q, s, slots, is_prefilling=is_prefilling)
+        self.stats.eager[reason] += 1
+        return RunResult(outputs, "eager", None, reason, num_tokens)
+
+    def run_eager(self, q, s, slots, *, is_prefilling=None) -> Any:
+        """Stage, build every builder eagerly, run the step; outputs for the real tokens."""
+        counts = self.inputs.stage(q, s, slots)
+        self.inputs.copy_to_device(counts.num_reqs, counts.num_tokens)
+        batch = Batch.from_staged(self.inputs, counts)
+        if is_prefilling is not None:
+            batch.is_prefilling = torch.as_tensor(np.asarray(is_prefilling, dtype=bool))
+        metadata = {b.name: b.build(batch) for b in self.builders}
+        return _slice(self.step(batch, metadata), counts.num_tokens)
+
+    def _validate(self, q, s, slots) -> None:
+        from staticattn.builders.validate import validate_host_step
+
+        validate_host_step(q, s, slots, self.config)
+
+    # ------------------------------------------------------------------ reports
+    def describe(self) -> str:
+        """A table per captured size: requests, capture time, nodes, pool memory."""
+        lines = [f"{'size':>6} {'reqs':>5} {'capture ms':>11} {'kernels':>8} {'nodes':>6} "
+                 f"{'pool MiB':>9}"]
+        for size in sorted(self.graphs):
+            g = self.graphs[size]
+            nodes = g.nodes or {}
+            lines.append(
+                f"{size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
+                f"{nodes.get('kernel', '-'):>8} {sum(nodes.values()) if nodes else '-':>6} "
+                f"{g.pool_bytes / 2**20:>9.2f}"
+            )
+        lines.append(f"replays {self.stats.replays}, eager {dict(self.stats.eager)}")
+        return "\n".join(lines)
+
+
+def _slice(outputs: Any, num_tokens: int) -> Any:
+    if outputs is None:
+        return None
+    if isinstance(outputs, torch.Tensor):
+        return outputs[:num_tokens]
+    if isinstance(outputs, tuple | list):
+        return type(outputs)(_slice(o, num_tokens) for o in outputs)
+    if isinstance(outputs, dict):
+        return {k: _slice(v, num_tokens) for k, v in outputs.items()}
+    return outputs
+
+
+@contextmanager
+def _frozen_gc():
+    """Capture with Python's gc frozen and off: a collection in the middle of a capture
+    can free tensors whose memory the graph already baked in, and it costs time per size."""
+    gc.collect()
+    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
+
+
+def _progress(items, enabled: bool, desc: str):
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="graph", leave=False)

@@ -1,0 +1,126 @@
+"""Randomized steps for sanity checks, the demo and benchmarks.
+
+Each function writes the block-table rows of the requests it draws into the arena (as an
+engine would, in place) and returns the host arrays a step is run with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from staticattn.arena import PAD_SLOT_ID, ArenaConfig, StepInputs, cdiv
+
+__all__ = ["RandomStep", "random_uniform_decode", "random_mixed_step", "write_block_rows"]
+
+
+@dataclass(slots=True)
+class RandomStep:
+    """Host arrays of one step (decodes first)."""
+
+    query_lens: np.ndarray  # int32 (num_reqs,)
+    seq_lens: np.ndarray  # int32 (num_reqs,)
+    slot_mapping: np.ndarray  # int64 (num_tokens,)
+
+
+def write_block_rows(
+    inputs: StepInputs, seq_lens: np.ndarray, rng: np.random.Generator, num_kv_blocks: int
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Fill the block-table columns the requests need with random block ids in
+    ``[1, num_kv_blocks)`` (0 is the null block); returns the host rows written.
+
+    Only the first ``cdiv(max(seq_lens), block_size)`` columns are written, as an engine
+    writes only the blocks a request owns; lengths bound every read."""
+    cfg = inputs.config
+    r = seq_lens.shape[0]
+    longest = int(seq_lens.max()) if r else 0
+    main = _random_rows(inputs.block_table, r, cdiv(longest, cfg.block_size), rng,
+                        num_kv_blocks)
+    swa = None
+    if inputs.swa_block_table is not None:
+        swa = _random_rows(inputs.swa_block_table, r, cdiv(longest, cfg.swa_block_size), rng,
+                           num_kv_blocks)
+    return main, swa
+
+
+def _random_rows(table: torch.Tensor, rows: int, cols: int, rng: np.random.Generator,
+                 num_kv_blocks: int) -> np.ndarray:
+    host = rng.integers(1, num_kv_blocks, size=(rows, max(cols, 1)), dtype=np.int32)
+    table[:rows, : host.shape[1]].copy_(torch.from_numpy(host))
+    return host
+
+
+def _slots(rows: np.ndarray, block_size: int, q: np.ndarray, s: np.ndarray,
+           rng: np.random.Generator, invalid_fraction: float) -> np.ndarray:
+    out = np.empty(int(q.sum()), dtype=np.int64)
+    t = 0
+    for b in range(q.shape[0]):
+        p = np.arange(int(s[b]) - int(q[b]), int(s[b]))
+        out[t : t + q[b]] = rows[b, p // block_size].astype(np.int64) * block_size + p % block_size
+        t += int(q[b])
+    if invalid_fraction > 0 and out.size:
+        out[rng.random(out.size) < invalid_fraction] = PAD_SLOT_ID
+    return out
+
+
+def _seq_lens(cfg: ArenaConfig, q: np.ndarray, rng: np.random.Generator, max_seq_len: int,
+              short_fraction: float) -> np.ndarray:
+    hi = max(int(q.max()) + 1, min(max_seq_len, cfg.max_model_len))
+    long = rng.integers(q, hi + 1)
+    short = q + rng.integers(0, 64, size=q.shape[0])
+    return np.where(rng.random(q.shape[0]) < short_fraction, np.minimum(short, hi), long).astype(
+        np.int32
+    )
+
+
+def random_uniform_decode(
+    inputs: StepInputs,
+    num_reqs: int,
+    rng: np.random.Generator,
+    *,
+    num_kv_blocks: int = 4096,
+    max_seq_len: int | None = None,
+    short_fraction: float = 0.3,
+    invalid_fraction: float = 0.02,
+) -> RandomStep:
+    """``num_reqs`` decode requests of ``next_n`` tokens, long and short sequences."""
+    cfg = inputs.config
+    q = np.full(num_reqs, cfg.next_n, dtype=np.int32)
+    s = _seq_lens(cfg, q, rng, max_seq_len or cfg.max_model_len, short_fraction)
+    main, swa = write_block_rows(inputs, s, rng, num_kv_blocks)
+    rows, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
+    return RandomStep(q, s, _slots(rows, bs, q, s, rng, invalid_fraction))
+
+
+def random_mixed_step(
+    inputs: StepInputs,
+    rng: np.random.Generator,
+    *,
+    max_reqs: int | None = None,
+    num_kv_blocks: int = 4096,
+    max_seq_len: int | None = None,
+    max_prefill_tokens: int = 512,
+) -> RandomStep:
+    """Decodes with variable accepted lengths ``1..next_n``, then a few extends/prefills."""
+    cfg = inputs.config
+    n = cfg.next_n
+    cap = min(max_reqs or cfg.max_num_seqs, cfg.max_num_seqs)
+    num_dec = int(rng.integers(0, max(1, cap - 2)))
+    q = list(rng.integers(1, n + 1, size=num_dec))
+    budget = cfg.max_num_batched_tokens - sum(q)
+    for _ in range(int(rng.integers(1, 4))):
+        if len(q) >= cap or budget <= n + 1:
+            break
+        qq = int(rng.integers(n + 1, min(budget, max_prefill_tokens, cfg.max_model_len) + 1))
+        q.append(qq)
+        budget -= qq
+    q = np.asarray(q if q else [1], dtype=np.int32)
+    s = _seq_lens(cfg, q, rng, max_seq_len or cfg.max_model_len, 0.3)
+    for b in range(num_dec, q.shape[0]):
+        if rng.random() < 0.5:
+            s[b] = q[b]  # a fresh prefill
+    main, swa = write_block_rows(inputs, s, rng, num_kv_blocks)
+    rows, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
+    return RandomStep(q, s, _slots(rows, bs, q, s, rng, 0.0))

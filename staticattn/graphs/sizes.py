@@ -1,0 +1,56 @@
+"""Which batch sizes get a graph (spec §10.3), in tokens."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from staticattn.arena.config import ArenaConfig, round_up
+from staticattn.errors import GraphError
+
+__all__ = ["default_capture_sizes", "normalize_capture_sizes"]
+
+
+def default_capture_sizes(config: ArenaConfig, max_size: int | None = None) -> list[int]:
+    """The reference engine's ladder: 1, 2, 4, multiples of 8 below 256, multiples of 16
+    from 256, up to ``max_size`` tokens; under MTP every size rounded up to a multiple of
+    ``next_n`` (sizes that then exceed the max are dropped).
+
+    ``max_size`` defaults to ``min(max_num_seqs * next_n * 2, 512)`` capped by what one step
+    can hold (``max_num_batched_tokens`` and ``max_num_seqs * next_n``).
+
+    Examples
+    --------
+    ``max_num_seqs=256, next_n=2`` -> ``[2, 4, 8, 16, 24, ..., 248, 256, 272, ..., 512]``.
+    """
+    n = config.next_n
+    cap = min(config.max_num_batched_tokens, config.max_num_seqs * n)
+    if max_size is None:
+        max_size = min(config.max_num_seqs * n * 2, 512)
+    max_size = min(max_size, cap)
+    base = [s for s in (1, 2, 4) if s <= max_size]
+    base += list(range(8, min(max_size, 255) + 1, 8))
+    base += list(range(256, max_size + 1, 16))
+    if config.max_num_batched_tokens <= max_size:
+        base.append(config.max_num_batched_tokens)
+    return sorted({round_up(s, n) for s in base if round_up(s, n) <= max_size})
+
+
+def normalize_capture_sizes(config: ArenaConfig, sizes: Iterable[int]) -> list[int]:
+    """Validate a user's list: positive multiples of ``next_n`` that fit one step."""
+    n = config.next_n
+    cap = min(config.max_num_batched_tokens, config.max_num_seqs * n)
+    out = sorted({int(s) for s in sizes})
+    if not out:
+        raise GraphError("capture sizes are empty; give at least one size or use the default")
+    for s in out:
+        if s < 1 or s % n:
+            raise GraphError(
+                f"capture size {s} must be a positive multiple of next_n={n} (uniform decode "
+                "batches have next_n tokens per request)"
+            )
+        if s > cap:
+            raise GraphError(
+                f"capture size {s} exceeds what one step holds: min(max_num_batched_tokens, "
+                f"max_num_seqs * next_n) = {cap}"
+            )
+    return out
