@@ -6,10 +6,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig, StepInputs
 from staticattn.builders import Batch
+
+#: Where unit tests build their arenas: the GPU when there is one (both backends run
+#: there natively), else the CPU (Triton interpreted).
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @dataclass
@@ -114,8 +119,6 @@ def stage(inputs: StepInputs, step: HostStep) -> Batch:
 
 
 def _t(a: np.ndarray):
-    import torch
-
     return torch.from_numpy(np.ascontiguousarray(a))
 
 

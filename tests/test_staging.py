@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from support import host_steps, stage
+from support import DEVICE, host_steps, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
@@ -33,7 +33,7 @@ def staging_oracle(step):
 
 def _config(backend: str) -> ArenaConfig:
     return ArenaConfig.deepseek_v4(max_num_seqs=24, max_num_batched_tokens=192,
-                                   max_model_len=2048, device="cpu", kernel_backend=backend)
+                                   max_model_len=2048, device=DEVICE, kernel_backend=backend)
 
 
 def test_worked_example(backend):

@@ -314,7 +314,8 @@ class GraphManager:
     def _validate(self, q, s, slots) -> None:
         from staticattn.builders.validate import validate_host_step
 
-        validate_host_step(q, s, slots, self.config)
+        validate_host_step(q, s, slots, self.config, require_decode_first=True,
+                           decode_threshold=self.config.decode_threshold)
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:

@@ -1,0 +1,265 @@
+"""DeepSeek V4 sparse sliding-window (SWA) metadata, with the C128A top-k, graph-safe.
+
+The reference splits this work over two builders (its SWA builder and the FlashMLA-sparse
+builder's C128A part, spec §6-§7) and several launches per step. Here one kernel over the
+step's tokens writes the validity mask, the SWA window rows and the C128A top-k rows
+(:mod:`staticattn.kernels.swa_decode`); a second one, eager and only when the step has
+prefills, writes the prefill gather lengths (:mod:`staticattn.kernels.swa_prefill`).
+
+Differences from the reference, each on purpose:
+
+* one decode threshold, ``config.decode_threshold`` (= ``next_n``), exposed both as
+  ``decode_threshold`` and ``reorder_batch_threshold``: the reference leaves the latter at 1,
+  which pulls the engine's reorder threshold down under MTP (spec §3.1, §11 item 3);
+* the token -> request map and the positions come from the staging kernel on the device (no
+  pinned host tensor per step); ``token_to_req_indices`` covers every token of the step,
+  padded tokens mapping to request 0;
+* invalid (slot -1) and padded decode tokens get length 0 *and* a row of -1 in both the SWA
+  and the C128A outputs; the reference leaves their SWA rows stale and writes their C128A rows
+  from stale positions (spec §6.6, §10.7, §11 item 5). Reads of the block tables are masked
+  to the entries a row keeps, so no read spills past a request's row (spec §7);
+* decode rows are bounded by ``max_decode_tokens`` (= ``max_num_seqs * next_n``), not
+  ``max_num_batched_tokens``; the C128A row stride is the buffer's, fixed by the config;
+* no prefill C128A rows (``o`` if ``o < n_c`` else -1 is a function of the position alone).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.arena import Arena, ArenaConfig, BufferDecl
+from staticattn.builders.batch import Batch
+from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
+from staticattn.builders.split import DecodePrefillSplit, split_decodes_and_prefills
+from staticattn.builders.swa_metadata import SparseSWAMetadata
+from staticattn.builders.tile_plan import tile_plans
+from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
+from staticattn.kernels.backend import resolve_backend
+from staticattn.kernels.swa_decode import C128A_RATIO, SWADecodeOutputs, build_swa_decode
+from staticattn.kernels.swa_prefill import prefill_gather_lens
+
+__all__ = ["SparseSWAMetadataBuilder"]
+
+
+class SparseSWAMetadataBuilder:
+    """Builds :class:`SparseSWAMetadata` into arena views.
+
+    Workflow: ``buffers(config)`` declares the ``swa.*`` views, ``bind(arena)`` takes them;
+    then ``build(batch)`` serves any batch eagerly and ``build_decode(batch)`` the static
+    uniform decode batch inside a CUDA graph capture.
+
+    Examples
+    --------
+    >>> from staticattn.builders import make_arena
+    >>> cfg = ArenaConfig.deepseek_v4(max_model_len=4096, max_num_seqs=8, device="cpu",
+    ...                               kernel_backend="torch")
+    >>> builder = SparseSWAMetadataBuilder()
+    >>> arena, inputs = make_arena(cfg, [builder])
+    >>> inputs.stage([2, 2], [100, 300], [-1] * 4)
+    ... # doctest: +ELLIPSIS
+    StagedCounts(...)
+    >>> inputs.copy_to_device(2, 4)
+    >>> meta = builder.build_decode(Batch.for_decode_capture(inputs, 2))
+    >>> tuple(meta.decode_swa_indices.shape), tuple(meta.c128a_decode_indices.shape)
+    ((4, 1, 128), (4, 1, 128))
+    """
+
+    name = "swa"
+
+    def __init__(self) -> None:
+        self._config: ArenaConfig | None = None
+        self._backend = "torch"
+        self._out: SWADecodeOutputs | None = None
+        self._gather_lens = None
+        self.layer_types: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------------ contract
+    def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
+        """The ``swa.*`` views (``Td = max_decode_tokens``, ``W = sliding_window``,
+        ``maxC = c128a_max_compressed``).
+
+        ==========================  ======  ==========================  ==========================
+        name                        dtype   shape                       when
+        ==========================  ======  ==========================  ==========================
+        ``swa.is_valid_token``      bool    ``(max_num_batched_tokens,)``  always
+        ``swa.decode_swa_indices``  int32   ``(Td, 1, W)``              always
+        ``swa.decode_swa_lens``     int32   ``(Td,)``                   always
+        ``swa.prefill_gather_lens`` int32   ``(max_num_seqs,)``         always
+        ``swa.c128a_decode_indices`` int32  ``(Td, 1, maxC)``           128 in compress_ratios
+        ``swa.c128a_decode_lens``   int32   ``(Td,)``                   128 in compress_ratios
+        ==========================  ======  ==========================  ==========================
+
+        Raises :class:`ConfigError` without ``sliding_window`` or with context parallelism.
+        """
+        _check_config(config)
+        td, w = config.max_decode_tokens, config.sliding_window
+        decls = [
+            BufferDecl("swa.is_valid_token", (config.max_num_batched_tokens,), torch.bool),
+            BufferDecl("swa.decode_swa_indices", (td, 1, w), torch.int32, fill=-1),
+            BufferDecl("swa.decode_swa_lens", (td,), torch.int32),
+            BufferDecl("swa.prefill_gather_lens", (config.max_num_seqs,), torch.int32),
+        ]
+        if C128A_RATIO in config.compress_ratios:
+            max_c = config.c128a_max_compressed
+            decls += [
+                BufferDecl("swa.c128a_decode_indices", (td, 1, max_c), torch.int32, fill=-1),
+                BufferDecl("swa.c128a_decode_lens", (td,), torch.int32),
+            ]
+        return decls
+
+    def bind(self, arena: Arena) -> None:
+        """Take the ``swa.*`` views of an allocated arena."""
+        cfg = arena.config
+        _check_config(cfg)
+        has_c128a = C128A_RATIO in cfg.compress_ratios
+        self._out = SWADecodeOutputs(
+            is_valid_token=arena["swa.is_valid_token"],
+            swa_indices=arena["swa.decode_swa_indices"],
+            swa_lens=arena["swa.decode_swa_lens"],
+            c128a_indices=arena["swa.c128a_decode_indices"] if has_c128a else None,
+            c128a_lens=arena["swa.c128a_decode_lens"] if has_c128a else None,
+        )
+        self._gather_lens = arena["swa.prefill_gather_lens"]
+        self._backend = resolve_backend(cfg.kernel_backend, arena.device)
+        self.layer_types = layer_types_for(cfg.compress_ratios)
+        self._config = cfg
+
+    @property
+    def decode_threshold(self) -> int:
+        """Longest query that is a decode: ``config.decode_threshold`` (= ``next_n``)."""
+        return self._bound_config().decode_threshold
+
+    @property
+    def reorder_batch_threshold(self) -> int:
+        """The threshold the engine reorders by; always equal to :attr:`decode_threshold`."""
+        return self._bound_config().decode_threshold
+
+    def build(self, batch: Batch) -> SparseSWAMetadata:
+        """Metadata for any batch (decodes first), eagerly.
+
+        Reads the batch's host-side query starts (for the split), never the device.
+        Launches one kernel, plus the gather-lengths kernel when the step has prefills.
+        """
+        cfg = self._bound_config()
+        self._check_batch(batch)
+        split = split_decodes_and_prefills(batch, decode_threshold=cfg.decode_threshold)
+        num_decodes, num_prefills, num_decode_tokens, _ = split
+        self._check_decode_rows(num_decode_tokens)
+        self._launch(batch, num_decode_tokens)
+        prefill_gather_lens(
+            self._backend, batch.seq_lens, batch.query_start_loc, num_decodes, num_prefills,
+            cfg.sliding_window, self._gather_lens,
+        )
+        return self._metadata(batch, split)
+
+    def build_decode(self, batch: Batch) -> SparseSWAMetadata:
+        """Graph-safe metadata for :meth:`Batch.for_decode_capture` (``num_reqs`` requests of
+        ``next_n`` tokens; trailing requests may be padding).
+
+        Reads only arena views and static ints, launches one kernel, allocates nothing;
+        the returned tensors are the same views on every call for the same size.
+        """
+        cfg = self._bound_config()
+        self._check_batch(batch)
+        num_reqs, num_tokens = batch.num_reqs, batch.num_actual_tokens
+        if batch.max_query_len != cfg.next_n or num_tokens != num_reqs * cfg.next_n:
+            raise InvalidBatchError(
+                f"build_decode needs a uniform decode batch of next_n={cfg.next_n} tokens per "
+                f"request (Batch.for_decode_capture), got {num_reqs} requests, {num_tokens} "
+                f"tokens, max_query_len={batch.max_query_len}; use build() for other batches"
+            )
+        self._check_decode_rows(num_tokens)
+        self._launch(batch, num_tokens)
+        return self._metadata(batch, (num_reqs, 0, num_tokens, 0))
+
+    # ------------------------------------------------------------------- helpers
+    def _bound_config(self) -> ArenaConfig:
+        if self._config is None:
+            raise ArenaError("SparseSWAMetadataBuilder is not bound; call bind(arena) first")
+        return self._config
+
+    def _check_batch(self, batch: Batch) -> None:
+        """Static checks only (shapes, presence, capacities): nothing here reads data."""
+        cfg = self._bound_config()
+        missing = [name for name in ("positions", "token_to_req", "swa_block_table")
+                   if getattr(batch, name) is None]
+        if missing:
+            raise InvalidBatchError(
+                f"the SWA builder needs batch.{', batch.'.join(missing)}: build the batch from "
+                "the arena (Batch.from_staged / for_decode_capture), whose staging kernel "
+                "derives positions and token_to_req"
+            )
+        if batch.num_reqs > cfg.max_num_seqs:
+            raise CapacityError(f"num_reqs={batch.num_reqs} exceeds max_num_seqs="
+                                f"{cfg.max_num_seqs}")
+        num_tokens = batch.num_actual_tokens
+        if num_tokens > cfg.max_num_batched_tokens:
+            raise CapacityError(f"num_tokens={num_tokens} exceeds max_num_batched_tokens="
+                                f"{cfg.max_num_batched_tokens}")
+        short = [name for name in ("slot_mapping", "positions", "token_to_req")
+                 if getattr(batch, name).shape[0] < num_tokens]
+        if short:
+            raise InvalidBatchError(f"batch.{short[0]} has fewer than num_actual_tokens="
+                                    f"{num_tokens} entries")
+        if num_tokens and batch.num_reqs == 0:
+            raise InvalidBatchError(f"the batch has {num_tokens} tokens but no request")
+
+    def _check_decode_rows(self, num_decode_tokens: int) -> None:
+        cfg = self._bound_config()
+        if num_decode_tokens > cfg.max_decode_tokens:
+            raise CapacityError(
+                f"num_decode_tokens={num_decode_tokens} exceeds max_decode_tokens="
+                f"{cfg.max_decode_tokens} (max_num_seqs * next_n rows of decode metadata)"
+            )
+
+    def _launch(self, batch: Batch, num_decode_tokens: int) -> None:
+        cfg = self._bound_config()
+        build_swa_decode(
+            self._backend, self._out, batch.slot_mapping, batch.positions, batch.token_to_req,
+            batch.swa_block_table, cfg.swa_block_size, batch.block_table,
+            cfg.block_size // C128A_RATIO, batch.num_actual_tokens, num_decode_tokens,
+        )
+
+    def _metadata(self, batch: Batch, split: DecodePrefillSplit) -> SparseSWAMetadata:
+        cfg, out = self._bound_config(), self._out
+        num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
+        num_tokens = batch.num_actual_tokens
+        has_c128a = out.c128a_indices is not None
+        plans = tile_plans(self.layer_types, num_decode_tokens)
+        return SparseSWAMetadata(
+            query_start_loc=batch.query_start_loc,
+            query_start_loc_cpu=batch.query_start_loc_cpu,
+            seq_lens=batch.seq_lens,
+            block_table=batch.swa_block_table,
+            slot_mapping=batch.slot_mapping[:num_tokens],
+            block_size=cfg.swa_block_size,
+            window_size=cfg.sliding_window,
+            is_valid_token=out.is_valid_token[:num_tokens],
+            token_to_req_indices=batch.token_to_req[:num_tokens],
+            decode_swa_indices=out.swa_indices[:num_decode_tokens],
+            decode_swa_lens=out.swa_lens[:num_decode_tokens],
+            c128a_decode_indices=out.c128a_indices[:num_decode_tokens] if has_c128a else None,
+            c128a_decode_lens=out.c128a_lens[:num_decode_tokens] if has_c128a else None,
+            num_decodes=num_decodes,
+            num_prefills=num_prefills,
+            num_decode_tokens=num_decode_tokens,
+            num_prefill_tokens=num_prefill_tokens,
+            prefill_seq_lens=batch.seq_lens[num_decodes:] if num_prefills else None,
+            prefill_gather_lens=self._gather_lens[:num_prefills] if num_prefills else None,
+            tile_sched_swaonly=plans[SWA_ONLY],
+            tile_sched_c4a=plans[C4A],
+            tile_sched_c128a=plans[C128A],
+        )
+
+
+def _check_config(config: ArenaConfig) -> None:
+    if config.sliding_window is None:
+        raise ConfigError(
+            "the sparse SWA builder needs config.sliding_window (128 for DeepSeek V4); "
+            "this config has none"
+        )
+    if config.cp_world_size != 1:
+        raise ConfigError(
+            f"the sparse SWA builder reads whole block-table rows; cp_world_size="
+            f"{config.cp_world_size} splits them across ranks, which it does not support"
+        )

@@ -1,0 +1,110 @@
+"""The compressed indexer-K slot of every token (spec §4.5).
+
+With compress ratio ``R > 1`` the indexer's K cache stores one entry per ``R`` consecutive
+positions, ``S = block_size // R`` entries per block. Only the token that *completes* a group
+writes: the token at absolute position ``p`` writes iff ``(p + 1) % R == 0``, into compressed
+index ``k = p // R``, i.e. slot ``block_table[b, k // S] * S + k % S``; every other token gets
+``-1`` (do not write).
+
+Example A (the reference engine's regression test): ``R = 4``, ``S = 64``, one request with
+``L = 280``, ``q = 40`` (positions 240..279), block row ``[5, 7]``: positions 243, 247, ..., 279
+write ``k = 60..69`` -> slots ``380..383`` (block 5) and ``448..453`` (block 7); the other 30
+tokens get -1.
+
+Tokens are read through the staging kernel's ``positions`` and ``token_to_req`` views; tokens
+past the real ones (``t >= query_start_loc[num_reqs]``, graph padding) always get -1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.kernels.lazy import lazy_jit
+
+__all__ = ["compressed_slot_mapping"]
+
+_BLOCK = 256
+
+
+def compressed_slot_mapping(
+    backend: str,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    token_to_req: torch.Tensor,
+    block_table: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    num_reqs: int,
+    num_tokens: int,
+    storage_block_size: int,
+    compress_ratio: int,
+) -> None:
+    """Write the compressed slot of tokens ``[0, num_tokens)`` into ``out[:num_tokens]``.
+
+    Parameters
+    ----------
+    backend : {"torch", "triton"}
+    query_start_loc : int32 device ``(>= num_reqs + 1,)``
+        ``query_start_loc[num_reqs]`` is the real token count.
+    positions : int64 device ``(>= num_tokens,)``
+        Absolute position of each token.
+    token_to_req : int32 device ``(>= num_tokens,)``
+        Request of each token (a valid row of ``block_table``, padded tokens included).
+    block_table : int32 device ``(num_reqs, max_blocks)``, unit column stride
+    out : int64 device ``(>= num_tokens,)``
+        Written on ``[0, num_tokens)`` only.
+    num_reqs, num_tokens : int
+        Static extent (the captured size under a graph).
+    storage_block_size : int
+        ``S``: compressed entries per block.
+    compress_ratio : int
+        ``R >= 1``.
+
+    Graph-safe with either backend: no host read, no data-dependent Python branch.
+    """
+    if num_tokens == 0:
+        return
+    if backend == "triton":
+        grid = ((num_tokens + _BLOCK - 1) // _BLOCK,)
+        _slots_kernel()[grid](
+            query_start_loc, positions, token_to_req, block_table, block_table.stride(0), out,
+            num_reqs, num_tokens, storage_block_size, compress_ratio, BLOCK=_BLOCK,
+        )
+        return
+    t = torch.arange(num_tokens, device=out.device)
+    real = t < query_start_loc[num_reqs]
+    pos = positions[:num_tokens]
+    valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
+    k = torch.where(valid, pos, 0) // compress_ratio
+    req = torch.where(valid, token_to_req[:num_tokens].long(), 0)
+    block = block_table[req, k // storage_block_size].long()
+    slot = block * storage_block_size + k % storage_block_size
+    out[:num_tokens].copy_(torch.where(valid, slot, -1))
+
+
+@lazy_jit
+def _slots_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def slots_kernel(
+        qsl, positions, token_to_req, block_table, bt_stride, out,
+        num_reqs, num_tokens, storage_block_size, compress_ratio,
+        BLOCK: tl.constexpr,
+    ):
+        t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        in_range = t < num_tokens
+        real = in_range & (t < tl.load(qsl + num_reqs))
+        pos = tl.load(positions + t, mask=real, other=-1)
+        # Positions are non-negative for real tokens, so Triton's truncating // and % agree
+        # with the floor semantics of the spec.
+        valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
+        k = tl.where(valid, pos, 0) // compress_ratio
+        req = tl.load(token_to_req + t, mask=valid, other=0).to(tl.int64)
+        block = tl.load(block_table + req * bt_stride + k // storage_block_size, mask=valid,
+                        other=0)
+        slot = block.to(tl.int64) * storage_block_size + k % storage_block_size
+        tl.store(out + t, tl.where(valid, slot, -1), mask=in_range)
+
+    return slots_kernel

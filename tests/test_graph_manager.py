@@ -1,0 +1,77 @@
+"""Graph manager on any machine: capture sizes, dispatch, the eager path, misuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from toy import ToyBuilder, ToyStep, toy_expected
+
+from staticattn.arena import ArenaConfig
+from staticattn.builders import make_arena
+from staticattn.errors import GraphError
+from staticattn.graphs import GraphManager, default_capture_sizes, normalize_capture_sizes
+
+
+def cfg(**kw) -> ArenaConfig:
+    base = dict(max_num_seqs=32, max_num_batched_tokens=256, max_model_len=4096, device="cpu")
+    base.update(kw)
+    return ArenaConfig.deepseek_v4(**base)
+
+
+def test_default_sizes_follow_the_reference_ladder():
+    c = ArenaConfig.deepseek_v4(device="cpu")  # max_num_seqs 256, next_n 2
+    sizes = default_capture_sizes(c)
+    assert sizes[:4] == [2, 4, 8, 16] and sizes[-1] == 512
+    assert 248 in sizes and 256 in sizes and 272 in sizes and 264 not in sizes
+    assert all(s % 2 == 0 for s in sizes)
+    c3 = ArenaConfig.deepseek_v4(device="cpu", num_speculative_tokens=2)
+    sizes3 = default_capture_sizes(c3)
+    assert sizes3[:3] == [3, 6, 9] and all(s % 3 == 0 and s <= 512 for s in sizes3)
+    v32 = default_capture_sizes(ArenaConfig.deepseek_v32(device="cpu"))
+    assert v32[:4] == [1, 2, 4, 8] and v32[-1] == 256
+
+
+@pytest.mark.parametrize("sizes, match", [([], "empty"), ([3], "multiple"), ([0], "multiple"),
+                                          ([1000], "exceeds")])
+def test_bad_capture_sizes(sizes, match):
+    with pytest.raises(GraphError, match=match):
+        normalize_capture_sizes(cfg(), sizes)
+
+
+def _manager():
+    c = cfg()
+    b = ToyBuilder()
+    arena, inputs = make_arena(c, [b])
+    return GraphManager(arena, inputs, [b], ToyStep(c, arena.device), progress=False)
+
+
+def test_dispatch_reasons():
+    gm = _manager()
+    assert gm.dispatch(np.array([2, 2])) == (None, "not-captured")
+    assert gm.dispatch(np.array([2, 1])) == (None, "non-uniform")
+    assert gm.dispatch(np.array([2, 5])) == (None, "prefill")
+    gm.graphs = {4: None, 8: None}  # dispatch reads only the sizes
+    assert gm.dispatch(np.array([2])) == (4, None)
+    assert gm.dispatch(np.array([2, 2, 2])) == (8, None)
+    assert gm.dispatch(np.array([2] * 5)) == (None, "too-large")
+
+
+def test_eager_run_on_cpu_counts_fallbacks_and_matches_the_step():
+    gm = _manager()
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        q = np.sort(rng.integers(1, 4, size=int(rng.integers(1, 10))))
+        s = q + rng.integers(0, 100, size=q.shape[0])
+        res = gm.run(q, s, np.zeros(int(q.sum()), dtype=np.int64))
+        assert res.mode == "eager"
+        assert res.outputs.tolist() == toy_expected(q, s)
+    assert gm.stats.replays == 0 and gm.stats.eager_total == 20
+
+
+def test_capture_needs_cuda_and_closed_manager_refuses():
+    gm = _manager()
+    with pytest.raises(GraphError, match="CUDA"):
+        gm.capture([2])
+    gm.close()
+    with pytest.raises(GraphError, match="closed"):
+        gm.run([2], [5], [0, 1])
