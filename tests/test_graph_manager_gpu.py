@@ -27,8 +27,8 @@ def _setup(**kw):
 def test_capture_replay_pad_and_fallback():
     cfg, arena, inputs, gm = _setup()
     with gm:
-        gm.capture([2, 8, 32, 128])
-        assert gm.capture_sizes == [2, 8, 32, 128]
+        gm.capture([2, 8, 32, 64])
+        assert gm.capture_sizes == [2, 8, 32, 64]
         for g in gm.graphs.values():
             assert g.nodes is None or g.nodes.get("kernel", 0) >= 1
         before = arena.fingerprint()
@@ -41,7 +41,7 @@ def test_capture_replay_pad_and_fallback():
             s = rng.integers(cfg.next_n, cfg.max_model_len, size=k)
             res = gm.run(q, s, np.arange(k * cfg.next_n))
             assert res.outputs.tolist() == toy_expected(q, s)
-            assert res.mode == ("graph" if k * 2 <= 128 else "eager")
+            assert res.mode == ("graph" if k * 2 <= 64 else "eager")
         torch.cuda.synchronize()
         res = gm.run([2, 1], [9, 4], [0, 1, 2])
         assert res.mode == "eager" and res.reason == "non-uniform"

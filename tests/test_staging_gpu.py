@@ -41,7 +41,8 @@ def _expected(query_lens, seq_lens, n):
     out = []
     for q, L in zip(query_lens, seq_lens):
         out += [L - q + j + L for j in range(q)]
-    return out + [0] * (S * n - len(out))
+    # Padded tokens belong to request 0 at position 0 (defined, safe to index with).
+    return out + [seq_lens[0]] * (S * n - len(out))
 
 
 def test_replay_1000_steps_with_changing_host_inputs():
