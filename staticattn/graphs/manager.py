@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from staticattn.arena import Arena, StepInputs
+from staticattn.arena import Arena, StagedCounts, StepInputs
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
@@ -91,6 +91,16 @@ class RunResult:
     graph_size: int | None = None
     reason: str | None = None
     num_tokens: int = 0
+    #: CUDA events around the step's device work (manager built with ``time_gpu=True``).
+    gpu_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+
+    def gpu_us(self) -> float | None:
+        """GPU time of the step in microseconds (synchronises on its end event)."""
+        if self.gpu_events is None:
+            return None
+        start, end = self.gpu_events
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3
 
 
 @dataclass(slots=True)
@@ -122,6 +132,8 @@ class GraphManager:
         Check every step's host inputs before anything is written (default True).
     progress : bool
         Show a progress bar while capturing.
+    time_gpu : bool
+        Record CUDA events around each step's device work (``RunResult.gpu_us()``).
     """
 
     def __init__(
@@ -133,6 +145,7 @@ class GraphManager:
         *,
         validate: bool = True,
         progress: bool = True,
+        time_gpu: bool = False,
     ) -> None:
         self.arena = arena
         self.inputs = inputs
@@ -141,6 +154,7 @@ class GraphManager:
         self.step = step
         self.validate = validate
         self.progress = progress
+        self.time_gpu = time_gpu and arena.device.type == "cuda"
         self.graphs: dict[int, CapturedGraph] = {}
         self.stats = RunStats()
         self._pool = None
@@ -294,16 +308,33 @@ class GraphManager:
         if size is not None:
             g = self.graphs[size]
             self.inputs.stage(q, s, slots, num_reqs_padded=g.num_reqs, num_tokens_padded=size)
-            g.graph.replay()
+            with self._timing() as events:
+                g.graph.replay()
             self.stats.replays += 1
-            return RunResult(_slice(g.outputs, num_tokens), "graph", size, None, num_tokens)
-        outputs = self.run_eager(q, s, slots, is_prefilling=is_prefilling)
+            return RunResult(_slice(g.outputs, num_tokens), "graph", size, None, num_tokens,
+                             events)
+        counts = self.inputs.stage(q, s, slots)
+        with self._timing() as events:
+            outputs = self.launch_eager(counts, is_prefilling=is_prefilling)
         self.stats.eager[reason] += 1
-        return RunResult(outputs, "eager", None, reason, num_tokens)
+        return RunResult(outputs, "eager", None, reason, num_tokens, events)
+
+    @contextmanager
+    def _timing(self):
+        if not self.time_gpu:
+            yield None
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield (start, end)
+        end.record()
 
     def run_eager(self, q, s, slots, *, is_prefilling=None) -> Any:
         """Stage, build every builder eagerly, run the step; outputs for the real tokens."""
-        counts = self.inputs.stage(q, s, slots)
+        return self.launch_eager(self.inputs.stage(q, s, slots), is_prefilling=is_prefilling)
+
+    def launch_eager(self, counts: StagedCounts, *, is_prefilling=None) -> Any:
+        """The device half of an eager step whose host values are already staged."""
         self.inputs.copy_to_device(counts.num_reqs, counts.num_tokens)
         batch = Batch.from_staged(self.inputs, counts)
         if is_prefilling is not None:

@@ -1,0 +1,132 @@
+"""Command line: ``python -m staticattn demo | check | bench`` (also the ``staticattn`` script)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+__all__ = ["main"]
+
+
+def _config(args):
+    from staticattn.arena import ArenaConfig
+
+    overrides = {}
+    if getattr(args, "next_n", None):
+        overrides["num_speculative_tokens"] = args.next_n - 1
+    if getattr(args, "max_model_len", None):
+        overrides["max_model_len"] = args.max_model_len
+    return ArenaConfig.preset(args.preset, **overrides)
+
+
+def _builders(config):
+    from staticattn.builders.indexer import IndexerMetadataBuilder
+    from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+
+    return [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if config.has_swa else [])
+
+
+def _step_factory(spec: str | None):
+    """``module:function`` called with the ArenaConfig, returning the step; default: the
+    built-in gather consumer."""
+    if not spec:
+        from staticattn.graphs.consumer import GatherConsumer
+
+        return GatherConsumer
+    module, _, name = spec.partition(":")
+    if not name:
+        raise SystemExit(f"--step {spec!r}: expected module:function")
+    return getattr(importlib.import_module(module), name)
+
+
+def cmd_demo(args) -> int:
+    from staticattn.demo import run_demo
+
+    return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress)
+
+
+def cmd_check(args) -> int:
+    import torch
+
+    from staticattn.builders import make_arena
+    from staticattn.graphs import check_graph_safety
+
+    if not torch.cuda.is_available():
+        print("check: no CUDA device; the graph sanity check needs one")
+        return 2
+    cfg = _config(args)
+    builders = _builders(cfg)
+    arena, inputs = make_arena(cfg, builders)
+    step = _step_factory(args.step)(cfg)
+    report = check_graph_safety(arena, inputs, builders, step, sizes=args.sizes,
+                                num_batches=args.batches, seed=args.seed, dot_dir=args.dot)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def cmd_bench(args) -> int:
+    import torch
+
+    from staticattn.graphs.bench import run_bench
+    from staticattn.graphs.sizes import default_capture_sizes
+
+    if not torch.cuda.is_available():
+        print("bench: no CUDA device; replay latency is a GPU measurement")
+        return 2
+    cfg = _config(args)
+    n = cfg.next_n
+    sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
+    step = _step_factory(args.step) if (args.consumer or args.step) else None
+    report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
+                       preset=args.preset, consumer_name=args.step or (
+                           "built-in gather consumer" if args.consumer else "metadata only"),
+                       progress=not args.no_progress)
+    print(report.header())
+    print(report.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(report.to_json())
+    if args.plot:
+        report.plot(args.plot)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="staticattn", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="synthetic serving loop through the graph manager")
+    d.add_argument("--steps", type=int, default=300)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--no-progress", action="store_true")
+    d.set_defaults(fn=cmd_demo)
+
+    for name, fn, help_ in (("check", cmd_check, "graph-capture sanity checks"),
+                            ("bench", cmd_bench, "replay-latency benchmark")):
+        c = sub.add_parser(name, help=help_)
+        c.add_argument("--preset", default="deepseek-v4", choices=["deepseek-v4", "deepseek-v3.2"])
+        c.add_argument("--next-n", type=int, default=None, help="1 + speculative tokens")
+        c.add_argument("--max-model-len", type=int, default=None)
+        c.add_argument("--step", default=None, help="module:function(config) -> step")
+        c.add_argument("--seed", type=int, default=0)
+        c.add_argument("--no-progress", action="store_true")
+        c.set_defaults(fn=fn)
+        if name == "check":
+            c.add_argument("--sizes", type=int, nargs="*", default=None, help="tokens")
+            c.add_argument("--batches", type=int, default=100, help="random replays per size")
+            c.add_argument("--dot", default=None, help="folder for DOT dumps of each graph")
+        else:
+            c.add_argument("--batch", type=int, nargs="*", default=None,
+                           help="batch sizes in requests (default: every capture size)")
+            c.add_argument("--reps", type=int, default=200)
+            c.add_argument("--consumer", action="store_true",
+                           help="include the built-in gather consumer in each step")
+            c.add_argument("--json", default=None)
+            c.add_argument("--plot", default=None, help="PNG of latency vs batch size")
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""The demo: a synthetic serving loop through the graph manager.
+
+Decode batches grow and shrink, MTP is on, some steps carry prefills; every step runs
+through :class:`GraphManager.run`. On a GPU every replayed step is checked against the
+eager path (the same builders and consumer, run eagerly on the same inputs); without CUDA
+the loop runs eagerly on the CPU kernels and every step's metadata is checked against the
+independent oracle of the test suite.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.builders import make_arena
+from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.graphs.consumer import GatherConsumer
+from staticattn.graphs.manager import GraphManager
+
+__all__ = ["run_demo", "DemoReport"]
+
+NUM_KV_BLOCKS = 4096
+
+
+@dataclass
+class Request:
+    row: int  # block-table row = its index in the batch (decodes first)
+    seq_len: int  # tokens in the cache after its last step
+    prompt_left: int  # prompt tokens not yet prefilled
+    swa_row: np.ndarray
+    main_row: np.ndarray
+
+
+@dataclass
+class DemoReport:
+    steps: int = 0
+    replayed: int = 0
+    eager: dict = field(default_factory=dict)
+    checked: int = 0
+    mismatches: int = 0
+    host_us: list = field(default_factory=list)
+    gpu_us: list = field(default_factory=list)
+    check_kind: str = ""
+
+    def lines(self) -> list[str]:
+        out = [
+            f"steps {self.steps}: replayed {self.replayed}, eager "
+            f"{sum(self.eager.values())} {dict(sorted(self.eager.items()))}",
+            f"checked {self.checked} steps ({self.check_kind}): mismatches {self.mismatches}",
+        ]
+        if self.host_us:
+            out.append(f"host time per step: median {statistics.median(self.host_us):.1f} us")
+        if self.gpu_us:
+            out.append(f"GPU time per step:  median {statistics.median(self.gpu_us):.1f} us")
+        return out
+
+
+class SyntheticServer:
+    """Requests that arrive (prefill, sometimes chunked), decode with MTP, and finish."""
+
+    def __init__(self, inputs, rng: np.random.Generator, max_active: int, max_len: int) -> None:
+        self.inputs, self.cfg, self.rng = inputs, inputs.config, rng
+        self.max_active, self.max_len = max_active, max_len
+        self.requests: list[Request] = []
+
+    def _new_request(self, row: int) -> Request:
+        cfg, rng = self.cfg, self.rng
+        context = int(rng.integers(0, self.max_len // 2))
+        prompt = int(rng.integers(16, 600))
+        final = min(cfg.max_model_len, context + prompt + 4096)
+        main = rng.integers(1, NUM_KV_BLOCKS, size=cdiv(final, cfg.block_size), dtype=np.int32)
+        swa = rng.integers(1, NUM_KV_BLOCKS, size=cdiv(final, cfg.swa_block_size),
+                           dtype=np.int32)
+        return Request(row, context, prompt, swa, main)
+
+    def _write_row(self, r: Request) -> None:
+        """An engine writes a request's row when it is placed, not every step."""
+        self.inputs.block_table[r.row, : r.main_row.shape[0]].copy_(torch.from_numpy(r.main_row))
+        self.inputs.swa_block_table[r.row, : r.swa_row.shape[0]].copy_(
+            torch.from_numpy(r.swa_row))
+
+    def _place(self, r: Request, row: int) -> None:
+        if r.row != row:
+            r.row = row
+            self._write_row(r)
+
+    def next_step(self, step_no: int):
+        cfg, rng, n = self.cfg, self.rng, self.cfg.next_n
+        # Finish a few, admit a few: the decode batch grows and shrinks.
+        target = int(self.max_active * (0.55 + 0.45 * np.sin(step_no / 23.0)))
+        while len(self.requests) > max(1, target):
+            self.requests.pop(int(rng.integers(0, len(self.requests))))
+        admit = step_no % 9 == 0 or not self.requests
+        if admit and len(self.requests) < self.max_active:
+            r = self._new_request(len(self.requests))
+            self._write_row(r)
+            self.requests.append(r)
+        # Decode-first order: decodes, then requests still prefilling.
+        self.requests.sort(key=lambda r: r.prompt_left > 0)
+        for i, r in enumerate(self.requests):
+            self._place(r, i)
+        q, s, slots = [], [], []
+        for r in self.requests:
+            if r.prompt_left > 0:
+                take = min(r.prompt_left, int(rng.integers(64, 512)))  # chunked prefill
+            else:
+                # Mostly uniform MTP decodes; now and then a request drafts fewer tokens.
+                take = n if rng.random() > 0.01 else int(rng.integers(1, n + 1))
+            L = r.seq_len + take
+            p = np.arange(L - take, L)
+            bs = cfg.swa_block_size
+            slots.append(r.swa_row[p // bs].astype(np.int64) * bs + p % bs)
+            q.append(take)
+            s.append(L)
+        return (np.asarray(q, dtype=np.int32), np.asarray(s, dtype=np.int32),
+                np.concatenate(slots))
+
+    def advance(self, q: np.ndarray) -> None:
+        n = self.cfg.next_n
+        for r, take in zip(self.requests, q):
+            if r.prompt_left > 0:
+                r.prompt_left -= int(take)
+                r.seq_len += int(take)
+            else:
+                # Accepted tokens: 1..take (the rest of the drafts are rejected).
+                r.seq_len += int(self.rng.integers(1, int(take) + 1)) if n > 1 else 1
+            r.seq_len = min(r.seq_len, self.cfg.max_model_len - 2 * n - 600)
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run_demo(steps: int = 300, seed: int = 0, progress: bool = True) -> int:
+    """Run the demo; returns the process exit code (0 when every check passed)."""
+    cuda = torch.cuda.is_available()
+    if cuda:
+        cfg = ArenaConfig.deepseek_v4()
+    else:
+        _say("no CUDA device: running the same loop eagerly on the CPU kernels, each step "
+             "checked against the oracle (smaller capacities)")
+        cfg = ArenaConfig.deepseek_v4(max_num_seqs=32, max_num_batched_tokens=1024,
+                                      max_model_len=16384, device="cpu")
+        steps = min(steps, 60)
+    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    _say(f"arena for the DeepSeek-V4-like preset (next_n {cfg.next_n}, window "
+         f"{cfg.sliding_window}, compress ratios {cfg.compress_ratios}):")
+    _say(arena.describe())
+    consumer = GatherConsumer(cfg, NUM_KV_BLOCKS, seed)
+    rng = np.random.default_rng(seed)
+    server = SyntheticServer(inputs, rng, max_active=min(cfg.max_num_seqs, 256 if cuda else 24),
+                             max_len=min(cfg.max_model_len, 200_000))
+    report = DemoReport()
+    verifier = None if cuda else _oracle_verifier(cfg)
+    with GraphManager(arena, inputs, builders, consumer, progress=progress,
+                      time_gpu=cuda) as gm:
+        if cuda:
+            t0 = time.perf_counter()
+            gm.capture()
+            _say(f"captured {len(gm.graphs)} graphs in {time.perf_counter() - t0:.1f} s "
+                 f"(sizes {gm.capture_sizes[0]}..{gm.capture_sizes[-1]} tokens)")
+            report.check_kind = "replay vs eager, consumer checksums of every metadata field"
+        else:
+            report.check_kind = ("indexer and SWA metadata vs the oracle" if verifier
+                                 else "no oracle found (not a source checkout): unchecked")
+        for i in range(steps):
+            q, s, slots = server.next_step(i)
+            t0 = time.perf_counter()
+            res = gm.run(q, s, slots)
+            report.host_us.append((time.perf_counter() - t0) * 1e6)
+            if res.gpu_events is not None:
+                report.gpu_us.append(res.gpu_us())
+            report.steps += 1
+            if res.mode == "graph":
+                report.replayed += 1
+                replayed = res.outputs.clone()
+                eager = gm.run_eager(q, s, slots)
+                report.checked += 1
+                report.mismatches += int(not torch.equal(replayed, eager))
+            else:
+                report.eager[res.reason] = report.eager.get(res.reason, 0) + 1
+                if verifier is not None:
+                    report.checked += 1
+                    report.mismatches += int(not verifier(gm, q, s, slots))
+            server.advance(q)
+    _say("")
+    for line in report.lines():
+        _say(line)
+    return 0 if report.mismatches == 0 else 1
+
+
+def _oracle_verifier(cfg: ArenaConfig):
+    """Check a step's metadata against the test suite's oracle (a source checkout)."""
+    tests = Path(__file__).resolve().parents[1] / "tests"
+    if not (tests / "oracle").is_dir():
+        return None
+    sys.path.insert(0, str(tests))
+    from oracle import indexer as indexer_oracle
+    from oracle import swa as swa_oracle
+    from support import HostStep
+
+    def verify(gm: GraphManager, q, s, slots) -> bool:
+        r = q.shape[0]
+        step = HostStep(q, s, slots, gm.inputs.block_table[:r].numpy().copy(),
+                        gm.inputs.swa_block_table[:r].numpy().copy(), r, int(q.sum()))
+        counts = gm.inputs.stage(q, s, slots)
+        gm.inputs.copy_to_device(counts.num_reqs, counts.num_tokens)
+        from staticattn.builders import Batch
+
+        batch = Batch.from_staged(gm.inputs, counts)
+        idx, swa = (b.build(batch) for b in gm.builders)
+        try:
+            indexer_oracle.assert_matches(
+                idx, indexer_oracle.indexer_metadata(cfg, step), step, gm.arena)
+            swa_oracle.assert_matches(swa, swa_oracle.expected_for_step(cfg, step))
+        except AssertionError as exc:
+            _say(f"oracle mismatch: {str(exc)[:300]}")
+            return False
+        return True
+
+    return verify
