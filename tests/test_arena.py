@@ -57,7 +57,8 @@ def test_views_are_the_same_tensors_and_initialised():
     arena = _arena()
     assert arena["t.odd"] is arena["t.odd"]
     assert torch.equal(arena["t.host"], torch.full((9,), -1, dtype=torch.int32))
-    assert torch.equal(arena["input.slot_mapping"], torch.full_like(arena["input.slot_mapping"], -1))
+    slots = arena["input.slot_mapping"]
+    assert torch.equal(slots, torch.full_like(slots, -1))
     assert arena["t.odd"].shape == (3, 5) and arena["t.odd"].dtype == torch.int8
 
 

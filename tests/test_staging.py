@@ -61,7 +61,8 @@ def test_staging_matches_oracle(backend_name):
         t2r, pos = staging_oracle(step)
         assert batch.query_start_loc.tolist() == step.query_start_loc
         assert batch.seq_lens.tolist() == step.padded_seq_lens()
-        expect_slots = step.slot_mapping.tolist() + [-1] * (step.num_tokens_padded - step.num_tokens)
+        pad = step.num_tokens_padded - step.num_tokens
+        expect_slots = step.slot_mapping.tolist() + [-1] * pad
         assert batch.slot_mapping.tolist() == expect_slots
         assert batch.token_to_req.tolist() == t2r
         assert batch.positions.tolist() == pos

@@ -86,9 +86,9 @@ class BenchReport:
                 f"{r.host_ratio:>7.1f} {r.gpu_ratio:>6.1f}"
             )
         if self.one_kernel_graph_gpu_us is not None:
-            lines.append(f"one-kernel graph replay, GPU: {self.one_kernel_graph_gpu_us.median:.1f} us "
-                         f"(min {self.one_kernel_graph_gpu_us.min:.1f}, "
-                         f"max {self.one_kernel_graph_gpu_us.max:.1f})")
+            floor = self.one_kernel_graph_gpu_us
+            lines.append(f"one-kernel graph replay, GPU: {floor.median:.1f} us "
+                         f"(min {floor.min:.1f}, max {floor.max:.1f})")
         return "\n".join(lines)
 
     def header(self) -> str:
@@ -222,15 +222,15 @@ def run_bench(
                 assert gm.run(*args).mode == "graph"
                 gm.run_eager(*args)
 
-            def stage_padded():
+            def stage_padded(args=args, g=g):
                 gm._validate(*args)
-                return inputs.stage(*args, num_reqs_padded=g.num_reqs, num_tokens_padded=size)
+                return inputs.stage(*args, num_reqs_padded=g.num_reqs, num_tokens_padded=g.size)
 
-            def stage_eager():
+            def stage_eager(args=args):
                 gm._validate(*args)
                 return inputs.stage(*args)
 
-            gh, gg = _timed(stage_padded, lambda _: g.graph.replay(), reps)
+            gh, gg = _timed(stage_padded, lambda _, g=g: g.graph.replay(), reps)
             eh, eg = _timed(stage_eager, gm.launch_eager, reps)
             nodes = g.nodes or {}
             report.rows.append(BenchRow(

@@ -124,3 +124,54 @@ def random_mixed_step(
     main, swa = write_block_rows(inputs, s, rng, num_kv_blocks)
     rows, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
     return RandomStep(q, s, _slots(rows, bs, q, s, rng, 0.0))
+
+
+class DecodeStream:
+    """Uniform decode steps over persistent block tables, as an engine sees them: the tables
+    are written once, and each step rewrites only ``rows_per_step`` random rows (requests
+    that changed), so long runs cost little host->device traffic.
+
+    Parameters
+    ----------
+    inputs : StepInputs
+    rng : numpy Generator
+    max_seq_len : int
+        Longest sequence drawn; the tables cover it.
+    """
+
+    def __init__(self, inputs: StepInputs, rng: np.random.Generator, *,
+                 max_seq_len: int | None = None, num_kv_blocks: int = 4096,
+                 rows_per_step: int = 4, invalid_fraction: float = 0.02) -> None:
+        cfg = inputs.config
+        self.inputs, self.rng, self.cfg = inputs, rng, cfg
+        self.max_seq_len = min(max_seq_len or cfg.max_model_len, cfg.max_model_len)
+        self.num_kv_blocks, self.rows_per_step = num_kv_blocks, rows_per_step
+        self.invalid_fraction = invalid_fraction
+        r = cfg.max_num_seqs
+        self.main = _random_rows(inputs.block_table, r, cdiv(self.max_seq_len, cfg.block_size),
+                                 rng, num_kv_blocks)
+        self.swa = None
+        if inputs.swa_block_table is not None:
+            self.swa = _random_rows(inputs.swa_block_table, r,
+                                    cdiv(self.max_seq_len, cfg.swa_block_size), rng,
+                                    num_kv_blocks)
+
+    def _rewrite(self, table: torch.Tensor, host: np.ndarray, rows: np.ndarray) -> None:
+        fresh = self.rng.integers(1, self.num_kv_blocks, size=(rows.shape[0], host.shape[1]),
+                                  dtype=np.int32)
+        host[rows] = fresh
+        for i, row in enumerate(rows):
+            table[int(row), : host.shape[1]].copy_(torch.from_numpy(fresh[i]))
+
+    def next(self, num_reqs: int) -> RandomStep:
+        cfg, rng = self.cfg, self.rng
+        rows = rng.choice(cfg.max_num_seqs, size=min(self.rows_per_step, cfg.max_num_seqs),
+                          replace=False)
+        self._rewrite(self.inputs.block_table, self.main, rows)
+        if self.swa is not None:
+            self._rewrite(self.inputs.swa_block_table, self.swa, rows)
+        q = np.full(num_reqs, cfg.next_n, dtype=np.int32)
+        s = _seq_lens(cfg, q, rng, self.max_seq_len, 0.3)
+        host, bs = (self.swa, cfg.swa_block_size) if self.swa is not None else (
+            self.main, cfg.block_size)
+        return RandomStep(q, s, _slots(host, bs, q, s, rng, self.invalid_fraction))

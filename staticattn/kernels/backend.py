@@ -42,7 +42,9 @@ def resolve_backend(requested: str, device: torch.device) -> str:
         try:
             import triton  # noqa: F401
         except ImportError as exc:
-            raise BackendUnavailableError(f"kernel_backend='triton' but triton is missing: {exc}")
+            raise BackendUnavailableError(
+                f"kernel_backend='triton' but triton is missing: {exc}"
+            ) from None
         return "triton"
     raise BackendUnavailableError(
         f"unknown kernel backend {requested!r}; expected 'auto', 'torch' or 'triton'"

@@ -6,9 +6,10 @@ launch over ``num_reqs`` requests and ``num_tokens`` tokens (both static per lau
 
 * ``query_start_loc[: num_reqs + 1]``, ``seq_lens[: num_reqs]``, ``slot_mapping[: num_tokens]``
   copied as they are;
-* ``token_to_req[t]``: the request owning token ``t``; ``positions[t] = (L_b - q_b) + (t - qsl[b])``,
-  its absolute position. Tokens past the real ones (``t >= qsl[num_reqs]``, graph padding)
-  get request 0 and position 0: defined values that are safe to index with.
+* ``token_to_req[t]``: the request owning token ``t``; its absolute position
+  ``positions[t] = (L_b - q_b) + (t - qsl[b])``. Tokens past the real ones
+  (``t >= qsl[num_reqs]``, graph padding) get request 0 and position 0: defined values
+  that are safe to index with.
 
 Example: ``qsl = [0, 2, 3, 3]``, ``seq_lens = [6, 9, 0]``, 4 tokens ->
 ``token_to_req = [0, 0, 1, 0]``, ``positions = [4, 5, 8, 0]``.
