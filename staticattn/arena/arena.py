@@ -98,7 +98,8 @@ class Arena:
         self._blocks["host"] = torch.empty(
             max(offsets["host"], ALIGNMENT), dtype=torch.uint8, pin_memory=pin
         )
-        for name, rec in self._records.items():
+        ordered = sorted(self._records.items(), key=lambda kv: (kv[1].decl.where, kv[1].offset))
+        for name, rec in ordered:
             d = rec.decl
             raw = self._blocks[d.where][rec.offset : rec.offset + d.nbytes]
             view = raw.view(d.dtype).view(d.shape)
@@ -164,7 +165,8 @@ class Arena:
     def describe(self) -> str:
         """A table of every buffer (name, where, shape, dtype, bytes, offset) and the totals."""
         rows = [("name", "where", "shape", "dtype", "bytes", "offset")]
-        for name, rec in self._records.items():
+        ordered = sorted(self._records.items(), key=lambda kv: (kv[1].decl.where, kv[1].offset))
+        for name, rec in ordered:
             d = rec.decl
             rows.append((name, d.where, "x".join(map(str, d.shape)) or "()",
                          str(d.dtype).removeprefix("torch."), f"{d.nbytes:,}", f"{rec.offset:,}"))

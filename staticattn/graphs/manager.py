@@ -56,7 +56,7 @@ import torch
 from staticattn.arena import Arena, StagedCounts, StepInputs
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
-from staticattn.errors import GraphError
+from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.introspect import new_graph, node_census
 from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
 
@@ -212,8 +212,27 @@ class GraphManager:
         captured = []
         with _frozen_gc():
             for size in _progress(todo, self.progress, "capturing graphs"):
-                captured.append(self._capture_one(size))
+                try:
+                    captured.append(self._capture_one(size))
+                except Exception as exc:
+                    # The failed size is not recorded; sizes captured before stay usable.
+                    torch.cuda.synchronize(self.arena.device)
+                    raise GraphError(
+                        f"capturing size {size} failed: {type(exc).__name__}: {exc}. The step "
+                        "and every build_decode must launch only kernels on fixed buffers: no "
+                        "host read (.item(), .tolist(), .cpu()), no allocation, no branch on "
+                        "data (python -m staticattn check names the offending op)"
+                    ) from exc
         return captured
+
+    def graph_for(self, size: int) -> CapturedGraph:
+        """The graph captured for ``size`` tokens."""
+        self._check_open()
+        if size not in self.graphs:
+            raise GraphError(
+                f"size {size} was never captured; captured sizes: {self.capture_sizes or 'none'}"
+            )
+        return self.graphs[size]
 
     def _capture_one(self, size: int) -> CapturedGraph:
         n = self.config.next_n
@@ -301,6 +320,8 @@ class GraphManager:
         q = np.asarray(query_lens)
         s = np.asarray(seq_lens)
         slots = np.asarray(slot_mapping)
+        if q.ndim == 1 and q.shape[0] == 0:
+            raise InvalidBatchError("a step needs at least one request; got none")
         if self.validate:
             self._validate(q, s, slots)
         size, reason = self.dispatch(q) if q.ndim == 1 else (None, "prefill")
