@@ -2,5 +2,47 @@
 
 from staticattn.builders.base import MetadataBuilder, make_arena
 from staticattn.builders.batch import Batch
+from staticattn.builders.chunking import split_indexer_prefill_chunks, split_prefill_chunks
+from staticattn.builders.context_parallel import get_dcp_local_seq_lens
+from staticattn.builders.conv1d import (
+    CONV1D_BLOCK_M,
+    compute_causal_conv1d_metadata,
+    conv1d_buffers,
+    max_conv1d_programs,
+)
+from staticattn.builders.fast_prefill import make_kv_sharing_fast_prefill_batch
+from staticattn.builders.kv_layout import (
+    KV_CACHE_LAYOUT_ENV,
+    KVCacheLayout,
+    get_kv_cache_layout,
+    is_valid_kv_cache_layout,
+    set_kv_cache_layout,
+)
+from staticattn.builders.local_attention import make_local_attention_virtual_batches
+from staticattn.builders.reorder import (
+    ListReorderState,
+    ReorderState,
+    reorder_batch_to_split_decodes_and_prefills,
+    reorder_region,
+)
+from staticattn.builders.spec_decode import (
+    reshape_attn_output_for_spec_decode,
+    reshape_query_for_spec_decode,
+)
+from staticattn.builders.split import (
+    split_decodes_and_prefills,
+    split_decodes_prefills_and_extends,
+)
+from staticattn.builders.validate import validate, validate_host_step
 
-__all__ = ["Batch", "MetadataBuilder", "make_arena"]
+__all__ = [
+    "Batch", "MetadataBuilder", "make_arena",
+    "CONV1D_BLOCK_M", "KV_CACHE_LAYOUT_ENV", "KVCacheLayout", "ListReorderState",
+    "ReorderState", "compute_causal_conv1d_metadata", "conv1d_buffers",
+    "get_dcp_local_seq_lens", "get_kv_cache_layout", "is_valid_kv_cache_layout",
+    "make_kv_sharing_fast_prefill_batch", "make_local_attention_virtual_batches",
+    "max_conv1d_programs", "reorder_batch_to_split_decodes_and_prefills", "reorder_region",
+    "reshape_attn_output_for_spec_decode", "reshape_query_for_spec_decode",
+    "set_kv_cache_layout", "split_decodes_and_prefills", "split_decodes_prefills_and_extends",
+    "split_indexer_prefill_chunks", "split_prefill_chunks", "validate", "validate_host_step",
+]

@@ -154,7 +154,7 @@ def reorder_batch_to_split_decodes_and_prefills(
         return False
     movers = sorted(misplaced, key=lambda i: regions[i])
     # dest[p]: where the request now at position p must end up.
-    dest = dict(zip(movers, misplaced))
+    dest = dict(zip(movers, misplaced, strict=True))
     for start in misplaced:
         while (to := dest[start]) != start:
             state.swap_states(start, to)

@@ -53,8 +53,8 @@ def split_decodes_and_prefills(
     Raises
     ------
     InvalidBatchError
-        ``treat_short_extends_as_decodes=False`` on a batch without ``is_prefilling``
-        (the reference asserts it is present).
+        ``treat_short_extends_as_decodes=False`` on a batch without ``is_prefilling``,
+        whatever the lengths (the reference asserts it only when it gets to step 4).
 
     Notes
     -----
@@ -71,6 +71,11 @@ def split_decodes_and_prefills(
     uniform, threshold 4, ``[2,1,2,4,5,6,7,8]`` -> ``(1, 7, 2, 33)``; uniform, threshold 3,
     ``[2,2,2,0]`` padded to 8 tokens -> ``(4, 0, 8, 0)``.
     """
+    if not treat_short_extends_as_decodes and batch.is_prefilling is None:
+        raise InvalidBatchError(
+            "treat_short_extends_as_decodes=False needs batch.is_prefilling (bool host "
+            "(num_reqs,)): only it tells a short extend from a decode"
+        )
     num_reqs, num_tokens = batch.num_reqs, batch.num_actual_tokens
     all_decodes = (num_reqs, 0, num_tokens, 0)
     if (
@@ -92,11 +97,6 @@ def split_decodes_and_prefills(
     else:
         is_prefill = query_lens > decode_threshold
     if not treat_short_extends_as_decodes:
-        if batch.is_prefilling is None:
-            raise InvalidBatchError(
-                "treat_short_extends_as_decodes=False needs batch.is_prefilling (bool host "
-                "(num_reqs,)): a short extend is told from a decode only by it"
-            )
         is_prefill = is_prefill | np.asarray(batch.is_prefilling[:num_reqs], dtype=bool)
     if not is_prefill.any():
         return all_decodes

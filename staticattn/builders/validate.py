@@ -76,8 +76,8 @@ def validate(
         Anything malformed: dtype/device/rank/shape of a field, ``query_start_loc_cpu`` not
         zero-based or decreasing, ``qsl[num_reqs] > num_actual_tokens``, negative lengths,
         a query longer than its sequence, maxima below the data, a block table narrower than
-        ``cdiv(max seq len, block_size * cp_world_size)`` columns, decodes after prefills,
-        block ids out of range.
+        ``cdiv(max_seq_len, block_size * cp_world_size)`` columns (SWA table:
+        ``swa_block_size``), decodes after prefills, block ids out of range.
 
     Examples
     --------
@@ -112,11 +112,12 @@ def validate(
     _check_seq_lens(query_lens, seq_lens, config)
     _check_maximum("max_query_len", max_query_len, query_lens, "query")
     _check_maximum("max_seq_len", max_seq_len, seq_lens, "sequence")
-    longest = int(seq_lens.max()) if num_reqs else 0
-    _check_table_width("block_table", batch.block_table.shape[1], longest,
+    # Kernels may walk cdiv(max_seq_len, block) columns, so the declared maximum (already
+    # known to be >= every host length) sizes the tables, not just the data.
+    _check_table_width("block_table", batch.block_table.shape[1], max_seq_len,
                        _tokens_per_block(config, swa=False))
     if batch.swa_block_table is not None:
-        _check_table_width("swa_block_table", batch.swa_block_table.shape[1], longest,
+        _check_table_width("swa_block_table", batch.swa_block_table.shape[1], max_seq_len,
                            _tokens_per_block(config, swa=True))
     if require_decode_first:
         _check_decode_first(query_lens, _threshold(config, decode_threshold))
@@ -309,7 +310,7 @@ def _check_table_width(name: str, columns: int, longest: int, tokens_per_block: 
     needed = cdiv(longest, tokens_per_block)
     if columns < needed:
         raise InvalidBatchError(
-            f"{name} has {columns} columns but the longest sequence ({longest} tokens) needs "
+            f"{name} has {columns} columns but a sequence of {longest} tokens needs "
             f"cdiv({longest}, {tokens_per_block}) = {needed}"
         )
 
@@ -391,7 +392,7 @@ def _check_tensor(name: str, tensor: object, dtype: torch.dtype, device: torch.d
             f"{name} has {tensor.dim()} dimensions (shape {tuple(tensor.shape)}); it must have "
             f"{len(shape)}"
         )
-    for axis, (got, want) in enumerate(zip(tensor.shape, shape)):
+    for axis, (got, want) in enumerate(zip(tensor.shape, shape, strict=True)):
         if want is not None and got != want:
             expected = tuple("*" if s is None else s for s in shape)
             raise InvalidBatchError(
