@@ -11,6 +11,7 @@ from staticattn.builders.conv1d import (
     max_conv1d_programs,
 )
 from staticattn.builders.fast_prefill import make_kv_sharing_fast_prefill_batch
+from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.builders.kv_layout import (
     KV_CACHE_LAYOUT_ENV,
     KVCacheLayout,
@@ -25,6 +26,7 @@ from staticattn.builders.reorder import (
     reorder_batch_to_split_decodes_and_prefills,
     reorder_region,
 )
+from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
 from staticattn.builders.spec_decode import (
     reshape_attn_output_for_spec_decode,
     reshape_query_for_spec_decode,
@@ -36,7 +38,8 @@ from staticattn.builders.split import (
 from staticattn.builders.validate import validate, validate_host_step
 
 __all__ = [
-    "Batch", "MetadataBuilder", "make_arena",
+    "Batch", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",
+    "make_arena",
     "CONV1D_BLOCK_M", "KV_CACHE_LAYOUT_ENV", "KVCacheLayout", "ListReorderState",
     "ReorderState", "compute_causal_conv1d_metadata", "conv1d_buffers",
     "get_dcp_local_seq_lens", "get_kv_cache_layout", "is_valid_kv_cache_layout",

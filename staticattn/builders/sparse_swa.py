@@ -55,9 +55,7 @@ class SparseSWAMetadataBuilder:
     ...                               kernel_backend="torch")
     >>> builder = SparseSWAMetadataBuilder()
     >>> arena, inputs = make_arena(cfg, [builder])
-    >>> inputs.stage([2, 2], [100, 300], [-1] * 4)
-    ... # doctest: +ELLIPSIS
-    StagedCounts(...)
+    >>> counts = inputs.stage([2, 2], [100, 300], [-1] * 4)
     >>> inputs.copy_to_device(2, 4)
     >>> meta = builder.build_decode(Batch.for_decode_capture(inputs, 2))
     >>> tuple(meta.decode_swa_indices.shape), tuple(meta.c128a_decode_indices.shape)
@@ -76,18 +74,14 @@ class SparseSWAMetadataBuilder:
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
         """The ``swa.*`` views (``Td = max_decode_tokens``, ``W = sliding_window``,
-        ``maxC = c128a_max_compressed``).
+        ``maxC = c128a_max_compressed``):
 
-        ==========================  ======  ==========================  ==========================
-        name                        dtype   shape                       when
-        ==========================  ======  ==========================  ==========================
-        ``swa.is_valid_token``      bool    ``(max_num_batched_tokens,)``  always
-        ``swa.decode_swa_indices``  int32   ``(Td, 1, W)``              always
-        ``swa.decode_swa_lens``     int32   ``(Td,)``                   always
-        ``swa.prefill_gather_lens`` int32   ``(max_num_seqs,)``         always
-        ``swa.c128a_decode_indices`` int32  ``(Td, 1, maxC)``           128 in compress_ratios
-        ``swa.c128a_decode_lens``   int32   ``(Td,)``                   128 in compress_ratios
-        ==========================  ======  ==========================  ==========================
+        * ``swa.is_valid_token`` bool ``(max_num_batched_tokens,)``;
+        * ``swa.decode_swa_indices`` int32 ``(Td, 1, W)``, ``swa.decode_swa_lens`` int32
+          ``(Td,)``;
+        * ``swa.prefill_gather_lens`` int32 ``(max_num_seqs,)``;
+        * with 128 in ``compress_ratios``: ``swa.c128a_decode_indices`` int32
+          ``(Td, 1, maxC)``, ``swa.c128a_decode_lens`` int32 ``(Td,)``.
 
         Raises :class:`ConfigError` without ``sliding_window`` or with context parallelism.
         """

@@ -121,9 +121,10 @@ def _build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, sw
     td = num_decode_tokens
     if td == 0:
         return
+    # int32 throughout (the outputs are int32): half the temporaries of int64 on wide rows.
     live = valid[:td, None]
-    req = token_to_req[:td, None].long()
-    pos = positions[:td, None]
+    req = token_to_req[:td, None]
+    pos = positions[:td, None].int()
     window_len = torch.clamp(pos + 1, max=out.window)
     out.swa_lens[:td].copy_(torch.where(live, window_len, 0)[:, 0])
     out.swa_indices[:td, 0].copy_(_gather_slots(
@@ -142,10 +143,10 @@ def _gather_slots(table, req, first, count, live, width, entries_per_block) -> t
     """Rows of ``width``: flat slots of entries ``first .. first + count - 1`` of each row's
     request through ``table``, -1 past ``count`` or for dead rows. Masked entries index
     entry 0 of the request so every gather stays in range (all operands non-negative)."""
-    o = torch.arange(width, device=table.device)
+    o = torch.arange(width, device=table.device, dtype=torch.int32)
     keep = live & (o < count)
     entry = torch.where(keep, first + o, 0)
-    blocks = table[req, entry // entries_per_block].long()
+    blocks = table[req, entry // entries_per_block]
     slots = blocks * entries_per_block + entry % entries_per_block
     return torch.where(keep, slots, -1)
 
@@ -230,8 +231,8 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         WINDOW=out.window, SWA_BLOCK=swa_block_size, HAS_C128A=has_c128a,
         C128A_WIDTH=max(c128a_width, 1), C128A_ENTRIES=max(c128a_block_entries, 1),
         C128A_RATIO=C128A_RATIO, BLOCK_T=block_tokens,
-        BLOCK_W=triton.next_power_of_2(out.window),
-        BLOCK_C=min(triton.next_power_of_2(max(c128a_width, 1)), 1024),
+        BLOCK_W=max(triton.next_power_of_2(out.window), 16),
+        BLOCK_C=min(max(triton.next_power_of_2(c128a_width), 16), 1024),
     )
 
 

@@ -1,0 +1,350 @@
+"""The sparse-attention indexer's metadata builder (DeepSeek V3.2, and V4 with ``R = 4``),
+graph-safe, writing only into arena views (spec §4).
+
+Per step it produces (:mod:`staticattn.builders.indexer_metadata`):
+
+* the slot mapping of the indexer's K cache -- compressed (spec §4.5) when ``R > 1``;
+* for the decodes: per-token visible lengths, query lengths, the block table (expanded per
+  token when flattening) and the paged-MQA-logits schedule;
+* for the prefills: chunks bounded by the gather workspace and the logits budget, each with its
+  key prefix sums and per-token key ranges.
+
+Two entry points (the builder contract, :mod:`staticattn.builders.base`):
+
+* :meth:`IndexerMetadataBuilder.build` -- any batch, eager; plans from the host lengths the
+  batch carries (like the reference engine) and never reads the device;
+* :meth:`IndexerMetadataBuilder.build_decode` -- a uniform decode batch of a static size
+  (:meth:`Batch.for_decode_capture`), safe inside a CUDA graph: the decode layout comes from
+  the config alone, every extent is static, and it launches one decode kernel, one
+  compressed-slot kernel when ``R > 1`` and one schedule kernel.
+
+Deviations from the reference, each chosen so a captured graph never reads a stale or
+out-of-range value: lengths are clamped at 0 (the reference leaves padded native MTP rows at
+``[1 - n, ..., 0]``); padded flatten rows of the expanded block table are zeroed whole (the
+reference zeroes column 0); the native MTP lengths are a contiguous ``(D, max_decode_len)``
+view of a flat buffer (the reference's 2-D buffer is non-contiguous when
+``max_decode_len < next_n``, spec §11 item 2); plain decode copies the lengths into the
+builder's buffer for ``R = 1`` too; prefill metadata lives in arena views, and the ROCm-only
+``token_to_seq`` is not built.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import torch
+
+from staticattn.arena import PAD_SLOT_ID, Arena, ArenaConfig, BufferDecl
+from staticattn.builders.batch import Batch
+from staticattn.builders.chunking import split_indexer_prefill_chunks
+from staticattn.builders.indexer_metadata import (
+    IndexerDecodeMetadata,
+    IndexerMetadata,
+    IndexerPrefillChunkMetadata,
+    IndexerPrefillMetadata,
+)
+from staticattn.builders.split import split_decodes_and_prefills
+from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
+from staticattn.kernels.backend import resolve_backend
+from staticattn.kernels.compressed_slots import compressed_slot_mapping
+from staticattn.kernels.indexer_decode import indexer_decode_tensors
+from staticattn.kernels.indexer_prefill import indexer_prefill_chunk
+from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+
+__all__ = ["IndexerMetadataBuilder", "flattens"]
+
+
+def flattens(config: ArenaConfig) -> bool:
+    """Whether uniform MTP decodes are flattened into single-token rows (``next_n >= 3`` on
+    Hopper by default)."""
+    return bool(config.use_flattening) and config.next_n > 1
+
+
+class _DecodeLayout(NamedTuple):
+    """``rows x width`` lengths; flatten adds the expanded block table."""
+
+    flatten: bool
+    rows: int
+    width: int
+    requires_padding: bool
+
+
+class IndexerMetadataBuilder:
+    """Builds :class:`IndexerMetadata` into the arena.
+
+    Parameters
+    ----------
+    legacy_schedule : bool
+        Split the paged-MQA-logits work with DeepGEMM v2.1-v2.3's remainder rule (the
+        reference engine's pinned DeepGEMM) instead of v2.4+'s. Either covers all work.
+
+    Buffers (``indexer.*``, device, from :meth:`buffers`), with ``Tdec = max_decode_tokens``
+    (``max_num_seqs * next_n``, at most ``max_num_batched_tokens``) and
+    ``T = max_num_batched_tokens``:
+
+    - ``decode_lens`` int32 ``(Tdec,)``: query lengths (native) or ones (flatten);
+    - ``decode_seq_lens`` int32 ``(Tdec,)``: flat, viewed ``(rows, width)`` contiguous;
+    - ``schedule_metadata`` int32 ``(num_sms + 1, 2)``: the paged-MQA-logits schedule;
+    - ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)``: prefill key ranges, by global token;
+    - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
+    - ``expanded_block_table`` int32 ``(Tdec, max_blocks_per_req)``: only when flattening;
+    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: only when ``R > 1``.
+
+    The prefill chunk over requests ``[s, e)`` owns ``cu_seq_lens[2s : s + e + 1]``: disjoint
+    for disjoint ranges, so every chunk of a step keeps its own view.
+
+    Examples
+    --------
+    >>> from staticattn.builders import make_arena
+    >>> cfg = ArenaConfig(device="cpu", max_model_len=2048, max_num_seqs=4,
+    ...                   max_num_batched_tokens=64, num_speculative_tokens=1)
+    >>> builder = IndexerMetadataBuilder()
+    >>> arena, inputs = make_arena(cfg, [builder])
+    >>> import numpy as np
+    >>> counts = inputs.stage(np.array([2, 2]), np.array([10, 7]), np.arange(4),
+    ...                       num_reqs_padded=3, num_tokens_padded=6)
+    >>> inputs.copy_to_device(3, 6)
+    >>> meta = builder.build_decode(Batch.for_decode_capture(inputs, 3))
+    >>> meta.decode.seq_lens.tolist()
+    [[9, 10], [6, 7], [0, 0]]
+    """
+
+    name = "indexer"
+
+    def __init__(self, *, legacy_schedule: bool = False) -> None:
+        self.legacy_schedule = legacy_schedule
+        self.config: ArenaConfig | None = None
+
+    # ------------------------------------------------------------------ contract
+    def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
+        rows, tokens = config.max_decode_tokens, config.max_num_batched_tokens
+        decls = [
+            BufferDecl("indexer.decode_lens", (rows,), torch.int32),
+            BufferDecl("indexer.decode_seq_lens", (rows,), torch.int32),
+            BufferDecl("indexer.schedule_metadata", (config.num_sms + 1, 2), torch.int32),
+            BufferDecl("indexer.cu_seqlen_ks", (tokens,), torch.int32),
+            BufferDecl("indexer.cu_seqlen_ke", (tokens,), torch.int32),
+            BufferDecl("indexer.cu_seq_lens", (2 * config.max_num_seqs,), torch.int32),
+        ]
+        if flattens(config):
+            decls.append(BufferDecl("indexer.expanded_block_table",
+                                    (rows, config.max_blocks_per_req), torch.int32))
+        if config.index_compress_ratio > 1:
+            decls.append(BufferDecl("indexer.compressed_slot_mapping", (tokens,), torch.int64,
+                                    fill=PAD_SLOT_ID))
+        return decls
+
+    def bind(self, arena: Arena) -> None:
+        cfg = arena.config
+        self.config = cfg
+        self.backend = resolve_backend(cfg.kernel_backend, arena.device)
+        self.compress_ratio = cfg.index_compress_ratio
+        self.decode_lens = arena["indexer.decode_lens"]
+        self.decode_seq_lens = arena["indexer.decode_seq_lens"]
+        self.schedule_metadata = arena["indexer.schedule_metadata"]
+        self.cu_seqlen_ks = arena["indexer.cu_seqlen_ks"]
+        self.cu_seqlen_ke = arena["indexer.cu_seqlen_ke"]
+        self.cu_seq_lens = arena["indexer.cu_seq_lens"]
+        self.expanded_block_table = (
+            arena["indexer.expanded_block_table"] if flattens(cfg) else None
+        )
+        self.compressed_slot_mapping = (
+            arena["indexer.compressed_slot_mapping"] if self.compress_ratio > 1 else None
+        )
+
+    def build(self, batch: Batch) -> IndexerMetadata:
+        """Metadata for any batch (decodes first), eager.
+
+        Plans from ``query_start_loc_cpu`` and ``seq_lens_cpu`` (host); raises before
+        writing anything if a decode layout would not fit its buffers.
+        """
+        cfg = self._bound()
+        _need_token_views(batch)
+        d, p, td, tp = split_decodes_and_prefills(
+            batch, decode_threshold=cfg.next_n, require_uniform=not cfg.use_flattening
+        )
+        qsl = _host_query_start_loc(batch)
+        layout = self._eager_layout(qsl, d, td) if d else None
+        if layout is not None:
+            self._check_capacity(layout)
+        slots = self._write_slot_mapping(batch, batch.num_actual_tokens)
+        prefill = self._build_prefill(batch, qsl, d, p) if p else None
+        decode = self._build_decode_part(batch, d, layout) if d else None
+        return IndexerMetadata(
+            seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
+            num_decodes=d, num_decode_tokens=td, num_prefills=p, num_prefill_tokens=tp,
+            prefill=prefill, decode=decode,
+        )
+
+    def build_decode(self, batch: Batch) -> IndexerMetadata:
+        """Graph-safe metadata for a uniform decode batch of static size.
+
+        ``batch`` is :meth:`Batch.for_decode_capture` of ``S`` requests x ``next_n`` tokens;
+        at replay, trailing requests may be padding (query length 0, sequence length 0).
+        Reads only arena views and static ints; output shapes depend on ``S`` and the
+        config only. ``requires_padding`` is False: real rows are uniform and padded rows
+        trailing, so the consumer's reshape stays right (spec §10.6).
+        """
+        cfg = self._bound()
+        _need_token_views(batch)
+        s, n = batch.num_reqs, cfg.next_n
+        if batch.num_actual_tokens != s * n:
+            raise InvalidBatchError(
+                f"build_decode needs a uniform decode batch of {s} x next_n={n} tokens, got "
+                f"{batch.num_actual_tokens} tokens; build it with Batch.for_decode_capture"
+            )
+        flatten = flattens(cfg)
+        layout = _DecodeLayout(flatten, s * n if flatten else s, 1 if flatten else n, False)
+        self._check_capacity(layout)
+        slots = self._write_slot_mapping(batch, s * n)
+        return IndexerMetadata(
+            seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
+            num_decodes=s, num_decode_tokens=s * n, num_prefills=0, num_prefill_tokens=0,
+            prefill=None, decode=self._build_decode_part(batch, s, layout),
+        )
+
+    def build_prefill_chunk(
+        self, batch: Batch, start: int, end: int, query_slice: slice | None = None
+    ) -> IndexerPrefillChunkMetadata | None:
+        """The metadata of one prefill chunk over requests ``[start, end)`` (spec §4.7), or
+        None when the chunk has no compressed key. ``query_slice`` selects a query sub-chunk,
+        relative to the chunk's first token."""
+        self._bound()
+        qsl = _host_query_start_loc(batch)
+        keys = self._host_keys(batch)
+        total = int(keys[start:end].sum())
+        if total == 0:
+            return None
+        self._write_prefill_chunk(batch, qsl, start, end)
+        return self._prefill_chunk_views(batch, qsl, start, end, query_slice, total)
+
+    # ------------------------------------------------------------------ decode
+    def _eager_layout(
+        self, qsl: np.ndarray, num_decodes: int, num_decode_tokens: int
+    ) -> _DecodeLayout:
+        decode_lens = np.diff(qsl[: num_decodes + 1])
+        longest, shortest = int(decode_lens.max()), int(decode_lens.min())
+        if self.config.use_flattening and longest > 1:
+            return _DecodeLayout(True, num_decode_tokens, 1, False)
+        return _DecodeLayout(False, num_decodes, max(longest, 1), shortest != longest)
+
+    def _check_capacity(self, layout: _DecodeLayout) -> None:
+        capacity = self.decode_seq_lens.shape[0]
+        if layout.rows * layout.width > capacity:
+            what = "decode tokens" if layout.flatten else "decode rows x max_decode_len"
+            raise CapacityError(
+                f"{what} = {layout.rows * layout.width} exceeds the indexer's decode capacity "
+                f"max_decode_tokens={capacity} (max_num_seqs x next_n, at most "
+                "max_num_batched_tokens)"
+            )
+
+    def _build_decode_part(
+        self, batch: Batch, num_decodes: int, layout: _DecodeLayout
+    ) -> IndexerDecodeMetadata:
+        rows, width = layout.rows, layout.width
+        expanded = self.expanded_block_table if layout.flatten else None
+        indexer_decode_tensors(
+            self.backend, batch.query_start_loc, batch.seq_lens, batch.block_table,
+            batch.positions, batch.token_to_req, self.decode_lens, self.decode_seq_lens,
+            expanded, num_decodes=num_decodes, num_rows=rows, width=width,
+            compress_ratio=self.compress_ratio,
+        )
+        seq_lens = self.decode_seq_lens[: rows * width].view(rows, width)
+        paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,
+                           legacy_remainder=self.legacy_schedule)
+        return IndexerDecodeMetadata(
+            block_table=expanded[:rows] if layout.flatten else batch.block_table[:num_decodes],
+            seq_lens=seq_lens,
+            decode_lens=self.decode_lens[:rows],
+            requires_padding=layout.requires_padding,
+            schedule_metadata=self.schedule_metadata,
+        )
+
+    def _write_slot_mapping(self, batch: Batch, num_tokens: int) -> torch.Tensor:
+        if self.compressed_slot_mapping is None:
+            return batch.slot_mapping[:num_tokens]
+        compressed_slot_mapping(
+            self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
+            batch.block_table, self.compressed_slot_mapping, num_reqs=batch.num_reqs,
+            num_tokens=num_tokens, storage_block_size=self.config.storage_block_size,
+            compress_ratio=self.compress_ratio,
+        )
+        return self.compressed_slot_mapping[:num_tokens]
+
+    # ------------------------------------------------------------------ prefill
+    def _host_keys(self, batch: Batch) -> np.ndarray:
+        """Host (upper-bound) compressed key counts of every request."""
+        lens = np.asarray(batch.seq_lens_cpu[: batch.num_reqs], dtype=np.int64)
+        return np.maximum(lens, 0) // self.compress_ratio
+
+    def _build_prefill(self, batch: Batch, qsl: np.ndarray, num_decodes: int,
+                       num_prefills: int) -> IndexerPrefillMetadata:
+        cfg = self.config
+        keys = self._host_keys(batch)
+        prefills = slice(num_decodes, num_decodes + num_prefills)
+        plan = split_indexer_prefill_chunks(
+            keys[prefills], np.diff(qsl[num_decodes : num_decodes + num_prefills + 1]),
+            cfg.max_prefill_workspace, cfg.max_logits_bytes, request_offset=num_decodes,
+        )
+        chunks, written = [], None
+        for reqs, queries in plan:
+            total = int(keys[reqs].sum())
+            if total == 0:
+                continue
+            if reqs != written:  # query sub-chunks of one request range share one launch
+                self._write_prefill_chunk(batch, qsl, reqs.start, reqs.stop)
+                written = reqs
+            chunks.append(
+                self._prefill_chunk_views(batch, qsl, reqs.start, reqs.stop, queries, total)
+            )
+        return IndexerPrefillMetadata(chunks)
+
+    def _write_prefill_chunk(self, batch: Batch, qsl: np.ndarray, start: int, end: int) -> None:
+        indexer_prefill_chunk(
+            self.backend, batch.query_start_loc, batch.seq_lens,
+            self._cu_seq_lens_region(start, end), self.cu_seqlen_ks,
+            self.cu_seqlen_ke, start=start, end=end, token_start=int(qsl[start]),
+            token_end=int(qsl[end]), compress_ratio=self.compress_ratio,
+        )
+
+    def _cu_seq_lens_region(self, start: int, end: int) -> torch.Tensor:
+        """Requests ``[start, end)`` own entries ``[2*start, start + end + 1)``: disjoint from
+        any other range's, so each chunk of a step keeps its own prefix sums."""
+        return self.cu_seq_lens[2 * start : start + end + 1]
+
+    def _prefill_chunk_views(
+        self, batch: Batch, qsl: np.ndarray, start: int, end: int, query_slice: slice | None,
+        total: int,
+    ) -> IndexerPrefillChunkMetadata:
+        first = int(qsl[start])
+        lo, hi = ((0, int(qsl[end]) - first) if query_slice is None
+                  else (query_slice.start, query_slice.stop))
+        return IndexerPrefillChunkMetadata(
+            block_table=batch.block_table[start:end],
+            cu_seqlen_ks=self.cu_seqlen_ks[first + lo : first + hi],
+            cu_seqlen_ke=self.cu_seqlen_ke[first + lo : first + hi],
+            cu_seq_lens=self._cu_seq_lens_region(start, end),
+            total_seq_lens=total, token_start=first + lo, token_end=first + hi,
+            num_reqs=end - start, skip_kv_gather=lo > 0,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _bound(self) -> ArenaConfig:
+        if self.config is None:
+            raise ArenaError(
+                "IndexerMetadataBuilder is not bound to an arena; pass it to make_arena()"
+            )
+        return self.config
+
+
+def _host_query_start_loc(batch: Batch) -> np.ndarray:
+    return np.asarray(batch.query_start_loc_cpu[: batch.num_reqs + 1], dtype=np.int64)
+
+
+def _need_token_views(batch: Batch) -> None:
+    if batch.positions is None or batch.token_to_req is None:
+        raise InvalidBatchError(
+            "the indexer reads the staged positions and token_to_req views; build the batch "
+            "with Batch.from_inputs / Batch.from_staged"
+        )

@@ -1,0 +1,111 @@
+"""What the indexer builder hands the step: views of arena buffers and static ints (spec §4.2).
+
+The same classes come out of the eager build and the graph-safe decode build, so the step
+never needs to know which one ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = [
+    "IndexerDecodeMetadata",
+    "IndexerMetadata",
+    "IndexerPrefillChunkMetadata",
+    "IndexerPrefillMetadata",
+]
+
+
+@dataclass(slots=True)
+class IndexerPrefillChunkMetadata:
+    """One prefill chunk (or query sub-chunk) of the indexer.
+
+    Attributes
+    ----------
+    block_table : int32 ``(num_reqs, max_blocks)``
+        Rows ``[start, end)`` of the batch's block table.
+    cu_seqlen_ks, cu_seqlen_ke : int32 ``(token_end - token_start,)``
+        Per query token: first and one-past-last column of its keys in the gathered K.
+    cu_seq_lens : int32 ``(num_reqs + 1,)``
+        Prefix sums of the requests' compressed lengths (device-exact).
+    total_seq_lens : int
+        Sum of the host (upper-bound) compressed lengths: rows of K to gather.
+    token_start, token_end : int
+        Global token range of this (sub-)chunk's queries.
+    num_reqs : int
+    skip_kv_gather : bool
+        True for query sub-chunks after the first: reuse the K gathered before.
+    """
+
+    block_table: torch.Tensor
+    cu_seqlen_ks: torch.Tensor
+    cu_seqlen_ke: torch.Tensor
+    cu_seq_lens: torch.Tensor
+    total_seq_lens: int
+    token_start: int
+    token_end: int
+    num_reqs: int
+    skip_kv_gather: bool
+
+
+@dataclass(slots=True)
+class IndexerPrefillMetadata:
+    chunks: list[IndexerPrefillChunkMetadata] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class IndexerDecodeMetadata:
+    """The decode part.
+
+    Attributes
+    ----------
+    block_table : int32 ``(rows, max_blocks)``
+        Native: the batch's block table rows ``[:num_decodes]``; flatten: the expanded table,
+        one row per decode token (padded tokens: all 0, the null block).
+    seq_lens : int32 ``(rows, width)``, contiguous
+        Per-token visible lengths, compressed when ``R > 1``: ``(D, 1)`` plain decode,
+        ``(D, max_decode_len)`` native MTP, ``(Td, 1)`` flatten. Never negative; padding 0.
+    decode_lens : int32 ``(rows,)``
+        Native: query lengths; flatten: ones.
+    requires_padding : bool
+        Whether the consumer must pack the queries (native rows of unequal length). Always
+        False from the graph-safe build: padded rows are trailing, so the reshape stays right.
+    schedule_metadata : int32 ``(num_sms + 1, 2)``
+        The paged-MQA-logits schedule of ``seq_lens``.
+    """
+
+    block_table: torch.Tensor
+    seq_lens: torch.Tensor
+    decode_lens: torch.Tensor
+    requires_padding: bool
+    schedule_metadata: torch.Tensor
+
+
+@dataclass(slots=True)
+class IndexerMetadata:
+    """Everything the sparse-attention indexer reads for one step.
+
+    Attributes
+    ----------
+    seq_lens : int32 ``(num_reqs,)``
+        The batch's uncompressed sequence lengths.
+    max_seq_len : int
+    slot_mapping : int64 ``(num_tokens,)``
+        Where each token's indexer K goes: the compressed mapping when ``R > 1`` (-1 = no
+        write), else the batch's slot mapping.
+    num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens : int
+    prefill : IndexerPrefillMetadata or None
+    decode : IndexerDecodeMetadata or None
+    """
+
+    seq_lens: torch.Tensor
+    max_seq_len: int
+    slot_mapping: torch.Tensor
+    num_decodes: int
+    num_decode_tokens: int
+    num_prefills: int
+    num_prefill_tokens: int
+    prefill: IndexerPrefillMetadata | None
+    decode: IndexerDecodeMetadata | None

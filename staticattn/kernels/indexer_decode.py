@@ -1,0 +1,163 @@
+"""The indexer's per-token decode tensors, in one launch (spec §4.8).
+
+Two layouts, chosen by the caller from static facts:
+
+* **native** (plain decode, ``width = 1``; native MTP, ``width = next_n``): one row per decode
+  request. ``decode_lens[b] = q_b`` and the row-major ``(num_decodes, width)`` lengths
+  ``decode_seq_lens[b * width + j] = max(L_b - width + 1 + j, 0) // R`` -- token ``j`` of the
+  last ``width`` tokens sees everything up to and including itself. Example H (``width = 2``,
+  ``L = [10, 7, 12, 0]``): ``[[9, 10], [6, 7], [11, 12], [0, 0]]``; the reference engine leaves
+  the padded row at ``[-1, 0]``, which its consumers read as uint32, so we clamp at 0.
+* **flatten** (``next_n >= 3`` on Hopper): one single-token row per decode token ``t``:
+  ``decode_lens[t] = 1``, ``decode_seq_lens[t] = (p(t) + 1) // R`` (``= L_b - q_b + j + 1``) and
+  ``expanded_block_table[t] = block_table[b]``. Rows past the real decode tokens
+  (``t >= query_start_loc[num_decodes]``, graph padding) get length 0 and an all-zero (null
+  block) table row, where the reference zeroes column 0 only. Example F (``L = [10, 7, 12, 0]``,
+  ``q = [3, 1, 4, 0]``): ``[8, 9, 10, 7, 9, 10, 11, 12]``.
+
+Lengths are clamped at 0 before the floor division by ``R``, so Triton's truncating ``//``
+and torch's floor ``//`` agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.kernels.lazy import lazy_jit
+
+__all__ = ["indexer_decode_tensors"]
+
+_BLOCK = 128
+_COLS = 64
+
+
+def indexer_decode_tensors(
+    backend: str,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    token_to_req: torch.Tensor,
+    decode_lens: torch.Tensor,
+    decode_seq_lens: torch.Tensor,
+    expanded_block_table: torch.Tensor | None,
+    *,
+    num_decodes: int,
+    num_rows: int,
+    width: int,
+    compress_ratio: int,
+) -> None:
+    """Write the decode lengths (and, flattening, the expanded block table) in one launch.
+
+    Parameters
+    ----------
+    backend : {"torch", "triton"}
+    query_start_loc : int32 device ``(>= num_decodes + 1,)``
+    seq_lens : int32 device ``(>= num_decodes,)``
+    block_table : int32 device ``(>= num_decodes, max_blocks)``, unit column stride
+    positions : int64 device ``(>= num_rows,)``; read only when flattening
+    token_to_req : int32 device ``(>= num_rows,)``; read only when flattening
+    decode_lens : int32 device, flat
+        Written on ``[:num_decodes]`` (native) or ``[:num_rows]`` (flatten).
+    decode_seq_lens : int32 device, flat
+        Written on ``[:num_decodes * width]`` (native) or ``[:num_rows]`` (flatten).
+    expanded_block_table : int32 device ``(>= num_rows, max_blocks)`` or None
+        None selects the native layout; a view selects the flatten layout and is written
+        on ``[:num_rows]``.
+    num_decodes : int
+        Decode requests (padded ones included).
+    num_rows : int
+        Flatten: decode tokens (padded ones included). Ignored by the native layout.
+    width : int
+        Native: columns of the lengths (``max_decode_len``, >= 1). Ignored by flatten.
+    compress_ratio : int
+        ``R``: lengths are counted in compressed keys.
+
+    Graph-safe with either backend: every extent is a static int.
+    """
+    flatten = expanded_block_table is not None
+    extent = num_rows if flatten else num_decodes * width
+    if extent == 0:
+        return
+    if backend == "triton":
+        num_cols = block_table.shape[1]
+        col_blocks = (num_cols + _COLS - 1) // _COLS if flatten else 1
+        # The native layout writes no table; it passes the source table as a placeholder.
+        table = expanded_block_table if flatten else block_table
+        _decode_kernel()[((extent + _BLOCK - 1) // _BLOCK, col_blocks)](
+            query_start_loc, seq_lens, block_table, block_table.stride(0), positions,
+            token_to_req, decode_lens, decode_seq_lens, table, table.stride(0),
+            num_decodes, num_rows, width, num_cols, compress_ratio,
+            FLATTEN=flatten, BLOCK=_BLOCK, COLS=_COLS,
+        )
+    elif flatten:
+        _flatten_torch(query_start_loc, block_table, positions, token_to_req, decode_lens,
+                       decode_seq_lens, expanded_block_table, num_decodes, num_rows,
+                       compress_ratio)
+    else:
+        _native_torch(query_start_loc, seq_lens, decode_lens, decode_seq_lens, num_decodes,
+                      width, compress_ratio)
+
+
+def _native_torch(qsl, seq_lens, decode_lens, decode_seq_lens, num_decodes, width, ratio):
+    torch.sub(qsl[1 : num_decodes + 1], qsl[:num_decodes], out=decode_lens[:num_decodes])
+    j = torch.arange(width, device=seq_lens.device, dtype=seq_lens.dtype)
+    lens = (seq_lens[:num_decodes, None] - (width - 1) + j).clamp_(min=0) // ratio
+    decode_seq_lens[: num_decodes * width].view(num_decodes, width).copy_(lens)
+
+
+def _flatten_torch(qsl, block_table, positions, token_to_req, decode_lens, decode_seq_lens,
+                   expanded_block_table, num_decodes, num_rows, ratio):
+    t = torch.arange(num_rows, device=qsl.device)
+    real = t < qsl[num_decodes]
+    lens = (positions[:num_rows] + 1).clamp_(min=0) // ratio
+    decode_seq_lens[:num_rows].copy_(torch.where(real, lens, 0))
+    decode_lens[:num_rows].fill_(1)
+    rows = block_table[torch.where(real, token_to_req[:num_rows].long(), 0)]
+    expanded_block_table[:num_rows].copy_(torch.where(real[:, None], rows, 0))
+
+
+@lazy_jit
+def _decode_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def decode_kernel(
+        qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
+        decode_lens, decode_seq_lens, table_out, table_stride,
+        num_decodes, num_rows, width, num_cols, compress_ratio,
+        FLATTEN: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr,
+    ):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        col_block = tl.program_id(1)
+        if FLATTEN:
+            rows = i < num_rows
+            real = rows & (i < tl.load(qsl + num_decodes))
+            pos = tl.load(positions + i, mask=real, other=0).to(tl.int32)
+            lens = tl.where(real, tl.maximum(pos + 1, 0) // compress_ratio, 0)
+            # The lengths are written once, by the first column block.
+            first = i < tl.where(col_block == 0, num_rows, 0)
+            tl.store(decode_seq_lens + i, lens, mask=first)
+            tl.store(decode_lens + i, tl.full([BLOCK], 1, tl.int32), mask=first)
+            # Every column of every row, padded rows included: no stale table entries.
+            req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
+            cols = col_block * COLS + tl.arange(0, COLS)
+            in_cols = cols < num_cols
+            src = block_table + req[:, None] * bt_stride + cols[None, :]
+            row = tl.load(src, mask=real[:, None] & in_cols[None, :], other=0)
+            dst = table_out + i.to(tl.int64)[:, None] * table_stride + cols[None, :]
+            tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
+        else:
+            reqs = i < num_decodes
+            start = tl.load(qsl + i, mask=reqs, other=0)
+            end = tl.load(qsl + i + 1, mask=reqs, other=0)
+            tl.store(decode_lens + i, end - start, mask=reqs)
+            cells = i < num_decodes * width
+            b = i // width
+            j = i - b * width
+            seq_len = tl.load(seq_lens + b, mask=cells, other=0)
+            lens = tl.maximum(seq_len - width + 1 + j, 0) // compress_ratio
+            tl.store(decode_seq_lens + i, lens, mask=cells)
+
+    return decode_kernel

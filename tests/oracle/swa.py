@@ -1,0 +1,172 @@
+"""Oracle of the sparse sliding-window builder: plain Python loops over host lists, written
+from the spec's words (vllm-semantics §3.2, §6.5-§6.8, §7) and nothing else.
+
+Documented deviations from the reference that the oracle states (DESIGN "Semantics"):
+invalid and padded decode tokens get length 0 and index rows of -1 (SWA and C128A alike);
+``token_to_req_indices`` covers every token, padded tokens mapping to request 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from staticattn.arena import ArenaConfig
+
+
+@dataclass
+class SWAExpected:
+    num_decodes: int
+    num_prefills: int
+    num_decode_tokens: int
+    num_prefill_tokens: int
+    is_valid_token: list[bool]
+    token_to_req_indices: list[int]
+    decode_swa_indices: list[list[int]]
+    decode_swa_lens: list[int]
+    c128a_decode_indices: list[list[int]] | None
+    c128a_decode_lens: list[int] | None
+    prefill_seq_lens: list[int] | None
+    prefill_gather_lens: list[int] | None
+    window: int
+    c128a_width: int
+    layer_types: list[str] = field(default_factory=list)
+
+
+def layer_types(compress_ratios) -> list[str]:
+    """Spec §6.1: ratio <= 1 -> swaonly, 4 -> c4a, 128 -> c128a; present types only."""
+    names = {4: "c4a", 128: "c128a"}
+    present = {"swaonly" if r <= 1 else names[r] for r in (compress_ratios or [1])}
+    return [name for name in ("swaonly", "c4a", "c128a") if name in present]
+
+
+def split(query_lens: list[int], num_tokens: int, threshold: int) -> tuple[int, int, int, int]:
+    """Spec §3.2, non-uniform, short extends are decodes."""
+    num_reqs = len(query_lens)
+    max_query_len = max(query_lens) if query_lens else 0
+    if max_query_len <= threshold:
+        return num_reqs, 0, num_tokens, 0
+    if query_lens[0] > threshold:
+        return 0, num_reqs, 0, num_tokens
+    first = next(b for b, q in enumerate(query_lens) if q > threshold)
+    decode_tokens = sum(query_lens[:first])
+    return first, num_reqs - first, decode_tokens, num_tokens - decode_tokens
+
+
+def expected(
+    cfg: ArenaConfig,
+    query_lens: list[int],
+    seq_lens: list[int],
+    slot_mapping: list[int],
+    swa_block_table: list[list[int]],
+    block_table: list[list[int]],
+    num_reqs_padded: int,
+    num_tokens_padded: int,
+) -> SWAExpected:
+    """Every output field for one step; lists are over the padded extents."""
+    W, bs = cfg.sliding_window, cfg.swa_block_size
+    q = list(query_lens) + [0] * (num_reqs_padded - len(query_lens))
+    L = list(seq_lens) + [0] * (num_reqs_padded - len(seq_lens))
+    slots = list(slot_mapping) + [-1] * (num_tokens_padded - len(slot_mapping))
+    qsl = [0]
+    for ql in q:
+        qsl.append(qsl[-1] + ql)
+
+    owner = [0] * num_tokens_padded
+    position = [0] * num_tokens_padded
+    for b in range(num_reqs_padded):
+        for j in range(q[b]):
+            t = qsl[b] + j
+            owner[t] = b
+            position[t] = (L[b] - q[b]) + j
+
+    D, P, Td, Tp = split(q, num_tokens_padded, cfg.decode_threshold)
+    valid = [s >= 0 for s in slots]
+
+    swa_rows, swa_lens = [], []
+    for t in range(Td):
+        row, n = [-1] * W, 0
+        if valid[t]:
+            b, p = owner[t], position[t]
+            start = max(p - W + 1, 0)
+            n = p + 1 - start
+            for o in range(n):
+                pos = start + o
+                row[o] = swa_block_table[b][pos // bs] * bs + pos % bs
+        swa_rows.append(row)
+        swa_lens.append(n)
+
+    c_rows = c_lens = None
+    if 128 in cfg.compress_ratios:
+        max_c = cfg.c128a_max_compressed
+        per_block = cfg.block_size // 128
+        c_rows, c_lens = [], []
+        for t in range(Td):
+            row, n = [-1] * max_c, 0
+            if valid[t]:
+                b = owner[t]
+                n = min((position[t] + 1) // 128, max_c)
+                for o in range(n):
+                    row[o] = block_table[b][o // per_block] * per_block + o % per_block
+            c_rows.append(row)
+            c_lens.append(n)
+
+    pre_seq = pre_gather = None
+    if P > 0:
+        pre_seq, pre_gather = [], []
+        for r in range(D, D + P):
+            pre_seq.append(L[r])
+            pre_gather.append(q[r] + min(L[r] - q[r], W - 1))
+
+    return SWAExpected(
+        num_decodes=D, num_prefills=P, num_decode_tokens=Td, num_prefill_tokens=Tp,
+        is_valid_token=valid, token_to_req_indices=owner,
+        decode_swa_indices=swa_rows, decode_swa_lens=swa_lens,
+        c128a_decode_indices=c_rows, c128a_decode_lens=c_lens,
+        prefill_seq_lens=pre_seq, prefill_gather_lens=pre_gather,
+        window=W, c128a_width=cfg.c128a_max_compressed,
+        layer_types=layer_types(cfg.compress_ratios),
+    )
+
+
+def expected_for_step(cfg: ArenaConfig, step) -> SWAExpected:
+    """:func:`expected` for a ``tests.support.HostStep``."""
+    return expected(
+        cfg,
+        [int(x) for x in step.query_lens],
+        [int(x) for x in step.seq_lens],
+        [int(x) for x in step.slot_mapping],
+        step.swa_block_table.tolist(),
+        step.block_table.tolist(),
+        step.num_reqs_padded,
+        step.num_tokens_padded,
+    )
+
+
+def assert_matches(meta, exp: SWAExpected) -> None:
+    """Every field of a ``SparseSWAMetadata`` equals the oracle's (shapes included)."""
+    for name in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens"):
+        assert getattr(meta, name) == getattr(exp, name), name
+    td = exp.num_decode_tokens
+    assert meta.is_valid_token.tolist() == exp.is_valid_token
+    assert meta.token_to_req_indices.tolist() == exp.token_to_req_indices
+    assert tuple(meta.decode_swa_indices.shape) == (td, 1, exp.window)
+    assert meta.decode_swa_indices[:, 0].tolist() == exp.decode_swa_indices
+    assert meta.decode_swa_lens.tolist() == exp.decode_swa_lens
+    if exp.c128a_decode_indices is None:
+        assert meta.c128a_decode_indices is None and meta.c128a_decode_lens is None
+    else:
+        assert tuple(meta.c128a_decode_indices.shape) == (td, 1, exp.c128a_width)
+        assert meta.c128a_decode_indices[:, 0].tolist() == exp.c128a_decode_indices
+        assert meta.c128a_decode_lens.tolist() == exp.c128a_decode_lens
+    if exp.prefill_seq_lens is None:
+        assert meta.prefill_seq_lens is None and meta.prefill_gather_lens is None
+    else:
+        assert meta.prefill_seq_lens.tolist() == exp.prefill_seq_lens
+        assert meta.prefill_gather_lens.tolist() == exp.prefill_gather_lens
+    for layer_type in ("swaonly", "c4a", "c128a"):
+        plan = meta.tile_sched(layer_type)
+        if td and layer_type in exp.layer_types:
+            assert plan is not None and not plan.have_initialized, layer_type
+            assert plan.tile_scheduler_metadata is None and plan.num_splits is None
+        else:
+            assert plan is None, layer_type

@@ -1,0 +1,73 @@
+"""Hypothesis: every output field of both builds equals the oracle, on both backends, over
+realistic steps (MTP decodes, padded uniform batches, slot -1 tokens, mixed with prefills).
+
+One arena per (config, backend) serves every example, so a row left stale by an earlier
+example would fail a later one.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oracle.swa import assert_matches, expected_for_step
+from support import DEVICE, host_steps, stage
+
+from staticattn.arena import ArenaConfig
+from staticattn.builders import Batch, make_arena
+from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+
+BASE = dict(device=DEVICE, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048)
+
+# Windows 1, 7, 128; SWA blocks 16, 64; ratios [1], [1,4], [1,4,128]; next_n 1-4; C128A
+# with 1, 2 and 4 compressed entries per main block.
+CONFIGS = {
+    "w1-bs16-swa-n1": dict(sliding_window=1, swa_block_size=16, compress_ratios=(1,)),
+    "w7-bs16-c4a-n2": dict(sliding_window=7, swa_block_size=16, compress_ratios=(1, 4),
+                           index_compress_ratio=4, block_size=256, num_speculative_tokens=1),
+    "w128-bs64-c128a-n4": dict(sliding_window=128, swa_block_size=64,
+                               compress_ratios=(1, 4, 128), index_compress_ratio=4,
+                               block_size=256, num_speculative_tokens=3),
+    "w7-bs64-c128a-n3": dict(sliding_window=7, swa_block_size=64, compress_ratios=(1, 4, 128),
+                             index_compress_ratio=4, block_size=512, num_speculative_tokens=2,
+                             max_model_len=8192),
+    "w128-bs16-swa-n2": dict(sliding_window=128, swa_block_size=16, compress_ratios=(1,),
+                             num_speculative_tokens=1),
+    "w1-bs64-c128a-n1": dict(sliding_window=1, swa_block_size=64, compress_ratios=(1, 128),
+                             block_size=128, max_model_len=4096),
+}
+
+
+# ``backend`` is a constant string per test; nothing in it needs resetting between examples.
+FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+@functools.cache
+def _bound(name: str, backend: str):
+    cfg = ArenaConfig(**{**BASE, **CONFIGS[name], "kernel_backend": backend})
+    builder = SparseSWAMetadataBuilder()
+    _, inputs = make_arena(cfg, [builder])
+    return cfg, builder, inputs
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@settings(max_examples=100, suppress_health_check=FIXTURE_OK)
+@given(data=st.data())
+def test_build_matches_oracle(name, backend, data):
+    cfg, builder, inputs = _bound(name, backend)
+    step = data.draw(host_steps(cfg, max_reqs=12), label="step")
+    meta = builder.build(stage(inputs, step))
+    assert_matches(meta, expected_for_step(cfg, step))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@settings(max_examples=60, suppress_health_check=FIXTURE_OK)
+@given(data=st.data())
+def test_build_decode_matches_oracle(name, backend, data):
+    cfg, builder, inputs = _bound(name, backend)
+    step = data.draw(host_steps(cfg, kinds=("uniform_decode",), max_reqs=12), label="step")
+    stage(inputs, step)
+    meta = builder.build_decode(Batch.for_decode_capture(inputs, step.num_reqs_padded))
+    assert_matches(meta, expected_for_step(cfg, step))
