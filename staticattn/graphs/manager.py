@@ -210,7 +210,7 @@ class GraphManager:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.arena.device)
         captured = []
-        with _frozen_gc():
+        with _frozen_gc(), _arena_contents_kept(self.arena):
             for size in _progress(todo, self.progress, "capturing graphs"):
                 try:
                     captured.append(self._capture_one(size))
@@ -396,6 +396,21 @@ def _slice(outputs: Any, num_tokens: int) -> Any:
     if isinstance(outputs, dict):
         return {k: _slice(v, num_tokens) for k, v in outputs.items()}
     return outputs
+
+
+@contextmanager
+def _arena_contents_kept(arena: Arena):
+    """Warm-ups and captures write minimal-length inputs and their metadata into the arena;
+    put back what the last step left there, so capturing (or failing to) at any time
+    disturbs nothing an engine may still read."""
+    saved = {w: arena.block(w).clone() for w in ("device", "host")}
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize(arena.device)
+        for w, block in saved.items():
+            arena.block(w).copy_(block)
+        torch.cuda.synchronize(arena.device)
 
 
 @contextmanager

@@ -54,12 +54,12 @@ def _random_rows(table: torch.Tensor, rows: int, cols: int, rng: np.random.Gener
 
 def _slots(rows: np.ndarray, block_size: int, q: np.ndarray, s: np.ndarray,
            rng: np.random.Generator, invalid_fraction: float) -> np.ndarray:
-    out = np.empty(int(q.sum()), dtype=np.int64)
-    t = 0
-    for b in range(q.shape[0]):
-        p = np.arange(int(s[b]) - int(q[b]), int(s[b]))
-        out[t : t + q[b]] = rows[b, p // block_size].astype(np.int64) * block_size + p % block_size
-        t += int(q[b])
+    """``rows[b, p // bs] * bs + p % bs`` for every token ``p`` of every request ``b``."""
+    q64 = q.astype(np.int64)
+    starts = np.concatenate(([0], np.cumsum(q64)[:-1]))
+    req = np.repeat(np.arange(q.shape[0]), q64)
+    p = np.repeat(s.astype(np.int64) - q64, q64) + (np.arange(req.shape[0]) - starts[req])
+    out = rows[req, p // block_size].astype(np.int64) * block_size + p % block_size
     if invalid_fraction > 0 and out.size:
         out[rng.random(out.size) < invalid_fraction] = PAD_SLOT_ID
     return out

@@ -1,0 +1,46 @@
+"""A short capture + replay loop for compute-sanitizer (memcheck, racecheck):
+
+    compute-sanitizer --tool memcheck python scripts/sanitize_loop.py
+    compute-sanitizer --tool racecheck python scripts/sanitize_loop.py
+
+Covers the staging kernel, both builders' decode builds (graph) and eager builds with
+prefills, and the gather consumer; small capacities so the sanitizer finishes quickly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
+from staticattn.graphs import GraphManager
+from staticattn.graphs.consumer import GatherConsumer
+from staticattn.graphs.random_batches import DecodeStream, random_mixed_step
+
+
+def main() -> None:
+    for drafts in (1, 2):  # native MTP (next_n 2) and the flatten path (next_n 3)
+        cfg = ArenaConfig.deepseek_v4(max_num_seqs=16, max_num_batched_tokens=256,
+                                      max_model_len=8192, num_speculative_tokens=drafts)
+        builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+        arena, inputs = make_arena(cfg, builders)
+        rng = np.random.default_rng(0)
+        with GraphManager(arena, inputs, builders, GatherConsumer(cfg, 512),
+                          progress=False) as gm:
+            n = cfg.next_n
+            gm.capture([n, 4 * n, 16 * n])
+            stream = DecodeStream(inputs, rng, num_kv_blocks=512)
+            for i in range(12):
+                st = stream.next(int(rng.integers(1, 17)))
+                gm.run(st.query_lens, st.seq_lens, st.slot_mapping)
+                if i % 3 == 0:
+                    mixed = random_mixed_step(inputs, rng, max_reqs=8, num_kv_blocks=512,
+                                              max_prefill_tokens=100)
+                    gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
+        torch.cuda.synchronize()
+        print(f"next_n {n}: {gm.stats.replays} replays, eager {dict(gm.stats.eager)}")
+
+
+if __name__ == "__main__":
+    main()
