@@ -113,6 +113,8 @@ class StepInputs:
         self._np_qsl = self.host_query_start_loc.numpy()
         self._np_seq_lens = self.host_seq_lens.numpy()
         self._np_slots = self.host_slot_mapping.numpy()
+        self._uniform_qsl = np.arange(self.config.max_num_seqs + 1, dtype=np.int32) * (
+            self.config.next_n)
         self._consumed = (
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None
         )
@@ -168,6 +170,39 @@ class StepInputs:
             max_query_len=int(query_lens.max()) if num_reqs else 0,
             max_seq_len=int(seq_lens.max()) if num_reqs else 0,
         )
+
+    def stage_uniform_decode(
+        self, seq_lens: np.ndarray, slot_mapping: np.ndarray, num_reqs_padded: int,
+        num_tokens_padded: int,
+    ) -> None:
+        """:meth:`stage` for the replay path: every request schedules ``next_n`` tokens.
+
+        The query start locations come from a precomputed ``next_n * arange`` table and no
+        maxima are taken, so this costs a few microseconds. The caller has checked the
+        step (``uniform_decode_passes`` or ``validate_host_step``); only the extents that
+        guard the staging block are checked again here.
+        """
+        n = self.config.next_n
+        num_reqs = seq_lens.shape[0]
+        num_tokens = num_reqs * n
+        if not (num_reqs <= num_reqs_padded <= self.config.max_num_seqs
+                and slot_mapping.shape[0] == num_tokens
+                and num_tokens <= num_tokens_padded <= self.config.max_num_batched_tokens):
+            raise CapacityError(
+                f"uniform decode step of {num_reqs} requests / {slot_mapping.shape[0]} slots "
+                f"does not fit its padding ({num_reqs_padded} requests, {num_tokens_padded} "
+                f"tokens) or the capacities ({self.config.max_num_seqs}, "
+                f"{self.config.max_num_batched_tokens})"
+            )
+        if self._consumed is not None:
+            self._consumed.synchronize()
+        qsl = self._np_qsl
+        qsl[: num_reqs + 1] = self._uniform_qsl[: num_reqs + 1]
+        qsl[num_reqs + 1 : num_reqs_padded + 1] = num_tokens
+        self._np_seq_lens[:num_reqs] = seq_lens
+        self._np_seq_lens[num_reqs:num_reqs_padded] = 0
+        self._np_slots[:num_tokens] = slot_mapping
+        self._np_slots[num_tokens:num_tokens_padded] = PAD_SLOT_ID
 
     def _check_extents(self, query_lens, seq_lens, slot_mapping, pr: int, pt: int) -> None:
         cfg = self.config

@@ -3,10 +3,11 @@
 
 For each size ``s`` (tokens; ``s / next_n`` requests, all real, long random sequences):
 
-* host submit time of one step: wall clock of ``GraphManager.run`` (validate + stage +
+* host time of one step: wall clock of ``GraphManager.run`` (validation, staging and
   ``replay()``), measured after a device sync so no wait on earlier work is counted;
-* GPU time of one step: CUDA events around that submission;
-* the same for the eager path (``run_eager``: stage + every builder's ``build`` + step);
+* GPU time of one step: CUDA events around the replay;
+* the same for the eager path (``run(..., eager=True)``: the same validation and staging,
+  then every builder's ``build`` and the step, launched one kernel at a time);
 * node census of the graph; median, min and max over ``reps`` steps.
 
 Absolute numbers are only meaningful from a GPU: the report states device, driver, CUDA,
@@ -154,24 +155,19 @@ def environment() -> dict:
     return env
 
 
-def _timed(prepare: Callable[[], object], launch: Callable[[object], object],
-           reps: int) -> tuple[list[float], list[float]]:
-    """Per step: host wall time of ``prepare`` + ``launch`` (us) and GPU time of what
-    ``launch`` enqueued (CUDA events around it, us); each step starts on an idle device,
-    so neither includes waiting for earlier work."""
+def _timed_runs(gm: GraphManager, args, eager: bool, reps: int) -> tuple[list, list]:
+    """Per step: host wall time of ``GraphManager.run`` (validation, staging and launch, us)
+    and the GPU time of what it launched (CUDA events around the replay or the eager
+    kernels, us). Each step starts on an idle device, so neither includes waiting for
+    earlier work."""
     host, gpu = [], []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        staged = prepare()
-        start.record()
-        launch(staged)
-        end.record()
+        res = gm.run(*args, eager=eager)
         t1 = time.perf_counter()
-        end.synchronize()
         host.append((t1 - t0) * 1e6)
-        gpu.append(start.elapsed_time(end) * 1e3)
+        gpu.append(res.gpu_us())
     return host, gpu
 
 
@@ -188,7 +184,15 @@ def one_kernel_replay_us(reps: int = 500) -> Stat:
         x.add_(1)
     for _ in range(20):
         g.replay()
-    _, gpu = _timed(lambda: None, lambda _: g.replay(), reps)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start.record()
+        g.replay()
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) * 1e3)
     return Stat.of(gpu)
 
 
@@ -211,7 +215,7 @@ def run_bench(
     report = BenchReport(environment(), preset, config.next_n, consumer_name,
                          one_kernel_replay_us())
     rng = np.random.default_rng(seed)
-    with GraphManager(arena, inputs, builders, step, progress=progress) as gm:
+    with GraphManager(arena, inputs, builders, step, progress=progress, time_gpu=True) as gm:
         gm.capture(sizes)
         for size in sorted(gm.graphs):
             g = gm.graphs[size]
@@ -220,18 +224,9 @@ def run_bench(
             args = (batch.query_lens, batch.seq_lens, batch.slot_mapping)
             for _ in range(10):  # warm both paths (eager kernels compile on first use)
                 assert gm.run(*args).mode == "graph"
-                gm.run_eager(*args)
-
-            def stage_padded(args=args, g=g):
-                gm._validate(*args)
-                return inputs.stage(*args, num_reqs_padded=g.num_reqs, num_tokens_padded=g.size)
-
-            def stage_eager(args=args):
-                gm._validate(*args)
-                return inputs.stage(*args)
-
-            gh, gg = _timed(stage_padded, lambda _, g=g: g.graph.replay(), reps)
-            eh, eg = _timed(stage_eager, gm.launch_eager, reps)
+                gm.run(*args, eager=True)
+            gh, gg = _timed_runs(gm, args, False, reps)
+            eh, eg = _timed_runs(gm, args, True, reps)
             nodes = g.nodes or {}
             report.rows.append(BenchRow(
                 size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,

@@ -56,6 +56,7 @@ import torch
 from staticattn.arena import Arena, StagedCounts, StepInputs
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
+from staticattn.builders.validate import uniform_decode_passes, validate_host_step
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.introspect import new_graph, node_census
 from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
@@ -65,7 +66,7 @@ __all__ = ["GraphManager", "CapturedGraph", "RunResult", "StepFn"]
 StepFn = Callable[[Batch, dict[str, Any]], Any]
 
 #: Why a step ran eagerly.
-REASONS = ("non-uniform", "prefill", "too-large", "not-captured")
+REASONS = ("non-uniform", "prefill", "too-large", "not-captured", "forced")
 
 
 @dataclass(slots=True)
@@ -299,6 +300,7 @@ class GraphManager:
         slot_mapping: Sequence[int] | np.ndarray,
         *,
         is_prefilling: Sequence[bool] | np.ndarray | None = None,
+        eager: bool = False,
     ) -> RunResult:
         """Run one step: replay if it is a uniform decode that fits, else eagerly.
 
@@ -310,6 +312,9 @@ class GraphManager:
             -1 = do not write.
         is_prefilling : bool ``(num_reqs,)``, optional
             Requests still processing their prompt (eager split only).
+        eager : bool
+            Run eagerly even if a graph could replay the step (A/B checks, benchmarks);
+            counted under the reason "forced".
 
         Returns
         -------
@@ -322,13 +327,20 @@ class GraphManager:
         slots = np.asarray(slot_mapping)
         if q.ndim == 1 and q.shape[0] == 0:
             raise InvalidBatchError("a step needs at least one request; got none")
-        if self.validate:
+        size, reason = self.dispatch(q) if q.ndim == 1 and q.dtype.kind in "iu" else (
+            None, "prefill")
+        if eager and size is not None:
+            size, reason = None, "forced"
+        # The replay path pre-screens cheaply; anything the screen does not clear gets the
+        # full check (which raises with the precise message, or passes).
+        if self.validate and not (
+            size is not None and uniform_decode_passes(q.shape[0], s, slots, self.config)
+        ):
             self._validate(q, s, slots)
-        size, reason = self.dispatch(q) if q.ndim == 1 else (None, "prefill")
         num_tokens = int(slots.shape[0])
         if size is not None:
             g = self.graphs[size]
-            self.inputs.stage(q, s, slots, num_reqs_padded=g.num_reqs, num_tokens_padded=size)
+            self.inputs.stage_uniform_decode(s, slots, g.num_reqs, size)
             with self._timing() as events:
                 g.graph.replay()
             self.stats.replays += 1
@@ -364,8 +376,6 @@ class GraphManager:
         return _slice(self.step(batch, metadata), counts.num_tokens)
 
     def _validate(self, q, s, slots) -> None:
-        from staticattn.builders.validate import validate_host_step
-
         validate_host_step(q, s, slots, self.config, require_decode_first=True,
                            decode_threshold=self.config.decode_threshold)
 
