@@ -240,16 +240,19 @@ class StepInputs:
             )
 
     # --------------------------------------------------------------- device side
-    def copy_to_device(self, num_reqs: int, num_tokens: int) -> None:
+    def copy_to_device(self, num_reqs: int, num_tokens: int, *, uniform: bool = False) -> None:
         """Launch the staging kernel over a static extent, then mark the staging block free.
 
         Graph-safe: the extent is a static int, and inside a capture the event becomes an
-        event-record node that fires on every replay.
+        event-record node that fires on every replay. ``uniform=True`` promises that every
+        real request schedules ``next_n`` tokens (what a captured decode step replays), which
+        lets the kernel find each token's request by division instead of a search.
         """
         stage_inputs(
             self.backend, self.host_query_start_loc, self.host_seq_lens,
             self.host_slot_mapping, self.query_start_loc, self.seq_lens, self.slot_mapping,
             self.positions, self.token_to_req, num_reqs, num_tokens,
+            self.config.next_n if uniform else 0,
         )
         if self._consumed is not None:
             self._consumed.record()

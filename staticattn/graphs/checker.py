@@ -183,7 +183,8 @@ def _guarded_capture(manager: GraphManager, num_reqs: int, size: int, report: Si
     except Exception as exc:
         report.failures.append(f"the step fails even eagerly: {exc!r}")
         return None, None, None
-    baseline = _capture_allocations(lambda: inputs.copy_to_device(num_reqs, size), stream)
+    baseline = _capture_allocations(
+        lambda: inputs.copy_to_device(num_reqs, size, uniform=True), stream)
     graph = new_graph()
     watch = FreshTensorWatch()
     allocs0 = _allocations()

@@ -157,6 +157,7 @@ class GraphManager:
         self.progress = progress
         self.time_gpu = time_gpu and arena.device.type == "cuda"
         self.graphs: dict[int, CapturedGraph] = {}
+        self._size_table = np.zeros(0, dtype=np.int64)
         self.stats = RunStats()
         self._pool = None
         self._stream: torch.cuda.Stream | None = None
@@ -271,7 +272,7 @@ class GraphManager:
 
     def _body(self, num_reqs: int, num_tokens: int):
         """What one graph holds: stage, build every builder's decode metadata, step."""
-        self.inputs.copy_to_device(num_reqs, num_tokens)
+        self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True)
         batch = Batch.for_decode_capture(self.inputs, num_reqs)
         metadata = {b.name: b.build_decode(batch) for b in self.builders}
         return self.step(batch, metadata), metadata
@@ -287,11 +288,22 @@ class GraphManager:
             return None, "non-uniform"
         if not self.graphs:
             return None, "not-captured"
-        num_tokens = num_reqs * n
-        for size in sorted(self.graphs):
-            if size >= num_tokens:
-                return size, None
-        return None, "too-large"
+        size = self._replay_size(num_reqs * n)
+        return (size, None) if size else (None, "too-large")
+
+    def _replay_size(self, num_tokens: int) -> int:
+        """Smallest captured size holding ``num_tokens`` (0 if none): a table lookup, built
+        once per capture, because it runs on every step."""
+        table = self._size_table
+        if len(table) != (max(self.graphs) + 1 if self.graphs else 0):
+            sizes = sorted(self.graphs)
+            table = np.zeros(sizes[-1] + 1 if sizes else 0, dtype=np.int64)
+            lo = 0
+            for size in sizes:
+                table[lo : size + 1] = size
+                lo = size + 1
+            self._size_table = table
+        return int(table[num_tokens]) if num_tokens < len(table) else 0
 
     def run(
         self,
@@ -321,46 +333,62 @@ class GraphManager:
         RunResult
             ``outputs`` sliced to the real tokens; valid until the next ``run``.
         """
-        self._check_open()
+        if self._closed:
+            self._check_open()
         q = np.asarray(query_lens)
         s = np.asarray(seq_lens)
         slots = np.asarray(slot_mapping)
+        n = self.config.next_n
+        # Replay path first, kept to a handful of numpy calls: it runs every decode step.
+        k = q.shape[0] if q.ndim == 1 else 0
+        size = (self._replay_size(k * n) if k and not eager and self.graphs
+                and q.dtype.kind in "iu" and (q == n).all() else 0)
+        if size and (not self.validate or uniform_decode_passes(k, s, slots, self.config)):
+            return self._replay(self.graphs[size], s, slots, k * n)
+        return self._run_general(q, s, slots, is_prefilling, eager)
+
+    def _replay(self, g: CapturedGraph, s: np.ndarray, slots: np.ndarray,
+                num_tokens: int) -> RunResult:
+        self.inputs.stage_uniform_decode(s, slots, g.num_reqs, g.size)
+        events = self._record_start()
+        g.graph.replay()
+        self._record_end(events)
+        self.stats.replays += 1
+        return RunResult(_slice(g.outputs, num_tokens), "graph", g.size, None, num_tokens,
+                         events)
+
+    def _run_general(self, q, s, slots, is_prefilling, eager: bool) -> RunResult:
+        """Every step the replay path did not take: full validation, then replay (a step
+        the pre-screen could not clear but the full check accepts) or eager."""
         if q.ndim == 1 and q.shape[0] == 0:
             raise InvalidBatchError("a step needs at least one request; got none")
+        if self.validate:
+            self._validate(q, s, slots)
         size, reason = self.dispatch(q) if q.ndim == 1 and q.dtype.kind in "iu" else (
             None, "prefill")
         if eager and size is not None:
             size, reason = None, "forced"
-        # The replay path pre-screens cheaply; anything the screen does not clear gets the
-        # full check (which raises with the precise message, or passes).
-        if self.validate and not (
-            size is not None and uniform_decode_passes(q.shape[0], s, slots, self.config)
-        ):
-            self._validate(q, s, slots)
         num_tokens = int(slots.shape[0])
         if size is not None:
-            g = self.graphs[size]
-            self.inputs.stage_uniform_decode(s, slots, g.num_reqs, size)
-            with self._timing() as events:
-                g.graph.replay()
-            self.stats.replays += 1
-            return RunResult(_slice(g.outputs, num_tokens), "graph", size, None, num_tokens,
-                             events)
+            return self._replay(self.graphs[size], s, slots, num_tokens)
         counts = self.inputs.stage(q, s, slots)
-        with self._timing() as events:
-            outputs = self.launch_eager(counts, is_prefilling=is_prefilling)
+        events = self._record_start()
+        outputs = self.launch_eager(counts, is_prefilling=is_prefilling)
+        self._record_end(events)
         self.stats.eager[reason] += 1
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
 
-    @contextmanager
-    def _timing(self):
+    def _record_start(self):
         if not self.time_gpu:
-            yield None
-            return
+            return None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        yield (start, end)
-        end.record()
+        return start, end
+
+    @staticmethod
+    def _record_end(events) -> None:
+        if events is not None:
+            events[1].record()
 
     def run_eager(self, q, s, slots, *, is_prefilling=None) -> Any:
         """Stage, build every builder eagerly, run the step; outputs for the real tokens."""

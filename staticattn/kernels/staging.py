@@ -36,6 +36,7 @@ def stage_inputs(
     token_to_req: torch.Tensor,
     num_reqs: int,
     num_tokens: int,
+    uniform_query_len: int = 0,
 ) -> None:
     """Copy host staging to the device views and derive ``token_to_req`` and ``positions``.
 
@@ -48,17 +49,22 @@ def stage_inputs(
     token_to_req : int32 device view ``(>= num_tokens,)``
     num_reqs, num_tokens : int
         Static extent of this launch (the captured size under a graph).
+    uniform_query_len : int
+        When > 0, every real request has exactly this many tokens (a uniform decode step,
+        the only kind a graph replays), so token ``t`` belongs to request ``t // n``: no
+        search over the query starts, which would cost many small reads of host memory.
     """
+    args = (host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
+            slot_mapping, positions, token_to_req, num_reqs, num_tokens, uniform_query_len)
     if backend == "triton":
-        _stage_triton(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-                      slot_mapping, positions, token_to_req, num_reqs, num_tokens)
+        _stage_triton(*args)
     else:
-        _stage_torch(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-                     slot_mapping, positions, token_to_req, num_reqs, num_tokens)
+        _stage_torch(*args)
 
 
 def _stage_torch(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-                 slot_mapping, positions, token_to_req, num_reqs, num_tokens) -> None:
+                 slot_mapping, positions, token_to_req, num_reqs, num_tokens,
+                 uniform_query_len) -> None:
     qsl = query_start_loc[: num_reqs + 1]
     qsl.copy_(host_qsl[: num_reqs + 1], non_blocking=True)
     seq_lens[:num_reqs].copy_(host_seq_lens[:num_reqs], non_blocking=True)
@@ -66,7 +72,10 @@ def _stage_torch(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, se
     if num_tokens == 0:
         return
     t = torch.arange(num_tokens, device=qsl.device, dtype=torch.int32)
-    req = torch.searchsorted(qsl[1:], t, right=True).to(torch.int32)
+    if uniform_query_len:
+        req = torch.clamp(t // uniform_query_len, max=max(num_reqs - 1, 0))
+    else:
+        req = torch.searchsorted(qsl[1:], t, right=True).to(torch.int32)
     real = t < qsl[num_reqs]
     req = torch.where(real, req, 0)
     token_to_req[:num_tokens].copy_(req)
@@ -86,7 +95,7 @@ def _stage_kernel():
         host_qsl, host_seq_lens, host_slots,
         qsl_out, seq_lens_out, slots_out, positions_out, token_to_req_out,
         num_reqs, num_tokens,
-        BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+        UNIFORM: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     ):
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -98,13 +107,16 @@ def _stage_kernel():
         tl.store(slots_out + offs, tl.load(host_slots + offs, mask=m_t), mask=m_t)
 
         total = tl.load(host_qsl + num_reqs)
-        # Owner of token t = number of request ends qsl[1..num_reqs] that are <= t.
-        req = tl.zeros([BLOCK], dtype=tl.int32)
-        for c in range(0, num_reqs, CHUNK):
-            ends_offs = c + tl.arange(0, CHUNK)
-            ends = tl.load(host_qsl + 1 + ends_offs, mask=ends_offs < num_reqs,
-                           other=2147483647)
-            req += tl.sum((ends[None, :] <= offs[:, None]).to(tl.int32), axis=1)
+        if UNIFORM > 0:
+            req = offs // UNIFORM
+        else:
+            # Owner of token t = number of request ends qsl[1..num_reqs] that are <= t.
+            req = tl.zeros([BLOCK], dtype=tl.int32)
+            for c in range(0, num_reqs, CHUNK):
+                ends_offs = c + tl.arange(0, CHUNK)
+                ends = tl.load(host_qsl + 1 + ends_offs, mask=ends_offs < num_reqs,
+                               other=2147483647)
+                req += tl.sum((ends[None, :] <= offs[:, None]).to(tl.int32), axis=1)
         real = m_t & (offs < total)
         req = tl.where(real, req, 0)
         start = tl.load(host_qsl + req, mask=real, other=0)
@@ -119,12 +131,13 @@ def _stage_kernel():
 
 
 def _stage_triton(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-                  slot_mapping, positions, token_to_req, num_reqs, num_tokens) -> None:
+                  slot_mapping, positions, token_to_req, num_reqs, num_tokens,
+                  uniform_query_len) -> None:
     block = 256
     extent = max(num_tokens, num_reqs + 1)
     grid = ((extent + block - 1) // block,)
     _stage_kernel()[grid](
         host_qsl, host_seq_lens, host_slot_mapping,
         query_start_loc, seq_lens, slot_mapping, positions, token_to_req,
-        num_reqs, num_tokens, BLOCK=block, CHUNK=64,
+        num_reqs, num_tokens, UNIFORM=uniform_query_len, BLOCK=block, CHUNK=64,
     )

@@ -166,12 +166,17 @@ def _swa_decode_kernel():
         C128A_WIDTH: tl.constexpr, C128A_ENTRIES: tl.constexpr, C128A_RATIO: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
+        # Axis 0: blocks of tokens. Axis 1: blocks of C128A columns, so a wide C128A row
+        # (8192 entries at 1M context) is written by many programs at once; column block 0
+        # also writes the validity mask, the SWA window and the lengths.
         pid = tl.program_id(0)
+        col_block = tl.program_id(1)
         t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
         in_step = t < num_tokens
         slot = tl.load(slot_mapping + t, mask=in_step, other=-1)
         valid = slot >= 0
-        tl.store(is_valid_out + t, valid, mask=in_step)
+        if col_block == 0:
+            tl.store(is_valid_out + t, valid, mask=in_step)
         # Programs holding only prefill tokens are done; this branch is on device values.
         if pid * BLOCK_T < num_decode_tokens:
             is_dec = t < num_decode_tokens
@@ -180,30 +185,31 @@ def _swa_decode_kernel():
             req = tl.load(token_to_req + t, mask=is_dec, other=0).to(tl.int64)
             pos = tl.load(positions + t, mask=is_dec, other=0).to(tl.int32)
 
-            window_len = tl.minimum(pos + 1, WINDOW)
-            tl.store(swa_lens_out + t, tl.where(live, window_len, 0), mask=is_dec)
-            o = tl.arange(0, BLOCK_W)
-            keep = live[:, None] & (o[None, :] < window_len[:, None])
-            # Masked entries are 0, so // and % (truncating in Triton) see no negatives.
-            p = tl.where(keep, (pos + 1 - window_len)[:, None] + o[None, :], 0)
-            blk = tl.load(swa_block_table + req[:, None] * swa_bt_stride + p // SWA_BLOCK,
-                          mask=keep, other=0)
-            tl.store(swa_indices_out + row[:, None] * WINDOW + o[None, :],
-                     tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
-                     mask=is_dec[:, None] & (o[None, :] < WINDOW))
+            if col_block == 0:
+                window_len = tl.minimum(pos + 1, WINDOW)
+                tl.store(swa_lens_out + t, tl.where(live, window_len, 0), mask=is_dec)
+                o = tl.arange(0, BLOCK_W)
+                keep = live[:, None] & (o[None, :] < window_len[:, None])
+                # Masked entries are 0, so // and % (truncating in Triton) see no negatives.
+                p = tl.where(keep, (pos + 1 - window_len)[:, None] + o[None, :], 0)
+                blk = tl.load(swa_block_table + req[:, None] * swa_bt_stride + p // SWA_BLOCK,
+                              mask=keep, other=0)
+                tl.store(swa_indices_out + row[:, None] * WINDOW + o[None, :],
+                         tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
+                         mask=is_dec[:, None] & (o[None, :] < WINDOW))
 
             if HAS_C128A:
                 n_c = tl.where(live, tl.minimum((pos + 1) // C128A_RATIO, C128A_WIDTH), 0)
-                tl.store(c128a_lens_out + t, n_c, mask=is_dec)
-                for c0 in range(0, C128A_WIDTH, BLOCK_C):
-                    e = c0 + tl.arange(0, BLOCK_C)
-                    keep_c = e[None, :] < n_c[:, None]
-                    blk_c = tl.load(block_table + req[:, None] * bt_stride
-                                    + e[None, :] // C128A_ENTRIES, mask=keep_c, other=0)
-                    tl.store(c128a_indices_out + row[:, None] * C128A_WIDTH + e[None, :],
-                             tl.where(keep_c, blk_c * C128A_ENTRIES
-                                      + e[None, :] % C128A_ENTRIES, -1),
-                             mask=is_dec[:, None] & (e[None, :] < C128A_WIDTH))
+                if col_block == 0:
+                    tl.store(c128a_lens_out + t, n_c, mask=is_dec)
+                e = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+                keep_c = e[None, :] < n_c[:, None]
+                blk_c = tl.load(block_table + req[:, None] * bt_stride
+                                + e[None, :] // C128A_ENTRIES, mask=keep_c, other=0)
+                tl.store(c128a_indices_out + row[:, None] * C128A_WIDTH + e[None, :],
+                         tl.where(keep_c, blk_c * C128A_ENTRIES + e[None, :] % C128A_ENTRIES,
+                                  -1),
+                         mask=is_dec[:, None] & (e[None, :] < C128A_WIDTH))
 
     return swa_decode_kernel
 
@@ -220,7 +226,9 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
     c128a_width = out.c128a_width
     # Unused pointer arguments of an SWA-only model point at SWA views; never dereferenced.
     bt = block_table if has_c128a else swa_block_table
-    grid = (triton.cdiv(num_tokens, block_tokens),)
+    block_c = min(max(triton.next_power_of_2(c128a_width), 16), 1024)
+    col_blocks = triton.cdiv(c128a_width, block_c) if has_c128a else 1
+    grid = (triton.cdiv(num_tokens, block_tokens), col_blocks)
     _swa_decode_kernel()[grid](
         slot_mapping, positions, token_to_req,
         swa_block_table, swa_block_table.stride(0), bt, bt.stride(0),
@@ -232,7 +240,7 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         C128A_WIDTH=max(c128a_width, 1), C128A_ENTRIES=max(c128a_block_entries, 1),
         C128A_RATIO=C128A_RATIO, BLOCK_T=block_tokens,
         BLOCK_W=max(triton.next_power_of_2(out.window), 16),
-        BLOCK_C=min(max(triton.next_power_of_2(c128a_width), 16), 1024),
+        BLOCK_C=block_c,
     )
 
 

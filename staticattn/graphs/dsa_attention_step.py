@@ -1,0 +1,221 @@
+"""The DeepSeek V4 sparse attention decode consumer: FlashMLA's sparse FP8 decode over the SWA
+window plus each layer type's compressed keys, for several layers (spec §6.9).
+
+Per step, for the ``Td`` decode tokens of ``md["swa"]`` (each token is its own FlashMLA batch
+row with one query), and for every layer ``l`` of every layer type::
+
+    out, lse = flash_mla_with_kvcache(
+        q[l, :Td],                           # bf16 (Td, 1, H, 512)
+        swa_cache, None, None, head_dim_v=512,
+        tile_scheduler_metadata=md["swa"].tile_sched(layer_type),
+        softmax_scale=..., is_fp8_kvcache=True,
+        indices=md["swa"].decode_swa_indices, topk_length=md["swa"].decode_swa_lens,
+        attn_sink=sink[l],
+        extra_k_cache=...,                   # C4A / C128A layers only
+        extra_indices_in_kvcache=..., extra_topk_length=...)
+
+and copies ``out`` into the step's own ``(max_num_batched_tokens, num_layers, H, 512)``
+buffer. The extra keys:
+
+* C128A: ``md["swa"].c128a_decode_indices`` / ``c128a_decode_lens`` over the C128A cache
+  (``block_size // 128`` entries per page);
+* C4A: the indexer's top-k (local compressed indices, a valid prefix then -1), turned into
+  flat slots of the C4A cache as the reference does
+  (``compute_global_topk_indices_and_lens``): ``slot = block_table[b, k // S] * S + k % S``,
+  length = ``count(k >= 0)``, 0 for invalid tokens; written into owned buffers.
+
+The tile plan: the SWA builder makes one fresh holder per layer type inside ``build_decode``,
+so the first layer of a type plans (inside a capture: the planner is recorded and re-plans from
+the current lengths at every replay) and the other layers of that type reuse the plan.
+
+Caches (owned, MODEL1 layout, :mod:`staticattn.graphs.dsa_caches`): one SWA cache
+(``swa_block_size`` tokens per page) shared by all layers, one per compressed type. A real
+model has one per layer; sharing them keeps the test light and changes nothing the kernel sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.builders.batch import Batch
+from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
+from staticattn.errors import ConfigError, GraphError
+from staticattn.graphs.dsa_caches import MODEL1_DIM, alloc_model1_cache
+from staticattn.kernels.dsa_libs import FLASH_MLA, require
+
+__all__ = ["SparseDecodeStep", "DecodeFn"]
+
+#: ``flash_mla_with_kvcache``'s signature.
+DecodeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+#: FlashMLA's sparse decode works on blocks of 64 top-k entries (sm90 asserts it).
+_TOPK_BLOCK = 64
+_HEADS = (64, 128)
+C128A_RATIO = 128
+
+
+class SparseDecodeStep:
+    """Step ``(batch, md, c4a_topk=None) -> bf16 (num_tokens, num_layers, H, 512)``.
+
+    Parameters
+    ----------
+    config : ArenaConfig
+        DeepSeek V4-like: ``sliding_window`` set (a multiple of 64), ``swa_block_size``.
+    layers_per_type : int
+        Layers run per layer type (all share the type's tile plan).
+    layer_types : sequence of str, optional
+        Default: the config's types, C4A only when ``with_c4a``.
+    with_c4a : bool
+        Run C4A layers; then every call needs ``c4a_topk`` (the indexer's top-k).
+    num_heads : int
+        Query heads, 64 or 128.
+    num_kv_blocks : int
+        Blocks of each owned cache (block ids of the batch must be below it).
+    softmax_scale : float, optional
+        Default ``512 ** -0.5``.
+    decode_fn : callable, optional
+        Stand-in for ``flash_mla.flash_mla_with_kvcache`` (CPU tests); default FlashMLA's.
+
+    Attributes
+    ----------
+    q : bf16 ``(num_layers, max_decode_tokens, 1, H, 512)``
+    attn_sink : fp32 ``(num_layers, H)``
+    swa_cache, c4a_cache, c128a_cache : MODEL1 caches (the latter two None when unused)
+    layers : list of ``(layer index, layer type)``
+    out : bf16 ``(max_num_batched_tokens, num_layers, H, 512)``
+    """
+
+    def __init__(
+        self,
+        config: ArenaConfig,
+        *,
+        layers_per_type: int = 2,
+        layer_types: Sequence[str] | None = None,
+        with_c4a: bool = False,
+        num_heads: int = 64,
+        num_kv_blocks: int = 4096,
+        softmax_scale: float | None = None,
+        decode_fn: DecodeFn | None = None,
+    ) -> None:
+        _check_config(config, num_heads)
+        present = layer_types_for(config.compress_ratios)
+        if layer_types is None:
+            layer_types = [t for t in present if t != C4A or with_c4a]
+        unknown = [t for t in layer_types if t not in present]
+        if unknown or (C4A in layer_types and not with_c4a):
+            raise ConfigError(
+                f"layer types {list(layer_types)}: the config has {list(present)}, and C4A "
+                "layers need with_c4a=True (their keys come from the indexer's top-k)"
+            )
+        self._real = decode_fn is None
+        if decode_fn is None:
+            if config.torch_device.type != "cuda":
+                raise ConfigError("the FlashMLA attention step needs a CUDA arena config")
+            decode_fn = require(FLASH_MLA).flash_mla_with_kvcache
+        self.config = config
+        self.decode_fn = decode_fn
+        self.num_heads = num_heads
+        self.scale = MODEL1_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
+        self.layers = [(i * len(layer_types) + j, t) for j, t in enumerate(layer_types)
+                       for i in range(layers_per_type)]
+        self.layers.sort()
+        self.layer_types = tuple(layer_types)
+        dev = config.torch_device
+        rows, n = config.max_decode_tokens, len(self.layers)
+        self.q = torch.zeros(n, rows, 1, num_heads, MODEL1_DIM, dtype=torch.bfloat16,
+                             device=dev)
+        self.attn_sink = torch.zeros(n, num_heads, dtype=torch.float32, device=dev)
+        self.swa_cache = alloc_model1_cache(num_kv_blocks, config.swa_block_size, dev)
+        self.c128a_cache = (alloc_model1_cache(num_kv_blocks, config.block_size // C128A_RATIO,
+                                               dev) if C128A in layer_types else None)
+        self.c4a_cache = None
+        if C4A in layer_types:
+            k = config.index_topk
+            if k % _TOPK_BLOCK:
+                raise ConfigError(f"index_topk={k} must be a multiple of {_TOPK_BLOCK} for "
+                                  "FlashMLA's C4A extra keys")
+            self.c4a_cache = alloc_model1_cache(num_kv_blocks, config.storage_block_size, dev)
+            self._c4a_indices = torch.full((rows, 1, k), -1, dtype=torch.int32, device=dev)
+            self._c4a_lens = torch.zeros(rows, dtype=torch.int32, device=dev)
+            self._c4a_valid = torch.empty(rows, k, dtype=torch.bool, device=dev)
+            self._minus_one = torch.tensor(-1, dtype=torch.int32, device=dev)
+        self.out = torch.zeros(config.max_num_batched_tokens, n, num_heads, MODEL1_DIM,
+                               dtype=torch.bfloat16, device=dev)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def __call__(self, batch: Batch, md: dict[str, Any],
+                 c4a_topk: torch.Tensor | None = None) -> torch.Tensor:
+        swa = md["swa"]
+        out = self.out[: batch.num_actual_tokens]
+        td = swa.num_decode_tokens
+        if td < out.shape[0]:
+            out[td:].zero_()
+        if td == 0:
+            return out
+        extra = {SWA_ONLY: {}}
+        if self.c128a_cache is not None:
+            extra[C128A] = dict(extra_k_cache=self.c128a_cache,
+                                extra_indices_in_kvcache=swa.c128a_decode_indices,
+                                extra_topk_length=swa.c128a_decode_lens)
+        if self.c4a_cache is not None:
+            if c4a_topk is None:
+                raise GraphError("this step runs C4A layers: pass c4a_topk, the indexer's "
+                                 "(num_tokens, index_topk) top-k")
+            idx, lens = self._c4a_slots(batch, swa, c4a_topk[:td])
+            extra[C4A] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,
+                              extra_topk_length=lens)
+        for layer, layer_type in self.layers:
+            plan = swa.tile_sched(layer_type)
+            if self._real:
+                _check_plan(plan, layer_type)
+            o, _ = self.decode_fn(
+                self.q[layer, :td], self.swa_cache, None, None, MODEL1_DIM, plan,
+                softmax_scale=self.scale, is_fp8_kvcache=True,
+                indices=swa.decode_swa_indices, attn_sink=self.attn_sink[layer],
+                topk_length=swa.decode_swa_lens, **extra[layer_type],
+            )
+            out[:td, layer].copy_(o.view(td, self.num_heads, MODEL1_DIM))
+        return out
+
+    def _c4a_slots(self, batch: Batch, swa, topk: torch.Tensor):
+        """The indexer's local top-k -> flat C4A slots and lengths, in owned buffers."""
+        td, k = topk.shape
+        s = self.config.storage_block_size
+        valid = self._c4a_valid[:td]
+        torch.ge(topk, 0, out=valid)
+        local = topk.clamp(min=0)
+        req = swa.token_to_req_indices[:td].long().unsqueeze(1)
+        blocks = batch.block_table[req, torch.div(local, s, rounding_mode="floor").long()]
+        idx = self._c4a_indices[:td]
+        torch.where(valid, blocks * s + local % s, self._minus_one, out=idx[:, 0])
+        lens = self._c4a_lens[:td]
+        torch.sum(valid, dim=1, dtype=torch.int32, out=lens)
+        lens.mul_(swa.is_valid_token[:td])
+        return idx, lens
+
+
+def _check_config(config: ArenaConfig, num_heads: int) -> None:
+    if config.sliding_window is None:
+        raise ConfigError("the sparse attention step needs a DeepSeek V4-like config "
+                          "(sliding_window set)")
+    if config.sliding_window % _TOPK_BLOCK:
+        raise ConfigError(f"sliding_window={config.sliding_window} must be a multiple of "
+                          f"{_TOPK_BLOCK} (FlashMLA's sparse decode top-k block)")
+    if num_heads not in _HEADS:
+        raise ConfigError(f"num_heads={num_heads}: FlashMLA's sparse decode takes {_HEADS}")
+
+
+def _check_plan(plan: Any, layer_type: str) -> None:
+    if plan is None or type(plan).__name__ != "FlashMLASchedMeta":
+        raise GraphError(
+            f"md['swa'].tile_sched({layer_type!r}) is {type(plan).__name__}, not FlashMLA's "
+            "FlashMLASchedMeta: the SWA builder made stand-in plans (flash_mla was not "
+            "importable when staticattn.builders.tile_plan first probed it)"
+        )

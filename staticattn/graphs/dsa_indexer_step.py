@@ -1,0 +1,181 @@
+"""The sparse-attention indexer's decode consumer: DeepGEMM paged-MQA logits, then a top-k
+masked to each token's visible keys, written into buffers the step owns (spec §5, step 5).
+
+Per step, for the decode part of ``md["indexer"]`` (``rows x width`` entries, one per decode
+token):
+
+1. ``logits = deep_gemm.fp8_paged_mqa_logits(q, kv_cache, weights, decode.seq_lens,
+   decode.block_table, decode.schedule_metadata, max_context_len, clean_logits=False)``:
+   fp32 ``(entries, max_context_len)``, ``logits[e, j] = sum_h relu(q[e, h] . k_j) * w[e, h] *
+   scale_j`` on every 256-key split the schedule covers. Columns past the entry's length hold
+   garbage (pages past its table read block 0) or were never written;
+2. ``masked = where(j < seq_lens[e], logits, -inf)`` into an owned fp32 buffer;
+3. ``torch.topk(masked, K, sorted=True, out=(values, indices))`` into owned buffers;
+4. ``out[e] = indices`` as int32, ``-1`` where ``index >= seq_lens[e]`` (rows shorter than
+   ``K``). Valid entries come first (sorted by logit), so ``count(out[e] >= 0) = min(K,
+   seq_lens[e])`` and the valid ones are a prefix: what FlashMLA's ``topk_length`` expects.
+
+Everything has a fixed shape per captured size and no host read, so the whole consumer is
+recorded in the graph. DeepGEMM's logits tensor is allocated per call (inside a capture: from
+the graph's pool); it never leaves the step. Prefill tokens (eager mixed steps) get rows of -1:
+their logits come from ``fp8_mqa_logits``, which this consumer does not run.
+
+On sm90 DeepGEMM takes ``next_n`` in (1, 2) natively and 64-entry pages only, so the
+config's ``storage_block_size`` must be 64 (V3.2: block 64, R = 1; V4: block 256, R = 4);
+``next_n >= 3`` reaches it flattened (the builder's layout, one row per token).
+
+The step's inputs are owned buffers the caller fills before each step: ``q`` (e4m3
+``(max_decode_tokens, H, D)``), ``weights`` (fp32 ``(max_decode_tokens, H)``) and the
+cache ``kv_cache`` (:func:`staticattn.graphs.dsa_caches.write_indexer_cache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.builders.batch import Batch
+from staticattn.errors import ConfigError, InvalidBatchError
+from staticattn.graphs.dsa_caches import INDEXER_BLOCK, alloc_indexer_cache
+from staticattn.kernels.dsa_libs import DEEP_GEMM, require
+
+__all__ = ["IndexerTopKStep", "LogitsFn"]
+
+#: ``(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len) -> logits``,
+#: DeepGEMM's ``fp8_paged_mqa_logits`` signature (keyword ``clean_logits`` dropped).
+LogitsFn = Callable[..., torch.Tensor]
+
+#: Query heads / head dim the sm90 kernel takes (H in {32, 64}, D in {32, 64, 128}).
+_HEADS = (32, 64)
+_HEAD_DIMS = (32, 64, 128)
+
+
+class IndexerTopKStep:
+    """Step ``(batch, md) -> int32 (num_tokens, K)`` top-k key indices per token.
+
+    Parameters
+    ----------
+    config : ArenaConfig
+        ``storage_block_size`` must be 64; on CUDA ``num_sms`` must equal DeepGEMM's.
+    num_kv_blocks : int
+        Blocks of the owned K cache; block ids of the batch must be below it.
+    num_heads, head_dim : int
+        Indexer query heads (64) and head dim (128).
+    topk : int, optional
+        Keys kept per token; default ``config.index_topk``, capped at ``max_context_len``
+        (the longest compressed length, ``cdiv(max_model_len, R)``).
+    logits_fn : callable, optional
+        Stand-in for ``deep_gemm.fp8_paged_mqa_logits`` (a torch emulation lets the CPU
+        tests run this step); default DeepGEMM's, which needs CUDA.
+
+    Attributes
+    ----------
+    q : e4m3 ``(max_decode_tokens, num_heads, head_dim)``; entry ``e`` = decode token ``e``.
+    weights : fp32 ``(max_decode_tokens, num_heads)``.
+    kv_cache : uint8 ``(num_kv_blocks, 64, 1, head_dim + 4)``.
+    out : int32 ``(max_num_batched_tokens, topk)``: the step's result, -1 padded.
+    """
+
+    def __init__(
+        self,
+        config: ArenaConfig,
+        *,
+        num_kv_blocks: int = 4096,
+        num_heads: int = 64,
+        head_dim: int = 128,
+        topk: int | None = None,
+        logits_fn: LogitsFn | None = None,
+    ) -> None:
+        if config.storage_block_size != INDEXER_BLOCK:
+            raise ConfigError(
+                f"DeepGEMM's paged MQA logits read 64-entry pages on sm90, but this config "
+                f"stores storage_block_size={config.storage_block_size} indexer entries per "
+                "block (block_size // index_compress_ratio); use block_size 64 with R=1 "
+                "(V3.2) or 256 with R=4 (V4)"
+            )
+        if num_heads not in _HEADS or head_dim not in _HEAD_DIMS:
+            raise ConfigError(f"num_heads={num_heads}, head_dim={head_dim}: the sm90 kernel "
+                              f"takes heads in {_HEADS} and head dims in {_HEAD_DIMS}")
+        if logits_fn is None:
+            dg = require(DEEP_GEMM)
+            if config.torch_device.type != "cuda":
+                raise ConfigError("the DeepGEMM indexer step needs a CUDA arena config")
+            if dg.get_num_sms() != config.num_sms:
+                raise ConfigError(
+                    f"config.num_sms={config.num_sms} but DeepGEMM runs on "
+                    f"{dg.get_num_sms()} SMs; the logits kernel asserts the schedule has "
+                    "get_num_sms() + 1 rows"
+                )
+            logits_fn = _deep_gemm_logits(dg)
+        self.config = config
+        self.logits_fn = logits_fn
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.max_context_len = cdiv(config.max_model_len, config.index_compress_ratio)
+        self.topk = min(topk or config.index_topk, self.max_context_len)
+        dev = config.torch_device
+        rows, ctx, k = config.max_decode_tokens, self.max_context_len, self.topk
+        self.q = torch.zeros(rows, num_heads, head_dim, dtype=torch.uint8,
+                             device=dev).view(torch.float8_e4m3fn)
+        self.weights = torch.zeros(rows, num_heads, dtype=torch.float32, device=dev)
+        self.kv_cache = alloc_indexer_cache(num_kv_blocks, head_dim, dev)
+        self.out = torch.full((config.max_num_batched_tokens, k), -1, dtype=torch.int32,
+                              device=dev)
+        # Work buffers: fixed addresses, so no op of the step allocates a result.
+        self._cols = torch.arange(ctx, dtype=torch.int32, device=dev).view(1, ctx)
+        self._mask = torch.empty(rows, ctx, dtype=torch.bool, device=dev)
+        self._masked = torch.empty(rows, ctx, dtype=torch.float32, device=dev)
+        self._values = torch.empty(rows, k, dtype=torch.float32, device=dev)
+        self._indices = torch.empty(rows, k, dtype=torch.int64, device=dev)
+        self._invalid = torch.empty(rows, k, dtype=torch.bool, device=dev)
+        self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
+
+    def __call__(self, batch: Batch, md: dict[str, Any]) -> torch.Tensor:
+        out = self.out[: batch.num_actual_tokens]
+        self.topk_into(md["indexer"], out)
+        return out
+
+    def topk_into(self, idx_md, out: torch.Tensor) -> None:
+        """Write the top-k of every decode token of ``idx_md`` (an ``IndexerMetadata``) into
+        ``out`` (``(num_tokens, K)`` int32); rows past the decode tokens get -1."""
+        td = idx_md.num_decode_tokens
+        if td < out.shape[0]:
+            out[td:].fill_(-1)
+        dec = idx_md.decode
+        if dec is None or td == 0:
+            return
+        if dec.requires_padding:
+            raise InvalidBatchError(
+                "the indexer step takes uniform decode rows only; this eager batch has "
+                "decode requests of unequal query length (the reference engine packs them "
+                "with a host sync first)"
+            )
+        rows, width = dec.seq_lens.shape
+        entries = rows * width
+        if entries != td:
+            raise InvalidBatchError(f"decode layout {rows}x{width} does not cover the "
+                                    f"{td} decode tokens")
+        q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)
+        logits = self.logits_fn(q, self.kv_cache, self.weights[:entries], dec.seq_lens,
+                                dec.block_table, dec.schedule_metadata, self.max_context_len)
+        lens = dec.seq_lens.view(entries, 1)
+        mask, masked = self._mask[:entries], self._masked[:entries]
+        torch.lt(self._cols, lens, out=mask)
+        torch.where(mask, logits, self._neg_inf, out=masked)
+        values, indices = self._values[:entries], self._indices[:entries]
+        torch.topk(masked, self.topk, dim=1, largest=True, sorted=True, out=(values, indices))
+        invalid = self._invalid[:entries]
+        torch.ge(indices, lens, out=invalid)
+        dst = out[:entries]
+        dst.copy_(indices)
+        dst.masked_fill_(invalid, -1)
+
+
+def _deep_gemm_logits(dg) -> LogitsFn:
+    def logits(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len):
+        return dg.fp8_paged_mqa_logits(q, kv_cache, weights, seq_lens, block_table, schedule,
+                                       max_context_len, clean_logits=False)
+
+    return logits
