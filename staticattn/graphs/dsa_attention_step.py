@@ -113,9 +113,9 @@ class SparseDecodeStep:
             )
         self._real = decode_fn is None
         if decode_fn is None:
+            decode_fn = require(FLASH_MLA).flash_mla_with_kvcache
             if config.torch_device.type != "cuda":
                 raise ConfigError("the FlashMLA attention step needs a CUDA arena config")
-            decode_fn = require(FLASH_MLA).flash_mla_with_kvcache
         self.config = config
         self.decode_fn = decode_fn
         self.num_heads = num_heads

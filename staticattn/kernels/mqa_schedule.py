@@ -36,11 +36,8 @@ __all__ = ["paged_mqa_schedule", "SPLIT_KV"]
 #: Keys per split: 4 pages of 64.
 SPLIT_KV = 256
 
-# Rows per step of the search pass (an SM_BLOCK x _CHUNK tile per step) and of the total
-# pass (1-D): large enough that a 256-row batch takes a few steps, since each step waits on
-# its loads; measured on an H200, 16-row steps made this kernel 25 us at 256 rows.
-_CHUNK = 64
-_CHUNK_SUM = 1024
+# Rows per step of both passes (1-D vectors).
+_CHUNK = 1024
 
 
 def paged_mqa_schedule(
@@ -72,8 +69,7 @@ def paged_mqa_schedule(
         _schedule_kernel()[(1,)](
             context_lens, context_lens.stride(0), next_n - 1, batch, out, num_sms, atoms,
             LEGACY=legacy_remainder, SPLIT=SPLIT_KV,
-            SM_BLOCK=max(16, 1 << num_sms.bit_length()), CHUNK=_CHUNK, CHUNK_SUM=_CHUNK_SUM,
-            num_warps=8,
+            SM_BLOCK=max(16, 1 << num_sms.bit_length()), CHUNK=_CHUNK,
         )
         return
     splits = (context_lens[:, -1].long() + SPLIT_KV - 1) // SPLIT_KV
@@ -103,49 +99,68 @@ def _schedule_kernel():
     def schedule_kernel(
         lens, row_stride, last_col, batch, out, num_sms, atoms,
         LEGACY: tl.constexpr, SPLIT: tl.constexpr, SM_BLOCK: tl.constexpr,
-        CHUNK: tl.constexpr, CHUNK_SUM: tl.constexpr,
+        CHUNK: tl.constexpr,
     ):
-        # Pass 1: the total number of splits.
-        total = tl.zeros([CHUNK_SUM], dtype=tl.int32)
-        for c in range(0, batch, CHUNK_SUM):
-            b = c + tl.arange(0, CHUNK_SUM)
+        # Pass 1: the total number of work units.
+        total = tl.zeros([CHUNK], dtype=tl.int32)
+        for c in range(0, batch, CHUNK):
+            b = c + tl.arange(0, CHUNK)
             ctx = tl.load(lens + b * row_stride + last_col, mask=b < batch, other=0)
             total += (ctx + SPLIT - 1) // SPLIT
-        units_total = tl.sum(total, axis=0) * atoms
-        q = units_total // num_sms
-        r = units_total - q * num_sms
+        units = tl.sum(total, axis=0) * atoms
+        q = units // num_sms
+        r = units - q * num_sms
+        # start(s), the first unit of SM s: the remainder r goes to the first SMs (legacy)
+        # or to the last ones (v2.4+): start(s) = s*q + min(s, r) or s*q + max(s - pivot, 0).
+        pivot = num_sms - r
+        q1 = tl.maximum(q, 1)
+        # SMs starting at or past the end (and the sentinel row) get (B * A, 0).
         sm = tl.arange(0, SM_BLOCK)
         if LEGACY:
-            start = sm * q + tl.minimum(sm, r)
+            sm_first = sm * q + tl.minimum(sm, r)
         else:
-            start = sm * q + tl.maximum(sm - (num_sms - r), 0)
-        # Pass 2: for each SM start u, over the prefix P of splits (in units A*P):
-        # count = #{b : A*P_b <= u} (the request it starts in), before = the largest such
-        # P_b (P_{b-1}), upto = the smallest P_b with A*P_b > u (P_b).
-        count = tl.zeros([SM_BLOCK], dtype=tl.int32)
-        before = tl.zeros([SM_BLOCK], dtype=tl.int32)
-        upto = tl.full([SM_BLOCK], 2147483647, tl.int32)
-        carry = tl.zeros([CHUNK], dtype=tl.int32)
+            sm_first = sm * q + tl.maximum(sm - pivot, 0)
+        tail = (sm <= num_sms) & (sm_first >= units)
+        tl.store(out + sm * 2, tl.zeros([SM_BLOCK], tl.int32) + batch * atoms, mask=tail)
+        tl.store(out + sm * 2 + 1, tl.zeros([SM_BLOCK], tl.int32), mask=tail)
+        # Pass 2: each row owns the units [A * P_{b-1}, A * P_b); the SMs whose start falls
+        # there are a contiguous range found in closed form, so the work is O(B + SMs)
+        # instead of a B x SMs comparison.
+        carry = tl.sum(tl.zeros([CHUNK], dtype=tl.int32), axis=0)
         for c in range(0, batch, CHUNK):
             b = c + tl.arange(0, CHUNK)
             in_batch = b < batch
             ctx = tl.load(lens + b * row_stride + last_col, mask=in_batch, other=0)
             splits = (ctx + SPLIT - 1) // SPLIT
-            prefix = tl.cumsum(splits, axis=0) + carry
+            incl = tl.cumsum(splits, axis=0) + carry
+            lo = (incl - splits) * atoms
+            hi = incl * atoms
+            # First SM whose start is >= x, inverting start(s) piece by piece.
+            if LEGACY:
+                s_lo = tl.where((lo + q) // (q + 1) <= r, (lo + q) // (q + 1),
+                                tl.maximum((lo - r + q1 - 1) // q1, r + 1))
+                s_hi = tl.where((hi + q) // (q + 1) <= r, (hi + q) // (q + 1),
+                                tl.maximum((hi - r + q1 - 1) // q1, r + 1))
+            else:
+                s_lo = tl.where(
+                    (q > 0) & ((lo + q1 - 1) // q1 <= pivot), (lo + q1 - 1) // q1,
+                    tl.maximum((lo + pivot + q) // (q + 1), pivot + 1))
+                s_lo = tl.where(lo <= 0, 0, s_lo)
+                s_hi = tl.where(
+                    (q > 0) & ((hi + q1 - 1) // q1 <= pivot), (hi + q1 - 1) // q1,
+                    tl.maximum((hi + pivot + q) // (q + 1), pivot + 1))
+                s_hi = tl.where(hi <= 0, 0, s_hi)
+            count = tl.where(in_batch, s_hi - s_lo, 0)
+            segs = tl.maximum(splits, 1)
+            for k in range(0, tl.max(count, axis=0)):
+                s = s_lo + k
+                mine = k < count
+                if LEGACY:
+                    off = s * q + tl.minimum(s, r) - lo
+                else:
+                    off = s * q + tl.maximum(s - pivot, 0) - lo
+                tl.store(out + s * 2, b * atoms + off // segs, mask=mine)
+                tl.store(out + s * 2 + 1, off % segs, mask=mine)
             carry += tl.sum(splits, axis=0)
-            le = in_batch[None, :] & (prefix[None, :] * atoms <= start[:, None])
-            gt = in_batch[None, :] & (prefix[None, :] * atoms > start[:, None])
-            count += tl.sum(le.to(tl.int32), axis=1)
-            before = tl.maximum(before, tl.max(tl.where(le, prefix[None, :], 0), axis=1))
-            upto = tl.minimum(upto, tl.min(tl.where(gt, prefix[None, :], 2147483647), axis=1))
-        width = tl.where(upto == 2147483647, 0, upto - before)
-        off = start - before * atoms
-        has = width > 0
-        safe = tl.maximum(width, 1)
-        row0 = count * atoms + tl.where(has, off // safe, 0)
-        row1 = tl.where(has, off % safe, 0)
-        rows = sm <= num_sms
-        tl.store(out + sm * 2, row0, mask=rows)
-        tl.store(out + sm * 2 + 1, row1, mask=rows)
 
     return schedule_kernel
