@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
         from triton.compiler import ASTSource
     except ImportError:
         sys.exit(77)
-    from staticattn.kernels import compressed_slots, indexer_decode, indexer_prefill
+    from staticattn.kernels import indexer_decode, indexer_prefill
     from staticattn.kernels import mqa_schedule
 
     def compile_sm90(kernel, types, constexprs):
@@ -32,15 +32,22 @@ SCRIPT = textwrap.dedent("""
         src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
         triton.compile(src, target=GPUTarget("cuda", 90, 32))
 
-    compile_sm90(compressed_slots._slots_kernel(),
-                 "*i32 *i64 *i32 *i32 i32 *i64 i32 i32 i32 i32", {"BLOCK": 256})
+    decode_args = ("*i32 *i32 *i32 i32 *i64 *i32 *i32 *i32 *i32 i32 *i64 "
+                   "i32 i32 i32 i32 i32 i32 i32")
     for flatten in (True, False):
-        compile_sm90(indexer_decode._decode_kernel(),
-                     "*i32 *i32 *i32 i32 *i64 *i32 *i32 *i32 *i32 i32 i32 i32 i32 i32 i32",
-                     {"FLATTEN": flatten, "BLOCK": 128, "COLS": 64})
+        for slots in (True, False):
+            compile_sm90(indexer_decode._decode_kernel(), decode_args,
+                         {"DECODE": True, "FLATTEN": flatten, "SLOTS": slots, "BLOCK": 128,
+                          "COLS": 64})
+    # The slots-only mode, as compressed_slots launches it (placeholders are int64 views).
+    compile_sm90(indexer_decode._decode_kernel(),
+                 "*i32 *i64 *i32 i32 *i64 *i32 *i64 *i64 *i32 i32 *i64 "
+                 "i32 i32 i32 i32 i32 i32 i32",
+                 {"DECODE": False, "FLATTEN": False, "SLOTS": True, "BLOCK": 128, "COLS": 64})
     for legacy in (True, False):
         compile_sm90(mqa_schedule._schedule_kernel(), "*i32 i32 i32 i32 *i32 i32 i32",
-                     {"LEGACY": legacy, "SPLIT": 256, "SM_BLOCK": 256, "CHUNK": 16})
+                     {"LEGACY": legacy, "SPLIT": 256, "SM_BLOCK": 256, "CHUNK": 1024,
+                      "ROWS": 128, "SMS_STEP": 16})
     compile_sm90(indexer_prefill._chunk_kernel(), "*i32 *i32 *i32 *i32 *i32 i32 i32",
                  {"BLOCK": 256})
 """)

@@ -197,11 +197,15 @@ class IndexerMetadataBuilder:
         flatten = flattens(cfg)
         layout = _DecodeLayout(flatten, s * n if flatten else s, 1 if flatten else n, False)
         self._check_capacity(layout)
-        slots = self._write_slot_mapping(batch, s * n)
+        # Every token is a decode token here, so the compressed slots ride along in the
+        # decode kernel's launch.
+        fused = self.compressed_slot_mapping
+        decode = self._build_decode_part(batch, s, layout, slots_out=fused)
+        slots = batch.slot_mapping[: s * n] if fused is None else fused[: s * n]
         return IndexerMetadata(
             seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
             num_decodes=s, num_decode_tokens=s * n, num_prefills=0, num_prefill_tokens=0,
-            prefill=None, decode=self._build_decode_part(batch, s, layout),
+            prefill=None, decode=decode,
         )
 
     def build_prefill_chunk(
@@ -240,7 +244,8 @@ class IndexerMetadataBuilder:
             )
 
     def _build_decode_part(
-        self, batch: Batch, num_decodes: int, layout: _DecodeLayout
+        self, batch: Batch, num_decodes: int, layout: _DecodeLayout,
+        slots_out: torch.Tensor | None = None,
     ) -> IndexerDecodeMetadata:
         rows, width = layout.rows, layout.width
         expanded = self.expanded_block_table if layout.flatten else None
@@ -248,7 +253,8 @@ class IndexerMetadataBuilder:
             self.backend, batch.query_start_loc, batch.seq_lens, batch.block_table,
             batch.positions, batch.token_to_req, self.decode_lens, self.decode_seq_lens,
             expanded, num_decodes=num_decodes, num_rows=rows, width=width,
-            compress_ratio=self.compress_ratio,
+            compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
+            storage_block_size=self.config.storage_block_size,
         )
         seq_lens = self.decode_seq_lens[: rows * width].view(rows, width)
         paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,

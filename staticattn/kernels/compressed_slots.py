@@ -19,12 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from staticattn.kernels.lazy import lazy_jit
-
 __all__ = ["compressed_slot_mapping"]
-
-_BLOCK = 256
-
 
 def compressed_slot_mapping(
     backend: str,
@@ -65,10 +60,14 @@ def compressed_slot_mapping(
     if num_tokens == 0:
         return
     if backend == "triton":
-        grid = ((num_tokens + _BLOCK - 1) // _BLOCK,)
-        _slots_kernel()[grid](
-            query_start_loc, positions, token_to_req, block_table, block_table.stride(0), out,
-            num_reqs, num_tokens, storage_block_size, compress_ratio, BLOCK=_BLOCK,
+        # The indexer's one Triton kernel, in its slots-only mode (the uniform decode build
+        # runs both modes in one launch).
+        from staticattn.kernels.indexer_decode import _BLOCK, launch_decode_kernel
+
+        launch_decode_kernel(
+            (num_tokens + _BLOCK - 1) // _BLOCK, 1, query_start_loc, out, block_table,
+            positions, token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0,
+            compress_ratio, storage_block_size, num_tokens, decode=False, flatten=False,
         )
         return
     t = torch.arange(num_tokens, device=out.device)
@@ -80,31 +79,3 @@ def compressed_slot_mapping(
     block = block_table[req, k // storage_block_size].long()
     slot = block * storage_block_size + k % storage_block_size
     out[:num_tokens].copy_(torch.where(valid, slot, -1))
-
-
-@lazy_jit
-def _slots_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def slots_kernel(
-        qsl, positions, token_to_req, block_table, bt_stride, out,
-        num_reqs, num_tokens, storage_block_size, compress_ratio,
-        BLOCK: tl.constexpr,
-    ):
-        t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        in_range = t < num_tokens
-        real = in_range & (t < tl.load(qsl + num_reqs))
-        pos = tl.load(positions + t, mask=real, other=-1)
-        # Positions are non-negative for real tokens, so Triton's truncating // and % agree
-        # with the floor semantics of the spec.
-        valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
-        k = tl.where(valid, pos, 0) // compress_ratio
-        req = tl.load(token_to_req + t, mask=valid, other=0).to(tl.int64)
-        block = tl.load(block_table + req * bt_stride + k // storage_block_size, mask=valid,
-                        other=0)
-        slot = block.to(tl.int64) * storage_block_size + k % storage_block_size
-        tl.store(out + t, tl.where(valid, slot, -1), mask=in_range)
-
-    return slots_kernel

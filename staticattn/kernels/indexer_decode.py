@@ -46,6 +46,8 @@ def indexer_decode_tensors(
     num_rows: int,
     width: int,
     compress_ratio: int,
+    slot_mapping_out: torch.Tensor | None = None,
+    storage_block_size: int = 1,
 ) -> None:
     """Write the decode lengths (and, flattening, the expanded block table) in one launch.
 
@@ -72,6 +74,12 @@ def indexer_decode_tensors(
         Native: columns of the lengths (``max_decode_len``, >= 1). Ignored by flatten.
     compress_ratio : int
         ``R``: lengths are counted in compressed keys.
+    slot_mapping_out : int64 device ``(>= extent,)`` or None
+        For a uniform decode step (every token a decode token, so the ``extent`` cells are
+        its tokens): also write the compressed slot mapping of those tokens, in the same
+        launch (see :func:`~staticattn.kernels.compressed_slots.compressed_slot_mapping`).
+    storage_block_size : int
+        ``S`` of the compressed slots.
 
     Graph-safe with either backend: every extent is a static int.
     """
@@ -84,13 +92,24 @@ def indexer_decode_tensors(
         col_blocks = (num_cols + _COLS - 1) // _COLS if flatten else 1
         # The native layout writes no table; it passes the source table as a placeholder.
         table = expanded_block_table if flatten else block_table
-        _decode_kernel()[((extent + _BLOCK - 1) // _BLOCK, col_blocks)](
-            query_start_loc, seq_lens, block_table, block_table.stride(0), positions,
-            token_to_req, decode_lens, decode_seq_lens, table, table.stride(0),
-            num_decodes, num_rows, width, num_cols, compress_ratio,
-            FLATTEN=flatten, BLOCK=_BLOCK, COLS=_COLS,
+        slots = slot_mapping_out
+        launch_decode_kernel(
+            (extent + _BLOCK - 1) // _BLOCK, col_blocks, query_start_loc, seq_lens,
+            block_table, positions, token_to_req, decode_lens, decode_seq_lens, table,
+            decode_seq_lens if slots is None else slots, num_decodes, num_rows, width,
+            num_cols, compress_ratio, storage_block_size, extent if slots is not None else 0,
+            decode=True, flatten=flatten,
         )
-    elif flatten:
+        return
+    if slot_mapping_out is not None:
+        from staticattn.kernels.compressed_slots import compressed_slot_mapping
+
+        compressed_slot_mapping(
+            "torch", query_start_loc, positions, token_to_req, block_table, slot_mapping_out,
+            num_reqs=num_decodes, num_tokens=extent, storage_block_size=storage_block_size,
+            compress_ratio=compress_ratio,
+        )
+    if flatten:
         _flatten_torch(query_start_loc, block_table, positions, token_to_req, decode_lens,
                        decode_seq_lens, expanded_block_table, num_decodes, num_rows,
                        compress_ratio)
@@ -117,6 +136,23 @@ def _flatten_torch(qsl, block_table, positions, token_to_req, decode_lens, decod
     expanded_block_table[:num_rows].copy_(torch.where(real[:, None], rows, 0))
 
 
+def launch_decode_kernel(
+    row_blocks: int, col_blocks: int, qsl, seq_lens, block_table, positions, token_to_req,
+    decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
+    width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
+    num_slot_tokens: int, *, decode: bool, flatten: bool,
+) -> None:
+    """One launch of the indexer kernel: the decode tensors (``decode``) and/or the
+    compressed slots of tokens ``[0, num_slot_tokens)`` (``num_slot_tokens > 0``)."""
+    _decode_kernel()[(row_blocks, col_blocks)](
+        qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
+        decode_lens, decode_seq_lens, table_out, table_out.stride(0), slots_out,
+        num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
+        num_slot_tokens, DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
+        BLOCK=_BLOCK, COLS=_COLS,
+    )
+
+
 @lazy_jit
 def _decode_kernel():
     import triton
@@ -125,12 +161,30 @@ def _decode_kernel():
     @triton.jit
     def decode_kernel(
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
-        decode_lens, decode_seq_lens, table_out, table_stride,
-        num_decodes, num_rows, width, num_cols, compress_ratio,
-        FLATTEN: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr,
+        decode_lens, decode_seq_lens, table_out, table_stride, slots_out,
+        num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs, num_slot_tokens,
+        DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
+        BLOCK: tl.constexpr, COLS: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         col_block = tl.program_id(1)
+        if SLOTS:
+            if col_block == 0:
+                # Compressed slot of token i (spec §4.5): only the token completing a group
+                # of R positions writes. Positions of real tokens are >= 0, so Triton's
+                # truncating // and % agree with the spec's floor semantics.
+                in_range = i < num_slot_tokens
+                real = in_range & (i < tl.load(qsl + num_decodes))
+                pos = tl.load(positions + i, mask=real, other=-1)
+                valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
+                k = tl.where(valid, pos, 0) // compress_ratio
+                owner = tl.load(token_to_req + i, mask=valid, other=0).to(tl.int64)
+                block = tl.load(block_table + owner * bt_stride + k // storage_bs,
+                                mask=valid, other=0)
+                slot = block.to(tl.int64) * storage_bs + k % storage_bs
+                tl.store(slots_out + i, tl.where(valid, slot, -1), mask=in_range)
+        if not DECODE:
+            return
         if FLATTEN:
             rows = i < num_rows
             real = rows & (i < tl.load(qsl + num_decodes))
