@@ -187,6 +187,9 @@ class SparseDecodeStep:
     def _c4a_slots(self, batch: Batch, swa, topk: torch.Tensor):
         """The indexer's local top-k -> flat C4A slots and lengths, in owned buffers."""
         td, k = topk.shape
+        if k != self._c4a_indices.shape[-1]:
+            raise GraphError(f"c4a_topk has {k} columns; the C4A layers take index_topk="
+                             f"{self._c4a_indices.shape[-1]}")
         s = self.config.storage_block_size
         valid = self._c4a_valid[:td]
         torch.ge(topk, 0, out=valid)
