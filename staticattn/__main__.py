@@ -43,7 +43,8 @@ def _step_factory(spec: str | None):
 def cmd_demo(args) -> int:
     from staticattn.demo import run_demo
 
-    return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress)
+    return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress,
+                    consumer=args.consumer)
 
 
 def cmd_check(args) -> int:
@@ -77,11 +78,20 @@ def cmd_bench(args) -> int:
     cfg = _config(args)
     n = cfg.next_n
     sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
-    step = _step_factory(args.step) if (args.consumer or args.step) else None
+    if args.step:
+        step, name = _step_factory(args.step), args.step
+    elif args.consumer == "gather":
+        step, name = _step_factory(None), "built-in gather consumer"
+    elif args.consumer == "real":
+        from staticattn.graphs.dsa_consumers import real_consumer_step, real_consumers_available
+
+        have = real_consumers_available()
+        step = real_consumer_step
+        name = "real kernels (" + " + ".join(k for k, v in sorted(have.items()) if v) + ")"
+    else:
+        step, name = None, "metadata only"
     report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
-                       preset=args.preset, consumer_name=args.step or (
-                           "built-in gather consumer" if args.consumer else "metadata only"),
-                       progress=not args.no_progress)
+                       preset=args.preset, consumer_name=name, progress=not args.no_progress)
     print(report.header())
     print(report.table())
     if args.json:
@@ -100,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-progress", action="store_true")
+    d.add_argument("--consumer", choices=["auto", "real", "gather"], default="auto",
+                   help="real: DeepGEMM + FlashMLA (when installed); auto: real if importable")
     d.set_defaults(fn=cmd_demo)
 
     for name, fn, help_ in (("check", cmd_check, "graph-capture sanity checks"),
@@ -120,8 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--batch", type=int, nargs="*", default=None,
                            help="batch sizes in requests (default: every capture size)")
             c.add_argument("--reps", type=int, default=200)
-            c.add_argument("--consumer", action="store_true",
-                           help="include the built-in gather consumer in each step")
+            c.add_argument("--consumer", choices=["none", "gather", "real"], default="none",
+                           help="the step after the metadata build: none, the built-in "
+                           "gather consumer, or DeepGEMM + FlashMLA (when installed)")
             c.add_argument("--json", default=None)
             c.add_argument("--plot", default=None, help="PNG of latency vs batch size")
     args = p.parse_args(argv)
