@@ -78,7 +78,7 @@ def test_many_steps_on_the_gpu_eager_and_replayed(name):
     gm.capture([n * s for s in (1, 2, 4, 8, 16)])
     counts = {"eager": 0, "replayed": 0}
 
-    @settings(max_examples=600)
+    @settings(max_examples=400)
     @given(host_steps(cfg, max_seq_len=4096))
     def check(step):
         _check_eager(cfg, builders, arena, inputs, step)
