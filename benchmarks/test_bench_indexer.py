@@ -62,7 +62,7 @@ def test_captured_replay(benchmark, preset, size):
     batch = Batch.for_decode_capture(inputs, size)
 
     def body():
-        inputs.copy_to_device(size, size * n)
+        inputs.copy_to_device(size, size * n, uniform=True)
         builder.build_decode(batch)
 
     side = torch.cuda.Stream()

@@ -68,7 +68,7 @@ def test_graph_replay(benchmark, v4, num_reqs):
     batch = Batch.for_decode_capture(inputs, num_reqs)
 
     def body():
-        inputs.copy_to_device(num_reqs, batch.num_actual_tokens)
+        inputs.copy_to_device(num_reqs, batch.num_actual_tokens, uniform=True)
         builder.build_decode(batch)
 
     stream = torch.cuda.Stream()
