@@ -91,7 +91,8 @@ def cmd_bench(args) -> int:
     else:
         step, name = None, "metadata only"
     report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
-                       preset=args.preset, consumer_name=name, progress=not args.no_progress)
+                       preset=args.preset, consumer_name=name, seed=args.seed,
+                       progress=not args.no_progress)
     print(report.header())
     print(report.table())
     if args.json:
@@ -122,13 +123,13 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("--max-model-len", type=int, default=None)
         c.add_argument("--step", default=None, help="module:function(config) -> step")
         c.add_argument("--seed", type=int, default=0)
-        c.add_argument("--no-progress", action="store_true")
         c.set_defaults(fn=fn)
         if name == "check":
             c.add_argument("--sizes", type=int, nargs="*", default=None, help="tokens")
             c.add_argument("--batches", type=int, default=100, help="random replays per size")
             c.add_argument("--dot", default=None, help="folder for DOT dumps of each graph")
         else:
+            c.add_argument("--no-progress", action="store_true")
             c.add_argument("--batch", type=int, nargs="*", default=None,
                            help="batch sizes in requests (default: every capture size)")
             c.add_argument("--reps", type=int, default=200)

@@ -22,6 +22,7 @@ from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.graphs.checker import same_outputs, snapshot_outputs
 from staticattn.graphs.consumer import GatherConsumer
 from staticattn.graphs.manager import GraphManager
 
@@ -208,10 +209,10 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
             report.steps += 1
             if res.mode == "graph":
                 report.replayed += 1
-                replayed = _snapshot(res.outputs)
-                eager = _snapshot(gm.run_eager(q, s, slots))
+                replayed = snapshot_outputs(res.outputs)
+                eager = snapshot_outputs(gm.run_eager(q, s, slots))
                 report.checked += 1
-                report.mismatches += int(not _same(replayed, eager))
+                report.mismatches += int(not same_outputs(replayed, eager))
             else:
                 report.eager[res.reason] = report.eager.get(res.reason, 0) + 1
                 if verifier is not None:
@@ -222,16 +223,6 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
     for line in report.lines():
         _say(line)
     return 0 if report.mismatches == 0 else 1
-
-
-def _snapshot(outputs) -> list[torch.Tensor]:
-    from torch.utils._pytree import tree_flatten
-
-    return [t.clone() for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
-
-
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
 def _oracle_verifier(cfg: ArenaConfig):

@@ -20,6 +20,7 @@ from staticattn.builders.layer_types import (
 )
 from staticattn.builders.tile_plan import TilePlanHolder, new_tile_plan, tile_plans
 from staticattn.errors import ConfigError
+from staticattn.kernels import dsa_libs
 
 
 @pytest.mark.parametrize("ratio,expected", [
@@ -91,7 +92,15 @@ class _FakeSchedMeta:
 def _fake_flash_mla(get_mla_metadata) -> types.ModuleType:
     module = types.ModuleType("flash_mla")
     module.get_mla_metadata = get_mla_metadata
+    module.flash_mla_with_kvcache = lambda *a, **k: None
     return module
+
+
+def _pretend_cuda(monkeypatch) -> None:
+    """dsa_libs judges the (fake) flash_mla as on a CUDA machine, with a fresh cache."""
+    monkeypatch.setattr(dsa_libs.torch.cuda, "is_available", lambda: True)
+    dsa_libs._load.cache_clear()
+    monkeypatch.setattr(dsa_libs, "_load", dsa_libs._load)
 
 
 def test_uses_flash_mla_when_importable(monkeypatch):
@@ -102,11 +111,13 @@ def test_uses_flash_mla_when_importable(monkeypatch):
         return _FakeSchedMeta(), None
 
     monkeypatch.setitem(sys.modules, "flash_mla", _fake_flash_mla(get_mla_metadata))
+    _pretend_cuda(monkeypatch)
     tile_plan._plan_factory.cache_clear()
     try:
         plans = tile_plans((SWA_ONLY, C4A, C128A), num_decode_tokens=1)
     finally:
         tile_plan._plan_factory.cache_clear()
+        dsa_libs._load.cache_clear()
     assert all(isinstance(p, _FakeSchedMeta) for p in plans.values())
     assert len({id(p) for p in plans.values()}) == 3
     assert all(c == ((), {}) for c in calls)
@@ -117,8 +128,10 @@ def test_old_flash_mla_api_falls_back(monkeypatch):
         raise AssertionError("never called with arguments")
 
     monkeypatch.setitem(sys.modules, "flash_mla", _fake_flash_mla(get_mla_metadata))
+    _pretend_cuda(monkeypatch)
     tile_plan._plan_factory.cache_clear()
     try:
         assert isinstance(new_tile_plan(), TilePlanHolder)
     finally:
         tile_plan._plan_factory.cache_clear()
+        dsa_libs._load.cache_clear()

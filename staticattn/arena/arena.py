@@ -142,10 +142,6 @@ class Arena:
             raise ArenaError("the arena is not allocated yet")
         return self._blocks[where]
 
-    def record(self, name: str) -> BufferRecord:
-        self[name]
-        return self._records[name]
-
     # ----------------------------------------------------------------- reporting
     def nbytes(self, where: Where | None = None) -> int:
         """Bytes of the allocation(s) (``where`` None: both)."""

@@ -155,14 +155,9 @@ class StepInputs:
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
         self._check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
         self._wait_staging_free()
-        qsl = self._np_qsl
-        qsl[0] = 0
-        np.cumsum(query_lens, out=qsl[1 : num_reqs + 1])
-        qsl[num_reqs + 1 : pr + 1] = num_tokens
-        self._np_seq_lens[:num_reqs] = seq_lens
-        self._np_seq_lens[num_reqs:pr] = 0
-        self._np_slots[:num_tokens] = slot_mapping
-        self._np_slots[num_tokens:pt] = PAD_SLOT_ID
+        self._np_qsl[0] = 0
+        np.cumsum(query_lens, out=self._np_qsl[1 : num_reqs + 1])
+        self._write_padded(seq_lens, slot_mapping, num_tokens, pr, pt)
         return StagedCounts(
             num_reqs=num_reqs, num_tokens=num_tokens, num_reqs_padded=pr,
             num_tokens_padded=pt,
@@ -194,9 +189,16 @@ class StepInputs:
                 f"{self.config.max_num_batched_tokens})"
             )
         self._wait_staging_free()
-        qsl = self._np_qsl
-        qsl[: num_reqs + 1] = self._uniform_qsl[: num_reqs + 1]
-        qsl[num_reqs + 1 : num_reqs_padded + 1] = num_tokens
+        self._np_qsl[: num_reqs + 1] = self._uniform_qsl[: num_reqs + 1]
+        self._write_padded(seq_lens, slot_mapping, num_tokens, num_reqs_padded,
+                           num_tokens_padded)
+
+    def _write_padded(self, seq_lens: np.ndarray, slot_mapping: np.ndarray, num_tokens: int,
+                      num_reqs_padded: int, num_tokens_padded: int) -> None:
+        """Everything but the real query starts: null requests (query length 0, sequence
+        length 0) and null tokens (slot -1) up to the padded extents."""
+        num_reqs = seq_lens.shape[0]
+        self._np_qsl[num_reqs + 1 : num_reqs_padded + 1] = num_tokens
         self._np_seq_lens[:num_reqs] = seq_lens
         self._np_seq_lens[num_reqs:num_reqs_padded] = 0
         self._np_slots[:num_tokens] = slot_mapping

@@ -36,7 +36,9 @@ class Batch:
     num_actual_tokens : int
         Tokens, padded ones included (as the reference's FULL-graph mode counts them).
     max_query_len, max_seq_len : int
-        Maxima over the real requests.
+        Maxima over the real requests; a batch built for capture
+        (:meth:`for_decode_capture`) carries their capacities instead (``next_n`` and
+        ``max_model_len``), never values read from data.
     block_table : int32 device ``(num_reqs, max_blocks_per_req)``
         Main cache group (indexer / compressed caches), ``block_size`` tokens per block.
     slot_mapping : int64 device ``(num_actual_tokens,)``

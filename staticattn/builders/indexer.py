@@ -15,8 +15,8 @@ Two entry points (the builder contract, :mod:`staticattn.builders.base`):
   batch carries (like the reference engine) and never reads the device;
 * :meth:`IndexerMetadataBuilder.build_decode` -- a uniform decode batch of a static size
   (:meth:`Batch.for_decode_capture`), safe inside a CUDA graph: the decode layout comes from
-  the config alone, every extent is static, and it launches one decode kernel, one
-  compressed-slot kernel when ``R > 1`` and one schedule kernel.
+  the config alone, every extent is static, and it launches one decode kernel (which also
+  writes the compressed slot mapping when ``R > 1``) and one schedule kernel.
 
 Deviations from the reference, each chosen so a captured graph never reads a stale or
 out-of-range value: lengths are clamped at 0 (the reference leaves padded native MTP rows at

@@ -33,6 +33,7 @@ from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_fo
 from staticattn.builders.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.swa_metadata import SparseSWAMetadata
 from staticattn.builders.tile_plan import tile_plans
+from staticattn.builders.validate import check_capacity
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.swa_decode import C128A_RATIO, SWADecodeOutputs, build_swa_decode
@@ -183,13 +184,8 @@ class SparseSWAMetadataBuilder:
                 "the arena (Batch.from_staged / for_decode_capture), whose staging kernel "
                 "derives positions and token_to_req"
             )
-        if batch.num_reqs > cfg.max_num_seqs:
-            raise CapacityError(f"num_reqs={batch.num_reqs} exceeds max_num_seqs="
-                                f"{cfg.max_num_seqs}")
         num_tokens = batch.num_actual_tokens
-        if num_tokens > cfg.max_num_batched_tokens:
-            raise CapacityError(f"num_tokens={num_tokens} exceeds max_num_batched_tokens="
-                                f"{cfg.max_num_batched_tokens}")
+        check_capacity(batch.num_reqs, num_tokens, cfg)
         short = [name for name in ("slot_mapping", "positions", "token_to_req")
                  if getattr(batch, name).shape[0] < num_tokens]
         if short:

@@ -52,18 +52,14 @@ _HOLDER_FIELDS = tuple(f.name for f in fields(TilePlanHolder))
 
 @functools.cache
 def _plan_factory() -> Callable[[], Any]:
-    """FlashMLA's holder factory if the installed ``flash_mla`` has the lazy-planning API
-    (``get_mla_metadata()`` taking no arguments), else :class:`TilePlanHolder`. Probed once:
-    a failing import walks ``sys.path``, far too slow for every step."""
-    try:
-        from flash_mla import get_mla_metadata
+    """FlashMLA's holder factory when :mod:`staticattn.kernels.dsa_libs` finds a usable
+    ``flash_mla`` (with the lazy-planning ``get_mla_metadata()``), else
+    :class:`TilePlanHolder`. Decided once per process."""
+    from staticattn.kernels.dsa_libs import FLASH_MLA, available, require
 
-        probe = get_mla_metadata()[0]
-    except (ImportError, OSError, RuntimeError, TypeError):
-        # Absent, broken, or the older API that plans eagerly from lengths.
+    if not available()[FLASH_MLA]:
         return TilePlanHolder
-    if not all(hasattr(probe, name) for name in _HOLDER_FIELDS):
-        return TilePlanHolder
+    get_mla_metadata = require(FLASH_MLA).get_mla_metadata
     return lambda: get_mla_metadata()[0]
 
 

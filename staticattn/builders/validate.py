@@ -99,7 +99,7 @@ def validate(
     num_tokens = _count("num_actual_tokens", batch.num_actual_tokens)
     max_query_len = _count("max_query_len", batch.max_query_len)
     max_seq_len = _count("max_seq_len", batch.max_seq_len)
-    _check_capacity(num_reqs, num_tokens, config)
+    check_capacity(num_reqs, num_tokens, config)
     if max_seq_len > config.max_model_len:
         raise CapacityError(
             f"max_seq_len={max_seq_len} exceeds max_model_len={config.max_model_len}"
@@ -198,7 +198,7 @@ def validate_host_step(
             f"padded extents ({padded_reqs} requests, {padded_tokens} tokens) are smaller "
             f"than the step ({num_reqs} requests, {num_tokens} tokens)"
         )
-    _check_capacity(padded_reqs, padded_tokens, config)
+    check_capacity(padded_reqs, padded_tokens, config)
     _check_non_negative("query_lens", query_lens)
     total = int(query_lens.sum())
     if total != num_tokens:
@@ -259,7 +259,9 @@ def _count(name: str, value: object) -> int:
     return int(value)
 
 
-def _check_capacity(num_reqs: int, num_tokens: int, config: ArenaConfig) -> None:
+def check_capacity(num_reqs: int, num_tokens: int, config: ArenaConfig) -> None:
+    """Typed error when a step of ``num_reqs`` requests / ``num_tokens`` tokens does not fit
+    the config's capacities."""
     if num_reqs > config.max_num_seqs:
         raise CapacityError(f"num_reqs={num_reqs} exceeds max_num_seqs={config.max_num_seqs}")
     if num_tokens > config.max_num_batched_tokens:

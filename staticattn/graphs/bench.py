@@ -28,6 +28,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.base import make_arena
+from staticattn.graphs.capture import capture, warm_up
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.random_batches import random_uniform_decode
 
@@ -177,14 +178,9 @@ def _timed_runs(gm: GraphManager, args, eager: bool, reps: int) -> tuple[list, l
 def one_kernel_replay_us(reps: int = 500) -> Stat:
     """GPU time of replaying a graph of one small kernel: the floor of any replay."""
     x = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        x.add_(1)
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        x.add_(1)
+    stream = torch.cuda.Stream()
+    warm_up(lambda: x.add_(1), stream)
+    g, _ = capture(lambda: x.add_(1), stream)
     for _ in range(20):
         g.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -29,8 +29,9 @@ from staticattn.arena import Arena, StepInputs
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
+from staticattn.graphs.capture import capture
 from staticattn.graphs.guards import FreshTensorWatch, sync_guard
-from staticattn.graphs.introspect import dump_dot, new_graph, node_census
+from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
 from staticattn.graphs.random_batches import random_uniform_decode
 
@@ -152,10 +153,11 @@ def _check_size(manager: GraphManager, size: int, num_batches: int, rng, num_kv_
                      num_tokens_padded=size)
         graph.replay()
         n_tok = int(s.slot_mapping.shape[0])
-        replayed = _snapshot(outputs, n_tok)
-        eager = _snapshot(manager.run_eager(s.query_lens, s.seq_lens, s.slot_mapping), n_tok)
+        replayed = snapshot_outputs(outputs, n_tok)
+        eager = snapshot_outputs(manager.run_eager(s.query_lens, s.seq_lens, s.slot_mapping),
+                                 n_tok)
         report.replays += 1
-        if not _same(replayed, eager):
+        if not same_outputs(replayed, eager):
             report.mismatches += 1
     if report.mismatches:
         report.failures.append(
@@ -166,33 +168,29 @@ def _check_size(manager: GraphManager, size: int, num_batches: int, rng, num_kv_
     if manager.arena.fingerprint() != fingerprint:
         changed = [k for k, v in manager.arena.fingerprint().items() if fingerprint.get(k) != v]
         report.failures.append(f"arena addresses changed: {changed}")
-    del graph
     return report
 
 
 def _guarded_capture(manager: GraphManager, num_reqs: int, size: int, report: SizeCheck):
-    cfg, inputs = manager.config, manager.inputs
-    n = cfg.next_n
-    inputs.stage(np.full(num_reqs, n), np.full(num_reqs, n), np.full(size, -1, dtype=np.int64))
+    inputs = manager.inputs
     stream = torch.cuda.Stream(manager.arena.device)
-    stream.wait_stream(torch.cuda.current_stream())
     try:
-        with torch.cuda.stream(stream):
-            manager._body(num_reqs, size)  # warm-up: compile outside the capture
-        torch.cuda.synchronize()
+        manager.warm_up(num_reqs, size, stream)
     except Exception as exc:
         report.failures.append(f"the step fails even eagerly: {exc!r}")
         return None, None, None
     baseline = _capture_allocations(
         lambda: inputs.copy_to_device(num_reqs, size, uniform=True), stream)
-    graph = new_graph()
     watch = FreshTensorWatch()
+
+    def guarded_body():
+        # The guards go inside the capture: entering a capture synchronises on purpose.
+        with sync_guard(), watch:
+            return manager._body(num_reqs, size)
+
     allocs0 = _allocations()
     try:
-        # The guards go inside the capture: entering a capture synchronises on purpose.
-        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
-            with sync_guard(), watch:
-                outputs, metadata = manager._body(num_reqs, size)
+        graph, (outputs, metadata) = capture(guarded_body, stream, error_mode="thread_local")
     except Exception as exc:
         op = watch.last_op or "unknown op"
         report.failures.append(
@@ -236,11 +234,8 @@ def _allocations() -> int:
 
 def _capture_allocations(fn, stream) -> int:
     """Allocations the capture machinery itself makes around ``fn`` (subtracted as noise)."""
-    graph = torch.cuda.CUDAGraph()
     before = _allocations()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    torch.cuda.synchronize()
+    capture(fn, stream)
     return _allocations() - before
 
 
@@ -279,12 +274,15 @@ def _moved_views(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
     return moved
 
 
-def _snapshot(outputs: Any, num_tokens: int) -> list[torch.Tensor]:
+def snapshot_outputs(outputs: Any, num_tokens: int | None = None) -> list[torch.Tensor]:
+    """Copies of every tensor in a step's outputs (first ``num_tokens`` rows when given),
+    taken before the next run overwrites them."""
     flat, _ = tree_flatten(outputs)
     return [t[:num_tokens].clone() for t in flat if isinstance(t, torch.Tensor)]
 
 
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+def same_outputs(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Bit-for-bit equality of two :func:`snapshot_outputs`."""
     return len(a) == len(b) and all(
         x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b)
     )

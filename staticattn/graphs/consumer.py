@@ -1,7 +1,7 @@
 """A small built-in consumer step: reads the metadata the way attention kernels do.
 
 For every decode token ``t`` it gathers from three fake caches it owns and writes one row of
-checksums into its own output buffer ``(max_decode_tokens, 3)`` int64:
+checksums into its own output buffer ``(max_num_batched_tokens, 3)`` int64:
 
 * col 0: sum of ``swa_cache[i]`` over the token's SWA window indices (first ``decode_swa_lens``);
 * col 1: sum of ``c128a_cache[i]`` over its C128A top-k indices (0 without C128A layers);
@@ -23,6 +23,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.swa_decode import C128A_RATIO
 
 __all__ = ["GatherConsumer"]
 
@@ -51,7 +52,7 @@ class GatherConsumer:
             return torch.randint(0, 1 << 20, (entries,), generator=gen, dtype=torch.int32).to(dev)
 
         self.swa_cache = cache(num_kv_blocks * config.swa_block_size)
-        self.c128a_cache = cache(num_kv_blocks * max(config.block_size // 128, 1))
+        self.c128a_cache = cache(num_kv_blocks * max(config.block_size // C128A_RATIO, 1))
         self.index_cache = cache(num_kv_blocks * config.storage_block_size)
         self.out = torch.zeros(config.max_num_batched_tokens, 3, dtype=torch.int64, device=dev)
         self.backend = resolve_backend(config.kernel_backend, dev)

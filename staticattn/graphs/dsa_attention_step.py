@@ -46,6 +46,7 @@ from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_fo
 from staticattn.errors import ConfigError, GraphError
 from staticattn.graphs.dsa_caches import MODEL1_DIM, alloc_model1_cache
 from staticattn.kernels.dsa_libs import FLASH_MLA, require
+from staticattn.kernels.swa_decode import C128A_RATIO
 
 __all__ = ["SparseDecodeStep", "DecodeFn"]
 
@@ -55,7 +56,6 @@ DecodeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 #: FlashMLA's sparse decode works on blocks of 64 top-k entries (sm90 asserts it).
 _TOPK_BLOCK = 64
 _HEADS = (64, 128)
-C128A_RATIO = 128
 
 
 class SparseDecodeStep:
@@ -155,6 +155,14 @@ class SparseDecodeStep:
         swa = md["swa"]
         out = self.out[: batch.num_actual_tokens]
         td = swa.num_decode_tokens
+        if self.c4a_cache is not None and td:
+            if c4a_topk is None:
+                raise GraphError("this step runs C4A layers: pass c4a_topk, the indexer's "
+                                 "(num_tokens, index_topk) top-k")
+            if c4a_topk.shape[-1] != self._c4a_indices.shape[-1]:
+                raise GraphError(f"c4a_topk has {c4a_topk.shape[-1]} columns; the C4A layers "
+                                 f"take index_topk={self._c4a_indices.shape[-1]}")
+        # Checked first, written after: a rejected call leaves the output as it was.
         if td < out.shape[0]:
             out[td:].zero_()
         if td == 0:
@@ -165,9 +173,6 @@ class SparseDecodeStep:
                                 extra_indices_in_kvcache=swa.c128a_decode_indices,
                                 extra_topk_length=swa.c128a_decode_lens)
         if self.c4a_cache is not None:
-            if c4a_topk is None:
-                raise GraphError("this step runs C4A layers: pass c4a_topk, the indexer's "
-                                 "(num_tokens, index_topk) top-k")
             idx, lens = self._c4a_slots(batch, swa, c4a_topk[:td])
             extra[C4A] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,
                               extra_topk_length=lens)
@@ -186,10 +191,7 @@ class SparseDecodeStep:
 
     def _c4a_slots(self, batch: Batch, swa, topk: torch.Tensor):
         """The indexer's local top-k -> flat C4A slots and lengths, in owned buffers."""
-        td, k = topk.shape
-        if k != self._c4a_indices.shape[-1]:
-            raise GraphError(f"c4a_topk has {k} columns; the C4A layers take index_topk="
-                             f"{self._c4a_indices.shape[-1]}")
+        td = topk.shape[0]
         s = self.config.storage_block_size
         valid = self._c4a_valid[:td]
         torch.ge(topk, 0, out=valid)

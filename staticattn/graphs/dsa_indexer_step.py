@@ -141,22 +141,23 @@ class IndexerTopKStep:
         """Write the top-k of every decode token of ``idx_md`` (an ``IndexerMetadata``) into
         ``out`` (``(num_tokens, K)`` int32); rows past the decode tokens get -1."""
         td = idx_md.num_decode_tokens
-        if td < out.shape[0]:
-            out[td:].fill_(-1)
         dec = idx_md.decode
-        if dec is None or td == 0:
-            return
-        if dec.requires_padding:
+        if dec is not None and td and dec.requires_padding:
             raise InvalidBatchError(
                 "the indexer step takes uniform decode rows only; this eager batch has "
                 "decode requests of unequal query length (the reference engine packs them "
                 "with a host sync first)"
             )
-        rows, width = dec.seq_lens.shape
+        rows, width = dec.seq_lens.shape if dec is not None else (0, 0)
         entries = rows * width
-        if entries != td:
+        if td and entries != td:
             raise InvalidBatchError(f"decode layout {rows}x{width} does not cover the "
                                     f"{td} decode tokens")
+        # Checked first, written after: a rejected batch leaves the output as it was.
+        if td < out.shape[0]:
+            out[td:].fill_(-1)
+        if dec is None or td == 0:
+            return
         q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)
         logits = self.logits_fn(q, self.kv_cache, self.weights[:entries], dec.seq_lens,
                                 dec.block_table, dec.schedule_metadata, self.max_context_len)

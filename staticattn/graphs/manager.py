@@ -6,7 +6,7 @@ Workflow:
    (see :func:`staticattn.builders.make_arena`); ``step(batch, metadata)`` is the user's own
    work, called with the batch and ``{builder.name: metadata}``. It may launch any kernels;
    it must write its outputs into memory it owns (or the arena) and return them (a tensor,
-   a tuple of tensors, or None), leading dimension = tokens.
+   a tuple, list or dict of tensors, or None), leading dimension = tokens.
 2. ``capture(sizes)`` -- largest size first, one shared memory pool, Python's gc frozen,
    each graph = staging kernel + every builder's ``build_decode`` + ``step``, warmed up
    first with minimal sequence lengths.
@@ -18,26 +18,29 @@ Workflow:
    changed in ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
 4. ``close()`` (or leave the ``with`` block) -- drops the graphs and their pool.
 
-Example
--------
->>> import numpy as np, torch                                      # doctest: +SKIP
->>> from staticattn import ArenaConfig, make_arena
->>> from staticattn.builders.indexer import IndexerMetadataBuilder
->>> from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
->>> from staticattn.graphs import GraphManager
->>> cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
->>> builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
->>> arena, inputs = make_arena(cfg, builders)
->>> out = torch.zeros(cfg.max_decode_tokens, dtype=torch.int32, device="cuda")
->>> def step(batch, md):                # the user's forward; reads metadata views
-...     torch.clamp(md["swa"].decode_swa_lens, max=7, out=out[: batch.num_actual_tokens])
-...     return out[: batch.num_actual_tokens]
->>> with GraphManager(arena, inputs, builders, step) as gm:
-...     gm.capture()                    # default sizes, progress bar
-...     inputs.block_table[:3, :4] = torch.arange(1, 13).view(3, 4)  # engine-owned rows
-...     inputs.swa_block_table[:3, :16] = 7
-...     res = gm.run([2, 2, 2], [100, 37, 5000], np.arange(6))
-...     res.mode, res.graph_size    # ('graph', 6)
+Example (on a CUDA machine)::
+
+    import numpy as np, torch
+    from staticattn import ArenaConfig, make_arena
+    from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
+    from staticattn.graphs import GraphManager
+
+    cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
+    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    out = torch.zeros(cfg.max_num_batched_tokens, dtype=torch.int32, device="cuda")
+
+    def step(batch, md):  # the user's forward: reads metadata views, writes what it owns
+        n = batch.num_actual_tokens
+        torch.clamp(md["swa"].decode_swa_lens, max=7, out=out[:n])
+        return out[:n]
+
+    with GraphManager(arena, inputs, builders, step) as gm:
+        gm.capture()  # default sizes, progress bar
+        inputs.block_table[:3, :4] = torch.arange(1, 13).view(3, 4)  # engine-owned rows
+        inputs.swa_block_table[:3, :80] = 7
+        res = gm.run([2, 2, 2], [100, 37, 5000], np.arange(6))
+        print(res.mode, res.graph_size)  # graph 8: padded to the smallest captured size
 """
 
 from __future__ import annotations
@@ -58,16 +61,13 @@ from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
 from staticattn.builders.validate import uniform_decode_passes, validate_host_step
 from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs.introspect import new_graph, node_census
+from staticattn.graphs.capture import capture, warm_up
+from staticattn.graphs.introspect import node_census
 from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
 
 __all__ = ["GraphManager", "CapturedGraph", "RunResult", "StepFn"]
 
 StepFn = Callable[[Batch, dict[str, Any]], Any]
-
-#: Why a step ran eagerly.
-REASONS = ("non-uniform", "prefill", "too-large", "not-captured", "forced")
-
 
 @dataclass(slots=True)
 class CapturedGraph:
@@ -225,6 +225,8 @@ class GraphManager:
                         "host read (.item(), .tolist(), .cpu()), no allocation, no branch on "
                         "data (python -m staticattn check names the offending op)"
                     ) from exc
+                finally:
+                    self._size_table = np.zeros(0, dtype=np.int64)  # rebuilt on next use
         return captured
 
     def graph_for(self, size: int) -> CapturedGraph:
@@ -237,30 +239,12 @@ class GraphManager:
         return self.graphs[size]
 
     def _capture_one(self, size: int) -> CapturedGraph:
-        n = self.config.next_n
-        num_reqs = size // n
-        # Warm-up at minimal sequence lengths: every kernel compiles (and every lazy
-        # library initialises) outside the capture.
-        self.inputs.stage(np.full(num_reqs, n), np.full(num_reqs, n),
-                          np.full(size, -1, dtype=np.int64))
-        torch.cuda.synchronize(self.arena.device)
+        num_reqs = size // self.config.next_n
         mem0 = torch.cuda.memory_reserved(self.arena.device)
         t0 = time.perf_counter()
-        stream = self._stream
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            self._body(num_reqs, size)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize(self.arena.device)
-        graph = new_graph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=stream):
-            outputs, metadata = self._body(num_reqs, size)
-        if hasattr(graph, "instantiate"):
-            try:
-                graph.instantiate()
-            except RuntimeError:
-                pass  # already instantiated by capture_end on this torch version
-        torch.cuda.synchronize(self.arena.device)
+        self.warm_up(num_reqs, size, self._stream)
+        graph, (outputs, metadata) = capture(lambda: self._body(num_reqs, size), self._stream,
+                                             pool=self._pool)
         record = CapturedGraph(
             size=size, num_reqs=num_reqs, graph=graph, outputs=outputs, metadata=metadata,
             capture_s=time.perf_counter() - t0,
@@ -269,6 +253,14 @@ class GraphManager:
         )
         self.graphs[size] = record
         return record
+
+    def warm_up(self, num_reqs: int, num_tokens: int, stream: torch.cuda.Stream) -> None:
+        """Run one graph's body eagerly at minimal sequence lengths (every request as long
+        as its query), so the capture that follows compiles nothing and starts short."""
+        n = self.config.next_n
+        self.inputs.stage(np.full(num_reqs, n), np.full(num_reqs, n),
+                          np.full(num_tokens, -1, dtype=np.int64))
+        warm_up(lambda: self._body(num_reqs, num_tokens), stream)
 
     def _body(self, num_reqs: int, num_tokens: int):
         """What one graph holds: stage, build every builder's decode metadata, step."""
@@ -295,7 +287,7 @@ class GraphManager:
         """Smallest captured size holding ``num_tokens`` (0 if none): a table lookup, built
         once per capture, because it runs on every step."""
         table = self._size_table
-        if len(table) != (max(self.graphs) + 1 if self.graphs else 0):
+        if not len(table) and self.graphs:
             sizes = sorted(self.graphs)
             table = np.zeros(sizes[-1] + 1 if sizes else 0, dtype=np.int64)
             lo = 0
@@ -311,7 +303,6 @@ class GraphManager:
         seq_lens: Sequence[int] | np.ndarray,
         slot_mapping: Sequence[int] | np.ndarray,
         *,
-        is_prefilling: Sequence[bool] | np.ndarray | None = None,
         eager: bool = False,
     ) -> RunResult:
         """Run one step: replay if it is a uniform decode that fits, else eagerly.
@@ -322,8 +313,6 @@ class GraphManager:
             Decodes first (the batch is reordered decode -> extend -> prefill).
         slot_mapping : int64 ``(num_tokens,)``
             -1 = do not write.
-        is_prefilling : bool ``(num_reqs,)``, optional
-            Requests still processing their prompt (eager split only).
         eager : bool
             Run eagerly even if a graph could replay the step (A/B checks, benchmarks);
             counted under the reason "forced".
@@ -345,7 +334,7 @@ class GraphManager:
                 and q.dtype.kind in "iu" and (q == n).all() else 0)
         if size and (not self.validate or uniform_decode_passes(k, s, slots, self.config)):
             return self._replay(self.graphs[size], s, slots, k * n)
-        return self._run_general(q, s, slots, is_prefilling, eager)
+        return self._run_general(q, s, slots, eager)
 
     def _replay(self, g: CapturedGraph, s: np.ndarray, slots: np.ndarray,
                 num_tokens: int) -> RunResult:
@@ -357,7 +346,7 @@ class GraphManager:
         return RunResult(_slice(g.outputs, num_tokens), "graph", g.size, None, num_tokens,
                          events)
 
-    def _run_general(self, q, s, slots, is_prefilling, eager: bool) -> RunResult:
+    def _run_general(self, q, s, slots, eager: bool) -> RunResult:
         """Every step the replay path did not take: full validation, then replay (a step
         the pre-screen could not clear but the full check accepts) or eager."""
         if q.ndim == 1 and q.shape[0] == 0:
@@ -373,7 +362,7 @@ class GraphManager:
             return self._replay(self.graphs[size], s, slots, num_tokens)
         counts = self.inputs.stage(q, s, slots)
         events = self._record_start()
-        outputs = self.launch_eager(counts, is_prefilling=is_prefilling)
+        outputs = self.launch_eager(counts)
         self._record_end(events)
         self.stats.eager[reason] += 1
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
@@ -390,16 +379,14 @@ class GraphManager:
         if events is not None:
             events[1].record()
 
-    def run_eager(self, q, s, slots, *, is_prefilling=None) -> Any:
+    def run_eager(self, q, s, slots) -> Any:
         """Stage, build every builder eagerly, run the step; outputs for the real tokens."""
-        return self.launch_eager(self.inputs.stage(q, s, slots), is_prefilling=is_prefilling)
+        return self.launch_eager(self.inputs.stage(q, s, slots))
 
-    def launch_eager(self, counts: StagedCounts, *, is_prefilling=None) -> Any:
+    def launch_eager(self, counts: StagedCounts) -> Any:
         """The device half of an eager step whose host values are already staged."""
-        self.inputs.copy_to_device(counts.num_reqs, counts.num_tokens)
+        self.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
         batch = Batch.from_staged(self.inputs, counts)
-        if is_prefilling is not None:
-            batch.is_prefilling = torch.as_tensor(np.asarray(is_prefilling, dtype=bool))
         metadata = {b.name: b.build(batch) for b in self.builders}
         return _slice(self.step(batch, metadata), counts.num_tokens)
 

@@ -2,7 +2,9 @@
 plain torch (anywhere).
 
 Both implementations of every kernel are graph-safe: no device->host read, no Python branch
-on tensor values, outputs written into the views they are given.
+on tensor values, outputs written into the views they are given. The torch versions may
+allocate temporaries: harmless eagerly, and captured they come from the graph's pool, but
+the sanity checker reports them as fresh tensors; captured steps use Triton by default.
 """
 
 from __future__ import annotations
@@ -13,9 +15,7 @@ import torch
 
 from staticattn.errors import BackendUnavailableError
 
-__all__ = ["resolve_backend", "triton_interpreted", "BACKENDS"]
-
-BACKENDS = ("torch", "triton")
+__all__ = ["resolve_backend", "triton_interpreted"]
 
 
 def triton_interpreted() -> bool:

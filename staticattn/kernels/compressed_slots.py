@@ -61,14 +61,11 @@ def compressed_slot_mapping(
         return
     if backend == "triton":
         # The indexer's one Triton kernel, in its slots-only mode (the uniform decode build
-        # runs both modes in one launch).
-        from staticattn.kernels.indexer_decode import _BLOCK, launch_decode_kernel
+        # runs both modes in one launch). Imported here: that module imports this one.
+        from staticattn.kernels.indexer_decode import launch_slots_kernel
 
-        launch_decode_kernel(
-            (num_tokens + _BLOCK - 1) // _BLOCK, 1, query_start_loc, out, block_table,
-            positions, token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0,
-            compress_ratio, storage_block_size, num_tokens, decode=False, flatten=False,
-        )
+        launch_slots_kernel(query_start_loc, positions, token_to_req, block_table, out,
+                            num_reqs, num_tokens, storage_block_size, compress_ratio)
         return
     t = torch.arange(num_tokens, device=out.device)
     real = t < query_start_loc[num_reqs]

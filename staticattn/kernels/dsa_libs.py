@@ -54,7 +54,10 @@ def _load(name: str) -> tuple[ModuleType | None, str | None]:
     if missing:
         return None, f"{name} is installed but lacks {', '.join(missing)} (too old)"
     if name == FLASH_MLA:
-        probe = module.get_mla_metadata()[0]
+        try:
+            probe = module.get_mla_metadata()[0]
+        except TypeError:  # the older API takes the lengths and plans at once
+            probe = None
         if not hasattr(probe, "have_initialized"):
             return None, ("flash_mla is installed but plans eagerly (the pre-2026 "
                           "get_mla_metadata API); the lazy FlashMLASchedMeta API is needed")

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.compressed_slots import compressed_slot_mapping
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = ["indexer_decode_tensors"]
@@ -57,8 +58,8 @@ def indexer_decode_tensors(
     query_start_loc : int32 device ``(>= num_decodes + 1,)``
     seq_lens : int32 device ``(>= num_decodes,)``
     block_table : int32 device ``(>= num_decodes, max_blocks)``, unit column stride
-    positions : int64 device ``(>= num_rows,)``; read only when flattening
-    token_to_req : int32 device ``(>= num_rows,)``; read only when flattening
+    positions : int64 device ``(>= extent,)``; read when flattening or writing slots
+    token_to_req : int32 device ``(>= extent,)``; read when flattening or writing slots
     decode_lens : int32 device, flat
         Written on ``[:num_decodes]`` (native) or ``[:num_rows]`` (flatten).
     decode_seq_lens : int32 device, flat
@@ -102,8 +103,6 @@ def indexer_decode_tensors(
         )
         return
     if slot_mapping_out is not None:
-        from staticattn.kernels.compressed_slots import compressed_slot_mapping
-
         compressed_slot_mapping(
             "torch", query_start_loc, positions, token_to_req, block_table, slot_mapping_out,
             num_reqs=num_decodes, num_tokens=extent, storage_block_size=storage_block_size,
@@ -150,6 +149,17 @@ def launch_decode_kernel(
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
         num_slot_tokens, DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
         BLOCK=_BLOCK, COLS=_COLS,
+    )
+
+
+def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs: int,
+                        num_tokens: int, storage_block_size: int, compress_ratio: int) -> None:
+    """The kernel in its slots-only mode: compressed slots of tokens ``[0, num_tokens)``
+    (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
+    launch_decode_kernel(
+        (num_tokens + _BLOCK - 1) // _BLOCK, 1, qsl, out, block_table, positions,
+        token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
+        storage_block_size, num_tokens, decode=False, flatten=False,
     )
 
 

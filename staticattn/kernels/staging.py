@@ -119,10 +119,15 @@ def _stage_kernel():
                 req += tl.sum((ends[None, :] <= offs[:, None]).to(tl.int32), axis=1)
         real = m_t & (offs < total)
         req = tl.where(real, req, 0)
-        start = tl.load(host_qsl + req, mask=real, other=0)
-        end = tl.load(host_qsl + req + 1, mask=real, other=0)
+        if UNIFORM > 0:
+            # Known without reading host memory: every real request starts at req * n.
+            start = req * UNIFORM
+            query_len = tl.zeros([BLOCK], dtype=tl.int32) + UNIFORM
+        else:
+            start = tl.load(host_qsl + req, mask=real, other=0)
+            query_len = tl.load(host_qsl + req + 1, mask=real, other=0) - start
         seq_len = tl.load(host_seq_lens + req, mask=real, other=0)
-        pos = (seq_len - (end - start) + (offs - start)).to(tl.int64)
+        pos = (seq_len - query_len + (offs - start)).to(tl.int64)
         pos = tl.where(real, pos, 0)
         tl.store(token_to_req_out + offs, req, mask=m_t)
         tl.store(positions_out + offs, pos, mask=m_t)

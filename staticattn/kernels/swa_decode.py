@@ -177,7 +177,8 @@ def _swa_decode_kernel():
         valid = slot >= 0
         if col_block == 0:
             tl.store(is_valid_out + t, valid, mask=in_step)
-        # Programs holding only prefill tokens are done; this branch is on device values.
+        # Programs holding only prefill tokens are done (a branch on the program id and a
+        # launch argument, both fixed for the launch).
         if pid * BLOCK_T < num_decode_tokens:
             is_dec = t < num_decode_tokens
             live = is_dec & valid
