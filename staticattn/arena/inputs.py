@@ -145,7 +145,11 @@ class StepInputs:
 
         Waits until the previous step's staging kernel has read the staging block (a no-op
         on CPU, and nearly always already true on CUDA), then writes. Raises
-        :class:`CapacityError` / :class:`InvalidBatchError` before writing anything.
+        :class:`CapacityError` / :class:`InvalidBatchError` before writing anything when
+        the extents do not fit the staging block; the checks of the values themselves
+        (sequence vs query lengths, ``max_model_len``, slots, decode-first order) are
+        :func:`staticattn.builders.validate.validate_host_step`'s, which
+        :class:`~staticattn.graphs.GraphManager` runs first.
         """
         query_lens = np.asarray(query_lens)
         seq_lens = np.asarray(seq_lens)
