@@ -9,35 +9,21 @@ GPU time per replay (CUDA events, median of many) for a few uniform decode sizes
 
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
+from staticattn.graphs.bench import replay_gpu_us
+from staticattn.graphs.capture import capture, warm_up
 
 
 def replay_us(fn, reps: int = 500) -> float:
-    graph = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    with torch.cuda.graph(graph):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    """Median GPU time of replaying a graph of ``fn`` (warmed up and captured first)."""
+    stream = torch.cuda.Stream()
+    warm_up(fn, stream)
+    graph, _ = capture(fn, stream)
+    return replay_gpu_us(graph, reps).median
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from staticattn.arena.arena import Arena
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig, cdiv
 from staticattn.arena.inputs import PAD_SLOT_ID
+from staticattn.builders.validate import check_non_decreasing, host_ints
 from staticattn.errors import CapacityError, InvalidBatchError
 
 __all__ = [
@@ -96,25 +97,12 @@ def compute_causal_conv1d_metadata(
     Query start locations ``[0, 3, 20, 28]`` (lengths ``3, 17, 8``), ``M = 8``:
     ``nums = [1, 3, 1]``, ``mlist = [0, 1, 1, 1, 2]``, ``offsetlist = [0, 0, 1, 2, 0]``.
     """
-    if isinstance(query_start_loc_p_cpu, torch.Tensor):
-        if query_start_loc_p_cpu.device.type != "cpu":
-            raise InvalidBatchError(
-                f"query_start_loc_p_cpu is on {query_start_loc_p_cpu.device}; pass the host "
-                "copy (reading the device one would sync)"
-            )
-        query_start_loc_p_cpu = query_start_loc_p_cpu.numpy()
-    qsl = np.asarray(query_start_loc_p_cpu, dtype=np.int64)
-    if qsl.ndim != 1 or qsl.shape[0] < 1:
+    qsl = host_ints("query_start_loc_p_cpu", query_start_loc_p_cpu, ndim=1)
+    if qsl.shape[0] < 1:
         raise InvalidBatchError(
             f"query_start_loc_p_cpu must be 1-D with at least one entry, got shape {qsl.shape}"
         )
-    query_lens = np.diff(qsl)
-    if query_lens.size and query_lens.min() < 0:
-        b = int(np.argmin(query_lens))
-        raise InvalidBatchError(
-            f"query_start_loc_p_cpu decreases at request {b}: {int(qsl[b])} -> "
-            f"{int(qsl[b + 1])}"
-        )
+    query_lens = check_non_decreasing("query_start_loc_p_cpu", qsl)
     batch_ptr, chunk_offset_ptr = arena[_BATCH_PTR], arena[_CHUNK_OFFSET_PTR]
     nums = -(-query_lens // block_m)
     total = int(nums.sum())

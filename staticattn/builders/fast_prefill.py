@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from staticattn.builders.batch import Batch
+from staticattn.builders.validate import host_ints
 from staticattn.errors import InvalidBatchError
 
 __all__ = ["make_kv_sharing_fast_prefill_batch"]
@@ -67,15 +68,8 @@ def make_kv_sharing_fast_prefill_batch(
     """
     if batch.max_query_len == 1:
         return batch
-    if isinstance(logits_indices_padded, torch.Tensor):
-        if logits_indices_padded.device.type != "cpu":
-            raise InvalidBatchError(
-                f"logits_indices_padded is on {logits_indices_padded.device}; pass the host "
-                "copy (reading the device one would sync)"
-            )
-        logits_indices_padded = logits_indices_padded.numpy()
-    padded = np.asarray(logits_indices_padded)
-    if padded.ndim != 1 or padded.shape[0] < num_logits_indices or num_logits_indices < 0:
+    padded = host_ints("logits_indices_padded", logits_indices_padded, ndim=1)
+    if padded.shape[0] < num_logits_indices or num_logits_indices < 0:
         raise InvalidBatchError(
             f"logits_indices_padded has shape {padded.shape}; it must be 1-D with at least "
             f"num_logits_indices={num_logits_indices} entries"

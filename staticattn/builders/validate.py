@@ -181,9 +181,9 @@ def validate_host_step(
     ...
     staticattn.errors.CapacityError: seq_lens[1]=70 exceeds max_model_len=64
     """
-    query_lens = _host_ints("query_lens", query_lens, ndim=1)
-    seq_lens = _host_ints("seq_lens", seq_lens, ndim=1)
-    slot_mapping = _host_ints("slot_mapping", slot_mapping, ndim=1)
+    query_lens = host_ints("query_lens", query_lens, ndim=1)
+    seq_lens = host_ints("seq_lens", seq_lens, ndim=1)
+    slot_mapping = host_ints("slot_mapping", slot_mapping, ndim=1)
     num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
     if seq_lens.shape[0] != num_reqs:
         raise InvalidBatchError(
@@ -215,7 +215,7 @@ def validate_host_step(
                                      ("swa_block_table", swa_block_table, True, swa_blocks)):
         if table is None:
             continue
-        table = _host_ints(name, table, ndim=2)
+        table = host_ints(name, table, ndim=2)
         if table.shape[0] < num_reqs:
             raise InvalidBatchError(
                 f"{name} has {table.shape[0]} rows but the step has {num_reqs} requests"
@@ -277,16 +277,23 @@ def _check_non_negative(name: str, values: np.ndarray) -> None:
         raise InvalidBatchError(f"{name}[{b}]={int(values[b])} is negative; it must be >= 0")
 
 
-def _check_query_start_loc(qsl: np.ndarray, num_tokens: int) -> None:
-    if qsl[0] != 0:
-        raise InvalidBatchError(f"query_start_loc_cpu[0]={int(qsl[0])} must be 0")
+def check_non_decreasing(name: str, qsl: np.ndarray) -> np.ndarray:
+    """Typed error where query start locations ``qsl`` decrease; returns the query lengths
+    ``np.diff(qsl)``."""
     steps = np.diff(qsl)
     if steps.size and steps.min() < 0:
         b = int(np.argmin(steps))
         raise InvalidBatchError(
-            f"query_start_loc_cpu decreases at request {b}: {int(qsl[b])} -> "
-            f"{int(qsl[b + 1])}; it must be non-decreasing"
+            f"{name} decreases at request {b}: {int(qsl[b])} -> {int(qsl[b + 1])}; it must "
+            "be non-decreasing"
         )
+    return steps
+
+
+def _check_query_start_loc(qsl: np.ndarray, num_tokens: int) -> None:
+    if qsl[0] != 0:
+        raise InvalidBatchError(f"query_start_loc_cpu[0]={int(qsl[0])} must be 0")
+    check_non_decreasing("query_start_loc_cpu", qsl)
     if qsl[-1] > num_tokens:
         raise InvalidBatchError(
             f"query_start_loc_cpu[num_reqs]={int(qsl[-1])} exceeds num_actual_tokens="
@@ -471,7 +478,9 @@ def _check_device_values(
 
 
 # ------------------------------------------------------------------ small helpers
-def _host_ints(name: str, values: object, *, ndim: int) -> np.ndarray:
+def host_ints(name: str, values: object, *, ndim: int) -> np.ndarray:
+    """``values`` as an int64 host array of rank ``ndim``; a device tensor is refused
+    (reading it would sync), as are other ranks and non-integer dtypes."""
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise InvalidBatchError(

@@ -32,7 +32,10 @@ from staticattn.graphs.capture import capture, warm_up
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.random_batches import random_uniform_decode
 
-__all__ = ["BenchRow", "BenchReport", "run_bench", "environment", "one_kernel_replay_us"]
+__all__ = [
+    "BenchRow", "BenchReport", "run_bench", "environment", "one_kernel_replay_us",
+    "replay_gpu_us",
+]
 
 
 @dataclass(slots=True)
@@ -181,14 +184,20 @@ def one_kernel_replay_us(reps: int = 500) -> Stat:
     stream = torch.cuda.Stream()
     warm_up(lambda: x.add_(1), stream)
     g, _ = capture(lambda: x.add_(1), stream)
+    return replay_gpu_us(g, reps)
+
+
+def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
+    """GPU time of one replay (CUDA events around it, us), each on an idle device, after
+    20 replays of warm-up."""
     for _ in range(20):
-        g.replay()
+        graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gpu = []
     for _ in range(reps):
         torch.cuda.synchronize()
         start.record()
-        g.replay()
+        graph.replay()
         end.record()
         end.synchronize()
         gpu.append(start.elapsed_time(end) * 1e3)
