@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs import GraphManager
-from staticattn.graphs.consumer import GatherConsumer
-from staticattn.graphs.random_batches import random_uniform_decode
 
 pytestmark = [
     pytest.mark.gpu,

@@ -12,9 +12,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.random_batches import DecodeStream
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.graphs import GraphManager
-from staticattn.graphs.random_batches import DecodeStream
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.random_batches import DecodeStream, random_mixed_step
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs import GraphManager
-from staticattn.graphs.consumer import GatherConsumer
-from staticattn.graphs.random_batches import DecodeStream, random_mixed_step
 
 
 def main() -> None:

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.random_batches import DecodeStream
 from staticattn.builders import make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs import GraphManager
-from staticattn.graphs.consumer import GatherConsumer
-from staticattn.graphs.random_batches import DecodeStream
 
 
 def expected_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray, slots: np.ndarray,

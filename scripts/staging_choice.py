@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.floor import replay_gpu_us
 from staticattn.builders import make_arena
-from staticattn.graphs.bench import replay_gpu_us
 from staticattn.graphs.capture import capture, warm_up
 
 

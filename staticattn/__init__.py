@@ -1,16 +1,61 @@
 """staticattn: CUDA-graph-first sparse-attention metadata for LLM inference.
 
 A preallocated arena owns every buffer; builders write only into arena views; a graph
-manager captures input staging + metadata build + the user's step in one CUDA graph per
-uniform batch size.
+manager captures input staging + metadata build + the user's step and replays it.
+
+The public names below are imported on first use (PEP 562), so ``import staticattn.arena``
+loads the arena alone: each package pulls in only the layers beneath it.
 """
 
-from staticattn.arena import Arena, ArenaConfig, BufferDecl, StepInputs
-from staticattn.builders import Batch, MetadataBuilder, make_arena
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Arena", "ArenaConfig", "Batch", "BufferDecl", "MetadataBuilder", "StepInputs",
-    "make_arena", "__version__",
-]
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "Arena": "staticattn.arena",
+    "ArenaConfig": "staticattn.arena",
+    "BufferDecl": "staticattn.arena",
+    "StepInputs": "staticattn.staging",
+    "Batch": "staticattn.builders",
+    "MetadataBuilder": "staticattn.builders",
+    "make_arena": "staticattn.builders",
+    "IndexerMetadataBuilder": "staticattn.builders",
+    "SparseSWAMetadataBuilder": "staticattn.builders",
+    "GraphManager": "staticattn.graphs",
+    "check_graph_safety": "staticattn.checks",
+    "run_bench": "staticattn.bench",
+}
+
+__all__ = [*sorted(_EXPORTS), "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'staticattn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:
+    from staticattn.arena import Arena, ArenaConfig, BufferDecl
+    from staticattn.bench import run_bench
+    from staticattn.builders import (
+        Batch,
+        IndexerMetadataBuilder,
+        MetadataBuilder,
+        SparseSWAMetadataBuilder,
+        make_arena,
+    )
+    from staticattn.checks import check_graph_safety
+    from staticattn.graphs import GraphManager
+    from staticattn.staging import StepInputs

@@ -31,7 +31,7 @@ def _step_factory(spec: str | None):
     """``module:function`` called with the ArenaConfig, returning the step; default: the
     built-in gather consumer."""
     if not spec:
-        from staticattn.graphs.consumer import GatherConsumer
+        from staticattn.consumers.gather import GatherConsumer
 
         return GatherConsumer
     module, _, name = spec.partition(":")
@@ -51,7 +51,7 @@ def cmd_check(args) -> int:
     import torch
 
     from staticattn.builders import make_arena
-    from staticattn.graphs import check_graph_safety
+    from staticattn.checks import check_graph_safety
 
     if not torch.cuda.is_available():
         print("check: no CUDA device; the graph sanity check needs one")
@@ -69,7 +69,7 @@ def cmd_check(args) -> int:
 def cmd_bench(args) -> int:
     import torch
 
-    from staticattn.graphs.bench import run_bench
+    from staticattn.bench.replay import run_bench
     from staticattn.graphs.sizes import default_capture_sizes
 
     if not torch.cuda.is_available():
@@ -83,7 +83,7 @@ def cmd_bench(args) -> int:
     elif args.consumer == "gather":
         step, name = _step_factory(None), "built-in gather consumer"
     elif args.consumer == "real":
-        from staticattn.graphs.dsa_consumers import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real import real_consumer_step, real_consumers_available
 
         have = real_consumers_available()
         step = real_consumer_step

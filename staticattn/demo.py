@@ -22,8 +22,8 @@ from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
-from staticattn.graphs.checker import same_outputs, snapshot_outputs
-from staticattn.graphs.consumer import GatherConsumer
+from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.manager import GraphManager
 
 __all__ = ["run_demo", "DemoReport"]
@@ -144,7 +144,7 @@ def _consumer(cuda: bool, choice: str):
     """``(config, step factory, description)``: the real kernels (DeepGEMM, FlashMLA) when
     asked for or, with "auto", when they import; else the built-in gather consumer."""
     if cuda and choice in ("auto", "real"):
-        from staticattn.graphs.dsa_consumers import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real import real_consumer_step, real_consumers_available
 
         have = real_consumers_available()
         if any(have.values()) or choice == "real":

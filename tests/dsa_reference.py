@@ -266,7 +266,7 @@ def _gen(t: torch.Tensor, seed: int) -> torch.Generator:
 
 def fill_indexer_cache(step, seed: int = 0) -> torch.Tensor:
     """Random keys into the step's K cache; returns the dequantised keys (fp32)."""
-    from staticattn.graphs.dsa_caches import write_indexer_cache
+    from staticattn.consumers.caches import write_indexer_cache
 
     nb = step.kv_cache.shape[0]
     g = _gen(step.kv_cache, seed)
@@ -298,7 +298,7 @@ def indexer_problems(step, inputs, s, out: torch.Tensor, keys: torch.Tensor) -> 
 def fill_attention_caches(step, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random keys into every cache of the step, random sinks; returns the dequantised
     caches by name (bf16 ``(slots, 512)``)."""
-    from staticattn.graphs.dsa_caches import write_model1_cache
+    from staticattn.consumers.caches import write_model1_cache
 
     deq = {}
     g = _gen(step.q, seed)
@@ -364,7 +364,7 @@ def replay_sizes(gm, sizes, replays: int, rng: np.random.Generator, num_kv_block
     each sized so that exactly that graph replays (padded batches included): ``before(i)``
     refreshes the step's inputs, ``check(s, outputs)`` returns problems. Returns the first
     ``max_failures`` problems and the replay count per size."""
-    from staticattn.graphs.random_batches import random_uniform_decode
+    from staticattn.bench.random_batches import random_uniform_decode
 
     n = gm.config.next_n
     failures: list[str] = []

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 
-from staticattn.arena import ArenaConfig, StepInputs
+from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch
+from staticattn.staging import StepInputs
 
 #: Where unit tests build their arenas: the GPU when there is one (both backends run
 #: there natively), else the CPU (Triton interpreted).

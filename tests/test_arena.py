@@ -7,9 +7,10 @@ import pytest
 import torch
 from support import make_step, stage
 
-from staticattn.arena import ALIGNMENT, Arena, ArenaConfig, BufferDecl, input_buffers
+from staticattn.arena import ALIGNMENT, Arena, ArenaConfig, BufferDecl
 from staticattn.builders import make_arena
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
+from staticattn.staging import input_buffers
 
 
 def small_config(**kw) -> ArenaConfig:

@@ -16,6 +16,7 @@ from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders import make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.errors import (
     ArenaError,
     CapacityError,
@@ -25,7 +26,6 @@ from staticattn.errors import (
     StaticAttnError,
 )
 from staticattn.graphs import GraphManager, normalize_capture_sizes
-from staticattn.graphs.consumer import GatherConsumer
 
 CUDA = torch.cuda.is_available()
 

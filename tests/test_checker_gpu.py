@@ -8,7 +8,7 @@ from toy import ToyBuilder, ToyMetadata, ToyStep
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.graphs import check_graph_safety
+from staticattn.checks import check_graph_safety
 
 pytestmark = pytest.mark.gpu
 

@@ -28,8 +28,8 @@ from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
 from staticattn.builders.indexer import IndexerMetadataBuilder  # noqa: E402
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder  # noqa: E402
+from staticattn.consumers.sparse_decode import SparseDecodeStep  # noqa: E402
 from staticattn.graphs import GraphManager  # noqa: E402
-from staticattn.graphs.dsa_attention_step import SparseDecodeStep  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 1024

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from dsa_reference import dequant_indexer_cache, dequant_model1_cache
 
-from staticattn.graphs.dsa_caches import (
+from staticattn.consumers.caches import (
     MODEL1_BYTES_PER_TOKEN,
     alloc_indexer_cache,
     alloc_model1_cache,

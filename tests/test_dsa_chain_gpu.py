@@ -31,12 +31,12 @@ from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
 from staticattn.builders.indexer import IndexerMetadataBuilder  # noqa: E402
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder  # noqa: E402
-from staticattn.graphs import GraphManager  # noqa: E402
-from staticattn.graphs.dsa_consumers import (  # noqa: E402
+from staticattn.consumers.real import (  # noqa: E402
     DSADecodeStep,
     real_consumer_step,
     real_consumers_available,
 )
+from staticattn.graphs import GraphManager  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 1024

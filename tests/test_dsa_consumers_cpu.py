@@ -19,18 +19,18 @@ from dsa_reference import (
 )
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
-from staticattn.errors import BackendUnavailableError, ConfigError
-from staticattn.graphs.dsa_attention_step import SparseDecodeStep
-from staticattn.graphs.dsa_consumers import (
+from staticattn.consumers.indexer_topk import IndexerTopKStep
+from staticattn.consumers.real import (
     DSADecodeStep,
     real_consumer_step,
     real_consumers_available,
 )
-from staticattn.graphs.dsa_indexer_step import IndexerTopKStep
-from staticattn.graphs.random_batches import random_uniform_decode
+from staticattn.consumers.sparse_decode import SparseDecodeStep
+from staticattn.errors import BackendUnavailableError, ConfigError
 
 BLOCKS = 64
 

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.random_batches import DecodeStream, random_mixed_step
 from staticattn.builders import (
     Batch,
     IndexerMetadataBuilder,
     SparseSWAMetadataBuilder,
     make_arena,
 )
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs import GraphManager, default_capture_sizes
-from staticattn.graphs.consumer import GatherConsumer
-from staticattn.graphs.random_batches import DecodeStream, random_mixed_step
 
 pytestmark = pytest.mark.gpu
 

@@ -23,7 +23,7 @@ SCRIPT = textwrap.dedent("""
         from triton.compiler import ASTSource
     except ImportError:
         sys.exit(77)
-    from staticattn.kernels import indexer_decode, indexer_prefill
+    from staticattn.kernels import indexer_kernel, indexer_prefill
     from staticattn.kernels import mqa_schedule
 
     def compile_sm90(kernel, types, constexprs):
@@ -36,11 +36,11 @@ SCRIPT = textwrap.dedent("""
                    "i32 i32 i32 i32 i32 i32 i32")
     for flatten in (True, False):
         for slots in (True, False):
-            compile_sm90(indexer_decode._decode_kernel(), decode_args,
+            compile_sm90(indexer_kernel._decode_kernel(), decode_args,
                          {"DECODE": True, "FLATTEN": flatten, "SLOTS": slots, "BLOCK": 128,
                           "COLS": 64})
     # The slots-only mode, as compressed_slots launches it (placeholders are int64 views).
-    compile_sm90(indexer_decode._decode_kernel(),
+    compile_sm90(indexer_kernel._decode_kernel(),
                  "*i32 *i64 *i32 i32 *i64 *i32 *i64 *i64 *i32 i32 *i64 "
                  "i32 i32 i32 i32 i32 i32 i32",
                  {"DECODE": False, "FLATTEN": False, "SLOTS": True, "BLOCK": 128, "COLS": 64})

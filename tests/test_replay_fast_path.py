@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.builders.validate import uniform_decode_passes, validate_host_step
+from staticattn.builders.validate_host import uniform_decode_passes, validate_host_step
 
 CFG = ArenaConfig.deepseek_v4(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
                               device="cpu")

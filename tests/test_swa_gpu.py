@@ -15,9 +15,9 @@ from support import make_step
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
-from staticattn.graphs import check_graph_safety
-from staticattn.graphs.consumer import GatherConsumer
-from staticattn.graphs.guards import FreshTensorWatch, sync_guard
+from staticattn.checks import check_graph_safety
+from staticattn.checks.guards import FreshTensorWatch, sync_guard
+from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.introspect import new_graph, node_census
 
 pytestmark = pytest.mark.gpu

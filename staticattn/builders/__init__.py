@@ -35,7 +35,8 @@ from staticattn.builders.split import (
     split_decodes_and_prefills,
     split_decodes_prefills_and_extends,
 )
-from staticattn.builders.validate import validate, validate_host_step
+from staticattn.builders.validate import validate
+from staticattn.builders.validate_host import validate_host_step
 
 __all__ = [
     "Batch", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",

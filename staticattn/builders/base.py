@@ -20,9 +20,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from staticattn.arena import Arena, ArenaConfig, BufferDecl, StepInputs, input_buffers
+from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.batch import Batch
 from staticattn.errors import ArenaError
+from staticattn.staging import StepInputs, input_buffers
 
 __all__ = ["MetadataBuilder", "make_arena"]
 

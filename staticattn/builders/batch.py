@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from staticattn.arena.inputs import StagedCounts, StepInputs
+from staticattn.staging.inputs import StagedCounts, StepInputs
 
 __all__ = ["Batch"]
 

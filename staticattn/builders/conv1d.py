@@ -18,9 +18,9 @@ import torch
 from staticattn.arena.arena import Arena
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig, cdiv
-from staticattn.arena.inputs import PAD_SLOT_ID
-from staticattn.builders.validate import check_non_decreasing, host_ints
+from staticattn.builders.value_checks import check_non_decreasing, host_ints
 from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.staging.inputs import PAD_SLOT_ID
 
 __all__ = [
     "CONV1D_BLOCK_M", "conv1d_buffers", "compute_causal_conv1d_metadata",

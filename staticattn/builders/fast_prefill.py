@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate import host_ints
+from staticattn.builders.value_checks import host_ints
 from staticattn.errors import InvalidBatchError
 
 __all__ = ["make_kv_sharing_fast_prefill_batch"]

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from staticattn.arena import PAD_SLOT_ID, Arena, ArenaConfig, BufferDecl
+from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.batch import Batch
 from staticattn.builders.chunking import split_indexer_prefill_chunks
 from staticattn.builders.indexer_metadata import (
@@ -51,6 +51,7 @@ from staticattn.kernels.compressed_slots import compressed_slot_mapping
 from staticattn.kernels.indexer_decode import indexer_decode_tensors
 from staticattn.kernels.indexer_prefill import indexer_prefill_chunk
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+from staticattn.staging import PAD_SLOT_ID
 
 __all__ = ["IndexerMetadataBuilder", "flattens"]
 

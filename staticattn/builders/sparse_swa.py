@@ -33,7 +33,7 @@ from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_fo
 from staticattn.builders.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.swa_metadata import SparseSWAMetadata
 from staticattn.builders.tile_plan import tile_plans
-from staticattn.builders.validate import check_capacity
+from staticattn.builders.value_checks import check_capacity
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.swa_decode import C128A_RATIO, SWADecodeOutputs, build_swa_decode

@@ -1,12 +1,11 @@
-"""Graph manager (capture per size, shared pool, pad, stage, replay, eager fallback),
-sanity checks, randomized steps and the replay-latency benchmark."""
+"""Capture and replay: the GraphManager, capture sizes, and what a captured graph holds."""
 
-from staticattn.graphs.checker import CheckReport, check_graph_safety
 from staticattn.graphs.introspect import dump_dot, node_census
-from staticattn.graphs.manager import CapturedGraph, GraphManager, RunResult
+from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.records import CapturedGraph, RunResult
 from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
 
 __all__ = [
-    "CapturedGraph", "CheckReport", "GraphManager", "RunResult", "check_graph_safety",
-    "default_capture_sizes", "dump_dot", "node_census", "normalize_capture_sizes",
+    "CapturedGraph", "GraphManager", "RunResult", "default_capture_sizes", "dump_dot",
+    "node_census", "normalize_capture_sizes",
 ]

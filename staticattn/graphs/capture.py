@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
+from staticattn.arena import Arena
 from staticattn.graphs.introspect import new_graph
 
-__all__ = ["warm_up", "capture"]
+__all__ = ["arena_contents_kept", "capture", "frozen_gc", "progress", "warm_up"]
 
 
 def warm_up(fn: Callable[[], Any], stream: torch.cuda.Stream) -> Any:
@@ -44,3 +47,44 @@ def capture(
             pass  # torch versions that instantiate in capture_end refuse a second one
     torch.cuda.synchronize()
     return graph, result
+
+
+@contextmanager
+def arena_contents_kept(arena: Arena):
+    """Warm-ups and captures write minimal-length inputs and their metadata into the arena;
+    put back what the last step left there, so capturing (or failing to) at any time
+    disturbs nothing an engine may still read."""
+    saved = {w: arena.block(w).clone() for w in ("device", "host")}
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize(arena.device)
+        for w, block in saved.items():
+            arena.block(w).copy_(block)
+        torch.cuda.synchronize(arena.device)
+
+
+@contextmanager
+def frozen_gc():
+    """Capture with Python's gc frozen and off: a collection in the middle of a capture
+    can free tensors whose memory the graph already baked in, and it costs time per size."""
+    gc.collect()
+    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
+
+
+def progress(items, enabled: bool, desc: str):
+    if not enabled:
+        return items
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return items
+    return tqdm(items, desc=desc, unit="graph", leave=False)

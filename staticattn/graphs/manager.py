@@ -45,73 +45,33 @@ Example (on a CUDA machine)::
 
 from __future__ import annotations
 
-import gc
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from staticattn.arena import Arena, StagedCounts, StepInputs
+from staticattn.arena import Arena
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate import uniform_decode_passes, validate_host_step
+from staticattn.builders.validate_host import uniform_decode_passes, validate_host_step
 from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs.capture import capture, warm_up
+from staticattn.graphs.capture import (
+    arena_contents_kept,
+    capture,
+    frozen_gc,
+    progress,
+    warm_up,
+)
 from staticattn.graphs.introspect import node_census
+from staticattn.graphs.records import CapturedGraph, RunResult, RunStats, slice_outputs
 from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
+from staticattn.staging import StagedCounts, StepInputs
 
-__all__ = ["GraphManager", "CapturedGraph", "RunResult", "StepFn"]
+__all__ = ["GraphManager", "StepFn"]
 
 StepFn = Callable[[Batch, dict[str, Any]], Any]
-
-@dataclass(slots=True)
-class CapturedGraph:
-    """Per-size state: the graph, what the capture returned, and its figures."""
-
-    size: int
-    num_reqs: int
-    graph: torch.cuda.CUDAGraph
-    outputs: Any
-    metadata: dict[str, Any]
-    capture_s: float
-    pool_bytes: int
-    nodes: dict[str, int] | None
-
-
-@dataclass(slots=True)
-class RunResult:
-    """One step: its outputs for the real tokens, and how it ran."""
-
-    outputs: Any
-    mode: str  # "graph" or "eager"
-    graph_size: int | None = None
-    reason: str | None = None
-    num_tokens: int = 0
-    #: CUDA events around the step's device work (manager built with ``time_gpu=True``).
-    gpu_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
-
-    def gpu_us(self) -> float | None:
-        """GPU time of the step in microseconds (synchronises on its end event)."""
-        if self.gpu_events is None:
-            return None
-        start, end = self.gpu_events
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3
-
-
-@dataclass(slots=True)
-class RunStats:
-    replays: int = 0
-    eager: Counter = field(default_factory=Counter)
-
-    @property
-    def eager_total(self) -> int:
-        return sum(self.eager.values())
 
 
 class GraphManager:
@@ -212,8 +172,8 @@ class GraphManager:
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.arena.device)
         captured = []
-        with _frozen_gc(), _arena_contents_kept(self.arena):
-            for size in _progress(todo, self.progress, "capturing graphs"):
+        with frozen_gc(), arena_contents_kept(self.arena):
+            for size in progress(todo, self.progress, "capturing graphs"):
                 try:
                     captured.append(self._capture_one(size))
                 except Exception as exc:
@@ -343,7 +303,7 @@ class GraphManager:
         g.graph.replay()
         self._record_end(events)
         self.stats.replays += 1
-        return RunResult(_slice(g.outputs, num_tokens), "graph", g.size, None, num_tokens,
+        return RunResult(slice_outputs(g.outputs, num_tokens), "graph", g.size, None, num_tokens,
                          events)
 
     def _run_general(self, q, s, slots, eager: bool) -> RunResult:
@@ -388,7 +348,7 @@ class GraphManager:
         self.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
         batch = Batch.from_staged(self.inputs, counts)
         metadata = {b.name: b.build(batch) for b in self.builders}
-        return _slice(self.step(batch, metadata), counts.num_tokens)
+        return slice_outputs(self.step(batch, metadata), counts.num_tokens)
 
     def _validate(self, q, s, slots) -> None:
         validate_host_step(q, s, slots, self.config, require_decode_first=True,
@@ -409,56 +369,3 @@ class GraphManager:
             )
         lines.append(f"replays {self.stats.replays}, eager {dict(self.stats.eager)}")
         return "\n".join(lines)
-
-
-def _slice(outputs: Any, num_tokens: int) -> Any:
-    if outputs is None:
-        return None
-    if isinstance(outputs, torch.Tensor):
-        return outputs[:num_tokens]
-    if isinstance(outputs, tuple | list):
-        return type(outputs)(_slice(o, num_tokens) for o in outputs)
-    if isinstance(outputs, dict):
-        return {k: _slice(v, num_tokens) for k, v in outputs.items()}
-    return outputs
-
-
-@contextmanager
-def _arena_contents_kept(arena: Arena):
-    """Warm-ups and captures write minimal-length inputs and their metadata into the arena;
-    put back what the last step left there, so capturing (or failing to) at any time
-    disturbs nothing an engine may still read."""
-    saved = {w: arena.block(w).clone() for w in ("device", "host")}
-    try:
-        yield
-    finally:
-        torch.cuda.synchronize(arena.device)
-        for w, block in saved.items():
-            arena.block(w).copy_(block)
-        torch.cuda.synchronize(arena.device)
-
-
-@contextmanager
-def _frozen_gc():
-    """Capture with Python's gc frozen and off: a collection in the middle of a capture
-    can free tensors whose memory the graph already baked in, and it costs time per size."""
-    gc.collect()
-    gc.freeze()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-        gc.unfreeze()
-
-
-def _progress(items, enabled: bool, desc: str):
-    if not enabled:
-        return items
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit="graph", leave=False)

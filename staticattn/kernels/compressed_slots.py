@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.indexer_kernel import launch_slots_kernel
+
 __all__ = ["compressed_slot_mapping"]
 
 def compressed_slot_mapping(
@@ -61,9 +63,7 @@ def compressed_slot_mapping(
         return
     if backend == "triton":
         # The indexer's one Triton kernel, in its slots-only mode (the uniform decode build
-        # runs both modes in one launch). Imported here: that module imports this one.
-        from staticattn.kernels.indexer_decode import launch_slots_kernel
-
+        # runs both modes in one launch).
         launch_slots_kernel(query_start_loc, positions, token_to_req, block_table, out,
                             num_reqs, num_tokens, storage_block_size, compress_ratio)
         return

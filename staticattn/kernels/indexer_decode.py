@@ -24,13 +24,9 @@ from __future__ import annotations
 import torch
 
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.indexer_kernel import COLS, launch_decode_kernel
 
 __all__ = ["indexer_decode_tensors"]
-
-_BLOCK = 128
-_COLS = 64
-
 
 def indexer_decode_tensors(
     backend: str,
@@ -90,12 +86,12 @@ def indexer_decode_tensors(
         return
     if backend == "triton":
         num_cols = block_table.shape[1]
-        col_blocks = (num_cols + _COLS - 1) // _COLS if flatten else 1
+        col_blocks = (num_cols + COLS - 1) // COLS if flatten else 1
         # The native layout writes no table; it passes the source table as a placeholder.
         table = expanded_block_table if flatten else block_table
         slots = slot_mapping_out
         launch_decode_kernel(
-            (extent + _BLOCK - 1) // _BLOCK, col_blocks, query_start_loc, seq_lens,
+            extent, col_blocks, query_start_loc, seq_lens,
             block_table, positions, token_to_req, decode_lens, decode_seq_lens, table,
             decode_seq_lens if slots is None else slots, num_decodes, num_rows, width,
             num_cols, compress_ratio, storage_block_size, extent if slots is not None else 0,
@@ -133,95 +129,3 @@ def _flatten_torch(qsl, block_table, positions, token_to_req, decode_lens, decod
     decode_lens[:num_rows].fill_(1)
     rows = block_table[torch.where(real, token_to_req[:num_rows].long(), 0)]
     expanded_block_table[:num_rows].copy_(torch.where(real[:, None], rows, 0))
-
-
-def launch_decode_kernel(
-    row_blocks: int, col_blocks: int, qsl, seq_lens, block_table, positions, token_to_req,
-    decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
-    width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
-    num_slot_tokens: int, *, decode: bool, flatten: bool,
-) -> None:
-    """One launch of the indexer kernel: the decode tensors (``decode``) and/or the
-    compressed slots of tokens ``[0, num_slot_tokens)`` (``num_slot_tokens > 0``)."""
-    _decode_kernel()[(row_blocks, col_blocks)](
-        qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
-        decode_lens, decode_seq_lens, table_out, table_out.stride(0), slots_out,
-        num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
-        num_slot_tokens, DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
-        BLOCK=_BLOCK, COLS=_COLS,
-    )
-
-
-def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs: int,
-                        num_tokens: int, storage_block_size: int, compress_ratio: int) -> None:
-    """The kernel in its slots-only mode: compressed slots of tokens ``[0, num_tokens)``
-    (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
-    launch_decode_kernel(
-        (num_tokens + _BLOCK - 1) // _BLOCK, 1, qsl, out, block_table, positions,
-        token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
-        storage_block_size, num_tokens, decode=False, flatten=False,
-    )
-
-
-@lazy_jit
-def _decode_kernel():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def decode_kernel(
-        qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
-        decode_lens, decode_seq_lens, table_out, table_stride, slots_out,
-        num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs, num_slot_tokens,
-        DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
-        BLOCK: tl.constexpr, COLS: tl.constexpr,
-    ):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        col_block = tl.program_id(1)
-        if SLOTS:
-            if col_block == 0:
-                # Compressed slot of token i (spec §4.5): only the token completing a group
-                # of R positions writes. Positions of real tokens are >= 0, so Triton's
-                # truncating // and % agree with the spec's floor semantics.
-                in_range = i < num_slot_tokens
-                real = in_range & (i < tl.load(qsl + num_decodes))
-                pos = tl.load(positions + i, mask=real, other=-1)
-                valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
-                k = tl.where(valid, pos, 0) // compress_ratio
-                owner = tl.load(token_to_req + i, mask=valid, other=0).to(tl.int64)
-                block = tl.load(block_table + owner * bt_stride + k // storage_bs,
-                                mask=valid, other=0)
-                slot = block.to(tl.int64) * storage_bs + k % storage_bs
-                tl.store(slots_out + i, tl.where(valid, slot, -1), mask=in_range)
-        if not DECODE:
-            return
-        if FLATTEN:
-            rows = i < num_rows
-            real = rows & (i < tl.load(qsl + num_decodes))
-            pos = tl.load(positions + i, mask=real, other=0).to(tl.int32)
-            lens = tl.where(real, tl.maximum(pos + 1, 0) // compress_ratio, 0)
-            # The lengths are written once, by the first column block.
-            first = i < tl.where(col_block == 0, num_rows, 0)
-            tl.store(decode_seq_lens + i, lens, mask=first)
-            tl.store(decode_lens + i, tl.full([BLOCK], 1, tl.int32), mask=first)
-            # Every column of every row, padded rows included: no stale table entries.
-            req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
-            cols = col_block * COLS + tl.arange(0, COLS)
-            in_cols = cols < num_cols
-            src = block_table + req[:, None] * bt_stride + cols[None, :]
-            row = tl.load(src, mask=real[:, None] & in_cols[None, :], other=0)
-            dst = table_out + i.to(tl.int64)[:, None] * table_stride + cols[None, :]
-            tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
-        else:
-            reqs = i < num_decodes
-            start = tl.load(qsl + i, mask=reqs, other=0)
-            end = tl.load(qsl + i + 1, mask=reqs, other=0)
-            tl.store(decode_lens + i, end - start, mask=reqs)
-            cells = i < num_decodes * width
-            b = i // width
-            j = i - b * width
-            seq_len = tl.load(seq_lens + b, mask=cells, other=0)
-            lens = tl.maximum(seq_len - width + 1 + j, 0) // compress_ratio
-            tl.store(decode_seq_lens + i, lens, mask=cells)
-
-    return decode_kernel

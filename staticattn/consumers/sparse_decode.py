@@ -28,7 +28,7 @@ The tile plan: the SWA builder makes one fresh holder per layer type inside ``bu
 so the first layer of a type plans (inside a capture: the planner is recorded and re-plans from
 the current lengths at every replay) and the other layers of that type reuse the plan.
 
-Caches (owned, MODEL1 layout, :mod:`staticattn.graphs.dsa_caches`): one SWA cache
+Caches (owned, MODEL1 layout, :mod:`staticattn.consumers.caches`): one SWA cache
 (``swa_block_size`` tokens per page) shared by all layers, one per compressed type. A real
 model has one per layer; sharing them keeps the test light and changes nothing the kernel sees.
 """
@@ -43,8 +43,8 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
+from staticattn.consumers.caches import MODEL1_DIM, alloc_model1_cache
 from staticattn.errors import ConfigError, GraphError
-from staticattn.graphs.dsa_caches import MODEL1_DIM, alloc_model1_cache
 from staticattn.kernels.dsa_libs import FLASH_MLA, require
 from staticattn.kernels.swa_decode import C128A_RATIO
 

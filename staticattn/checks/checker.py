@@ -23,17 +23,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten
 
-from staticattn.arena import Arena, StepInputs
+from staticattn.arena import Arena
+from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
+from staticattn.checks.guards import FreshTensorWatch, sync_guard
+from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.errors import GraphError
 from staticattn.graphs.capture import capture
-from staticattn.graphs.guards import FreshTensorWatch, sync_guard
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
-from staticattn.graphs.random_batches import random_uniform_decode
+from staticattn.staging import StepInputs
 
 __all__ = ["check_graph_safety", "CheckReport", "SizeCheck"]
 
@@ -272,17 +273,3 @@ def _moved_views(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
         if (ta.data_ptr(), ta.shape, ta.stride()) != (tb.data_ptr(), tb.shape, tb.stride()):
             moved.append(path.lstrip("."))
     return moved
-
-
-def snapshot_outputs(outputs: Any, num_tokens: int | None = None) -> list[torch.Tensor]:
-    """Copies of every tensor in a step's outputs (first ``num_tokens`` rows when given),
-    taken before the next run overwrites them."""
-    flat, _ = tree_flatten(outputs)
-    return [t[:num_tokens].clone() for t in flat if isinstance(t, torch.Tensor)]
-
-
-def same_outputs(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    """Bit-for-bit equality of two :func:`snapshot_outputs`."""
-    return len(a) == len(b) and all(
-        x.shape == y.shape and torch.equal(x, y) for x, y in zip(a, b)
-    )

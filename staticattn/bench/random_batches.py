@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from staticattn.arena import PAD_SLOT_ID, ArenaConfig, StepInputs, cdiv
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.staging import PAD_SLOT_ID, StepInputs
 
 __all__ = ["RandomStep", "random_uniform_decode", "random_mixed_step", "write_block_rows"]
 

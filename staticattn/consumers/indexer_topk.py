@@ -26,7 +26,7 @@ config's ``storage_block_size`` must be 64 (V3.2: block 64, R = 1; V4: block 256
 
 The step's inputs are owned buffers the caller fills before each step: ``q`` (e4m3
 ``(max_decode_tokens, H, D)``), ``weights`` (fp32 ``(max_decode_tokens, H)``) and the
-cache ``kv_cache`` (:func:`staticattn.graphs.dsa_caches.write_indexer_cache`).
+cache ``kv_cache`` (:func:`staticattn.consumers.caches.write_indexer_cache`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import torch
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
+from staticattn.consumers.caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.errors import ConfigError, InvalidBatchError
-from staticattn.graphs.dsa_caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.kernels.dsa_libs import DEEP_GEMM, require
 
 __all__ = ["IndexerTopKStep", "LogitsFn"]

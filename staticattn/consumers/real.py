@@ -1,9 +1,9 @@
 """The real DeepSeek consumers inside the graph: which ones can run here, and one step that
 chains them.
 
-* :class:`~staticattn.graphs.dsa_indexer_step.IndexerTopKStep` -- DeepGEMM paged-MQA logits +
+* :class:`~staticattn.consumers.indexer_topk.IndexerTopKStep` -- DeepGEMM paged-MQA logits +
   masked top-k (the indexer, V3.2 and V4);
-* :class:`~staticattn.graphs.dsa_attention_step.SparseDecodeStep` -- FlashMLA sparse FP8
+* :class:`~staticattn.consumers.sparse_decode.SparseDecodeStep` -- FlashMLA sparse FP8
   decode over the SWA window + C4A / C128A keys (V4);
 * :class:`DSADecodeStep` -- both, as one step: the indexer's top-k feeds the C4A layers.
 
@@ -31,9 +31,9 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.layer_types import C4A, layer_types_for
+from staticattn.consumers.indexer_topk import IndexerTopKStep
+from staticattn.consumers.sparse_decode import SparseDecodeStep
 from staticattn.errors import BackendUnavailableError, ConfigError
-from staticattn.graphs.dsa_attention_step import SparseDecodeStep
-from staticattn.graphs.dsa_indexer_step import IndexerTopKStep
 from staticattn.kernels.dsa_libs import DEEP_GEMM, FLASH_MLA, available, import_error
 
 __all__ = ["DSADecodeStep", "real_consumer_step", "real_consumers_available"]

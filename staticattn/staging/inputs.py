@@ -21,48 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.staging import stage_inputs
+from staticattn.staging.buffers import PAD_SLOT_ID
 
-__all__ = ["input_buffers", "StepInputs", "StagedCounts", "PAD_SLOT_ID", "NULL_BLOCK_ID"]
-
-#: Slot of a token whose KV is not written (graph padding, or told so by the engine).
-PAD_SLOT_ID = -1
-#: Block 0 is reserved as the null block: padded requests' rows point at it.
-NULL_BLOCK_ID = 0
-
-
-def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
-    """The input views every arena has: device inputs and their host staging.
-
-    Device (``input.*``): ``query_start_loc`` int32 ``(max_num_seqs + 1,)``, ``seq_lens`` int32
-    ``(max_num_seqs,)``, ``slot_mapping`` / ``positions`` int64 ``(max_num_batched_tokens,)``,
-    ``token_to_req`` int32 ``(max_num_batched_tokens,)``, ``block_table`` int32
-    ``(max_num_seqs, max_blocks_per_req)``, and with SWA ``swa_block_table`` int32
-    ``(max_num_seqs, max_swa_blocks_per_req)``.
-    Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping``.
-    """
-    r, t = config.max_num_seqs, config.max_num_batched_tokens
-    decls = [
-        BufferDecl("input.query_start_loc", (r + 1,), torch.int32),
-        BufferDecl("input.seq_lens", (r,), torch.int32),
-        BufferDecl("input.slot_mapping", (t,), torch.int64, fill=PAD_SLOT_ID),
-        BufferDecl("input.positions", (t,), torch.int64),
-        BufferDecl("input.token_to_req", (t,), torch.int32),
-        BufferDecl("input.block_table", (r, config.max_blocks_per_req), torch.int32),
-        BufferDecl("staging.query_start_loc", (r + 1,), torch.int32, where="host"),
-        BufferDecl("staging.seq_lens", (r,), torch.int32, where="host"),
-        BufferDecl("staging.slot_mapping", (t,), torch.int64, where="host", fill=PAD_SLOT_ID),
-    ]
-    if config.has_swa:
-        decls.append(
-            BufferDecl("input.swa_block_table", (r, config.max_swa_blocks_per_req), torch.int32)
-        )
-    return decls
-
+__all__ = ["StepInputs", "StagedCounts"]
 
 @dataclass(frozen=True, slots=True)
 class StagedCounts:
@@ -148,7 +113,7 @@ class StepInputs:
         :class:`CapacityError` / :class:`InvalidBatchError` before writing anything when
         the extents do not fit the staging block; the checks of the values themselves
         (sequence vs query lengths, ``max_model_len``, slots, decode-first order) are
-        :func:`staticattn.builders.validate.validate_host_step`'s, which
+        :func:`staticattn.builders.validate_host.validate_host_step`'s, which
         :class:`~staticattn.graphs.GraphManager` runs first.
         """
         query_lens = np.asarray(query_lens)

@@ -1,0 +1,90 @@
+"""Replay-latency benchmark: per captured size, one graph replay vs the same builders
+(and step) run eagerly, plus a one-kernel graph as the floor.
+
+For each size ``s`` (tokens; ``s / next_n`` requests, all real, long random sequences):
+
+* host time of one step: wall clock of ``GraphManager.run`` (validation, staging and
+  ``replay()``), measured after a device sync so no wait on earlier work is counted;
+* GPU time of one step: CUDA events around the replay;
+* the same for the eager path (``run(..., eager=True)``: the same validation and staging,
+  then every builder's ``build`` and the step, launched one kernel at a time);
+* node census of the graph; median, min and max over ``reps`` steps.
+
+Absolute numbers are only meaningful from a GPU: the report states device, driver, CUDA,
+torch and triton versions.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.bench.floor import one_kernel_replay_us
+from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
+from staticattn.builders.base import make_arena
+from staticattn.graphs.manager import GraphManager
+
+__all__ = ["run_bench"]
+
+
+def _timed_runs(gm: GraphManager, args, eager: bool, reps: int) -> tuple[list, list]:
+    """Per step: host wall time of ``GraphManager.run`` (validation, staging and launch, us)
+    and the GPU time of what it launched (CUDA events around the replay or the eager
+    kernels, us). Each step starts on an idle device, so neither includes waiting for
+    earlier work; host times are taken in a pass without the timing events."""
+    host, gpu = [], []
+    gm.time_gpu = False
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        gm.run(*args, eager=eager)
+        host.append((time.perf_counter() - t0) * 1e6)
+    gm.time_gpu = True
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        gpu.append(gm.run(*args, eager=eager).gpu_us())
+    return host, gpu
+
+
+def run_bench(
+    config: ArenaConfig,
+    builders_factory: Callable[[], list],
+    step_factory: Callable[[ArenaConfig], Callable] | None,
+    sizes: Sequence[int],
+    *,
+    reps: int = 200,
+    preset: str = "custom",
+    consumer_name: str = "metadata only",
+    seed: int = 0,
+    progress: bool = True,
+) -> BenchReport:
+    """Capture ``sizes`` and time graph replay vs the eager path for each."""
+    builders = builders_factory()
+    arena, inputs = make_arena(config, builders)
+    step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
+    report = BenchReport(environment(), preset, config.next_n, consumer_name,
+                         one_kernel_replay_us())
+    rng = np.random.default_rng(seed)
+    with GraphManager(arena, inputs, builders, step, progress=progress, time_gpu=True) as gm:
+        gm.capture(sizes)
+        for size in sorted(gm.graphs):
+            g = gm.graphs[size]
+            batch = random_uniform_decode(inputs, g.num_reqs, rng, short_fraction=0.0,
+                                          invalid_fraction=0.0)
+            args = (batch.query_lens, batch.seq_lens, batch.slot_mapping)
+            for _ in range(10):  # warm both paths (eager kernels compile on first use)
+                assert gm.run(*args).mode == "graph"
+                gm.run(*args, eager=True)
+            gh, gg = _timed_runs(gm, args, False, reps)
+            eh, eg = _timed_runs(gm, args, True, reps)
+            nodes = g.nodes or {}
+            report.rows.append(BenchRow(
+                size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,
+                Stat.of(gh), Stat.of(gg), Stat.of(eh), Stat.of(eg),
+            ))
+    return report

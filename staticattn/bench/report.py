@@ -1,0 +1,135 @@
+"""What a benchmark reports: medians with min and max, per size, as a table, JSON and a plot,
+under a header that names the device, driver, CUDA, torch and triton."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+__all__ = ["BenchReport", "BenchRow", "Stat", "environment"]
+
+
+@dataclass(slots=True)
+class Stat:
+    median: float
+    min: float
+    max: float
+
+    @classmethod
+    def of(cls, xs: Sequence[float]) -> Stat:
+        return cls(statistics.median(xs), min(xs), max(xs))
+
+
+@dataclass(slots=True)
+class BenchRow:
+    size: int
+    num_reqs: int
+    kernels: int | None
+    nodes: int | None
+    graph_host_us: Stat
+    graph_gpu_us: Stat
+    eager_host_us: Stat
+    eager_gpu_us: Stat
+
+    @property
+    def host_ratio(self) -> float:
+        return self.eager_host_us.median / self.graph_host_us.median
+
+    @property
+    def gpu_ratio(self) -> float:
+        return self.eager_gpu_us.median / self.graph_gpu_us.median
+
+
+@dataclass(slots=True)
+class BenchReport:
+    env: dict
+    preset: str
+    next_n: int
+    consumer: str
+    one_kernel_graph_gpu_us: Stat | None
+    rows: list[BenchRow] = field(default_factory=list)
+
+    def table(self) -> str:
+        head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'graph host us':>14} "
+                f"{'graph GPU us':>13} | {'eager host us':>14} {'eager GPU us':>13} | "
+                f"{'host x':>7} {'GPU x':>6}")
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            lines.append(
+                f"{r.size:>5} {r.num_reqs:>5} {r.kernels if r.kernels is not None else '-':>5} | "
+                f"{r.graph_host_us.median:>14.1f} {r.graph_gpu_us.median:>13.1f} | "
+                f"{r.eager_host_us.median:>14.1f} {r.eager_gpu_us.median:>13.1f} | "
+                f"{r.host_ratio:>7.1f} {r.gpu_ratio:>6.1f}"
+            )
+        if self.one_kernel_graph_gpu_us is not None:
+            floor = self.one_kernel_graph_gpu_us
+            lines.append(f"one-kernel graph replay, GPU: {floor.median:.1f} us "
+                         f"(min {floor.min:.1f}, max {floor.max:.1f})")
+        return "\n".join(lines)
+
+    def header(self) -> str:
+        e = self.env
+        return (f"device {e['device']} | driver {e['driver']} | CUDA {e['cuda']} | torch "
+                f"{e['torch']} | triton {e['triton']} | preset {self.preset}, next_n "
+                f"{self.next_n}, step: {self.consumer}")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        for row, r in zip(d["rows"], self.rows):
+            row["host_ratio"], row["gpu_ratio"] = r.host_ratio, r.gpu_ratio
+        return json.dumps(d, indent=2)
+
+    def plot(self, path: str) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        sizes = [r.size for r in self.rows]
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for ax, kind in zip(axes, ("host", "gpu")):
+            for path_name, style in (("graph", "o-"), ("eager", "s--")):
+                st = [getattr(r, f"{path_name}_{kind}_us") for r in self.rows]
+                med = [s.median for s in st]
+                ax.plot(sizes, med, style, label=f"{path_name} replay" if path_name == "graph"
+                        else "eager build")
+                ax.fill_between(sizes, [s.min for s in st], [s.max for s in st], alpha=0.15)
+            if kind == "gpu" and self.one_kernel_graph_gpu_us is not None:
+                ax.axhline(self.one_kernel_graph_gpu_us.median, color="gray", ls=":",
+                           label="one-kernel graph")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("batch size (tokens)")
+            ax.set_ylabel(f"{'host submit' if kind == 'host' else 'GPU'} time per step (us)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+        fig.suptitle(self.header(), fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def environment() -> dict:
+    """Device, driver, CUDA, torch and triton versions, as the report's header states them."""
+    import triton
+
+    env = {"torch": torch.__version__, "triton": triton.__version__,
+           "python": platform.python_version(), "cuda": torch.version.cuda or "-",
+           "device": "cpu", "driver": "-"}
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+        try:
+            import subprocess
+
+            env["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10,
+            ).stdout.strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.SubprocessError):
+            pass
+    return env

@@ -1,0 +1,153 @@
+"""Validation of the host arrays of one step, before they are staged: the full check
+(:func:`validate_host_step`) and the replay path's pre-screen (:func:`uniform_decode_passes`).
+
+Nothing here reads the device or writes anything.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from staticattn.arena.config import ArenaConfig
+from staticattn.builders.value_checks import (
+    check_block_ids,
+    check_capacity,
+    check_decode_first,
+    check_non_negative,
+    check_seq_lens,
+    check_slots,
+    check_table_width,
+    count_arg,
+    host_ints,
+    resolve_threshold,
+    slot_bound,
+    tokens_per_block,
+)
+from staticattn.errors import InvalidBatchError
+from staticattn.staging.buffers import PAD_SLOT_ID
+
+__all__ = ["uniform_decode_passes", "validate_host_step"]
+
+
+def validate_host_step(
+    query_lens: np.ndarray,
+    seq_lens: np.ndarray,
+    slot_mapping: np.ndarray,
+    config: ArenaConfig,
+    *,
+    num_reqs_padded: int | None = None,
+    num_tokens_padded: int | None = None,
+    require_decode_first: bool = False,
+    decode_threshold: int | None = None,
+    block_table: np.ndarray | None = None,
+    swa_block_table: np.ndarray | None = None,
+    num_kv_blocks: int | None = None,
+    num_swa_kv_blocks: int | None = None,
+) -> None:
+    """Check the host arrays of one step before they are staged; nothing is read from the
+    device and nothing is written.
+
+    Parameters
+    ----------
+    query_lens : int array ``(num_reqs,)``
+        Tokens scheduled per real request.
+    seq_lens : int array ``(num_reqs,)``
+        Context + scheduled tokens per request.
+    slot_mapping : int array ``(num_tokens,)``
+        KV slot per token (``num_tokens = sum(query_lens)``), ``-1`` = do not write.
+    config : ArenaConfig
+    num_reqs_padded, num_tokens_padded : int, optional
+        Extents after graph padding; must be at least the real ones and fit the capacity.
+    require_decode_first, decode_threshold
+        As for :func:`validate`.
+    block_table, swa_block_table : int array ``(>= num_reqs, C)``, optional
+        Host copies of the block tables the engine is about to commit; checked for width and,
+        in the columns each request uses (``cdiv(L_b, block_size * cp_world_size)``), for ids
+        in ``[0, num_kv_blocks)`` (only ``>= 0`` when the pool size is not given).
+    num_kv_blocks, num_swa_kv_blocks : int, optional
+        Pool sizes; they also bound the slots (``< num_blocks * block_size`` of the group the
+        slot mapping addresses: SWA when the config has it, else main).
+
+    Raises
+    ------
+    CapacityError, InvalidBatchError
+        As for :func:`validate`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from staticattn.arena import ArenaConfig
+    >>> cfg = ArenaConfig(device="cpu", max_num_seqs=4, max_model_len=64, block_size=16)
+    >>> validate_host_step(np.array([1, 3]), np.array([9, 3]), np.arange(4), cfg)
+    >>> validate_host_step(np.array([1, 3]), np.array([9, 70]), np.arange(4), cfg)
+    Traceback (most recent call last):
+    ...
+    staticattn.errors.CapacityError: seq_lens[1]=70 exceeds max_model_len=64
+    """
+    query_lens = host_ints("query_lens", query_lens, ndim=1)
+    seq_lens = host_ints("seq_lens", seq_lens, ndim=1)
+    slot_mapping = host_ints("slot_mapping", slot_mapping, ndim=1)
+    num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
+    if seq_lens.shape[0] != num_reqs:
+        raise InvalidBatchError(
+            f"seq_lens has {seq_lens.shape[0]} entries but query_lens has {num_reqs}"
+        )
+    padded_reqs = num_reqs if num_reqs_padded is None else count_arg(
+        "num_reqs_padded", num_reqs_padded)
+    padded_tokens = num_tokens if num_tokens_padded is None else count_arg(
+        "num_tokens_padded", num_tokens_padded)
+    if padded_reqs < num_reqs or padded_tokens < num_tokens:
+        raise InvalidBatchError(
+            f"padded extents ({padded_reqs} requests, {padded_tokens} tokens) are smaller "
+            f"than the step ({num_reqs} requests, {num_tokens} tokens)"
+        )
+    check_capacity(padded_reqs, padded_tokens, config)
+    check_non_negative("query_lens", query_lens)
+    total = int(query_lens.sum())
+    if total != num_tokens:
+        raise InvalidBatchError(
+            f"query_lens sum to {total} tokens but slot_mapping has {num_tokens} entries"
+        )
+    check_seq_lens(query_lens, seq_lens, config)
+    check_slots(slot_mapping, slot_bound(config, num_kv_blocks, num_swa_kv_blocks))
+    if require_decode_first:
+        check_decode_first(query_lens, resolve_threshold(config, decode_threshold))
+    longest = int(seq_lens.max()) if num_reqs else 0
+    swa_blocks = num_kv_blocks if num_swa_kv_blocks is None else num_swa_kv_blocks
+    for name, table, swa, blocks in (("block_table", block_table, False, num_kv_blocks),
+                                     ("swa_block_table", swa_block_table, True, swa_blocks)):
+        if table is None:
+            continue
+        table = host_ints(name, table, ndim=2)
+        if table.shape[0] < num_reqs:
+            raise InvalidBatchError(
+                f"{name} has {table.shape[0]} rows but the step has {num_reqs} requests"
+            )
+        per_block = tokens_per_block(config, swa=swa)
+        check_table_width(name, table.shape[1], longest, per_block)
+        check_block_ids(name, table[:num_reqs], seq_lens, per_block, blocks)
+
+
+def uniform_decode_passes(
+    num_reqs: int, seq_lens: np.ndarray, slot_mapping: np.ndarray, config: ArenaConfig
+) -> bool:
+    """A cheap pre-screen for the replay path: True only if :func:`validate_host_step`
+    would accept a step of ``num_reqs`` requests that all schedule ``next_n`` tokens
+    (query lengths the caller has already checked), without block tables or pool sizes.
+
+    False does not mean invalid: call :func:`validate_host_step` for the verdict and the
+    error message. About 3 us for 256 requests, against about 12 us for the full check.
+    """
+    n = config.next_n
+    if not (
+        isinstance(seq_lens, np.ndarray) and isinstance(slot_mapping, np.ndarray)
+        and seq_lens.ndim == 1 and slot_mapping.ndim == 1
+        and seq_lens.dtype.kind in "iu" and slot_mapping.dtype.kind in "iu"
+        and 0 < num_reqs == seq_lens.shape[0] <= config.max_num_seqs
+        and slot_mapping.shape[0] == num_reqs * n <= config.max_num_batched_tokens
+    ):
+        return False
+    return bool(
+        seq_lens.min() >= n and seq_lens.max() <= config.max_model_len
+        and slot_mapping.min() >= PAD_SLOT_ID
+    )

@@ -1,0 +1,196 @@
+"""The checks every validation entry point shares: one implementation of each, raising a
+typed error that names the offending value and the limit before anything is written.
+
+Host arrays only (numpy); nothing here reads the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from staticattn.arena.config import ArenaConfig, cdiv
+from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.staging.buffers import PAD_SLOT_ID
+
+__all__ = [
+    "check_block_ids",
+    "check_capacity",
+    "check_decode_first",
+    "check_maximum",
+    "check_non_decreasing",
+    "check_non_negative",
+    "check_query_start_loc",
+    "check_seq_lens",
+    "check_slots",
+    "check_table_width",
+    "count_arg",
+    "host_ints",
+    "resolve_threshold",
+    "slot_bound",
+    "tokens_per_block",
+]
+
+
+def count_arg(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidBatchError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise InvalidBatchError(f"{name}={value} is negative; it must be >= 0")
+    return int(value)
+
+
+def check_capacity(num_reqs: int, num_tokens: int, config: ArenaConfig) -> None:
+    """Typed error when a step of ``num_reqs`` requests / ``num_tokens`` tokens does not fit
+    the config's capacities."""
+    if num_reqs > config.max_num_seqs:
+        raise CapacityError(f"num_reqs={num_reqs} exceeds max_num_seqs={config.max_num_seqs}")
+    if num_tokens > config.max_num_batched_tokens:
+        raise CapacityError(
+            f"num_tokens={num_tokens} exceeds max_num_batched_tokens="
+            f"{config.max_num_batched_tokens}"
+        )
+
+
+def check_non_negative(name: str, values: np.ndarray) -> None:
+    if values.size and values.min() < 0:
+        b = int(np.argmin(values))
+        raise InvalidBatchError(f"{name}[{b}]={int(values[b])} is negative; it must be >= 0")
+
+
+def check_non_decreasing(name: str, qsl: np.ndarray) -> np.ndarray:
+    """Typed error where query start locations ``qsl`` decrease; returns the query lengths
+    ``np.diff(qsl)``."""
+    steps = np.diff(qsl)
+    if steps.size and steps.min() < 0:
+        b = int(np.argmin(steps))
+        raise InvalidBatchError(
+            f"{name} decreases at request {b}: {int(qsl[b])} -> {int(qsl[b + 1])}; it must "
+            "be non-decreasing"
+        )
+    return steps
+
+
+def check_query_start_loc(qsl: np.ndarray, num_tokens: int) -> None:
+    if qsl[0] != 0:
+        raise InvalidBatchError(f"query_start_loc_cpu[0]={int(qsl[0])} must be 0")
+    check_non_decreasing("query_start_loc_cpu", qsl)
+    if qsl[-1] > num_tokens:
+        raise InvalidBatchError(
+            f"query_start_loc_cpu[num_reqs]={int(qsl[-1])} exceeds num_actual_tokens="
+            f"{num_tokens} (padding may only add tokens, never drop them)"
+        )
+
+
+def check_seq_lens(query_lens: np.ndarray, seq_lens: np.ndarray, config: ArenaConfig) -> None:
+    check_non_negative("seq_lens", seq_lens)
+    if seq_lens.size and seq_lens.max() > config.max_model_len:
+        b = int(np.argmax(seq_lens))
+        raise CapacityError(
+            f"seq_lens[{b}]={int(seq_lens[b])} exceeds max_model_len={config.max_model_len}"
+        )
+    over = query_lens > seq_lens
+    if over.any():
+        b = int(np.argmax(over))
+        raise InvalidBatchError(
+            f"request {b} schedules {int(query_lens[b])} tokens, more than its sequence "
+            f"length seq_lens[{b}]={int(seq_lens[b])}"
+        )
+
+
+def check_maximum(name: str, declared: int, values: np.ndarray, what: str) -> None:
+    if values.size and values.max() > declared:
+        b = int(np.argmax(values))
+        raise InvalidBatchError(
+            f"{name}={declared} is below the longest {what} ({int(values[b])}, request {b})"
+        )
+
+
+def check_decode_first(query_lens: np.ndarray, threshold: int) -> None:
+    longer = query_lens > threshold
+    if not longer.any():
+        return
+    first_long = int(np.argmax(longer))
+    late = (query_lens[first_long:] > 0) & ~longer[first_long:]
+    if late.any():
+        b = first_long + int(np.argmax(late))
+        raise InvalidBatchError(
+            f"request {b} is a decode (query length {int(query_lens[b])} <= decode_threshold="
+            f"{threshold}) but follows request {first_long} (query length "
+            f"{int(query_lens[first_long])}); reorder the batch decode-first"
+        )
+
+
+def check_table_width(name: str, columns: int, longest: int, tokens_per_block: int) -> None:
+    needed = cdiv(longest, tokens_per_block)
+    if columns < needed:
+        raise InvalidBatchError(
+            f"{name} has {columns} columns but a sequence of {longest} tokens needs "
+            f"cdiv({longest}, {tokens_per_block}) = {needed}"
+        )
+
+
+def check_block_ids(
+    name: str, table: np.ndarray, seq_lens: np.ndarray, tokens_per_block: int,
+    num_blocks: int | None,
+) -> None:
+    used = np.arange(table.shape[1])[None, :] < -(-seq_lens[:, None] // tokens_per_block)
+    bad = used & (table < 0)
+    if num_blocks is not None:
+        bad |= used & (table >= num_blocks)
+    if bad.any():
+        b, c = np.unravel_index(int(np.argmax(bad)), bad.shape)
+        limit = f"[0, {num_blocks})" if num_blocks is not None else ">= 0"
+        raise InvalidBatchError(
+            f"{name}[{b}, {c}]={int(table[b, c])} is out of range {limit} (column {c} is used "
+            f"by request {b}, sequence length {int(seq_lens[b])})"
+        )
+
+
+def check_slots(slots: np.ndarray, bound: int | None) -> None:
+    if not slots.size:
+        return
+    if slots.min() < PAD_SLOT_ID:
+        t = int(np.argmin(slots))
+        raise InvalidBatchError(
+            f"slot_mapping[{t}]={int(slots[t])} is below {PAD_SLOT_ID} (the do-not-write slot)"
+        )
+    if bound is not None and slots.max() >= bound:
+        t = int(np.argmax(slots))
+        raise InvalidBatchError(
+            f"slot_mapping[{t}]={int(slots[t])} is out of range; the KV pool has {bound} slots"
+        )
+
+
+def host_ints(name: str, values: object, *, ndim: int) -> np.ndarray:
+    """``values`` as an int64 host array of rank ``ndim``; a device tensor is refused
+    (reading it would sync), as are other ranks and non-integer dtypes."""
+    if isinstance(values, torch.Tensor):
+        if values.device.type != "cpu":
+            raise InvalidBatchError(
+                f"{name} is on {values.device}; pass the host copy (reading it would sync)"
+            )
+        values = values.numpy()
+    arr = np.asarray(values)
+    if arr.ndim != ndim:
+        raise InvalidBatchError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    if arr.size and not np.issubdtype(arr.dtype, np.integer):
+        raise InvalidBatchError(f"{name} must hold integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64, copy=False)
+
+
+def tokens_per_block(config: ArenaConfig, *, swa: bool) -> int:
+    block = config.swa_block_size if swa else config.block_size
+    return block * config.cp_world_size
+
+
+def slot_bound(config: ArenaConfig, num_kv_blocks: int | None,
+                num_swa_kv_blocks: int | None) -> int | None:
+    if config.has_swa:
+        blocks = num_kv_blocks if num_swa_kv_blocks is None else num_swa_kv_blocks
+        return None if blocks is None else blocks * config.swa_block_size
+    return None if num_kv_blocks is None else num_kv_blocks * config.block_size
+
+
+def resolve_threshold(config: ArenaConfig, decode_threshold: int | None) -> int:
+    return config.decode_threshold if decode_threshold is None else int(decode_threshold)

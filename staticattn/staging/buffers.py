@@ -1,0 +1,48 @@
+"""The input views every arena has, and the conventions of padded entries.
+
+Device views (``input.*``) are what builders and captured steps read; host views
+(``staging.*``, pinned on CUDA) are where the host writes a step's small arrays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.arena.buffers import BufferDecl
+from staticattn.arena.config import ArenaConfig
+
+__all__ = ["input_buffers", "PAD_SLOT_ID", "NULL_BLOCK_ID"]
+
+#: Slot of a token whose KV is not written (graph padding, or told so by the engine).
+PAD_SLOT_ID = -1
+#: Block 0 is reserved as the null block: padded requests' rows point at it.
+NULL_BLOCK_ID = 0
+
+
+def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
+    """The input views every arena has: device inputs and their host staging.
+
+    Device (``input.*``): ``query_start_loc`` int32 ``(max_num_seqs + 1,)``, ``seq_lens`` int32
+    ``(max_num_seqs,)``, ``slot_mapping`` / ``positions`` int64 ``(max_num_batched_tokens,)``,
+    ``token_to_req`` int32 ``(max_num_batched_tokens,)``, ``block_table`` int32
+    ``(max_num_seqs, max_blocks_per_req)``, and with SWA ``swa_block_table`` int32
+    ``(max_num_seqs, max_swa_blocks_per_req)``.
+    Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping``.
+    """
+    r, t = config.max_num_seqs, config.max_num_batched_tokens
+    decls = [
+        BufferDecl("input.query_start_loc", (r + 1,), torch.int32),
+        BufferDecl("input.seq_lens", (r,), torch.int32),
+        BufferDecl("input.slot_mapping", (t,), torch.int64, fill=PAD_SLOT_ID),
+        BufferDecl("input.positions", (t,), torch.int64),
+        BufferDecl("input.token_to_req", (t,), torch.int32),
+        BufferDecl("input.block_table", (r, config.max_blocks_per_req), torch.int32),
+        BufferDecl("staging.query_start_loc", (r + 1,), torch.int32, where="host"),
+        BufferDecl("staging.seq_lens", (r,), torch.int32, where="host"),
+        BufferDecl("staging.slot_mapping", (t,), torch.int64, where="host", fill=PAD_SLOT_ID),
+    ]
+    if config.has_swa:
+        decls.append(
+            BufferDecl("input.swa_block_table", (r, config.max_swa_blocks_per_req), torch.int32)
+        )
+    return decls

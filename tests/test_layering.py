@@ -1,0 +1,139 @@
+"""The package layout enforces the architecture (docs/architecture.md).
+
+Each package ("room") may import only the rooms beneath it; no module imports itself back
+through a chain (no cycle, function-level imports included); importing a room at run time
+loads nothing above it; and every file stays small (at most 400 lines).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "staticattn"
+
+#: Room -> the rooms it may import. Rooms not listed (``demo``, ``__main__``, the top-level
+#: ``__init__``) sit on top and may import anything.
+ALLOWED = {
+    "errors": set(),
+    "arena": {"errors"},
+    "kernels": {"errors"},
+    "staging": {"errors", "arena", "kernels"},
+    "builders": {"errors", "arena", "kernels", "staging"},
+    "graphs": {"errors", "arena", "staging", "builders"},
+    "consumers": {"errors", "arena", "kernels", "staging", "builders"},
+    "bench": {"errors", "arena", "staging", "builders", "graphs"},
+    "checks": {"errors", "arena", "staging", "builders", "graphs", "bench"},
+}
+MAX_LINES = 400
+
+
+def _beneath(room: str) -> set[str]:
+    """Every room ``room`` may load, directly or through the rooms it imports."""
+    seen: set[str] = set()
+    todo = list(ALLOWED[room])
+    while todo:
+        r = todo.pop()
+        if r not in seen:
+            seen.add(r)
+            todo += ALLOWED[r]
+    return seen
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> set[str]:
+    """Every staticattn module ``path`` imports, at module level or inside a function."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("staticattn")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("staticattn"):
+                found.add(node.module)
+                # ``from staticattn.kernels import swa_decode`` imports a module too.
+                found |= {f"{node.module}.{a.name}" for a in node.names}
+    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
+    return {m for m in found if m in modules}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def test_rooms_import_only_rooms_beneath():
+    bad = []
+    for module, deps in _graph().items():
+        room = _room(module)
+        if room not in ALLOWED:
+            continue
+        for dep in deps:
+            dep_room = _room(dep)
+            if dep_room != room and dep_room not in ALLOWED[room]:
+                bad.append(f"{module} imports {dep} ({room} -> {dep_room})")
+    assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            # A package's __init__ re-exports its modules: importing one of them from the
+            # package itself is not a cycle through code.
+            if dep == node or node.startswith(dep + ".") or dep.startswith(node + "."):
+                continue
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("room", sorted(ALLOWED))
+def test_importing_a_room_loads_nothing_above_it(room):
+    modules = sorted(m for m in _graph() if _room(m) == room)
+    script = (
+        "import importlib, sys\n"
+        f"for m in {modules!r}: importlib.import_module(m)\n"
+        "print(' '.join(sorted({m.split('.')[1] for m in sys.modules "
+        "if m.startswith('staticattn.')})))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = set(done.stdout.split()) - {room}
+    assert loaded <= _beneath(room), f"importing {room} loaded {sorted(loaded - _beneath(room))}"
+
+
+def test_files_stay_small():
+    big = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
+           if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not big, f"files over {MAX_LINES} lines (one concept a file): {big}"
