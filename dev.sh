@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Quick start from a clean clone: `./dev.sh demo` runs the demo, `./dev.sh test` the tests.
+# On a machine with a GPU, `./dev.sh gpu-check` runs the tests and then the GPU extras.
 # Installs only what is missing, and never replaces an installed torch.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,5 +26,6 @@ shift || true
 case "$cmd" in
   demo) ensure_deps; exec "$PY" -m staticattn demo "$@" ;;
   test) ensure_deps; exec "$PY" -m pytest "$@" ;;
-  *) echo "usage: ./dev.sh demo|test [args...]" >&2; exit 2 ;;
+  gpu-check) ensure_deps; exec "$PY" scripts/gpu_check.py "$@" ;;
+  *) echo "usage: ./dev.sh demo|test|gpu-check [args...]" >&2; exit 2 ;;
 esac

@@ -30,7 +30,11 @@ _EXPORTS = {
     "run_bench": "staticattn.bench",
 }
 
-__all__ = [*sorted(_EXPORTS), "__version__"]
+__all__ = [
+    "Arena", "ArenaConfig", "Batch", "BufferDecl", "GraphManager", "IndexerMetadataBuilder",
+    "MetadataBuilder", "SparseSWAMetadataBuilder", "StepInputs", "__version__",
+    "check_graph_safety", "make_arena", "run_bench",
+]
 
 
 def __getattr__(name: str) -> Any:

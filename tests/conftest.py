@@ -44,4 +44,7 @@ def backend(request) -> str:
 
 @pytest.fixture
 def device() -> str:
-    return "cuda" if HAS_CUDA else "cpu"
+    """Where kernels run in tests (:data:`support.DEVICE`)."""
+    from support import DEVICE
+
+    return DEVICE

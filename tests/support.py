@@ -13,8 +13,10 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch
 from staticattn.staging import StepInputs
 
-#: Where unit tests build their arenas: the GPU when there is one (both backends run
-#: there natively), else the CPU (Triton interpreted).
+#: The one place that decides where tests run kernels: the GPU when there is one (Triton
+#: compiles only for it, and the torch kernels run there too), else the CPU (Triton
+#: interpreted, see conftest.py). Tests take it from here or from the ``device`` fixture and
+#: never choose a device of their own for kernel work.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import indexer as oracle
+from support import DEVICE
 
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
 
@@ -24,10 +25,14 @@ def _run(backend, query_lens, seq_lens, block_table, storage_block_size, ratio, 
     num_tokens = len(pos) if num_tokens is None else num_tokens
     t2r += [0] * (num_tokens - len(t2r))
     pos += [0] * (num_tokens - len(pos))
-    out = torch.full((max(capacity, num_tokens),), -7, dtype=torch.int64)
+    out = torch.full((max(capacity, num_tokens),), -7, dtype=torch.int64, device=DEVICE)
+
+    def t(values, dtype):
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
     compressed_slot_mapping(
-        backend, torch.tensor(qsl, dtype=torch.int32), torch.tensor(pos, dtype=torch.int64),
-        torch.tensor(t2r, dtype=torch.int32), torch.tensor(block_table, dtype=torch.int32), out,
+        backend, t(qsl, torch.int32), t(pos, torch.int64), t(t2r, torch.int32),
+        t(block_table, torch.int32), out,
         num_reqs=len(query_lens), num_tokens=num_tokens, storage_block_size=storage_block_size,
         compress_ratio=ratio,
     )

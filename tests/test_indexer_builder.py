@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from oracle import indexer as oracle
-from support import make_step, stage
+from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, MetadataBuilder, make_arena
@@ -19,7 +19,7 @@ from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 
 def _setup(backend="torch", **overrides):
     fields = dict(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=4096, num_sms=6,
-                  device="cpu", kernel_backend=backend)
+                  device=DEVICE, kernel_backend=backend)
     fields.update(overrides)
     cfg = ArenaConfig(**fields)
     builder = IndexerMetadataBuilder()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from oracle import indexer as oracle
-from support import make_step, stage
+from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -15,7 +15,7 @@ from staticattn.builders.indexer import IndexerMetadataBuilder
 
 def _setup(backend, legacy=False, **overrides):
     fields = dict(max_num_seqs=8, max_num_batched_tokens=512, max_model_len=4096,
-                  block_size=64, num_sms=4, device="cpu", kernel_backend=backend)
+                  block_size=64, num_sms=4, device=DEVICE, kernel_backend=backend)
     fields.update(overrides)
     cfg = ArenaConfig(**fields)
     builder = IndexerMetadataBuilder(legacy_schedule=legacy)
@@ -176,4 +176,4 @@ def test_native_mtp_shorter_than_next_n_is_contiguous(backend):
     # Spec §11 item 2: every decode accepted 1 token of next_n = 2 -> (D, 1), contiguous.
     meta = _build(backend, [1, 1, 1], [10, 7, 12], num_speculative_tokens=1)
     assert meta.decode.seq_lens.shape == (3, 1) and meta.decode.seq_lens.is_contiguous()
-    assert np.array_equal(meta.decode.seq_lens.numpy().ravel(), [10, 7, 12])
+    assert np.array_equal(meta.decode.seq_lens.cpu().numpy().ravel(), [10, 7, 12])

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from oracle import indexer as oracle
-from support import host_steps, stage
+from support import DEVICE, host_steps, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -32,7 +32,7 @@ def _config(backend, n, ratio, block_size):
         num_sms=7 if ratio == 1 else 20,
         # Small budgets so prefills split into chunks and query sub-chunks.
         max_prefill_workspace=1500, max_logits_bytes=4 * 12_000,
-        device="cpu", kernel_backend=backend,
+        device=DEVICE, kernel_backend=backend,
     )
 
 

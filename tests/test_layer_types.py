@@ -9,7 +9,6 @@ from dataclasses import dataclass
 import pytest
 from oracle.swa import layer_types as oracle_layer_types
 
-from staticattn.builders import tile_plan
 from staticattn.builders.layer_types import (
     C4A,
     C128A,
@@ -52,11 +51,9 @@ def test_layer_types_for_rejects_any_unknown_ratio():
 
 # ---------------------------------------------------------------------------- tile plans
 @pytest.fixture
-def no_flash_mla(monkeypatch):
-    monkeypatch.setitem(sys.modules, "flash_mla", None)  # import raises ImportError
-    tile_plan._plan_factory.cache_clear()
-    yield
-    tile_plan._plan_factory.cache_clear()
+def no_flash_mla():
+    with dsa_libs.hidden(dsa_libs.FLASH_MLA):
+        yield
 
 
 def test_holder_has_flash_mla_fields(no_flash_mla):
@@ -96,42 +93,37 @@ def _fake_flash_mla(get_mla_metadata) -> types.ModuleType:
     return module
 
 
-def _pretend_cuda(monkeypatch) -> None:
-    """dsa_libs judges the (fake) flash_mla as on a CUDA machine, with a fresh cache."""
-    monkeypatch.setattr(dsa_libs.torch.cuda, "is_available", lambda: True)
-    dsa_libs._load.cache_clear()
-    monkeypatch.setattr(dsa_libs, "_load", dsa_libs._load)
+@pytest.fixture
+def fake_flash_mla(monkeypatch):
+    """Install a fake ``flash_mla`` (from the returned function's argument) that dsa_libs
+    judges as on a CUDA machine; whatever was remembered is forgotten before and after."""
+
+    def install(get_mla_metadata) -> None:
+        monkeypatch.setitem(sys.modules, "flash_mla", _fake_flash_mla(get_mla_metadata))
+        monkeypatch.setattr(dsa_libs.torch.cuda, "is_available", lambda: True)
+        dsa_libs.forget()
+
+    yield install
+    dsa_libs.forget()
 
 
-def test_uses_flash_mla_when_importable(monkeypatch):
+def test_uses_flash_mla_when_importable(fake_flash_mla):
     calls = []
 
     def get_mla_metadata(*args, **kwargs):
         calls.append((args, kwargs))
         return _FakeSchedMeta(), None
 
-    monkeypatch.setitem(sys.modules, "flash_mla", _fake_flash_mla(get_mla_metadata))
-    _pretend_cuda(monkeypatch)
-    tile_plan._plan_factory.cache_clear()
-    try:
-        plans = tile_plans((SWA_ONLY, C4A, C128A), num_decode_tokens=1)
-    finally:
-        tile_plan._plan_factory.cache_clear()
-        dsa_libs._load.cache_clear()
+    fake_flash_mla(get_mla_metadata)
+    plans = tile_plans((SWA_ONLY, C4A, C128A), num_decode_tokens=1)
     assert all(isinstance(p, _FakeSchedMeta) for p in plans.values())
     assert len({id(p) for p in plans.values()}) == 3
     assert all(c == ((), {}) for c in calls)
 
 
-def test_old_flash_mla_api_falls_back(monkeypatch):
+def test_old_flash_mla_api_falls_back(fake_flash_mla):
     def get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k):  # eager API
         raise AssertionError("never called with arguments")
 
-    monkeypatch.setitem(sys.modules, "flash_mla", _fake_flash_mla(get_mla_metadata))
-    _pretend_cuda(monkeypatch)
-    tile_plan._plan_factory.cache_clear()
-    try:
-        assert isinstance(new_tile_plan(), TilePlanHolder)
-    finally:
-        tile_plan._plan_factory.cache_clear()
-        dsa_libs._load.cache_clear()
+    fake_flash_mla(get_mla_metadata)
+    assert isinstance(new_tile_plan(), TilePlanHolder)

@@ -137,3 +137,12 @@ def test_files_stay_small():
     big = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py")
            if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not big, f"files over {MAX_LINES} lines (one concept a file): {big}"
+
+
+def test_public_api_from_the_top_level():
+    import staticattn
+
+    names = set(staticattn.__all__) - {"__version__"}
+    assert names == set(staticattn._EXPORTS)
+    for name in sorted(names):
+        assert getattr(staticattn, name).__name__ == name

@@ -9,13 +9,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracle import indexer as oracle
+from support import DEVICE
 
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 
 
-def _schedule(backend, lens, num_sms, legacy, device="cpu"):
-    out = torch.full((num_sms + 1, 2), -5, dtype=torch.int32, device=device)
-    paged_mqa_schedule(backend, torch.tensor(lens, dtype=torch.int32, device=device), out,
+def _schedule(backend, lens, num_sms, legacy):
+    out = torch.full((num_sms + 1, 2), -5, dtype=torch.int32, device=DEVICE)
+    paged_mqa_schedule(backend, torch.tensor(lens, dtype=torch.int32, device=DEVICE), out,
                        legacy_remainder=legacy)
     return out.tolist()
 
@@ -43,8 +44,8 @@ def test_deepgemm_v261_example(backend):
 def test_all_empty_and_strided_input(backend):
     assert _schedule(backend, [[0, 0]] * 5, 3, legacy=False) == [[5, 0]] * 4
     # A (B, n) view with a longer row stride: only the last column of each row is read.
-    base = torch.tensor([[0, 700, 99], [0, 300, 99]], dtype=torch.int32)
-    out = torch.zeros(3, 2, dtype=torch.int32)
+    base = torch.tensor([[0, 700, 99], [0, 300, 99]], dtype=torch.int32, device=DEVICE)
+    out = torch.zeros(3, 2, dtype=torch.int32, device=DEVICE)
     paged_mqa_schedule(backend, base[:, :2], out)
     assert out.tolist() == oracle.mqa_schedule([[0, 700], [0, 300]], 2, legacy=False)
 

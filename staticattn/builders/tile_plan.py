@@ -15,7 +15,6 @@ When ``flash_mla`` is importable its own ``get_mla_metadata()[0]`` is used; othe
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from staticattn.builders.layer_types import LAYER_TYPES
+from staticattn.kernels.dsa_libs import FLASH_MLA, available, memoised_on_libs, require
 
 __all__ = ["TilePlanHolder", "new_tile_plan", "tile_plans"]
 
@@ -50,13 +50,11 @@ class TilePlanHolder:
 _HOLDER_FIELDS = tuple(f.name for f in fields(TilePlanHolder))
 
 
-@functools.cache
+@memoised_on_libs
 def _plan_factory() -> Callable[[], Any]:
     """FlashMLA's holder factory when :mod:`staticattn.kernels.dsa_libs` finds a usable
     ``flash_mla`` (with the lazy-planning ``get_mla_metadata()``), else
-    :class:`TilePlanHolder`. Decided once per process."""
-    from staticattn.kernels.dsa_libs import FLASH_MLA, available, require
-
+    :class:`TilePlanHolder`. Decided once, until :func:`~staticattn.kernels.dsa_libs.forget`."""
     if not available()[FLASH_MLA]:
         return TilePlanHolder
     get_mla_metadata = require(FLASH_MLA).get_mla_metadata

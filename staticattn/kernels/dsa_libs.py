@@ -13,19 +13,30 @@ Everything else in staticattn works without them. Each import is attempted once 
 and its failure remembered (a failing import walks ``sys.path``, and importing
 ``deep_gemm`` initialises its runtime); :func:`require` raises one
 :class:`~staticattn.errors.BackendUnavailableError` that says what is missing and why.
+
+What is remembered can be forgotten: :func:`forget` (after installing a library in a running
+process) and :func:`hidden` (tests that need a library absent) clear the remembered imports
+and everything memoised from them with :func:`memoised_on_libs`.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import ModuleType
+from typing import Any, TypeVar
 
 import torch
 
 from staticattn.errors import BackendUnavailableError
 
-__all__ = ["DEEP_GEMM", "FLASH_MLA", "available", "import_error", "require"]
+__all__ = [
+    "DEEP_GEMM", "FLASH_MLA", "available", "forget", "hidden", "import_error",
+    "memoised_on_libs", "require",
+]
 
 DEEP_GEMM = "deep_gemm"
 FLASH_MLA = "flash_mla"
@@ -40,6 +51,53 @@ _HINT = {
     DEEP_GEMM: "DeepGEMM >= 2.4 (v2.6.1 tested), built from source",
     FLASH_MLA: "FlashMLA with the sm90 sparse decode (commit 9241ae3 tested), built from source",
 }
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Caches derived from what the libraries offer, cleared with the imports by :func:`forget`.
+_DERIVED: list[Any] = []
+
+
+def memoised_on_libs(fn: F) -> F:
+    """``functools.cache`` for a function whose result depends on which libraries import;
+    :func:`forget` clears it too."""
+    cached = functools.cache(fn)
+    _DERIVED.append(cached)
+    return cached  # type: ignore[return-value]
+
+
+def forget() -> None:
+    """Forget every remembered import (success or failure) and whatever was memoised from
+    them: the next use imports again."""
+    _load.cache_clear()
+    for cached in _DERIVED:
+        cached.cache_clear()
+
+
+@contextmanager
+def hidden(*names: str) -> Iterator[None]:
+    """Make the libraries ``names`` unimportable for the duration (as if not installed),
+    forgetting what was remembered before and after, so neither state leaks."""
+    unknown = [n for n in names if n not in _NEEDED]
+    if unknown:
+        raise ValueError(f"unknown optional libraries {unknown}; known: {sorted(_NEEDED)}")
+    saved = {n: sys.modules.get(n, _ABSENT) for n in names}
+    try:
+        for n in names:
+            sys.modules[n] = None  # type: ignore[assignment]  # import raises ImportError
+        forget()
+        yield
+    finally:
+        for n, module in saved.items():
+            if module is _ABSENT:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = module
+        forget()
+
+
+_ABSENT = object()
 
 
 @functools.cache
