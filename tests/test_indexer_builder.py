@@ -29,7 +29,8 @@ def _setup(backend="torch", **overrides):
 
 @pytest.mark.parametrize(("n", "ratio", "flatten", "expected"), [
     (1, 1, None, {"decode_lens": (8,), "decode_seq_lens": (8,)}),
-    (2, 4, None, {"decode_lens": (16,), "compressed_slot_mapping": (64,)}),
+    (2, 4, None, {"decode_lens": (16,), "compressed_slot_mapping": (64,),
+                  "expanded_block_table": (16, 16)}),
     (4, 1, None, {"decode_lens": (32,), "expanded_block_table": (32, 64)}),
     (4, 4, None, {"expanded_block_table": (32, 16), "compressed_slot_mapping": (64,)}),
     (1, 1, True, {"decode_lens": (8,)}),
@@ -44,7 +45,12 @@ def test_declared_buffers(n, ratio, flatten, expected):
     assert decls["schedule_metadata"].shape == (7, 2)
     assert decls["cu_seqlen_ks"].shape == decls["cu_seqlen_ke"].shape == (64,)
     assert decls["cu_seq_lens"].shape == (16,)
-    assert ("expanded_block_table" in decls) == (n > 2 and flatten is not False)
+    # Any MTP config needs the expanded table: the mixed build flattens MTP decodes.
+    assert ("expanded_block_table" in decls) == (n > 1)
+    # The device chunk plan: rows for every request plus the query sub-chunks of a token
+    # bucket (E // max keys per request = 2^27 // 4096 queries each).
+    assert decls["prefill_chunks"].shape == (8 + 1 + 1, 8)
+    assert decls["req_key_start"].shape == (8,)
     assert ("compressed_slot_mapping" in decls) == (ratio > 1)
     for name, shape in expected.items():
         assert decls[name].shape == shape

@@ -31,6 +31,15 @@ def staging_oracle(step):
     return t2r, pos
 
 
+def split_oracle(step, threshold):
+    """``[k, nt, D, Td]``: real requests and tokens, then the leading decodes (query length
+    at most the threshold) and their tokens."""
+    d = 0
+    while d < step.num_reqs and step.query_lens[d] <= threshold:
+        d += 1
+    return [step.num_reqs, step.num_tokens, d, int(sum(step.query_lens[:d]))]
+
+
 def _config(backend: str) -> ArenaConfig:
     return ArenaConfig.deepseek_v4(max_num_seqs=24, max_num_batched_tokens=192,
                                    max_model_len=2048, device=DEVICE, kernel_backend=backend)
@@ -47,6 +56,7 @@ def test_worked_example(backend):
     assert batch.token_to_req.tolist() == [0, 0, 1, 0]
     assert batch.positions.tolist() == [4, 5, 8, 0]
     assert batch.slot_mapping.tolist()[3] == -1
+    assert inputs.step_counts.tolist() == [2, 3, 2, 3]
 
 
 @pytest.mark.parametrize("backend_name", ["torch", "triton"])
@@ -67,6 +77,7 @@ def test_staging_matches_oracle(backend_name):
         assert batch.token_to_req.tolist() == t2r
         assert batch.positions.tolist() == pos
         assert np.array_equal(batch.query_start_loc_cpu.numpy(), np.array(step.query_start_loc))
+        assert inputs.step_counts.tolist() == split_oracle(step, cfg.decode_threshold)
 
     check()
 
@@ -105,5 +116,6 @@ def test_uniform_staging_matches_oracle(backend_name):
         n = step.num_tokens_padded
         assert inputs.token_to_req[:n].tolist() == t2r
         assert inputs.positions[:n].tolist() == pos
+        assert inputs.step_counts.tolist() == split_oracle(step, cfg.decode_threshold)
 
     check()

@@ -43,10 +43,14 @@ def test_buffer_table(ratios):
         "swa.decode_swa_indices": ((td, 1, 16), torch.int32),
         "swa.decode_swa_lens": ((td,), torch.int32),
         "swa.prefill_gather_lens": ((cfg.max_num_seqs,), torch.int32),
+        "swa.prefill_seq_lens": ((cfg.max_num_seqs,), torch.int32),
     }
     if 128 in ratios:
-        expected["swa.c128a_decode_indices"] = ((td, 1, cfg.c128a_max_compressed), torch.int32)
+        t, max_c = cfg.max_num_batched_tokens, cfg.c128a_max_compressed
+        expected["swa.c128a_decode_indices"] = ((td, 1, max_c), torch.int32)
         expected["swa.c128a_decode_lens"] = ((td,), torch.int32)
+        expected["swa.c128a_prefill_indices"] = ((t, max_c), torch.int32)
+        expected["swa.c128a_prefill_lens"] = ((t,), torch.int32)
     assert decls == expected
 
 

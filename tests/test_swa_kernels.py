@@ -46,13 +46,19 @@ def _random_decode_inputs(rng, num_tokens, num_reqs, cols, max_pos):
     return {name: torch.from_numpy(a).to(DEVICE) for name, a in host.items()}
 
 
-def _outputs(tokens: int, rows: int, window: int, width: int) -> SWADecodeOutputs:
+def _outputs(tokens: int, rows: int, window: int, width: int,
+             rng: np.random.Generator) -> SWADecodeOutputs:
+    """Outputs as a previous step left them: SWA rows poisoned whole (they are rewritten
+    whole), C128A rows holding stale entries up to a random earlier length and -1 after it
+    (the invariant every writer keeps, which lets the kernel stop at the longer length)."""
+    old = torch.from_numpy(rng.integers(0, width + 1, rows).astype(np.int32)).to(DEVICE)
+    stale = torch.arange(width, device=DEVICE)[None, None, :] < old[:, None, None]
     return SWADecodeOutputs(
         is_valid_token=torch.zeros(tokens + 5, dtype=torch.bool, device=DEVICE),
         swa_indices=torch.full((rows, 1, window), 77, dtype=torch.int32, device=DEVICE),
         swa_lens=torch.full((rows,), 77, dtype=torch.int32, device=DEVICE),
-        c128a_indices=torch.full((rows, 1, width), 77, dtype=torch.int32, device=DEVICE),
-        c128a_lens=torch.full((rows,), 77, dtype=torch.int32, device=DEVICE),
+        c128a_indices=torch.where(stale, 77, -1).to(torch.int32),
+        c128a_lens=old.clone(),
     )
 
 
@@ -65,7 +71,7 @@ def test_compiled_tile_shape_matches_torch(block_tokens):
     args = _random_decode_inputs(rng, num_tokens, num_reqs=5, cols=64, max_pos=1000)
     results = []
     for backend, tile in (("torch", None), ("triton", block_tokens)):
-        out = _outputs(num_tokens, num_decode_tokens, window, width=256)
+        out = _outputs(num_tokens, num_decode_tokens, window, 256, np.random.default_rng(0))
         build_swa_decode(backend, out, args["slot_mapping"], args["positions"],
                          args["token_to_req"], args["swa_block_table"], swa_bs,
                          args["block_table"], entries, num_tokens, num_decode_tokens,
@@ -78,7 +84,7 @@ def test_compiled_tile_shape_matches_torch(block_tokens):
 
 
 def test_triton_refuses_strided_rows():
-    out = _outputs(4, 4, 8, 128)
+    out = _outputs(4, 4, 8, 128, np.random.default_rng(0))
     wide = torch.zeros(4, 1, 16, dtype=torch.int32, device=DEVICE)
     strided = SWADecodeOutputs(out.is_valid_token, wide[..., :8], out.swa_lens)
     args = _random_decode_inputs(np.random.default_rng(0), 4, 2, 8, 100)

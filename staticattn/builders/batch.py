@@ -54,6 +54,10 @@ class Batch:
         Context-parallel local lengths, when used.
     is_prefilling : bool host ``(num_reqs,)`` or None
         Requests still processing their prompt (for the split's short-extend rule).
+    step_counts : int32 device ``(4,)`` or None
+        ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, derived
+        by the staging kernel (:mod:`staticattn.kernels.staging`): what a build for a
+        step of any composition (:meth:`for_mixed_capture`) reads instead of host values.
     """
 
     query_start_loc: torch.Tensor
@@ -71,6 +75,7 @@ class Batch:
     swa_block_table: torch.Tensor | None = None
     dcp_local_seq_lens: torch.Tensor | None = None
     is_prefilling: torch.Tensor | None = None
+    step_counts: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -98,6 +103,7 @@ class Batch:
             swa_block_table=(
                 None if inputs.swa_block_table is None else inputs.swa_block_table[:num_reqs]
             ),
+            step_counts=inputs.step_counts,
         )
 
     @classmethod
@@ -115,4 +121,13 @@ class Batch:
         cfg = inputs.config
         return cls.from_inputs(
             inputs, num_reqs, num_reqs * cfg.next_n, cfg.next_n, cfg.max_model_len
+        )
+
+    @classmethod
+    def for_mixed_capture(cls, inputs: StepInputs, num_reqs: int, num_tokens: int) -> Batch:
+        """The static batch a graph of a token bucket is captured for: up to ``num_reqs``
+        requests and ``num_tokens`` tokens of any composition. The real counts and the split
+        are only on the device (``step_counts``); the maxima are the capacities."""
+        return cls.from_inputs(
+            inputs, num_reqs, num_tokens, num_tokens, inputs.config.max_model_len
         )

@@ -9,14 +9,19 @@ Per step it produces (:mod:`staticattn.builders.indexer_metadata`):
 * for the prefills: chunks bounded by the gather workspace and the logits budget, each with its
   key prefix sums and per-token key ranges.
 
-Two entry points (the builder contract, :mod:`staticattn.builders.base`):
+Three entry points (the builder contract, :mod:`staticattn.builders.base`):
 
 * :meth:`IndexerMetadataBuilder.build` -- any batch, eager; plans from the host lengths the
   batch carries (like the reference engine) and never reads the device;
 * :meth:`IndexerMetadataBuilder.build_decode` -- a uniform decode batch of a static size
   (:meth:`Batch.for_decode_capture`), safe inside a CUDA graph: the decode layout comes from
   the config alone, every extent is static, and it launches one decode kernel (which also
-  writes the compressed slot mapping when ``R > 1``) and one schedule kernel.
+  writes the compressed slot mapping when ``R > 1``) and one schedule kernel;
+* :meth:`IndexerMetadataBuilder.build_mixed` -- a step of any composition within a token
+  bucket (:meth:`Batch.for_mixed_capture`), safe inside a CUDA graph: the split comes from
+  the device (``step_counts``), MTP decodes are flattened (their per-request lengths are
+  data), the prefill chunks are planned on the device; three kernels (decode + slots,
+  schedule, chunk plan).
 
 Deviations from the reference, each chosen so a captured graph never reads a stale or
 out-of-range value: lengths are clamped at 0 (the reference leaves padded native MTP rows at
@@ -37,19 +42,17 @@ import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.batch import Batch
-from staticattn.builders.chunking import split_indexer_prefill_chunks
 from staticattn.builders.indexer_metadata import (
     IndexerDecodeMetadata,
     IndexerMetadata,
     IndexerPrefillChunkMetadata,
-    IndexerPrefillMetadata,
 )
+from staticattn.builders.indexer_prefill import IndexerPrefill
 from staticattn.builders.split import split_decodes_and_prefills
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
 from staticattn.kernels.indexer_decode import indexer_decode_tensors
-from staticattn.kernels.indexer_prefill import indexer_prefill_chunk
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 from staticattn.staging import PAD_SLOT_ID
 
@@ -89,8 +92,12 @@ class IndexerMetadataBuilder:
     - ``schedule_metadata`` int32 ``(num_sms + 1, 2)``: the paged-MQA-logits schedule;
     - ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)``: prefill key ranges, by global token;
     - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
-    - ``expanded_block_table`` int32 ``(Tdec, max_blocks_per_req)``: only when flattening;
-    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: only when ``R > 1``.
+    - ``expanded_block_table`` int32 ``(Tdec, max_blocks_per_req)``: with MTP
+      (``next_n > 1``), which the mixed build always flattens;
+    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: only when ``R > 1``;
+    - ``prefill_chunks`` int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``,
+      ``req_key_start`` int32 ``(max_num_seqs,)``: the device chunk plan of the mixed build
+      (``C`` from :func:`~staticattn.builders.indexer_prefill.max_chunks`).
 
     The prefill chunk over requests ``[s, e)`` owns ``cu_seq_lens[2s : s + e + 1]``: disjoint
     for disjoint ranges, so every chunk of a step keeps its own view.
@@ -116,6 +123,7 @@ class IndexerMetadataBuilder:
     def __init__(self, *, legacy_schedule: bool = False) -> None:
         self.legacy_schedule = legacy_schedule
         self.config: ArenaConfig | None = None
+        self.prefill = IndexerPrefill()
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
@@ -124,11 +132,9 @@ class IndexerMetadataBuilder:
             BufferDecl("indexer.decode_lens", (rows,), torch.int32),
             BufferDecl("indexer.decode_seq_lens", (rows,), torch.int32),
             BufferDecl("indexer.schedule_metadata", (config.num_sms + 1, 2), torch.int32),
-            BufferDecl("indexer.cu_seqlen_ks", (tokens,), torch.int32),
-            BufferDecl("indexer.cu_seqlen_ke", (tokens,), torch.int32),
-            BufferDecl("indexer.cu_seq_lens", (2 * config.max_num_seqs,), torch.int32),
+            *IndexerPrefill.buffers(config),
         ]
-        if flattens(config):
+        if config.next_n > 1:
             decls.append(BufferDecl("indexer.expanded_block_table",
                                     (rows, config.max_blocks_per_req), torch.int32))
         if config.index_compress_ratio > 1:
@@ -144,12 +150,10 @@ class IndexerMetadataBuilder:
         self.decode_lens = arena["indexer.decode_lens"]
         self.decode_seq_lens = arena["indexer.decode_seq_lens"]
         self.schedule_metadata = arena["indexer.schedule_metadata"]
-        self.cu_seqlen_ks = arena["indexer.cu_seqlen_ks"]
-        self.cu_seqlen_ke = arena["indexer.cu_seqlen_ke"]
-        self.cu_seq_lens = arena["indexer.cu_seq_lens"]
         self.expanded_block_table = (
-            arena["indexer.expanded_block_table"] if flattens(cfg) else None
+            arena["indexer.expanded_block_table"] if cfg.next_n > 1 else None
         )
+        self.prefill.bind(arena, self.backend)
         self.compressed_slot_mapping = (
             arena["indexer.compressed_slot_mapping"] if self.compress_ratio > 1 else None
         )
@@ -170,12 +174,12 @@ class IndexerMetadataBuilder:
         if layout is not None:
             self._check_capacity(layout)
         slots = self._write_slot_mapping(batch, batch.num_actual_tokens)
-        prefill = self._build_prefill(batch, qsl, d, p) if p else None
+        prefill = self.prefill.build_host_planned(batch, qsl, d, p) if p else None
         decode = self._build_decode_part(batch, d, layout) if d else None
         return IndexerMetadata(
             seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
             num_decodes=d, num_decode_tokens=td, num_prefills=p, num_prefill_tokens=tp,
-            prefill=prefill, decode=decode,
+            prefill=prefill, decode=decode, step_counts=batch.step_counts,
         )
 
     def build_decode(self, batch: Batch) -> IndexerMetadata:
@@ -206,7 +210,51 @@ class IndexerMetadataBuilder:
         return IndexerMetadata(
             seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
             num_decodes=s, num_decode_tokens=s * n, num_prefills=0, num_prefill_tokens=0,
-            prefill=None, decode=decode,
+            prefill=None, decode=decode, step_counts=batch.step_counts,
+        )
+
+    def build_mixed(self, batch: Batch) -> IndexerMetadata:
+        """Graph-safe metadata for a step of any composition within a token bucket.
+
+        ``batch`` is :meth:`Batch.for_mixed_capture` of ``R`` requests and ``T`` tokens; the
+        real step (up to those) and its decode/prefill split are only on the device
+        (``batch.step_counts``, decode threshold ``next_n``). Layout, fixed by the config:
+
+        * decodes, ``next_n = 1``: native, ``seq_lens (R, 1)``, the batch's block table;
+          rows past the real decodes have length 0;
+        * decodes, ``next_n > 1``: flattened into single-token rows whatever the config's
+          flattening (each request's accepted draft length is data), ``Tdec = min(T,
+          max_decode_tokens)`` rows, the expanded block table; rows past the real decode
+          tokens have length 0 and an all-zero table row;
+        * prefills: ``prefill.plan`` (:class:`IndexerPrefillPlan`), planned on the device with
+          the same budgets as :meth:`build`; ``prefill.chunks`` is empty;
+        * the compressed slot mapping of all ``T`` tokens (-1 past the real ones).
+
+        The int fields of the result are the bucket's capacities; the exact split is
+        ``step_counts``. Three launches: decode tensors + slots, schedule, chunk plan.
+        """
+        cfg = self._bound()
+        _need_token_views(batch)
+        if batch.step_counts is None:
+            raise InvalidBatchError(
+                "build_mixed reads the step's counts on the device (batch.step_counts); "
+                "build the batch with Batch.for_mixed_capture"
+            )
+        r, t = batch.num_reqs, batch.num_actual_tokens
+        flatten = cfg.next_n > 1
+        layout = _DecodeLayout(flatten, min(t, cfg.max_decode_tokens) if flatten else r, 1,
+                               False)
+        self._check_capacity(layout)
+        slots_out = self.compressed_slot_mapping
+        decode = self._build_decode_part(batch, r, layout, slots_out=slots_out, slot_tokens=t,
+                                         step_counts=batch.step_counts)
+        prefill = self.prefill.build_device_planned(batch)
+        slots = batch.slot_mapping[:t] if slots_out is None else slots_out[:t]
+        return IndexerMetadata(
+            seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
+            num_decodes=r, num_decode_tokens=layout.rows, num_prefills=r,
+            num_prefill_tokens=t, prefill=prefill, decode=decode,
+            step_counts=batch.step_counts,
         )
 
     def build_prefill_chunk(
@@ -217,12 +265,11 @@ class IndexerMetadataBuilder:
         relative to the chunk's first token."""
         self._bound()
         qsl = _host_query_start_loc(batch)
-        keys = self._host_keys(batch)
-        total = int(keys[start:end].sum())
+        total = int(self.prefill.host_keys(batch)[start:end].sum())
         if total == 0:
             return None
-        self._write_prefill_chunk(batch, qsl, start, end)
-        return self._prefill_chunk_views(batch, qsl, start, end, query_slice, total)
+        self.prefill.write_chunk(batch, qsl, start, end)
+        return self.prefill.chunk_views(batch, qsl, start, end, query_slice, total)
 
     # ------------------------------------------------------------------ decode
     def _eager_layout(
@@ -246,7 +293,8 @@ class IndexerMetadataBuilder:
 
     def _build_decode_part(
         self, batch: Batch, num_decodes: int, layout: _DecodeLayout,
-        slots_out: torch.Tensor | None = None,
+        slots_out: torch.Tensor | None = None, slot_tokens: int | None = None,
+        step_counts: torch.Tensor | None = None,
     ) -> IndexerDecodeMetadata:
         rows, width = layout.rows, layout.width
         expanded = self.expanded_block_table if layout.flatten else None
@@ -255,7 +303,8 @@ class IndexerMetadataBuilder:
             batch.positions, batch.token_to_req, self.decode_lens, self.decode_seq_lens,
             expanded, num_decodes=num_decodes, num_rows=rows, width=width,
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
-            storage_block_size=self.config.storage_block_size,
+            storage_block_size=self.config.storage_block_size, slot_tokens=slot_tokens,
+            step_counts=step_counts,
         )
         seq_lens = self.decode_seq_lens[: rows * width].view(rows, width)
         paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,
@@ -278,63 +327,6 @@ class IndexerMetadataBuilder:
             compress_ratio=self.compress_ratio,
         )
         return self.compressed_slot_mapping[:num_tokens]
-
-    # ------------------------------------------------------------------ prefill
-    def _host_keys(self, batch: Batch) -> np.ndarray:
-        """Host (upper-bound) compressed key counts of every request."""
-        lens = np.asarray(batch.seq_lens_cpu[: batch.num_reqs], dtype=np.int64)
-        return np.maximum(lens, 0) // self.compress_ratio
-
-    def _build_prefill(self, batch: Batch, qsl: np.ndarray, num_decodes: int,
-                       num_prefills: int) -> IndexerPrefillMetadata:
-        cfg = self.config
-        keys = self._host_keys(batch)
-        prefills = slice(num_decodes, num_decodes + num_prefills)
-        plan = split_indexer_prefill_chunks(
-            keys[prefills], np.diff(qsl[num_decodes : num_decodes + num_prefills + 1]),
-            cfg.max_prefill_workspace, cfg.max_logits_bytes, request_offset=num_decodes,
-        )
-        chunks, written = [], None
-        for reqs, queries in plan:
-            total = int(keys[reqs].sum())
-            if total == 0:
-                continue
-            if reqs != written:  # query sub-chunks of one request range share one launch
-                self._write_prefill_chunk(batch, qsl, reqs.start, reqs.stop)
-                written = reqs
-            chunks.append(
-                self._prefill_chunk_views(batch, qsl, reqs.start, reqs.stop, queries, total)
-            )
-        return IndexerPrefillMetadata(chunks)
-
-    def _write_prefill_chunk(self, batch: Batch, qsl: np.ndarray, start: int, end: int) -> None:
-        indexer_prefill_chunk(
-            self.backend, batch.query_start_loc, batch.seq_lens,
-            self._cu_seq_lens_region(start, end), self.cu_seqlen_ks,
-            self.cu_seqlen_ke, start=start, end=end, token_start=int(qsl[start]),
-            token_end=int(qsl[end]), compress_ratio=self.compress_ratio,
-        )
-
-    def _cu_seq_lens_region(self, start: int, end: int) -> torch.Tensor:
-        """Requests ``[start, end)`` own entries ``[2*start, start + end + 1)``: disjoint from
-        any other range's, so each chunk of a step keeps its own prefix sums."""
-        return self.cu_seq_lens[2 * start : start + end + 1]
-
-    def _prefill_chunk_views(
-        self, batch: Batch, qsl: np.ndarray, start: int, end: int, query_slice: slice | None,
-        total: int,
-    ) -> IndexerPrefillChunkMetadata:
-        first = int(qsl[start])
-        lo, hi = ((0, int(qsl[end]) - first) if query_slice is None
-                  else (query_slice.start, query_slice.stop))
-        return IndexerPrefillChunkMetadata(
-            block_table=batch.block_table[start:end],
-            cu_seqlen_ks=self.cu_seqlen_ks[first + lo : first + hi],
-            cu_seqlen_ke=self.cu_seqlen_ke[first + lo : first + hi],
-            cu_seq_lens=self._cu_seq_lens_region(start, end),
-            total_seq_lens=total, token_start=first + lo, token_end=first + hi,
-            num_reqs=end - start, skip_kv_gather=lo > 0,
-        )
 
     # ------------------------------------------------------------------ helpers
     def _bound(self) -> ArenaConfig:

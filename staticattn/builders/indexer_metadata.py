@@ -15,6 +15,7 @@ __all__ = [
     "IndexerMetadata",
     "IndexerPrefillChunkMetadata",
     "IndexerPrefillMetadata",
+    "IndexerPrefillPlan",
 ]
 
 
@@ -51,8 +52,47 @@ class IndexerPrefillChunkMetadata:
 
 
 @dataclass(slots=True)
+class IndexerPrefillPlan:
+    """The prefill chunks as planned on the device (the graph-safe mixed build), over the
+    static extents of the step (``R`` requests, ``T`` tokens); see
+    :mod:`staticattn.kernels.indexer_plan`.
+
+    Attributes
+    ----------
+    chunk_bounds : int32 ``(C, 8)``
+        Row ``c < num_chunks``: ``[req_start, req_end, token_start, token_end,
+        total_seq_lens, skip_kv_gather, 0, 0]``, the fields of one
+        :class:`IndexerPrefillChunkMetadata`; rows past ``num_chunks``: zeros.
+    num_chunks : int32 ``(1,)``
+    cu_seq_lens : int32 ``(2 R,)``
+        The chunk over requests ``[s, e)`` reads its key prefix sums at ``[2s, s + e + 1)``;
+        entries of no chunk are 0.
+    req_key_start : int32 ``(R,)``
+        Keys of a prefill request's range before it (its ``cu_seq_lens`` entry); 0 for the
+        other requests.
+    cu_seqlen_ks, cu_seqlen_ke : int32 ``(T,)``
+        By global token: a prefill token's key range in its chunk's gathered K; 0, 0 for
+        decode and padded tokens.
+    block_table : int32 ``(R, max_blocks)``
+        The batch's block table; chunk ``[s, e)`` reads rows ``[s, e)``.
+    """
+
+    chunk_bounds: torch.Tensor
+    num_chunks: torch.Tensor
+    cu_seq_lens: torch.Tensor
+    req_key_start: torch.Tensor
+    cu_seqlen_ks: torch.Tensor
+    cu_seqlen_ke: torch.Tensor
+    block_table: torch.Tensor
+
+
+@dataclass(slots=True)
 class IndexerPrefillMetadata:
+    """The prefill part: ``chunks``, planned on the host (eager builds), or ``plan``, planned
+    on the device (mixed builds, inside a graph; ``chunks`` is then empty)."""
+
     chunks: list[IndexerPrefillChunkMetadata] = field(default_factory=list)
+    plan: IndexerPrefillPlan | None = None
 
 
 @dataclass(slots=True)
@@ -96,8 +136,14 @@ class IndexerMetadata:
         Where each token's indexer K goes: the compressed mapping when ``R > 1`` (-1 = no
         write), else the batch's slot mapping.
     num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens : int
+        The split. From a mixed build (any composition, decided on the device) they are the
+        capacities of the bucket, upper bounds; the exact values are in ``step_counts``.
     prefill : IndexerPrefillMetadata or None
     decode : IndexerDecodeMetadata or None
+    step_counts : int32 device ``(4,)`` or None
+        ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, as the
+        staging kernel derived them (decode threshold ``next_n``); the valid regions of a
+        mixed build's outputs are bounded by them.
     """
 
     seq_lens: torch.Tensor
@@ -109,3 +155,4 @@ class IndexerMetadata:
     num_prefill_tokens: int
     prefill: IndexerPrefillMetadata | None
     decode: IndexerDecodeMetadata | None
+    step_counts: torch.Tensor | None = None

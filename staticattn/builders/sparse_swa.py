@@ -2,9 +2,9 @@
 
 The reference splits this work over two builders (its SWA builder and the FlashMLA-sparse
 builder's C128A part, spec §6-§7) and several launches per step. Here one kernel over the
-step's tokens writes the validity mask, the SWA window rows and the C128A top-k rows
-(:mod:`staticattn.kernels.swa_decode`); a second one, eager and only when the step has
-prefills, writes the prefill gather lengths (:mod:`staticattn.kernels.swa_prefill`).
+step's tokens writes the validity mask, the SWA window rows and the C128A decode and prefill
+rows (:mod:`staticattn.kernels.swa_decode`); a second one, when the step may have prefills,
+writes the prefill gather lengths (:mod:`staticattn.kernels.swa_prefill`).
 
 Differences from the reference, each on purpose:
 
@@ -20,7 +20,8 @@ Differences from the reference, each on purpose:
   to the entries a row keeps, so no read spills past a request's row (spec §7);
 * decode rows are bounded by ``max_decode_tokens`` (= ``max_num_seqs * next_n``), not
   ``max_num_batched_tokens``; the C128A row stride is the buffer's, fixed by the config;
-* no prefill C128A rows (``o`` if ``o < n_c`` else -1 is a function of the position alone).
+* the C128A prefill rows come with their lengths (``c128a_prefill_lens``), and rows past
+  the real prefill tokens hold -1.
 """
 
 from __future__ import annotations
@@ -46,8 +47,9 @@ class SparseSWAMetadataBuilder:
     """Builds :class:`SparseSWAMetadata` into arena views.
 
     Workflow: ``buffers(config)`` declares the ``swa.*`` views, ``bind(arena)`` takes them;
-    then ``build(batch)`` serves any batch eagerly and ``build_decode(batch)`` the static
-    uniform decode batch inside a CUDA graph capture.
+    then ``build(batch)`` serves any batch eagerly, ``build_decode(batch)`` the static
+    uniform decode batch and ``build_mixed(batch)`` a step of any composition within a token
+    bucket, both inside a CUDA graph capture.
 
     Examples
     --------
@@ -70,35 +72,42 @@ class SparseSWAMetadataBuilder:
         self._backend = "torch"
         self._out: SWADecodeOutputs | None = None
         self._gather_lens = None
+        self._prefill_seq_lens = None
         self.layer_types: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
-        """The ``swa.*`` views (``Td = max_decode_tokens``, ``W = sliding_window``,
-        ``maxC = c128a_max_compressed``):
+        """The ``swa.*`` views (``Td = max_decode_tokens``, ``T = max_num_batched_tokens``,
+        ``W = sliding_window``, ``maxC = c128a_max_compressed``):
 
-        * ``swa.is_valid_token`` bool ``(max_num_batched_tokens,)``;
+        * ``swa.is_valid_token`` bool ``(T,)``;
         * ``swa.decode_swa_indices`` int32 ``(Td, 1, W)``, ``swa.decode_swa_lens`` int32
           ``(Td,)``;
-        * ``swa.prefill_gather_lens`` int32 ``(max_num_seqs,)``;
+        * ``swa.prefill_gather_lens``, ``swa.prefill_seq_lens`` int32 ``(max_num_seqs,)``;
         * with 128 in ``compress_ratios``: ``swa.c128a_decode_indices`` int32
-          ``(Td, 1, maxC)``, ``swa.c128a_decode_lens`` int32 ``(Td,)``.
+          ``(Td, 1, maxC)``, ``swa.c128a_decode_lens`` int32 ``(Td,)``,
+          ``swa.c128a_prefill_indices`` int32 ``(T, maxC)``, ``swa.c128a_prefill_lens``
+          int32 ``(T,)``. Index rows start as -1: every writer keeps the entries at or
+          past a row's length at -1.
 
         Raises :class:`ConfigError` without ``sliding_window`` or with context parallelism.
         """
         _check_config(config)
-        td, w = config.max_decode_tokens, config.sliding_window
+        td, t, w = config.max_decode_tokens, config.max_num_batched_tokens, config.sliding_window
         decls = [
-            BufferDecl("swa.is_valid_token", (config.max_num_batched_tokens,), torch.bool),
+            BufferDecl("swa.is_valid_token", (t,), torch.bool),
             BufferDecl("swa.decode_swa_indices", (td, 1, w), torch.int32, fill=-1),
             BufferDecl("swa.decode_swa_lens", (td,), torch.int32),
             BufferDecl("swa.prefill_gather_lens", (config.max_num_seqs,), torch.int32),
+            BufferDecl("swa.prefill_seq_lens", (config.max_num_seqs,), torch.int32),
         ]
         if C128A_RATIO in config.compress_ratios:
             max_c = config.c128a_max_compressed
             decls += [
                 BufferDecl("swa.c128a_decode_indices", (td, 1, max_c), torch.int32, fill=-1),
                 BufferDecl("swa.c128a_decode_lens", (td,), torch.int32),
+                BufferDecl("swa.c128a_prefill_indices", (t, max_c), torch.int32, fill=-1),
+                BufferDecl("swa.c128a_prefill_lens", (t,), torch.int32),
             ]
         return decls
 
@@ -107,14 +116,21 @@ class SparseSWAMetadataBuilder:
         cfg = arena.config
         _check_config(cfg)
         has_c128a = C128A_RATIO in cfg.compress_ratios
+
+        def view(name: str):
+            return arena[f"swa.{name}"] if has_c128a else None
+
         self._out = SWADecodeOutputs(
             is_valid_token=arena["swa.is_valid_token"],
             swa_indices=arena["swa.decode_swa_indices"],
             swa_lens=arena["swa.decode_swa_lens"],
-            c128a_indices=arena["swa.c128a_decode_indices"] if has_c128a else None,
-            c128a_lens=arena["swa.c128a_decode_lens"] if has_c128a else None,
+            c128a_indices=view("c128a_decode_indices"),
+            c128a_lens=view("c128a_decode_lens"),
+            c128a_prefill_indices=view("c128a_prefill_indices"),
+            c128a_prefill_lens=view("c128a_prefill_lens"),
         )
         self._gather_lens = arena["swa.prefill_gather_lens"]
+        self._prefill_seq_lens = arena["swa.prefill_seq_lens"]
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
         self.layer_types = layer_types_for(cfg.compress_ratios)
         self._config = cfg
@@ -140,12 +156,12 @@ class SparseSWAMetadataBuilder:
         split = split_decodes_and_prefills(batch, decode_threshold=cfg.decode_threshold)
         num_decodes, num_prefills, num_decode_tokens, _ = split
         self._check_decode_rows(num_decode_tokens)
-        self._launch(batch, num_decode_tokens)
+        self._launch(batch, num_decode_tokens, num_decode_tokens, prefill_rows=num_prefills > 0)
         prefill_gather_lens(
             self._backend, batch.seq_lens, batch.query_start_loc, num_decodes, num_prefills,
             cfg.sliding_window, self._gather_lens,
         )
-        return self._metadata(batch, split)
+        return self._metadata(batch, split, batch.seq_lens[num_decodes:])
 
     def build_decode(self, batch: Batch) -> SparseSWAMetadata:
         """Graph-safe metadata for :meth:`Batch.for_decode_capture` (``num_reqs`` requests of
@@ -164,8 +180,35 @@ class SparseSWAMetadataBuilder:
                 f"tokens, max_query_len={batch.max_query_len}; use build() for other batches"
             )
         self._check_decode_rows(num_tokens)
-        self._launch(batch, num_tokens)
-        return self._metadata(batch, (num_reqs, 0, num_tokens, 0))
+        self._launch(batch, num_tokens, num_tokens, prefill_rows=False)
+        return self._metadata(batch, (num_reqs, 0, num_tokens, 0), None)
+
+    def build_mixed(self, batch: Batch) -> SparseSWAMetadata:
+        """Graph-safe metadata for a step of any composition within a token bucket
+        (:meth:`Batch.for_mixed_capture`: ``R`` requests, ``T`` tokens at most).
+
+        The split is read on the device (``batch.step_counts``); every view covers the
+        bucket's capacity and holds defined values past the real step: decode rows
+        ``(min(T, max_decode_tokens), ...)`` with length 0 and rows of -1 past ``Td``;
+        C128A prefill rows ``(T, maxC)`` likewise past the real prefill tokens; prefill
+        gather and sequence lengths ``(R,)``, 0 past the real prefills. The int fields are
+        those capacities; the exact split is ``step_counts``. Two kernels.
+        """
+        cfg = self._bound_config()
+        self._check_batch(batch)
+        if batch.step_counts is None:
+            raise InvalidBatchError(
+                "build_mixed reads the step's counts on the device (batch.step_counts); "
+                "build the batch with Batch.for_mixed_capture"
+            )
+        r, t = batch.num_reqs, batch.num_actual_tokens
+        rows = min(t, cfg.max_decode_tokens)
+        self._launch(batch, 0, rows, prefill_rows=True, step_counts=batch.step_counts)
+        prefill_gather_lens(
+            self._backend, batch.seq_lens, batch.query_start_loc, 0, r, cfg.sliding_window,
+            self._gather_lens, self._prefill_seq_lens, batch.step_counts,
+        )
+        return self._metadata(batch, (r, r, rows, t), self._prefill_seq_lens[:r])
 
     # ------------------------------------------------------------------- helpers
     def _bound_config(self) -> ArenaConfig:
@@ -202,19 +245,23 @@ class SparseSWAMetadataBuilder:
                 f"{cfg.max_decode_tokens} (max_num_seqs * next_n rows of decode metadata)"
             )
 
-    def _launch(self, batch: Batch, num_decode_tokens: int) -> None:
+    def _launch(self, batch: Batch, num_decode_tokens: int, decode_rows: int, *,
+                prefill_rows: bool, step_counts: torch.Tensor | None = None) -> None:
         cfg = self._bound_config()
         build_swa_decode(
             self._backend, self._out, batch.slot_mapping, batch.positions, batch.token_to_req,
             batch.swa_block_table, cfg.swa_block_size, batch.block_table,
             cfg.block_size // C128A_RATIO, batch.num_actual_tokens, num_decode_tokens,
+            decode_rows=decode_rows, prefill_rows=prefill_rows, step_counts=step_counts,
         )
 
-    def _metadata(self, batch: Batch, split: DecodePrefillSplit) -> SparseSWAMetadata:
+    def _metadata(self, batch: Batch, split: DecodePrefillSplit,
+                  prefill_seq_lens: torch.Tensor | None) -> SparseSWAMetadata:
         cfg, out = self._bound_config(), self._out
         num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
         num_tokens = batch.num_actual_tokens
         has_c128a = out.c128a_indices is not None
+        prefill_c128a = has_c128a and num_prefills > 0
         plans = tile_plans(self.layer_types, num_decode_tokens)
         return SparseSWAMetadata(
             query_start_loc=batch.query_start_loc,
@@ -234,11 +281,16 @@ class SparseSWAMetadataBuilder:
             num_prefills=num_prefills,
             num_decode_tokens=num_decode_tokens,
             num_prefill_tokens=num_prefill_tokens,
-            prefill_seq_lens=batch.seq_lens[num_decodes:] if num_prefills else None,
+            prefill_seq_lens=prefill_seq_lens if num_prefills else None,
             prefill_gather_lens=self._gather_lens[:num_prefills] if num_prefills else None,
+            c128a_prefill_indices=(out.c128a_prefill_indices[:num_prefill_tokens]
+                                   if prefill_c128a else None),
+            c128a_prefill_lens=(out.c128a_prefill_lens[:num_prefill_tokens]
+                                if prefill_c128a else None),
             tile_sched_swaonly=plans[SWA_ONLY],
             tile_sched_c4a=plans[C4A],
             tile_sched_c128a=plans[C128A],
+            step_counts=batch.step_counts,
         )
 
 

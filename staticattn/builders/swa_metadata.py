@@ -48,14 +48,27 @@ class SparseSWAMetadata:
     c128a_decode_lens : int32 device ``(Td,)`` or None
         ``n_c``; 0 for invalid tokens. (The reference's ``c128a_decode_topk_lens``.)
     num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens : int
-        The decode/prefill split, decode threshold ``next_n``.
+        The decode/prefill split, decode threshold ``next_n``. From a mixed build (any
+        composition, decided on the device) they are the bucket's capacities, upper bounds
+        of the real split in ``step_counts``; every view above and below then has those
+        capacities as its extent, and its rows past the real split hold length 0 and -1.
     prefill_seq_lens : int32 device ``(P,)`` or None
-        ``seq_lens[num_decodes:]``; only when ``P > 0``.
+        The prefill requests' sequence lengths (``seq_lens[num_decodes:]``); only when
+        ``P > 0``.
     prefill_gather_lens : int32 device ``(P,)`` or None
         ``q + min(L - q, W - 1)`` per prefill request; only when ``P > 0``.
+    c128a_prefill_indices : int32 device ``(Tp, maxC)`` or None
+        Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p``: the local
+        indices ``o < n_c = min((p + 1) // 128, maxC)``, then -1 (the reference's
+        ``c128a_prefill_topk_indices``). None without C128A layers or prefills.
+    c128a_prefill_lens : int32 device ``(Tp,)`` or None
+        ``n_c`` of each prefill row.
     tile_sched_swaonly, tile_sched_c4a, tile_sched_c128a : FlashMLA tile-plan holder or None
         A fresh empty holder per layer type present in the model, None for absent types and
         when ``Td == 0``; see :mod:`staticattn.builders.tile_plan`.
+    step_counts : int32 device ``(4,)`` or None
+        ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, from
+        the staging kernel.
     """
 
     query_start_loc: torch.Tensor
@@ -77,9 +90,12 @@ class SparseSWAMetadata:
     num_prefill_tokens: int
     prefill_seq_lens: torch.Tensor | None = None
     prefill_gather_lens: torch.Tensor | None = None
+    c128a_prefill_indices: torch.Tensor | None = None
+    c128a_prefill_lens: torch.Tensor | None = None
     tile_sched_swaonly: Any = None
     tile_sched_c4a: Any = None
     tile_sched_c128a: Any = None
+    step_counts: torch.Tensor | None = None
 
     def tile_sched(self, layer_type: str) -> Any:
         """The tile-plan holder of ``layer_type`` ("swaonly", "c4a" or "c128a")."""

@@ -298,7 +298,7 @@ class GraphManager:
 
     def _replay(self, g: CapturedGraph, s: np.ndarray, slots: np.ndarray,
                 num_tokens: int) -> RunResult:
-        self.inputs.stage_uniform_decode(s, slots, g.num_reqs, g.size)
+        self.inputs.stage_uniform_decode(s, slots)
         events = self._record_start()
         g.graph.replay()
         self._record_end(events)

@@ -45,6 +45,8 @@ def indexer_decode_tensors(
     compress_ratio: int,
     slot_mapping_out: torch.Tensor | None = None,
     storage_block_size: int = 1,
+    slot_tokens: int | None = None,
+    step_counts: torch.Tensor | None = None,
 ) -> None:
     """Write the decode lengths (and, flattening, the expanded block table) in one launch.
 
@@ -71,17 +73,27 @@ def indexer_decode_tensors(
         Native: columns of the lengths (``max_decode_len``, >= 1). Ignored by flatten.
     compress_ratio : int
         ``R``: lengths are counted in compressed keys.
-    slot_mapping_out : int64 device ``(>= extent,)`` or None
-        For a uniform decode step (every token a decode token, so the ``extent`` cells are
-        its tokens): also write the compressed slot mapping of those tokens, in the same
-        launch (see :func:`~staticattn.kernels.compressed_slots.compressed_slot_mapping`).
+    slot_mapping_out : int64 device ``(>= slot_tokens,)`` or None
+        Also write the compressed slot mapping of tokens ``[0, slot_tokens)``, in the same
+        launch (see :func:`~staticattn.kernels.compressed_slots.compressed_slot_mapping`);
+        ``query_start_loc[num_decodes]`` must then be the step's real token count (every
+        request is a decode slot: a uniform or a mixed build).
     storage_block_size : int
         ``S`` of the compressed slots.
+    slot_tokens : int, optional
+        Tokens of the slot mapping; default: the decode extent (a uniform decode step,
+        where every token is a decode token).
+    step_counts : int32 device ``(4,)`` or None
+        The staging's ``[k, nt, D, Td]``: when given, the real decode requests (native) or
+        tokens (flatten) are read there, ``num_decodes`` / ``num_rows`` are only the static
+        extents, and everything between the two gets length 0 (and an all-zero table row):
+        the build of a step of any composition, decided on the device.
 
     Graph-safe with either backend: every extent is a static int.
     """
     flatten = expanded_block_table is not None
     extent = num_rows if flatten else num_decodes * width
+    slot_tokens = extent if slot_tokens is None else slot_tokens
     if extent == 0:
         return
     if backend == "triton":
@@ -91,39 +103,47 @@ def indexer_decode_tensors(
         table = expanded_block_table if flatten else block_table
         slots = slot_mapping_out
         launch_decode_kernel(
-            extent, col_blocks, query_start_loc, seq_lens,
-            block_table, positions, token_to_req, decode_lens, decode_seq_lens, table,
-            decode_seq_lens if slots is None else slots, num_decodes, num_rows, width,
-            num_cols, compress_ratio, storage_block_size, extent if slots is not None else 0,
-            decode=True, flatten=flatten,
+            max(extent, slot_tokens if slots is not None else 0), col_blocks,
+            query_start_loc, seq_lens, block_table, positions, token_to_req, decode_lens,
+            decode_seq_lens, table, decode_seq_lens if slots is None else slots, num_decodes,
+            num_rows, width, num_cols, compress_ratio, storage_block_size,
+            slot_tokens if slots is not None else 0, decode=True, flatten=flatten,
+            step_counts=step_counts,
         )
         return
     if slot_mapping_out is not None:
         compressed_slot_mapping(
             "torch", query_start_loc, positions, token_to_req, block_table, slot_mapping_out,
-            num_reqs=num_decodes, num_tokens=extent, storage_block_size=storage_block_size,
-            compress_ratio=compress_ratio,
+            num_reqs=num_decodes, num_tokens=slot_tokens,
+            storage_block_size=storage_block_size, compress_ratio=compress_ratio,
         )
+    if step_counts is None:
+        live_reqs, live_tokens = num_decodes, query_start_loc[num_decodes]
+    else:
+        live_reqs, live_tokens = step_counts[2], step_counts[3]
     if flatten:
-        _flatten_torch(query_start_loc, block_table, positions, token_to_req, decode_lens,
-                       decode_seq_lens, expanded_block_table, num_decodes, num_rows,
-                       compress_ratio)
+        _flatten_torch(block_table, positions, token_to_req, decode_lens, decode_seq_lens,
+                       expanded_block_table, live_tokens, num_rows, compress_ratio)
     else:
         _native_torch(query_start_loc, seq_lens, decode_lens, decode_seq_lens, num_decodes,
-                      width, compress_ratio)
+                      live_reqs, width, compress_ratio)
 
 
-def _native_torch(qsl, seq_lens, decode_lens, decode_seq_lens, num_decodes, width, ratio):
-    torch.sub(qsl[1 : num_decodes + 1], qsl[:num_decodes], out=decode_lens[:num_decodes])
+def _native_torch(qsl, seq_lens, decode_lens, decode_seq_lens, num_decodes, live_reqs, width,
+                  ratio):
+    live = torch.arange(num_decodes, device=seq_lens.device) < live_reqs
+    query_lens = qsl[1 : num_decodes + 1] - qsl[:num_decodes]
+    decode_lens[:num_decodes].copy_(torch.where(live, query_lens, 0))
     j = torch.arange(width, device=seq_lens.device, dtype=seq_lens.dtype)
     lens = (seq_lens[:num_decodes, None] - (width - 1) + j).clamp_(min=0) // ratio
-    decode_seq_lens[: num_decodes * width].view(num_decodes, width).copy_(lens)
+    decode_seq_lens[: num_decodes * width].view(num_decodes, width).copy_(
+        torch.where(live[:, None], lens, 0))
 
 
-def _flatten_torch(qsl, block_table, positions, token_to_req, decode_lens, decode_seq_lens,
-                   expanded_block_table, num_decodes, num_rows, ratio):
-    t = torch.arange(num_rows, device=qsl.device)
-    real = t < qsl[num_decodes]
+def _flatten_torch(block_table, positions, token_to_req, decode_lens, decode_seq_lens,
+                   expanded_block_table, live_tokens, num_rows, ratio):
+    t = torch.arange(num_rows, device=positions.device)
+    real = t < live_tokens
     lens = (positions[:num_rows] + 1).clamp_(min=0) // ratio
     decode_seq_lens[:num_rows].copy_(torch.where(real, lens, 0))
     decode_lens[:num_rows].fill_(1)

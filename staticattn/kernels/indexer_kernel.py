@@ -25,17 +25,20 @@ def launch_decode_kernel(
     extent: int, col_blocks: int, qsl, seq_lens, block_table, positions, token_to_req,
     decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
     width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
-    num_slot_tokens: int, *, decode: bool, flatten: bool,
+    num_slot_tokens: int, *, decode: bool, flatten: bool, step_counts=None,
 ) -> None:
     """One launch of the indexer kernel over ``extent`` rows or tokens: the decode tensors
     (``decode``) and/or the compressed slots of tokens ``[0, num_slot_tokens)``
-    (``num_slot_tokens > 0``)."""
+    (``num_slot_tokens > 0``). With ``step_counts`` (int32 device, the staging's
+    ``[k, nt, D, Td]``) the decode extent is read there and ``num_decodes`` / ``num_rows``
+    are only the static capacities."""
     _decode_kernel()[((extent + BLOCK - 1) // BLOCK, col_blocks)](
         qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_out.stride(0), slots_out,
+        qsl if step_counts is None else step_counts,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
         num_slot_tokens, DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
-        BLOCK=BLOCK, COLS=COLS,
+        DEVICE_COUNTS=step_counts is not None, BLOCK=BLOCK, COLS=COLS,
     )
 
 
@@ -58,10 +61,10 @@ def _decode_kernel():
     @triton.jit
     def decode_kernel(
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
-        decode_lens, decode_seq_lens, table_out, table_stride, slots_out,
+        decode_lens, decode_seq_lens, table_out, table_stride, slots_out, counts,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs, num_slot_tokens,
         DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
-        BLOCK: tl.constexpr, COLS: tl.constexpr,
+        DEVICE_COUNTS: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         col_block = tl.program_id(1)
@@ -82,9 +85,16 @@ def _decode_kernel():
                 tl.store(slots_out + i, tl.where(valid, slot, -1), mask=in_range)
         if not DECODE:
             return
+        # The real decodes: D requests, Td tokens; the static extents only bound them.
+        if DEVICE_COUNTS:
+            live_reqs = tl.load(counts + 2)
+            live_tokens = tl.load(counts + 3)
+        else:
+            live_reqs = num_decodes
+            live_tokens = tl.load(qsl + num_decodes)
         if FLATTEN:
             rows = i < num_rows
-            real = rows & (i < tl.load(qsl + num_decodes))
+            real = rows & (i < live_tokens)
             pos = tl.load(positions + i, mask=real, other=0).to(tl.int32)
             lens = tl.where(real, tl.maximum(pos + 1, 0) // compress_ratio, 0)
             # The lengths are written once, by the first column block.
@@ -101,13 +111,14 @@ def _decode_kernel():
             tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
         else:
             reqs = i < num_decodes
-            start = tl.load(qsl + i, mask=reqs, other=0)
-            end = tl.load(qsl + i + 1, mask=reqs, other=0)
+            live = reqs & (i < live_reqs)
+            start = tl.load(qsl + i, mask=live, other=0)
+            end = tl.load(qsl + i + 1, mask=live, other=0)
             tl.store(decode_lens + i, end - start, mask=reqs)
             cells = i < num_decodes * width
             b = i // width
             j = i - b * width
-            seq_len = tl.load(seq_lens + b, mask=cells, other=0)
+            seq_len = tl.load(seq_lens + b, mask=cells & (b < live_reqs), other=0)
             lens = tl.maximum(seq_len - width + 1 + j, 0) // compress_ratio
             tl.store(decode_seq_lens + i, lens, mask=cells)
 

@@ -1,148 +1,260 @@
-"""Stage a step's small host inputs into their device views, in one kernel.
+"""Stage a step's small host inputs into their device views, padding on the device.
 
-Reads the host staging (pinned on CUDA: the Triton kernel reads it directly through its
-unified address, which costs far less inside a graph than a memcpy node) and writes, for a
-launch over ``num_reqs`` requests and ``num_tokens`` tokens (both static per launch):
+The host writes only the real values into pinned staging -- query start locations
+``host_qsl[: k + 1]``, sequence lengths ``host_seq_lens[:k]``, slots ``host_slots[:nt]`` -- and
+the real counts ``host_counts = [k, nt]``. The kernels read them (pinned memory, through its
+unified address) for a launch over a *static* extent of ``R`` requests and ``T`` tokens (the
+captured size or bucket) and write the device views, padding what lies past the real step:
 
-* ``query_start_loc[: num_reqs + 1]``, ``seq_lens[: num_reqs]``, ``slot_mapping[: num_tokens]``
-  copied as they are;
-* ``token_to_req[t]``: the request owning token ``t``; its absolute position
-  ``positions[t] = (L_b - q_b) + (t - qsl[b])``. Tokens past the real ones
-  (``t >= qsl[num_reqs]``, graph padding) get request 0 and position 0: defined values
-  that are safe to index with.
+* ``qsl[b]`` for ``b <= R``: ``host_qsl[b]`` up to ``k``, then ``nt`` (padded requests have
+  query length 0); ``seq_lens[b]``: the host value, 0 past ``k``; ``slots[t]``: the host
+  value, -1 past ``nt``;
+* ``token_to_req[t]`` (the request owning token ``t``) and its absolute position
+  ``positions[t] = (L_b - q_b) + (t - qsl[b])``; tokens past the real ones get request 0 and
+  position 0, defined values that are safe to index with;
+* ``step_counts = [k, nt, D, Td]``: the real counts and the decode/prefill split
+  (``D`` leading requests with ``q <= decode_threshold``, ``Td = qsl[D]`` their tokens), for
+  builds that must not take them from the host (graphs of any composition).
 
-Example: ``qsl = [0, 2, 3, 3]``, ``seq_lens = [6, 9, 0]``, 4 tokens ->
-``token_to_req = [0, 0, 1, 0]``, ``positions = [4, 5, 8, 0]``.
+Two ways, chosen by static facts:
+
+* **uniform** (every real request has ``n`` tokens: a decode graph): one kernel; request of
+  token ``t`` is ``t // n``, so nothing is searched;
+* **general** (any composition): a copy kernel (the only reader of pinned memory), then a
+  derive kernel that searches the device copy of the query starts, which is cached, instead
+  of pinned memory, which costs a bus round trip per read.
+
+Example: ``host_qsl = [0, 2, 3]``, ``host_seq_lens = [6, 9]``, counts ``[2, 3]``, extent
+``R = 3, T = 4`` -> ``qsl = [0, 2, 3, 3]``, ``seq_lens = [6, 9, 0]``, ``token_to_req =
+[0, 0, 1, 0]``, ``positions = [4, 5, 8, 0]``, ``step_counts[:4] = [2, 3, 2, 3]`` (threshold 2).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from staticattn.kernels.lazy import lazy_jit
 
-__all__ = ["stage_inputs"]
+__all__ = [
+    "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "NUM_COUNTS",
+    "StagingViews", "stage_general", "stage_uniform",
+]
+
+#: Slots of ``step_counts`` (int32, device); the pinned ``host_counts`` uses the first two.
+COUNT_REQS, COUNT_TOKENS, COUNT_DECODES, COUNT_DECODE_TOKENS = 0, 1, 2, 3
+#: Length of both count vectors.
+NUM_COUNTS = 4
+
+_BLOCK = 256
+_CHUNK = 128
 
 
-def stage_inputs(
-    backend: str,
-    host_qsl: torch.Tensor,
-    host_seq_lens: torch.Tensor,
-    host_slot_mapping: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    seq_lens: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    positions: torch.Tensor,
-    token_to_req: torch.Tensor,
-    num_reqs: int,
-    num_tokens: int,
-    uniform_query_len: int = 0,
-) -> None:
-    """Copy host staging to the device views and derive ``token_to_req`` and ``positions``.
+@dataclass(frozen=True, slots=True)
+class StagingViews:
+    """The tensors the staging kernels read and write.
 
-    Parameters
-    ----------
-    host_qsl, host_seq_lens : int32 host tensors, ``(>= num_reqs + 1,)`` and ``(>= num_reqs,)``
-    host_slot_mapping : int64 host tensor ``(>= num_tokens,)``
-    query_start_loc, seq_lens : int32 device views (same capacities)
-    slot_mapping, positions : int64 device views ``(>= num_tokens,)``
-    token_to_req : int32 device view ``(>= num_tokens,)``
-    num_reqs, num_tokens : int
-        Static extent of this launch (the captured size under a graph).
-    uniform_query_len : int
-        When > 0, every real request has exactly this many tokens (a uniform decode step,
-        the only kind a graph replays), so token ``t`` belongs to request ``t // n``: no
-        search over the query starts, which would cost many small reads of host memory.
+    host_qsl : int32 pinned ``(R_max + 1,)``;  host_seq_lens : int32 pinned ``(R_max,)``
+    host_slots : int64 pinned ``(T_max,)``;  host_counts : int32 pinned ``(NUM_COUNTS,)``
+    qsl, seq_lens : int32 device ``(R_max + 1,)``, ``(R_max,)``
+    slots, positions : int64 device ``(T_max,)``;  token_to_req : int32 device ``(T_max,)``
+    step_counts : int32 device ``(NUM_COUNTS,)``
     """
-    args = (host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-            slot_mapping, positions, token_to_req, num_reqs, num_tokens, uniform_query_len)
+
+    host_qsl: torch.Tensor
+    host_seq_lens: torch.Tensor
+    host_slots: torch.Tensor
+    host_counts: torch.Tensor
+    qsl: torch.Tensor
+    seq_lens: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    token_to_req: torch.Tensor
+    step_counts: torch.Tensor
+
+
+def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) -> None:
+    """Stage a uniform step over ``num_reqs`` requests of ``query_len`` tokens (static); the
+    real count ``k = host_counts[0]`` may be smaller (graph padding). One kernel."""
     if backend == "triton":
-        _stage_triton(*args)
-    else:
-        _stage_torch(*args)
-
-
-def _stage_torch(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-                 slot_mapping, positions, token_to_req, num_reqs, num_tokens,
-                 uniform_query_len) -> None:
-    qsl = query_start_loc[: num_reqs + 1]
-    qsl.copy_(host_qsl[: num_reqs + 1], non_blocking=True)
-    seq_lens[:num_reqs].copy_(host_seq_lens[:num_reqs], non_blocking=True)
-    slot_mapping[:num_tokens].copy_(host_slot_mapping[:num_tokens], non_blocking=True)
-    if num_tokens == 0:
+        extent = max(num_reqs * query_len, num_reqs + 1)
+        _uniform_kernel()[(_cdiv(extent, _BLOCK),)](
+            v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens, v.slots,
+            v.positions, v.token_to_req, v.step_counts, num_reqs, query_len,
+            BLOCK=_BLOCK, NUM_COUNTS=NUM_COUNTS,
+        )
         return
-    t = torch.arange(num_tokens, device=qsl.device, dtype=torch.int32)
-    if uniform_query_len:
-        req = torch.clamp(t // uniform_query_len, max=max(num_reqs - 1, 0))
-    else:
-        req = torch.searchsorted(qsl[1:], t, right=True).to(torch.int32)
-    real = t < qsl[num_reqs]
-    req = torch.where(real, req, 0)
-    token_to_req[:num_tokens].copy_(req)
-    lens, starts = seq_lens[req].long(), qsl[req].long()
-    qlens = qsl[req + 1].long() - starts
-    pos = torch.where(real, lens - qlens + (t.long() - starts), 0)
-    positions[:num_tokens].copy_(pos)
+    k = v.host_counts[COUNT_REQS].to(v.qsl.device, non_blocking=True)
+    b = torch.arange(num_reqs + 1, device=v.qsl.device, dtype=torch.int32)
+    v.qsl[: num_reqs + 1].copy_(torch.minimum(b, k) * query_len)
+    _copy_padded(v.host_seq_lens, v.seq_lens, num_reqs, k, 0)
+    nt = k * query_len
+    _copy_padded(v.host_slots, v.slots, num_reqs * query_len, nt, -1)
+    t = torch.arange(num_reqs * query_len, device=v.qsl.device, dtype=torch.int32)
+    real = t < nt
+    req = torch.where(real, t // query_len, 0)
+    v.token_to_req[: t.shape[0]].copy_(req)
+    pos = v.seq_lens[req].long() - query_len + (t - req * query_len)
+    v.positions[: t.shape[0]].copy_(torch.where(real, pos, 0))
+    v.step_counts.copy_(torch.stack([k, nt, k, nt]))
+
+
+def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
+                  decode_threshold: int) -> None:
+    """Stage any step over a static extent of ``num_reqs`` requests and ``num_tokens``
+    tokens; the real counts come from ``host_counts``. Two kernels: copy, then derive."""
+    if backend == "triton":
+        extent = max(num_tokens, num_reqs + 1)
+        _copy_kernel()[(_cdiv(extent, _BLOCK),)](
+            v.host_qsl, v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens,
+            v.slots, v.step_counts, num_reqs, num_tokens, BLOCK=_BLOCK,
+        )
+        _derive_kernel()[(max(_cdiv(num_tokens, _BLOCK), 1),)](
+            v.qsl, v.seq_lens, v.positions, v.token_to_req, v.step_counts, num_reqs,
+            num_tokens, decode_threshold, BLOCK=_BLOCK, CHUNK=_CHUNK,
+        )
+        return
+    dev = v.qsl.device
+    k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
+    nt = v.host_counts[COUNT_TOKENS].to(dev, non_blocking=True)
+    b = torch.arange(num_reqs + 1, device=dev, dtype=torch.int32)
+    host_qsl = v.host_qsl[: num_reqs + 1].to(dev, non_blocking=True)
+    qsl = v.qsl[: num_reqs + 1]
+    qsl.copy_(torch.where(b <= k, host_qsl, nt))
+    _copy_padded(v.host_seq_lens, v.seq_lens, num_reqs, k, 0)
+    _copy_padded(v.host_slots, v.slots, num_tokens, nt, -1)
+    t = torch.arange(num_tokens, device=dev, dtype=torch.int32)
+    real = t < nt
+    req = torch.where(real, torch.searchsorted(qsl[1:], t, right=True).to(torch.int32), 0)
+    v.token_to_req[:num_tokens].copy_(req)
+    start = qsl[req].long()
+    pos = v.seq_lens[req].long() - (qsl[req + 1].long() - start) + (t.long() - start)
+    v.positions[:num_tokens].copy_(torch.where(real, pos, 0))
+    query_lens = qsl[1:] - qsl[:-1]
+    longer = (b[:-1] < k) & (query_lens > decode_threshold)
+    num_decodes = torch.where(longer, b[:-1], k).min() if num_reqs else k
+    v.step_counts.copy_(torch.stack([k, nt, num_decodes, qsl[num_decodes.long()]]))
+
+
+def _copy_padded(src: torch.Tensor, dst: torch.Tensor, extent: int, real: torch.Tensor,
+                 pad: int) -> None:
+    """``dst[i] = src[i]`` for ``i < real`` (a 0-d device tensor), ``pad`` up to ``extent``."""
+    i = torch.arange(extent, device=dst.device)
+    dst[:extent].copy_(torch.where(i < real, src[:extent].to(dst.device, non_blocking=True),
+                                   pad))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return max(-(-a // b), 1)
 
 
 @lazy_jit
-def _stage_kernel():
+def _uniform_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def stage_kernel(
-        host_qsl, host_seq_lens, host_slots,
-        qsl_out, seq_lens_out, slots_out, positions_out, token_to_req_out,
-        num_reqs, num_tokens,
-        UNIFORM: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    @triton.jit(do_not_specialize=["num_reqs", "query_len"])
+    def uniform_kernel(
+        host_seq_lens, host_slots, host_counts,
+        qsl_out, seq_lens_out, slots_out, positions_out, token_to_req_out, counts_out,
+        num_reqs, query_len, BLOCK: tl.constexpr, NUM_COUNTS: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        k = tl.load(host_counts)
+        nt = k * query_len
+        tl.store(qsl_out + offs, tl.minimum(offs, k) * query_len, mask=offs <= num_reqs)
+        m_r = offs < num_reqs
+        seq = tl.load(host_seq_lens + offs, mask=m_r & (offs < k), other=0)
+        tl.store(seq_lens_out + offs, seq, mask=m_r)
+        m_t = offs < num_reqs * query_len
+        real = m_t & (offs < nt)
+        tl.store(slots_out + offs, tl.load(host_slots + offs, mask=real, other=-1), mask=m_t)
+        # Every real request starts at req * n: no search, no read of the query starts.
+        req = tl.where(real, offs // query_len, 0)
+        seq_t = tl.load(host_seq_lens + req, mask=real, other=0)
+        pos = tl.where(real, (seq_t - query_len + (offs - req * query_len)).to(tl.int64), 0)
+        tl.store(token_to_req_out + offs, req, mask=m_t)
+        tl.store(positions_out + offs, pos, mask=m_t)
+        # Every request of a uniform step is a decode: D = k, Td = nt.
+        if tl.program_id(0) == 0:
+            c = tl.arange(0, NUM_COUNTS)
+            tl.store(counts_out + c, tl.where(c % 2 == 0, k, nt))
+
+    return uniform_kernel
+
+
+@lazy_jit
+def _copy_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
+    def copy_kernel(
+        host_qsl, host_seq_lens, host_slots, host_counts,
+        qsl_out, seq_lens_out, slots_out, counts_out, num_reqs, num_tokens,
+        BLOCK: tl.constexpr,
+    ):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        k = tl.load(host_counts)
+        nt = tl.load(host_counts + 1)
+        m_q = offs <= num_reqs
+        qsl = tl.load(host_qsl + offs, mask=m_q & (offs <= k), other=0)
+        tl.store(qsl_out + offs, tl.where(offs <= k, qsl, nt), mask=m_q)
+        m_r = offs < num_reqs
+        seq = tl.load(host_seq_lens + offs, mask=m_r & (offs < k), other=0)
+        tl.store(seq_lens_out + offs, seq, mask=m_r)
+        m_t = offs < num_tokens
+        slot = tl.load(host_slots + offs, mask=m_t & (offs < nt), other=-1)
+        tl.store(slots_out + offs, slot, mask=m_t)
+        # The real counts travel on the device; the derive kernel completes the vector.
+        if tl.program_id(0) == 0:
+            tl.store(counts_out, k)
+            tl.store(counts_out + 1, nt)
+
+    return copy_kernel
+
+
+@lazy_jit
+def _derive_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "decode_threshold"])
+    def derive_kernel(
+        qsl, seq_lens, positions_out, token_to_req_out, counts, num_reqs, num_tokens,
+        decode_threshold, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     ):
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
-        m_q = offs < num_reqs + 1
-        tl.store(qsl_out + offs, tl.load(host_qsl + offs, mask=m_q), mask=m_q)
-        m_r = offs < num_reqs
-        tl.store(seq_lens_out + offs, tl.load(host_seq_lens + offs, mask=m_r), mask=m_r)
-        m_t = offs < num_tokens
-        tl.store(slots_out + offs, tl.load(host_slots + offs, mask=m_t), mask=m_t)
-
-        total = tl.load(host_qsl + num_reqs)
-        if UNIFORM > 0:
-            req = offs // UNIFORM
-        else:
-            # Owner of token t = number of request ends qsl[1..num_reqs] that are <= t.
-            req = tl.zeros([BLOCK], dtype=tl.int32)
-            for c in range(0, num_reqs, CHUNK):
-                ends_offs = c + tl.arange(0, CHUNK)
-                ends = tl.load(host_qsl + 1 + ends_offs, mask=ends_offs < num_reqs,
-                               other=2147483647)
-                req += tl.sum((ends[None, :] <= offs[:, None]).to(tl.int32), axis=1)
-        real = m_t & (offs < total)
+        k = tl.load(counts)
+        nt = tl.load(counts + 1)
+        # Owner of token t = number of request ends qsl[1..R] that are <= t; padded
+        # requests end at nt, so only real tokens find a real owner.
+        req = tl.zeros([BLOCK], dtype=tl.int32)
+        first_long = tl.zeros([CHUNK], dtype=tl.int32) + k
+        for c0 in range(0, num_reqs, CHUNK):
+            b = c0 + tl.arange(0, CHUNK)
+            in_reqs = b < num_reqs
+            ends = tl.load(qsl + 1 + b, mask=in_reqs, other=2147483647)
+            req += tl.sum((ends[None, :] <= offs[:, None]).to(tl.int32), axis=1)
+            if pid == 0:
+                starts = tl.load(qsl + b, mask=in_reqs, other=0)
+                longer = (b < k) & (ends - starts > decode_threshold)
+                first_long = tl.minimum(first_long, tl.where(longer, b, k))
+        real = (offs < num_tokens) & (offs < nt)
         req = tl.where(real, req, 0)
-        if UNIFORM > 0:
-            # Known without reading host memory: every real request starts at req * n.
-            start = req * UNIFORM
-            query_len = tl.zeros([BLOCK], dtype=tl.int32) + UNIFORM
-        else:
-            start = tl.load(host_qsl + req, mask=real, other=0)
-            query_len = tl.load(host_qsl + req + 1, mask=real, other=0) - start
-        seq_len = tl.load(host_seq_lens + req, mask=real, other=0)
-        pos = (seq_len - query_len + (offs - start)).to(tl.int64)
-        pos = tl.where(real, pos, 0)
+        start = tl.load(qsl + req, mask=real, other=0)
+        query_len = tl.load(qsl + req + 1, mask=real, other=0) - start
+        seq_len = tl.load(seq_lens + req, mask=real, other=0)
+        pos = tl.where(real, (seq_len - query_len + (offs - start)).to(tl.int64), 0)
+        m_t = offs < num_tokens
         tl.store(token_to_req_out + offs, req, mask=m_t)
         tl.store(positions_out + offs, pos, mask=m_t)
+        if pid == 0:
+            # The decode/prefill split: decodes lead (D requests with q <= threshold).
+            num_decodes = tl.min(first_long, axis=0)
+            tl.store(counts + 2, num_decodes)
+            tl.store(counts + 3, tl.load(qsl + num_decodes))
 
-    return stage_kernel
-
-
-def _stage_triton(host_qsl, host_seq_lens, host_slot_mapping, query_start_loc, seq_lens,
-                  slot_mapping, positions, token_to_req, num_reqs, num_tokens,
-                  uniform_query_len) -> None:
-    block = 256
-    extent = max(num_tokens, num_reqs + 1)
-    grid = ((extent + block - 1) // block,)
-    _stage_kernel()[grid](
-        host_qsl, host_seq_lens, host_slot_mapping,
-        query_start_loc, seq_lens, slot_mapping, positions, token_to_req,
-        num_reqs, num_tokens, UNIFORM=uniform_query_len, BLOCK=block, CHUNK=64,
-    )
+    return derive_kernel

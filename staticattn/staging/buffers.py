@@ -10,6 +10,7 @@ import torch
 
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig
+from staticattn.kernels.staging import NUM_COUNTS
 
 __all__ = ["input_buffers", "PAD_SLOT_ID", "NULL_BLOCK_ID"]
 
@@ -26,8 +27,11 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
     ``(max_num_seqs,)``, ``slot_mapping`` / ``positions`` int64 ``(max_num_batched_tokens,)``,
     ``token_to_req`` int32 ``(max_num_batched_tokens,)``, ``block_table`` int32
     ``(max_num_seqs, max_blocks_per_req)``, and with SWA ``swa_block_table`` int32
-    ``(max_num_seqs, max_swa_blocks_per_req)``.
-    Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping``.
+    ``(max_num_seqs, max_swa_blocks_per_req)``; ``step_counts`` int32 ``(4,)``: the real
+    requests and tokens and the decode/prefill split, derived on the device
+    (:mod:`staticattn.kernels.staging`).
+    Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping`` and ``counts``
+    int32 ``(4,)`` (the real requests and tokens of the step).
     """
     r, t = config.max_num_seqs, config.max_num_batched_tokens
     decls = [
@@ -37,9 +41,11 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
         BufferDecl("input.positions", (t,), torch.int64),
         BufferDecl("input.token_to_req", (t,), torch.int32),
         BufferDecl("input.block_table", (r, config.max_blocks_per_req), torch.int32),
+        BufferDecl("input.step_counts", (NUM_COUNTS,), torch.int32),
         BufferDecl("staging.query_start_loc", (r + 1,), torch.int32, where="host"),
         BufferDecl("staging.seq_lens", (r,), torch.int32, where="host"),
         BufferDecl("staging.slot_mapping", (t,), torch.int64, where="host", fill=PAD_SLOT_ID),
+        BufferDecl("staging.counts", (NUM_COUNTS,), torch.int32, where="host"),
     ]
     if config.has_swa:
         decls.append(

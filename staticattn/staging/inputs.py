@@ -3,15 +3,16 @@
 Two ways in, both at fixed addresses (DESIGN.md, Lifecycle 4):
 
 * small per-step vectors (query start locations, sequence lengths, slot mapping) are written
-  by the host into the staging block (pinned on CUDA); one kernel, the first node of a
-  captured step, reads them straight from pinned memory and writes the device views, deriving
-  ``positions`` and ``token_to_req`` on the way;
+  by the host into the staging block (pinned on CUDA), real values only, with the real counts;
+  the staging kernels, the first nodes of a captured step, read them straight from pinned
+  memory, pad to the step's static extent on the device and derive ``positions``,
+  ``token_to_req`` and the decode/prefill split (:mod:`staticattn.kernels.staging`);
 * large persistent state (the block tables) lives only in device views that the engine
   updates in place, the rows that changed; no step copies a whole table.
 
-The host never rewrites staging that an in-flight step may still read: the staging kernel is
-followed by an event (recorded inside the graph too, as an external event node), and
-:meth:`StepInputs.stage` waits on it before writing.
+The host never rewrites staging that an in-flight step may still read: the last staging
+kernel to read it is followed by an event (recorded inside the graph too, as an event node),
+and every writer waits on it first (:meth:`StepInputs.wait_staging_free`).
 """
 
 from __future__ import annotations
@@ -24,10 +25,17 @@ import torch
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.staging import stage_inputs
+from staticattn.kernels.staging import (
+    COUNT_REQS,
+    COUNT_TOKENS,
+    StagingViews,
+    stage_general,
+    stage_uniform,
+)
 from staticattn.staging.buffers import PAD_SLOT_ID
 
-__all__ = ["StepInputs", "StagedCounts"]
+__all__ = ["HostViews", "StagedCounts", "StepInputs"]
+
 
 @dataclass(frozen=True, slots=True)
 class StagedCounts:
@@ -41,21 +49,40 @@ class StagedCounts:
     max_seq_len: int
 
 
+@dataclass(frozen=True, slots=True)
+class HostViews:
+    """Numpy views of the pinned staging, which an engine may write in place.
+
+    query_start_loc : int32 ``(max_num_seqs + 1,)``
+        ``[0, q_0, q_0 + q_1, ...]`` of the real requests (not read by uniform steps).
+    seq_lens : int32 ``(max_num_seqs,)``
+    slot_mapping : int64 ``(max_num_batched_tokens,)``; -1 = do not write
+    counts : int32 ``(4,)``; ``[num_reqs, num_tokens]`` of the step (the rest unused)
+    """
+
+    query_start_loc: np.ndarray
+    seq_lens: np.ndarray
+    slot_mapping: np.ndarray
+    counts: np.ndarray
+
+
 class StepInputs:
     """The arena's input views and the staging of host values into them.
 
     Parameters
     ----------
     arena : Arena
-        Allocated, with :func:`input_buffers` declared.
+        Allocated, with :func:`~staticattn.staging.input_buffers` declared.
 
     Attributes
     ----------
     query_start_loc, seq_lens, slot_mapping, positions, token_to_req, block_table,
-    swa_block_table : torch.Tensor
+    swa_block_table, step_counts : torch.Tensor
         Device views (``swa_block_table`` is None without SWA).
-    host_query_start_loc, host_seq_lens, host_slot_mapping : torch.Tensor
+    host_query_start_loc, host_seq_lens, host_slot_mapping, host_counts : torch.Tensor
         Host staging views; the eager path reads its host-side lengths from them.
+    host : HostViews
+        The same host memory as numpy arrays (no torch dispatch per write).
     """
 
     def __init__(self, arena) -> None:
@@ -67,6 +94,7 @@ class StepInputs:
         self.slot_mapping = arena["input.slot_mapping"]
         self.positions = arena["input.positions"]
         self.token_to_req = arena["input.token_to_req"]
+        self.step_counts = arena["input.step_counts"]
         self.block_table = arena["input.block_table"]
         self.swa_block_table = (
             arena["input.swa_block_table"] if "input.swa_block_table" in arena else None
@@ -74,12 +102,16 @@ class StepInputs:
         self.host_query_start_loc = arena["staging.query_start_loc"]
         self.host_seq_lens = arena["staging.seq_lens"]
         self.host_slot_mapping = arena["staging.slot_mapping"]
-        # numpy views of the same host memory: writing through them costs no torch dispatch.
-        self._np_qsl = self.host_query_start_loc.numpy()
-        self._np_seq_lens = self.host_seq_lens.numpy()
-        self._np_slots = self.host_slot_mapping.numpy()
-        self._uniform_qsl = np.arange(self.config.max_num_seqs + 1, dtype=np.int32) * (
-            self.config.next_n)
+        self.host_counts = arena["staging.counts"]
+        self.host = HostViews(
+            self.host_query_start_loc.numpy(), self.host_seq_lens.numpy(),
+            self.host_slot_mapping.numpy(), self.host_counts.numpy(),
+        )
+        self._views = StagingViews(
+            self.host_query_start_loc, self.host_seq_lens, self.host_slot_mapping,
+            self.host_counts, self.query_start_loc, self.seq_lens, self.slot_mapping,
+            self.positions, self.token_to_req, self.step_counts,
+        )
         self._consumed = (
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None
         )
@@ -94,7 +126,7 @@ class StepInputs:
         num_reqs_padded: int | None = None,
         num_tokens_padded: int | None = None,
     ) -> StagedCounts:
-        """Write one step's host values into the staging block.
+        """Write one step's host values into the staging block, with its padding.
 
         Parameters
         ----------
@@ -106,7 +138,9 @@ class StepInputs:
             KV slot per token, ``-1`` = do not write.
         num_reqs_padded, num_tokens_padded : int, optional
             Pad to these extents with null requests (query length 0, sequence length 0;
-            spec §10.5) and null tokens (slot -1).
+            spec §10.5) and null tokens (slot -1). The device views are padded by the
+            staging kernel; the host views are padded here too, for eager planning, which
+            reads them.
 
         Waits until the previous step's staging kernel has read the staging block (a no-op
         on CPU, and nearly always already true on CUDA), then writes. Raises
@@ -123,10 +157,17 @@ class StepInputs:
         pr = num_reqs if num_reqs_padded is None else int(num_reqs_padded)
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
         self._check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
-        self._wait_staging_free()
-        self._np_qsl[0] = 0
-        np.cumsum(query_lens, out=self._np_qsl[1 : num_reqs + 1])
-        self._write_padded(seq_lens, slot_mapping, num_tokens, pr, pt)
+        self.wait_staging_free()
+        host = self.host
+        host.query_start_loc[0] = 0
+        np.cumsum(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
+        host.query_start_loc[num_reqs + 1 : pr + 1] = num_tokens
+        host.seq_lens[:num_reqs] = seq_lens
+        host.seq_lens[num_reqs:pr] = 0
+        host.slot_mapping[:num_tokens] = slot_mapping
+        host.slot_mapping[num_tokens:pt] = PAD_SLOT_ID
+        host.counts[COUNT_REQS] = num_reqs
+        host.counts[COUNT_TOKENS] = num_tokens
         return StagedCounts(
             num_reqs=num_reqs, num_tokens=num_tokens, num_reqs_padded=pr,
             num_tokens_padded=pt,
@@ -134,46 +175,21 @@ class StepInputs:
             max_seq_len=int(seq_lens.max()) if num_reqs else 0,
         )
 
-    def stage_uniform_decode(
-        self, seq_lens: np.ndarray, slot_mapping: np.ndarray, num_reqs_padded: int,
-        num_tokens_padded: int,
-    ) -> None:
-        """:meth:`stage` for the replay path: every request schedules ``next_n`` tokens.
+    def stage_uniform_decode(self, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
+        """:meth:`stage` for a uniform decode step that a graph will pad: every request
+        schedules ``next_n`` tokens, so only the sequence lengths, the slots and the request
+        count are written (no query starts, no padding, no maxima).
 
-        The query start locations come from a precomputed ``next_n * arange`` table and no
-        maxima are taken, so this costs a few microseconds. The caller has checked the
-        step (``uniform_decode_passes`` or ``validate_host_step``); only the extents that
-        guard the staging block are checked again here.
+        The caller has checked the step and its extents (the graph manager's pre-screen).
         """
-        n = self.config.next_n
         num_reqs = seq_lens.shape[0]
-        num_tokens = num_reqs * n
-        if not (num_reqs <= num_reqs_padded <= self.config.max_num_seqs
-                and slot_mapping.shape[0] == num_tokens
-                and num_tokens <= num_tokens_padded <= self.config.max_num_batched_tokens):
-            raise CapacityError(
-                f"uniform decode step of {num_reqs} requests / {slot_mapping.shape[0]} slots "
-                f"does not fit its padding ({num_reqs_padded} requests, {num_tokens_padded} "
-                f"tokens) or the capacities ({self.config.max_num_seqs}, "
-                f"{self.config.max_num_batched_tokens})"
-            )
-        self._wait_staging_free()
-        self._np_qsl[: num_reqs + 1] = self._uniform_qsl[: num_reqs + 1]
-        self._write_padded(seq_lens, slot_mapping, num_tokens, num_reqs_padded,
-                           num_tokens_padded)
+        self.wait_staging_free()
+        host = self.host
+        host.seq_lens[:num_reqs] = seq_lens
+        host.slot_mapping[: slot_mapping.shape[0]] = slot_mapping
+        host.counts[COUNT_REQS] = num_reqs
 
-    def _write_padded(self, seq_lens: np.ndarray, slot_mapping: np.ndarray, num_tokens: int,
-                      num_reqs_padded: int, num_tokens_padded: int) -> None:
-        """Everything but the real query starts: null requests (query length 0, sequence
-        length 0) and null tokens (slot -1) up to the padded extents."""
-        num_reqs = seq_lens.shape[0]
-        self._np_qsl[num_reqs + 1 : num_reqs_padded + 1] = num_tokens
-        self._np_seq_lens[:num_reqs] = seq_lens
-        self._np_seq_lens[num_reqs:num_reqs_padded] = 0
-        self._np_slots[:num_tokens] = slot_mapping
-        self._np_slots[num_tokens:num_tokens_padded] = PAD_SLOT_ID
-
-    def _wait_staging_free(self) -> None:
+    def wait_staging_free(self) -> None:
         """Block until the last staging kernel has read the staging block. A query first:
         the event has nearly always fired, and asking is cheaper than synchronising."""
         if self._consumed is not None and not self._consumed.query():
@@ -216,18 +232,18 @@ class StepInputs:
 
     # --------------------------------------------------------------- device side
     def copy_to_device(self, num_reqs: int, num_tokens: int, *, uniform: bool = False) -> None:
-        """Launch the staging kernel over a static extent, then mark the staging block free.
+        """Launch the staging kernels over a static extent, then mark the staging free.
 
-        Graph-safe: the extent is a static int, and inside a capture the event becomes an
-        event-record node that fires on every replay. ``uniform=True`` promises that every
-        real request schedules ``next_n`` tokens (what a captured decode step replays), which
-        lets the kernel find each token's request by division instead of a search.
+        Graph-safe: the extent is static, the real counts are read by the kernels from the
+        staging, and inside a capture the event becomes an event-record node that fires on
+        every replay. ``uniform=True`` promises that every real request schedules
+        ``next_n`` tokens (``num_tokens = num_reqs * next_n``; what a decode graph replays),
+        which stages in one kernel that finds each token's request by division.
         """
-        stage_inputs(
-            self.backend, self.host_query_start_loc, self.host_seq_lens,
-            self.host_slot_mapping, self.query_start_loc, self.seq_lens, self.slot_mapping,
-            self.positions, self.token_to_req, num_reqs, num_tokens,
-            self.config.next_n if uniform else 0,
-        )
+        if uniform:
+            stage_uniform(self.backend, self._views, num_reqs, self.config.next_n)
+        else:
+            stage_general(self.backend, self._views, num_reqs, num_tokens,
+                          self.config.decode_threshold)
         if self._consumed is not None:
             self._consumed.record()

@@ -1,0 +1,149 @@
+"""The indexer's prefill part (spec §4.6-§4.7): chunks planned on the host for eager builds,
+or on the device for builds of any composition, into the same arena views.
+
+:class:`IndexerPrefill` owns the prefill views of the ``indexer.*`` buffers;
+:class:`~staticattn.builders.indexer.IndexerMetadataBuilder` hands it the batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from staticattn.arena import Arena, ArenaConfig, BufferDecl
+from staticattn.builders.batch import Batch
+from staticattn.builders.chunking import split_indexer_prefill_chunks
+from staticattn.builders.indexer_metadata import (
+    IndexerPrefillChunkMetadata,
+    IndexerPrefillMetadata,
+    IndexerPrefillPlan,
+)
+from staticattn.kernels.indexer_plan import (
+    CHUNK_FIELDS,
+    max_prefill_chunks,
+    plan_prefill_chunks,
+)
+from staticattn.kernels.indexer_prefill import indexer_prefill_chunk
+
+__all__ = ["IndexerPrefill", "max_chunks"]
+
+
+def max_chunks(config: ArenaConfig, num_reqs: int, num_tokens: int) -> int:
+    """Rows of the device chunk plan for ``num_reqs`` requests / ``num_tokens`` tokens."""
+    return max_prefill_chunks(num_reqs, num_tokens,
+                              config.max_model_len // config.index_compress_ratio,
+                              config.max_logits_bytes // 4)
+
+
+class IndexerPrefill:
+    """The prefill views and their two builds.
+
+    Buffers (``indexer.*``, device; ``T = max_num_batched_tokens``, ``R = max_num_seqs``):
+    ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)`` (key ranges by global token);
+    ``cu_seq_lens`` int32 ``(2R,)`` (requests ``[s, e)`` own ``[2s, s + e + 1)``, disjoint
+    for disjoint ranges, so every chunk of a step keeps its own view); ``prefill_chunks``
+    int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``, ``req_key_start`` int32
+    ``(R,)`` (the device plan; ``C`` from :func:`max_chunks`).
+    """
+
+    def __init__(self) -> None:
+        self.config: ArenaConfig | None = None
+
+    @staticmethod
+    def buffers(config: ArenaConfig) -> list[BufferDecl]:
+        tokens, reqs = config.max_num_batched_tokens, config.max_num_seqs
+        return [
+            BufferDecl("indexer.cu_seqlen_ks", (tokens,), torch.int32),
+            BufferDecl("indexer.cu_seqlen_ke", (tokens,), torch.int32),
+            BufferDecl("indexer.cu_seq_lens", (2 * reqs,), torch.int32),
+            BufferDecl("indexer.prefill_chunks",
+                       (max_chunks(config, reqs, tokens), CHUNK_FIELDS), torch.int32),
+            BufferDecl("indexer.num_prefill_chunks", (1,), torch.int32),
+            BufferDecl("indexer.req_key_start", (reqs,), torch.int32),
+        ]
+
+    def bind(self, arena: Arena, backend: str) -> None:
+        self.config = arena.config
+        self.backend = backend
+        self.compress_ratio = arena.config.index_compress_ratio
+        self.cu_seqlen_ks = arena["indexer.cu_seqlen_ks"]
+        self.cu_seqlen_ke = arena["indexer.cu_seqlen_ke"]
+        self.cu_seq_lens = arena["indexer.cu_seq_lens"]
+        self.prefill_chunks = arena["indexer.prefill_chunks"]
+        self.num_prefill_chunks = arena["indexer.num_prefill_chunks"]
+        self.req_key_start = arena["indexer.req_key_start"]
+
+    # ------------------------------------------------------------------ host plan
+    def host_keys(self, batch: Batch) -> np.ndarray:
+        """Host (upper-bound) compressed key counts of every request."""
+        lens = np.asarray(batch.seq_lens_cpu[: batch.num_reqs], dtype=np.int64)
+        return np.maximum(lens, 0) // self.compress_ratio
+
+    def build_host_planned(self, batch: Batch, qsl: np.ndarray, num_decodes: int,
+                           num_prefills: int) -> IndexerPrefillMetadata:
+        """The chunks of the prefill requests, planned from the host lengths (eager)."""
+        cfg = self.config
+        keys = self.host_keys(batch)
+        prefills = slice(num_decodes, num_decodes + num_prefills)
+        plan = split_indexer_prefill_chunks(
+            keys[prefills], np.diff(qsl[num_decodes : num_decodes + num_prefills + 1]),
+            cfg.max_prefill_workspace, cfg.max_logits_bytes, request_offset=num_decodes,
+        )
+        chunks, written = [], None
+        for reqs, queries in plan:
+            total = int(keys[reqs].sum())
+            if total == 0:
+                continue
+            if reqs != written:  # query sub-chunks of one request range share one launch
+                self.write_chunk(batch, qsl, reqs.start, reqs.stop)
+                written = reqs
+            chunks.append(self.chunk_views(batch, qsl, reqs.start, reqs.stop, queries, total))
+        return IndexerPrefillMetadata(chunks)
+
+    def write_chunk(self, batch: Batch, qsl: np.ndarray, start: int, end: int) -> None:
+        indexer_prefill_chunk(
+            self.backend, batch.query_start_loc, batch.seq_lens,
+            self._cu_seq_lens_region(start, end), self.cu_seqlen_ks,
+            self.cu_seqlen_ke, start=start, end=end, token_start=int(qsl[start]),
+            token_end=int(qsl[end]), compress_ratio=self.compress_ratio,
+        )
+
+    def _cu_seq_lens_region(self, start: int, end: int) -> torch.Tensor:
+        return self.cu_seq_lens[2 * start : start + end + 1]
+
+    def chunk_views(
+        self, batch: Batch, qsl: np.ndarray, start: int, end: int, query_slice: slice | None,
+        total: int,
+    ) -> IndexerPrefillChunkMetadata:
+        first = int(qsl[start])
+        lo, hi = ((0, int(qsl[end]) - first) if query_slice is None
+                  else (query_slice.start, query_slice.stop))
+        return IndexerPrefillChunkMetadata(
+            block_table=batch.block_table[start:end],
+            cu_seqlen_ks=self.cu_seqlen_ks[first + lo : first + hi],
+            cu_seqlen_ke=self.cu_seqlen_ke[first + lo : first + hi],
+            cu_seq_lens=self._cu_seq_lens_region(start, end),
+            total_seq_lens=total, token_start=first + lo, token_end=first + hi,
+            num_reqs=end - start, skip_kv_gather=lo > 0,
+        )
+
+    # ---------------------------------------------------------------- device plan
+    def build_device_planned(self, batch: Batch) -> IndexerPrefillMetadata:
+        """The same chunks planned on the device, for a step of any composition within
+        ``batch``'s static extents (graph-safe; one launch)."""
+        cfg = self.config
+        r, t = batch.num_reqs, batch.num_actual_tokens
+        plan = IndexerPrefillPlan(
+            chunk_bounds=self.prefill_chunks[: max_chunks(cfg, r, t)],
+            num_chunks=self.num_prefill_chunks, cu_seq_lens=self.cu_seq_lens[: 2 * r],
+            req_key_start=self.req_key_start[:r], cu_seqlen_ks=self.cu_seqlen_ks[:t],
+            cu_seqlen_ke=self.cu_seqlen_ke[:t], block_table=batch.block_table,
+        )
+        plan_prefill_chunks(
+            self.backend, batch.query_start_loc, batch.seq_lens, batch.positions,
+            batch.token_to_req, batch.step_counts, plan.chunk_bounds, plan.num_chunks,
+            plan.cu_seq_lens, plan.req_key_start, plan.cu_seqlen_ks, plan.cu_seqlen_ke,
+            num_reqs=r, num_tokens=t, compress_ratio=self.compress_ratio,
+            workspace=cfg.max_prefill_workspace, logits_budget=cfg.max_logits_bytes // 4,
+        )
+        return IndexerPrefillMetadata([], plan)

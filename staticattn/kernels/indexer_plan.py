@@ -1,0 +1,270 @@
+"""The indexer's prefill chunks planned on the device (spec §4.6-§4.7), for steps whose
+composition the host does not know when the graph runs.
+
+The plan is the reference's greedy one, over the prefill requests ``[D, k)`` (``D``, ``k`` from
+the staging's ``step_counts``), with ``N_r = L_r // R`` compressed keys and ``M_r`` queries:
+a request range grows while ``sum N <= workspace`` and ``(sum M) * (sum N) <= E``
+(``E = max_logits_bytes // 4``); a request that does not fit even alone is taken alone; each
+range is cut into query sub-chunks of ``max(1, E // sum N)`` queries; ranges without a key
+are dropped. Outputs, all over static extents:
+
+* ``chunk_bounds`` int32 ``(C, 8)``: row ``c < num_chunks`` is ``[req_start, req_end,
+  token_start, token_end, total_seq_lens, skip_kv_gather, 0, 0]``; rows past it are zero;
+* ``num_chunks`` int32 ``(1,)``;
+* ``cu_seq_lens`` int32 ``(2 R,)``: the range ``[s, e)`` owns ``[2s, s + e + 1)``, its key
+  prefix sums ``[0, N_s, N_s + N_{s+1}, ...]``; every other entry 0;
+* ``req_key_start`` int32 ``(R,)``: the keys of request ``r``'s range before ``r`` (0 for
+  requests that are not prefills);
+* ``cu_seqlen_ks`` / ``cu_seqlen_ke`` int32 ``(T,)``, by global token: a prefill token of
+  request ``r`` at position ``p`` gets ``ks = req_key_start[r]``,
+  ``ke = ks + (p + 1) // R``; every other token ``0, 0``.
+
+Example (R = 4, workspace 100, E = 250): prefills ``N = [10, 10, 10]``, ``M = [5, 5, 5]``
+(example C) -> ranges ``[0, 2)``, ``[2, 3)``; chunk rows ``[0, 2, 0, 10, 20, 0]`` and
+``[2, 3, 10, 15, 10, 0]``; ``cu_seq_lens[0:3] = [0, 10, 20]``, ``cu_seq_lens[5:7] = [0, 10]``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.kernels.lazy import lazy_jit, publish
+
+__all__ = ["CHUNK_FIELDS", "max_prefill_chunks", "plan_prefill_chunks"]
+
+#: Columns of ``chunk_bounds`` (six used, padded to eight for aligned rows).
+CHUNK_FIELDS = 8
+_BLOCK = 1024
+
+
+def max_prefill_chunks(num_reqs: int, num_tokens: int, max_keys_per_req: int,
+                       logits_budget: int) -> int:
+    """How many chunks a step of ``num_reqs`` requests / ``num_tokens`` tokens can need.
+
+    Every request range is one chunk unless a single request is cut into query sub-chunks;
+    that happens only to a request taken alone, which has at most ``max_keys_per_req`` keys,
+    so its sub-chunks hold at least ``max(1, E // max_keys_per_req)`` queries each.
+    """
+    per_sub_chunk = max(1, logits_budget // max(1, max_keys_per_req))
+    return num_reqs + -(-num_tokens // per_sub_chunk) + 1
+
+
+def plan_prefill_chunks(
+    backend: str,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    positions: torch.Tensor,
+    token_to_req: torch.Tensor,
+    step_counts: torch.Tensor,
+    chunk_bounds: torch.Tensor,
+    num_chunks: torch.Tensor,
+    cu_seq_lens: torch.Tensor,
+    req_key_start: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    *,
+    num_reqs: int,
+    num_tokens: int,
+    compress_ratio: int,
+    workspace: int,
+    logits_budget: int,
+) -> None:
+    """Plan the step's prefill chunks on the device (see the module docstring).
+
+    Parameters
+    ----------
+    query_start_loc : int32 ``(>= num_reqs + 1,)``;  seq_lens : int32 ``(>= num_reqs,)``
+    positions : int64 ``(>= num_tokens,)``;  token_to_req : int32 ``(>= num_tokens,)``
+    step_counts : int32 ``(4,)``, the staging's ``[k, nt, D, Td]``
+    chunk_bounds : int32 ``(C, 8)``, contiguous;  num_chunks : int32 ``(1,)``
+    cu_seq_lens : int32 ``(>= 2 num_reqs,)``;  req_key_start : int32 ``(>= num_reqs,)``
+    cu_seqlen_ks, cu_seqlen_ke : int32 ``(>= num_tokens,)``
+    num_reqs, num_tokens : int
+        Static extents (the bucket).
+    workspace : int
+        Keys one chunk may gather.
+    logits_budget : int
+        ``E``, fp32 logits one chunk may hold.
+
+    Graph-safe with either backend. The Triton version is one program: the greedy plan is
+    sequential over the prefill requests, which are few in a step.
+    """
+    args = (query_start_loc, seq_lens, positions, token_to_req, step_counts, chunk_bounds,
+            num_chunks, cu_seq_lens, req_key_start, cu_seqlen_ks, cu_seqlen_ke)
+    if backend == "triton":
+        _plan_kernel()[(1,)](
+            *args, num_reqs, num_tokens, chunk_bounds.shape[0], compress_ratio, workspace,
+            logits_budget, BLOCK=_BLOCK, FIELDS=CHUNK_FIELDS,
+        )
+        return
+    _plan_torch(*args, num_reqs, num_tokens, compress_ratio, workspace, logits_budget)
+
+
+def _plan_torch(qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, num_chunks,
+                cu_seq_lens, req_key_start, ks_out, ke_out, num_reqs, num_tokens, ratio,
+                workspace, budget) -> None:
+    """The same plan with tensor ops only: a static loop over the ``num_reqs`` request slots
+    finds the ranges (masked updates of 0-d state), then the chunk rows are laid out at once."""
+    dev = qsl.device
+    i64 = torch.int64
+    k, d = counts[0].long(), counts[2].long()
+    keys_of = seq_lens[:num_reqs].long().clamp(min=0) // ratio
+    queries_of = (qsl[1 : num_reqs + 1] - qsl[:num_reqs]).long()
+    zero = torch.zeros((), dtype=i64, device=dev)
+    start, m, keys = d.clone(), zero.clone(), zero.clone()
+    key_start = torch.zeros(num_reqs, dtype=i64, device=dev)
+    range_of = torch.zeros(num_reqs, dtype=i64, device=dev)
+    # Per range, at the index of its first request: its end, queries and keys.
+    ends = torch.zeros(num_reqs + 1, dtype=i64, device=dev)
+    queries = torch.zeros(num_reqs + 1, dtype=i64, device=dev)
+    range_keys = torch.zeros(num_reqs + 1, dtype=i64, device=dev)
+
+    def close(when, end):
+        at = torch.where(when, start, num_reqs)  # index num_reqs: a slot nobody reads
+        ends[at], queries[at], range_keys[at] = end, m, keys
+
+    for e in range(num_reqs):
+        live = (e >= d) & (e < k)
+        ne, me = keys_of[e], queries_of[e]
+        fits = (keys + ne <= workspace) & ((m + me) * (keys + ne) <= budget)
+        full = live & ~fits & (e > start)
+        close(full, zero + e)
+        start = torch.where(full, e, start)
+        m, keys = torch.where(full, 0, m), torch.where(full, 0, keys)
+        fits = torch.where(full, (ne <= workspace) & (me * ne <= budget), fits)
+        key_start[e] = torch.where(live, keys, 0)
+        range_of[e] = start
+        m, keys = torch.where(live, m + me, m), torch.where(live, keys + ne, keys)
+        alone = live & ~fits
+        close(alone, zero + e + 1)
+        start = torch.where(alone, e + 1, start)
+        m, keys = torch.where(alone, 0, m), torch.where(alone, 0, keys)
+    close(start < k, k)
+    ends, queries, range_keys = ends[:num_reqs], queries[:num_reqs], range_keys[:num_reqs]
+    # Chunk rows: each range with keys gives ceil(M / step) sub-chunks, in request order.
+    step = torch.where(range_keys > 0, (budget // range_keys.clamp(min=1)).clamp(min=1), 1)
+    subs = torch.where((ends > 0) & (range_keys > 0), -(-queries // step), 0)
+    last_row = torch.cumsum(subs, 0)
+    c = torch.arange(chunk_bounds.shape[0], device=dev)
+    owner = torch.searchsorted(last_row, c, right=True).clamp(max=max(num_reqs - 1, 0))
+    q0 = (c - (last_row - subs)[owner]) * step[owner]
+    q1 = torch.minimum(q0 + step[owner], queries[owner])
+    first_token = qsl[:num_reqs][owner].long()
+    rows = torch.stack([owner, ends[owner], first_token + q0, first_token + q1,
+                        range_keys[owner], (q0 > 0).long()] + [torch.zeros_like(c)] * 2, 1)
+    total = last_row[-1] if num_reqs else zero
+    chunk_bounds.copy_(torch.where((c < total)[:, None], rows, 0))
+    num_chunks.copy_(total.clamp(max=chunk_bounds.shape[0]).reshape(1))
+    # Key prefix sums of each range [s, e) in entries [2s, s + e + 1) of cu_seq_lens; a
+    # scratch slot at the end takes the writes of requests that are not prefills.
+    b = torch.arange(num_reqs, device=dev)
+    prefill_req = (b >= d) & (b < k)
+    cu = torch.zeros(2 * num_reqs + 1, dtype=i64, device=dev)
+    cu[torch.where(prefill_req, range_of + b, 2 * num_reqs)] = key_start
+    closes = prefill_req & (ends > 0)
+    cu[torch.where(closes, b + ends, 2 * num_reqs)] = range_keys
+    cu_seq_lens[: 2 * num_reqs].copy_(cu[: 2 * num_reqs])
+    req_key_start[:num_reqs].copy_(key_start)
+    t = torch.arange(num_tokens, device=dev)
+    prefill = (t >= counts[3]) & (t < counts[1])
+    ks = key_start[token_to_req[:num_tokens].long()]
+    ke = ks + (positions[:num_tokens] + 1).clamp(min=0) // ratio
+    ks_out[:num_tokens].copy_(torch.where(prefill, ks, 0))
+    ke_out[:num_tokens].copy_(torch.where(prefill, ke, 0))
+
+
+@lazy_jit
+def _plan_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def emit(chunk_bounds, cu_seq_lens, qsl, start, end, m, keys, chunks, max_chunks, budget,
+             FIELDS: tl.constexpr):
+        """Close the range [start, end): its last key prefix sum and its sub-chunk rows."""
+        tl.store(cu_seq_lens + start + end, keys.to(tl.int32))
+        if keys > 0:
+            step = tl.maximum(budget // keys, 1).to(tl.int32)
+            first_token = tl.load(qsl + start)
+            field = tl.arange(0, FIELDS)
+            for q0 in range(0, m.to(tl.int32), step):
+                q1 = tl.minimum(q0 + step, m.to(tl.int32))
+                row = tl.where(field == 0, start, tl.where(field == 1, end, 0))
+                row = tl.where(field == 2, first_token + q0, row)
+                row = tl.where(field == 3, first_token + q1, row)
+                row = tl.where(field == 4, keys.to(tl.int32), row)
+                row = tl.where(field == 5, (q0 > 0).to(tl.int32), row)
+                tl.store(chunk_bounds + chunks * FIELDS + field, row, mask=chunks < max_chunks)
+                chunks += 1
+        return chunks
+
+    publish(globals(), emit)
+
+    @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "max_chunks", "compress_ratio",
+                                   "workspace", "budget"])
+    def plan_kernel(
+        qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, num_chunks_out,
+        cu_seq_lens, req_key_start, ks_out, ke_out, num_reqs, num_tokens, max_chunks,
+        compress_ratio, workspace, budget, BLOCK: tl.constexpr, FIELDS: tl.constexpr,
+    ):
+        k = tl.load(counts)
+        nt = tl.load(counts + 1)
+        d = tl.load(counts + 2)
+        td = tl.load(counts + 3)
+        offs = tl.arange(0, BLOCK)
+        # Clear what the sequential pass may leave unwritten, and wait for the clear.
+        for c0 in range(0, 2 * num_reqs, BLOCK):
+            tl.store(cu_seq_lens + c0 + offs, tl.zeros([BLOCK], tl.int32),
+                     mask=c0 + offs < 2 * num_reqs)
+        for c0 in range(0, num_reqs, BLOCK):
+            tl.store(req_key_start + c0 + offs, tl.zeros([BLOCK], tl.int32),
+                     mask=c0 + offs < num_reqs)
+        tl.debug_barrier()
+        start = d
+        m = tl.zeros([], tl.int64)
+        keys = tl.zeros([], tl.int64)
+        chunks = tl.zeros([], tl.int32)
+        for e in range(d, k):
+            ne = (tl.maximum(tl.load(seq_lens + e), 0) // compress_ratio).to(tl.int64)
+            me = (tl.load(qsl + e + 1) - tl.load(qsl + e)).to(tl.int64)
+            fits = (keys + ne <= workspace) & ((m + me) * (keys + ne) <= budget)
+            if (fits == 0) & (e > start):
+                # e does not fit the open range: close it, and e starts a new one.
+                chunks = emit(chunk_bounds, cu_seq_lens, qsl, start, e, m, keys, chunks,
+                              max_chunks, budget, FIELDS)
+                start = e
+                m = tl.zeros([], tl.int64)
+                keys = tl.zeros([], tl.int64)
+                fits = (ne <= workspace) & (me * ne <= budget)
+            tl.store(req_key_start + e, keys.to(tl.int32))
+            tl.store(cu_seq_lens + start + e, keys.to(tl.int32))
+            m += me
+            keys += ne
+            if fits == 0:
+                # Too large to share a chunk even when alone: it is one.
+                chunks = emit(chunk_bounds, cu_seq_lens, qsl, start, e + 1, m, keys, chunks,
+                              max_chunks, budget, FIELDS)
+                start = e + 1
+                m = tl.zeros([], tl.int64)
+                keys = tl.zeros([], tl.int64)
+        if start < k:
+            chunks = emit(chunk_bounds, cu_seq_lens, qsl, start, k, m, keys, chunks,
+                          max_chunks, budget, FIELDS)
+        tl.store(num_chunks_out, tl.minimum(chunks, max_chunks))
+        for r0 in range(chunks * FIELDS, max_chunks * FIELDS, BLOCK):
+            tl.store(chunk_bounds + r0 + offs, tl.zeros([BLOCK], tl.int32),
+                     mask=r0 + offs < max_chunks * FIELDS)
+        tl.debug_barrier()
+        # Each token's key range: ks = the keys of its range before its request.
+        for t0 in range(0, num_tokens, BLOCK):
+            t = t0 + offs
+            in_step = t < num_tokens
+            prefill = in_step & (t >= td) & (t < nt)
+            req = tl.load(token_to_req + t, mask=prefill, other=0)
+            pos = tl.load(positions + t, mask=prefill, other=0)
+            ks = tl.load(req_key_start + req, mask=prefill, other=0)
+            ke = ks + (tl.maximum(pos + 1, 0) // compress_ratio).to(tl.int32)
+            tl.store(ks_out + t, tl.where(prefill, ks, 0), mask=in_step)
+            tl.store(ke_out + t, tl.where(prefill, ke, 0), mask=in_step)
+
+    return plan_kernel

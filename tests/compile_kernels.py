@@ -1,0 +1,123 @@
+"""Compile every Triton kernel of staticattn for sm_90 without a GPU (run as a script).
+
+Each case names a kernel and example arguments: a torch dtype stands for a pointer of that
+element type, an int for a runtime scalar, and the constexprs are given by value. The
+signature is derived from them, so a kernel's new argument only needs a new example.
+Exit code 77: this Triton has no ahead-of-time compile API.
+"""
+
+from __future__ import annotations
+
+import sys
+
+try:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+except ImportError:
+    sys.exit(77)
+
+import torch
+
+from staticattn.kernels import (
+    indexer_kernel,
+    indexer_plan,
+    indexer_prefill,
+    mqa_schedule,
+    staging,
+    swa_decode,
+    swa_prefill,
+)
+
+I32, I64, B = torch.int32, torch.int64, torch.bool
+_TYPES = {torch.int32: "*i32", torch.int64: "*i64", torch.bool: "*i1", torch.float32: "*fp32"}
+
+
+def compile_sm90(kernel, args: dict, constexprs: dict) -> None:
+    signature = {}
+    for name in kernel.arg_names:
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif isinstance(args[name], torch.dtype):
+            signature[name] = _TYPES[args[name]]
+        else:
+            signature[name] = "i32"
+    src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+def ptrs(names: str, dtype) -> dict:
+    return dict.fromkeys(names.split(), dtype)
+
+
+def cases():
+    decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out counts "
+                     "token_to_req", I32),
+              **ptrs("positions slots_out", I64), **dict.fromkeys(
+                  "bt_stride table_stride num_decodes num_rows width num_cols compress_ratio "
+                  "storage_bs num_slot_tokens".split(), 1)}
+    for flatten in (True, False):
+        for slots in (True, False):
+            for device_counts in (True, False):
+                yield indexer_kernel._decode_kernel(), decode, dict(
+                    DECODE=True, FLATTEN=flatten, SLOTS=slots, DEVICE_COUNTS=device_counts,
+                    BLOCK=128, COLS=64)
+    yield indexer_kernel._decode_kernel(), {**decode, "seq_lens": I64}, dict(
+        DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, BLOCK=128, COLS=64)
+    for legacy in (True, False):
+        yield mqa_schedule._schedule_kernel(), {
+            "lens": I32, "out": I32, **dict.fromkeys(
+                "row_stride last_col batch num_sms atoms".split(), 1)}, dict(
+            LEGACY=legacy, SPLIT=256, SM_BLOCK=256, CHUNK=1024, ROWS=128, SMS_STEP=16)
+    yield indexer_prefill._chunk_kernel(), {
+        **ptrs("qsl seq_lens cu_seq_lens ks_out ke_out", I32), "start": 1,
+        "compress_ratio": 1}, dict(BLOCK=256)
+    yield indexer_plan._plan_kernel(), {
+        **ptrs("qsl seq_lens token_to_req counts chunk_bounds num_chunks_out cu_seq_lens "
+               "req_key_start ks_out ke_out", I32), "positions": I64, **dict.fromkeys(
+            "num_reqs num_tokens max_chunks compress_ratio workspace budget".split(), 1)}, dict(
+        BLOCK=1024, FIELDS=8)
+    yield staging._uniform_kernel(), {
+        **ptrs("host_seq_lens host_counts qsl_out seq_lens_out token_to_req_out counts_out",
+               I32), **ptrs("host_slots slots_out positions_out", I64), "num_reqs": 1,
+        "query_len": 1}, dict(BLOCK=256, NUM_COUNTS=4)
+    yield staging._copy_kernel(), {
+        **ptrs("host_qsl host_seq_lens host_counts qsl_out seq_lens_out counts_out", I32),
+        **ptrs("host_slots slots_out", I64), "num_reqs": 1, "num_tokens": 1}, dict(BLOCK=256)
+    yield staging._derive_kernel(), {
+        **ptrs("qsl seq_lens token_to_req_out counts", I32), "positions_out": I64,
+        **dict.fromkeys("num_reqs num_tokens decode_threshold".split(), 1)}, dict(
+        BLOCK=256, CHUNK=128)
+    swa = {**ptrs("token_to_req swa_block_table block_table swa_indices_out swa_lens_out "
+                  "c128a_indices_out c128a_lens_out c128a_prefill_out c128a_prefill_lens_out "
+                  "counts", I32), **ptrs("slot_mapping positions", I64), "is_valid_out": B,
+           **dict.fromkeys("swa_bt_stride bt_stride num_tokens num_decode_tokens "
+                           "decode_rows".split(), 1)}
+    for has_c128a, prefill_rows, device_counts in ((True, True, True), (True, False, False),
+                                                   (False, False, False)):
+        yield swa_decode._swa_decode_kernel(), swa, dict(
+            WINDOW=128, SWA_BLOCK=64, HAS_C128A=has_c128a, PREFILL_ROWS=prefill_rows,
+            DEVICE_COUNTS=device_counts, C128A_WIDTH=8192, C128A_ENTRIES=2, C128A_RATIO=128,
+            BLOCK_T=2, BLOCK_W=128, BLOCK_C=1024)
+    for device_counts in (True, False):
+        yield swa_prefill._gather_lens_kernel(), {
+            **ptrs("out seq_lens_out seq_lens qsl counts", I32), **dict.fromkeys(
+                "num_decodes num_prefills window".split(), 1)}, dict(
+            WRITE_SEQ_LENS=device_counts, DEVICE_COUNTS=device_counts, BLOCK=128)
+
+
+def main() -> int:
+    count = 0
+    for kernel, args, constexprs in cases():
+        try:
+            compile_sm90(kernel, args, constexprs)
+        except Exception as exc:
+            print(f"{kernel.fn.__name__} {constexprs}: {type(exc).__name__}: {exc}")
+            return 1
+        count += 1
+    print(f"compiled {count} kernel variants for sm_90")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
