@@ -19,6 +19,7 @@ except ImportError:
 
 import torch
 
+from staticattn.consumers import gather_kernel
 from staticattn.kernels import (
     indexer_kernel,
     indexer_plan,
@@ -104,6 +105,20 @@ def cases():
             **ptrs("out seq_lens_out seq_lens qsl counts", I32), **dict.fromkeys(
                 "num_decodes num_prefills window".split(), 1)}, dict(
             WRITE_SEQ_LENS=device_counts, DEVICE_COUNTS=device_counts, BLOCK=128)
+
+    gather = {**ptrs("token_to_req qsl bt swa_bt counts swa_idx swa_len gather_lens "
+                     "pre_seq_lens c_idx c_len cp_idx cp_len i_lens i_bt bounds num_chunks cu "
+                     "ks ke swa_cache c_cache i_cache", I32), "positions": I64,
+              "out": I64, **dict.fromkeys(
+                  "bt_stride swa_bt_stride i_bt_stride swa_size c_size i_size swa_rows "
+                  "pre_rows cp_rows i_rows i_width i_decode_tokens max_chunks window swa_bs "
+                  "c_entries storage_bs".split(), 1)}
+    for everything in (True, False):
+        yield gather_kernel._gather_kernel(), gather, dict(
+            HAS_S=everything, HAS_PRE=everything, HAS_C=everything, HAS_CP=everything,
+            HAS_I=True, HAS_PLAN=everything, I_FLATTEN=everything,
+            I_DEVICE_COUNTS=everything, C_WIDTH=8192, BLOCK_W=128, BLOCK_C=1024, TAIL=32,
+            BLOCK_CHUNKS=64)
 
 
 def main() -> int:

@@ -147,7 +147,7 @@ def test_misuse(world):
     _after_bad(world, lambda: arena.allocate(), ArenaError, "already called")
     _after_bad(world, lambda: make_arena(cfg, [IndexerMetadataBuilder(), IndexerMetadataBuilder()]),
                ArenaError, "unique")
-    _after_bad(world, lambda: gm.graph_for(6), GraphError, "never captured")
+    _after_bad(world, lambda: gm.graph_for(6), GraphError, "was captured")
     fresh = Arena(cfg)
     _after_bad(world, lambda: fresh["x"], ArenaError, "before allocate")
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from toy import ToyBuilder, ToyStep, toy_expected
@@ -45,15 +47,33 @@ def _manager():
     return GraphManager(arena, inputs, [b], ToyStep(c, arena.device), progress=False)
 
 
-def test_dispatch_reasons():
+def _fake(kind, size, num_reqs):
+    """What dispatch reads of a captured graph."""
+    return SimpleNamespace(kind=kind, size=size, num_reqs=num_reqs)
+
+
+def test_dispatch_picks_the_smallest_graph_that_holds_the_step():
     gm = _manager()
-    assert gm.dispatch(np.array([2, 2])) == (None, "not-captured")
-    assert gm.dispatch(np.array([2, 1])) == (None, "non-uniform")
-    assert gm.dispatch(np.array([2, 5])) == (None, "prefill")
-    gm.graphs = {4: None, 8: None}  # dispatch reads only the sizes
-    assert gm.dispatch(np.array([2])) == (4, None)
-    assert gm.dispatch(np.array([2, 2, 2])) == (8, None)
-    assert gm.dispatch(np.array([2] * 5)) == (None, "too-large")
+
+    def pick(num_reqs, num_tokens, shortest, longest):
+        g, reason = gm._graph_for_step(num_reqs, num_tokens, shortest, longest)
+        return (g.kind, g.size) if g is not None else reason
+
+    assert pick(2, 4, 2, 2) == "not-captured"
+    gm.graphs = {4: _fake("decode", 4, 2), 8: _fake("decode", 8, 4)}
+    gm._table = gm._new_table()
+    assert pick(1, 2, 2, 2) == ("decode", 4)
+    assert pick(3, 6, 2, 2) == ("decode", 8)
+    assert pick(5, 10, 2, 2) == "too-large"
+    assert pick(2, 3, 1, 2) == "non-uniform"  # no token bucket captured
+    assert pick(2, 7, 2, 5) == "prefill"
+    gm.mixed_graphs = {16: _fake("mixed", 16, 16), 64: _fake("mixed", 64, 32)}
+    gm._table = gm._new_table()
+    assert pick(2, 3, 1, 2) == ("mixed", 16)
+    assert pick(5, 10, 2, 2) == ("mixed", 16)  # a uniform decode beyond the decode graphs
+    assert pick(2, 17, 2, 15) == ("mixed", 64)
+    assert pick(20, 60, 1, 5) == ("mixed", 64)
+    assert pick(30, 65, 1, 5) == "too-large"
 
 
 def test_eager_run_on_cpu_counts_fallbacks_and_matches_the_step():

@@ -32,6 +32,7 @@ class ToyBuilder:
         return ToyMetadata(out)
 
     build_decode = build
+    build_mixed = build
 
 
 class ToyStep:

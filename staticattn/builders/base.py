@@ -10,9 +10,15 @@ Every builder, whatever it builds, offers:
   host-side lengths the batch carries, never the device;
 * ``build_decode(batch)`` -- the graph-safe decode build for a *static* uniform decode batch
   (:meth:`Batch.for_decode_capture`): reads only arena views and static ints, launches only
-  kernels, and returns metadata whose tensors are the same views on every call.
+  kernels, and returns metadata whose tensors are the same views on every call;
+* ``build_mixed(batch)`` -- the graph-safe build for a step of any composition within a
+  token bucket (:meth:`Batch.for_mixed_capture`): the same, with the real counts and the
+  decode/prefill split read on the device (``batch.step_counts``); every view covers the
+  bucket's capacity and holds defined values past the real step. A builder without it is
+  used only in decode graphs and eagerly.
 
-Both builds return the same metadata type, so the user's step never needs to know which ran.
+Every build returns the same metadata type, so the user's step never needs to know which
+ran.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ class MetadataBuilder(Protocol):
     def build(self, batch: Batch) -> Any: ...
 
     def build_decode(self, batch: Batch) -> Any: ...
+
+    def build_mixed(self, batch: Batch) -> Any: ...
 
 
 def make_arena(

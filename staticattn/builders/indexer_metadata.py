@@ -38,6 +38,8 @@ class IndexerPrefillChunkMetadata:
     num_reqs : int
     skip_kv_gather : bool
         True for query sub-chunks after the first: reuse the K gathered before.
+    req_start : int
+        The chunk's first request (rows ``[req_start, req_start + num_reqs)``).
     """
 
     block_table: torch.Tensor
@@ -49,6 +51,7 @@ class IndexerPrefillChunkMetadata:
     token_end: int
     num_reqs: int
     skip_kv_gather: bool
+    req_start: int
 
 
 @dataclass(slots=True)

@@ -124,7 +124,7 @@ class IndexerPrefill:
             cu_seqlen_ke=self.cu_seqlen_ke[first + lo : first + hi],
             cu_seq_lens=self._cu_seq_lens_region(start, end),
             total_seq_lens=total, token_start=first + lo, token_end=first + hi,
-            num_reqs=end - start, skip_kv_gather=lo > 0,
+            num_reqs=end - start, skip_kv_gather=lo > 0, req_start=start,
         )
 
     # ---------------------------------------------------------------- device plan

@@ -1,5 +1,6 @@
 """Validation of the host arrays of one step, before they are staged: the full check
-(:func:`validate_host_step`) and the replay path's pre-screen (:func:`uniform_decode_passes`).
+(:func:`validate_host_step`) and the replay paths' pre-screens (:func:`uniform_decode_passes`,
+:func:`step_passes`).
 
 Nothing here reads the device or writes anything.
 """
@@ -26,7 +27,7 @@ from staticattn.builders.value_checks import (
 from staticattn.errors import InvalidBatchError
 from staticattn.staging.buffers import PAD_SLOT_ID
 
-__all__ = ["uniform_decode_passes", "validate_host_step"]
+__all__ = ["step_passes", "uniform_decode_passes", "validate_host_step"]
 
 
 def validate_host_step(
@@ -150,4 +151,34 @@ def uniform_decode_passes(
     return bool(
         seq_lens.min() >= n and seq_lens.max() <= config.max_model_len
         and slot_mapping.min() >= PAD_SLOT_ID
+    )
+
+
+def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.ndarray,
+                config: ArenaConfig) -> bool:
+    """A pre-screen for a step of any composition: True only if :func:`validate_host_step`
+    (decode-first order required, threshold ``next_n``, no block tables or pool sizes)
+    would accept it, in about ten vectorized passes.
+
+    False does not mean invalid: call :func:`validate_host_step` for the verdict and the
+    error message.
+    """
+    q, s, slots = query_lens, seq_lens, slot_mapping
+    if not (
+        isinstance(q, np.ndarray) and isinstance(s, np.ndarray)
+        and isinstance(slots, np.ndarray) and q.ndim == s.ndim == slots.ndim == 1
+        and q.dtype.kind in "iu" and s.dtype.kind in "iu" and slots.dtype.kind in "iu"
+        and 0 < q.shape[0] == s.shape[0] <= config.max_num_seqs
+        and slots.shape[0] <= config.max_num_batched_tokens
+    ):
+        return False
+    longer = q > config.decode_threshold
+    first_long = int(longer.argmax())
+    # Decode-first: no short, non-empty query after the first long one.
+    decode_first = not longer[first_long] or not (
+        (q[first_long:] > 0) & ~longer[first_long:]).any()
+    return bool(
+        decode_first and q.min() >= 0 and q.sum() == slots.shape[0]
+        and (s - q).min() >= 0 and s.max() <= config.max_model_len
+        and (slots.shape[0] == 0 or slots.min() >= PAD_SLOT_ID)
     )

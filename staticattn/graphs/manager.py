@@ -1,4 +1,4 @@
-"""GraphManager: one CUDA graph per uniform decode size, metadata build included.
+"""GraphManager: every step replays a captured graph, metadata build included.
 
 Workflow:
 
@@ -7,23 +7,32 @@ Workflow:
    work, called with the batch and ``{builder.name: metadata}``. It may launch any kernels;
    it must write its outputs into memory it owns (or the arena) and return them (a tensor,
    a tuple, list or dict of tensors, or None), leading dimension = tokens.
-2. ``capture(sizes)`` -- largest size first, one shared memory pool, Python's gc frozen,
-   each graph = staging kernel + every builder's ``build_decode`` + ``step``, warmed up
-   first with minimal sequence lengths.
-3. ``run(query_lens, seq_lens, slot_mapping)`` per step -- validate; a uniform decode batch
-   that fits is padded to the smallest captured size with null requests (query length 0,
-   sequence length 0, slot -1), staged, and replayed: one ``replay()``, nothing else
-   launched for the step. Anything else runs the same builders and step eagerly, and the
-   manager counts why. Block tables are not arguments: the engine updates the rows that
-   changed in ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
+2. ``capture(sizes, buckets)`` -- one graph per uniform decode size (``sizes``, tokens) and
+   one per token bucket (``buckets``: steps of any composition -- decodes with chunked
+   prefill, prefills, decodes of unequal lengths); largest first, one shared memory pool,
+   Python's gc frozen; each graph = staging kernels + every builder's build + ``step``,
+   warmed up first at minimal sequence lengths.
+3. Per step, either
+   * ``run(query_lens, seq_lens, slot_mapping)`` -- validate, write the host arrays into the
+     staging and launch: a uniform decode step replays the smallest decode graph that holds
+     it, any other step the smallest token bucket that holds it; only a step beyond every
+     captured graph runs eagerly (the manager counts why); or
+   * the in-place API of an engine's decode loop: ``views = begin_step()`` (waits until the
+     previous replay has read the staging), write ``views.seq_lens[:k]``,
+     ``views.slot_mapping[:t]`` (and ``views.query_start_loc[: k + 1]`` for a step of any
+     composition) directly, then ``launch(k)`` (uniform decode) or ``launch(k, t)``:
+     bounds checked in a few vectorized passes, one graph launch, nothing else.
+   Block tables are not arguments: the engine updates the rows that changed in
+   ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
 4. ``close()`` (or leave the ``with`` block) -- drops the graphs and their pool.
+
+Replays run on the stream that was current when ``capture`` first ran (``manager.stream``).
 
 Example (on a CUDA machine)::
 
     import numpy as np, torch
-    from staticattn import ArenaConfig, make_arena
+    from staticattn import ArenaConfig, make_arena, GraphManager
     from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
-    from staticattn.graphs import GraphManager
 
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
@@ -32,20 +41,22 @@ Example (on a CUDA machine)::
 
     def step(batch, md):  # the user's forward: reads metadata views, writes what it owns
         n = batch.num_actual_tokens
-        torch.clamp(md["swa"].decode_swa_lens, max=7, out=out[:n])
+        torch.clamp(md["swa"].is_valid_token[:n].int(), max=7, out=out[:n])
         return out[:n]
 
     with GraphManager(arena, inputs, builders, step) as gm:
-        gm.capture()  # default sizes, progress bar
+        gm.capture()  # default decode sizes and token buckets, progress bar
         inputs.block_table[:3, :4] = torch.arange(1, 13).view(3, 4)  # engine-owned rows
         inputs.swa_block_table[:3, :80] = 7
         res = gm.run([2, 2, 2], [100, 37, 5000], np.arange(6))
-        print(res.mode, res.graph_size)  # graph 8: padded to the smallest captured size
+        print(res.mode, res.graph_kind, res.graph_size)  # graph decode 8
+        res = gm.run([2, 1, 300], [100, 37, 300], np.arange(303))
+        print(res.mode, res.graph_kind, res.graph_size)  # graph mixed 512
 """
 
 from __future__ import annotations
 
-import time
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -55,27 +66,28 @@ import torch
 from staticattn.arena import Arena
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate_host import uniform_decode_passes, validate_host_step
+from staticattn.builders.validate_host import step_passes, uniform_decode_passes, validate_host_step
+from staticattn.builders.validate_views import ViewChecks
+from staticattn.builders.value_checks import slot_bound
 from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs.capture import (
-    arena_contents_kept,
-    capture,
-    frozen_gc,
-    progress,
-    warm_up,
+from staticattn.graphs.capturing import GraphCapture
+from staticattn.graphs.records import (
+    DECODE,
+    CapturedGraph,
+    GraphTable,
+    RunResult,
+    RunStats,
+    slice_outputs,
 )
-from staticattn.graphs.introspect import node_census
-from staticattn.graphs.records import CapturedGraph, RunResult, RunStats, slice_outputs
-from staticattn.graphs.sizes import default_capture_sizes, normalize_capture_sizes
-from staticattn.staging import StagedCounts, StepInputs
+from staticattn.staging import HostViews, StagedCounts, StepInputs
 
 __all__ = ["GraphManager", "StepFn"]
 
 StepFn = Callable[[Batch, dict[str, Any]], Any]
 
 
-class GraphManager:
-    """Captures and replays one CUDA graph per uniform decode size (in tokens).
+class GraphManager(GraphCapture):
+    """Captures and replays the graphs of every step (see the module docstring).
 
     Parameters
     ----------
@@ -84,17 +96,25 @@ class GraphManager:
     inputs : StepInputs
         The arena's input views and staging.
     builders : sequence of MetadataBuilder
-        Their ``build_decode`` runs inside every graph, ``build`` on the eager path.
+        Their ``build_decode`` / ``build_mixed`` run inside the graphs, ``build`` eagerly.
     step : callable ``(batch, metadata) -> outputs``
         The user's work. Outputs must live in memory the step owns: a fresh tensor
         returned from inside a capture would come from the graph pool and be overwritten
-        by the next replay of any graph -- results are valid until the next ``run``.
+        by the next replay of any graph -- results are valid until the next step.
     validate : bool
-        Check every step's host inputs before anything is written (default True).
+        Check every step before anything is written or launched (default True). With
+        False the caller promises what :func:`~staticattn.builders.validate_host.
+        validate_host_step` checks (``run``) or what :class:`~staticattn.builders.
+        validate_views.ViewChecks` checks (``launch``); a step that breaks the promise may
+        read or write out of bounds.
     progress : bool
         Show a progress bar while capturing.
     time_gpu : bool
-        Record CUDA events around each step's device work (``RunResult.gpu_us()``).
+        Record CUDA events around each ``run``'s device work (``RunResult.gpu_us()``).
+    num_kv_blocks : int, optional
+        Blocks of the KV pool the slot mapping addresses; slots are then checked against it.
+    raw_launch : bool
+        Launch graphs through ``cudaGraphLaunch`` when cuda-bindings is there (default).
     """
 
     def __init__(
@@ -107,6 +127,8 @@ class GraphManager:
         validate: bool = True,
         progress: bool = True,
         time_gpu: bool = False,
+        num_kv_blocks: int | None = None,
+        raw_launch: bool = True,
     ) -> None:
         self.arena = arena
         self.inputs = inputs
@@ -116,11 +138,18 @@ class GraphManager:
         self.validate = validate
         self.progress = progress
         self.time_gpu = time_gpu and arena.device.type == "cuda"
+        self.num_kv_blocks = num_kv_blocks
+        self.raw_launch = raw_launch
         self.graphs: dict[int, CapturedGraph] = {}
-        self._size_table = np.zeros(0, dtype=np.int64)
+        self.mixed_graphs: dict[int, CapturedGraph] = {}
         self.stats = RunStats()
+        self.stream: torch.cuda.Stream | None = None
+        self._n = self.config.next_n
+        self._slot_bound = slot_bound(self.config, num_kv_blocks, None)
+        self._checks = ViewChecks(inputs.host, self.config, self._slot_bound)
+        self._table = self._new_table()
         self._pool = None
-        self._stream: torch.cuda.Stream | None = None
+        self._capture_stream: torch.cuda.Stream | None = None
         self._closed = False
 
     # ---------------------------------------------------------------- lifecycle
@@ -134,9 +163,11 @@ class GraphManager:
         """Release every graph and the shared pool (after the device is idle)."""
         if self._closed:
             return
-        if self.graphs and torch.cuda.is_available():
+        if (self.graphs or self.mixed_graphs) and torch.cuda.is_available():
             torch.cuda.synchronize(self.arena.device)
         self.graphs.clear()
+        self.mixed_graphs.clear()
+        self._table = self._new_table()
         self._pool = None
         self._closed = True
 
@@ -148,115 +179,81 @@ class GraphManager:
     def capture_sizes(self) -> list[int]:
         return sorted(self.graphs)
 
+    @property
+    def buckets(self) -> list[int]:
+        return sorted(self.mixed_graphs)
+
     def _check_open(self) -> None:
         if self._closed:
             raise GraphError("the GraphManager is closed; create a new one to capture or run")
 
-    # ------------------------------------------------------------------ capture
-    def capture(self, sizes: Sequence[int] | None = None) -> list[CapturedGraph]:
-        """Capture one graph per size (tokens), largest first, into one shared pool.
+    def _new_table(self) -> GraphTable:
+        cfg = self.config
+        return GraphTable(self.graphs, self.mixed_graphs, cfg.max_num_seqs,
+                          cfg.max_num_batched_tokens)
 
-        Sizes default to :func:`default_capture_sizes`. Already-captured sizes are kept.
+    # ------------------------------------------------------------- in place
+    @property
+    def host(self) -> HostViews:
+        """The pinned staging as numpy views; write them after :meth:`begin_step`."""
+        return self.inputs.host
+
+    def begin_step(self) -> HostViews:
+        """Wait until the previous step has read the staging (nearly always already true),
+        then hand out its views to write the next step into."""
+        self.inputs.wait_staging_free()
+        return self.inputs.host
+
+    def launch(self, num_reqs: int, num_tokens: int | None = None) -> Any:
+        """Launch the step written into :meth:`begin_step`'s views.
+
+        ``launch(k)``: a uniform decode step of ``k`` requests (``next_n`` tokens each;
+        ``seq_lens[:k]`` and ``slot_mapping[: k * next_n]`` written). ``launch(k, t)``: a step
+        of any composition (``query_start_loc[: k + 1]`` written too, ending at ``t``).
+
+        Returns the graph's outputs at their captured extent (the first ``t`` rows are the
+        step's; valid until the next step), or, when no captured graph holds the step, the
+        eager step's outputs. Raises a typed error before launching anything when
+        ``validate`` is on and a bound is broken.
         """
+        if num_tokens is None:
+            num_reqs = operator.index(num_reqs)
+            if self.validate:
+                self._checks.decode(num_reqs)
+            table = self._table.decode
+            g = table[num_reqs] if num_reqs < len(table) else None
+            self.inputs.host.counts[0] = num_reqs
+            if g is None:
+                return self._launch_eager_in_place(num_reqs, num_reqs * self._n, True)
+            g.launch()
+            self.stats.replays += 1
+            return g.outputs
+        num_reqs, num_tokens = operator.index(num_reqs), operator.index(num_tokens)
+        if self.validate:
+            self._checks.step(num_reqs, num_tokens)
+        table = self._table.mixed
+        g = table[num_tokens] if num_tokens < len(table) else None
+        counts = self.inputs.host.counts
+        counts[0], counts[1] = num_reqs, num_tokens
+        if g is None or g.num_reqs < num_reqs:
+            return self._launch_eager_in_place(num_reqs, num_tokens, False)
+        g.launch()
+        self.stats.mixed_replays += 1
+        return g.outputs
+
+    def _launch_eager_in_place(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
         self._check_open()
-        if self.arena.device.type != "cuda":
-            raise GraphError(
-                f"CUDA graphs need a CUDA arena; this one is on {self.arena.device} "
-                "(run() still works: every step runs eagerly)"
-            )
-        sizes = (default_capture_sizes(self.config) if sizes is None
-                 else normalize_capture_sizes(self.config, sizes))
-        todo = [s for s in sorted(sizes, reverse=True) if s not in self.graphs]
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(self.arena.device)
-        captured = []
-        with frozen_gc(), arena_contents_kept(self.arena):
-            for size in progress(todo, self.progress, "capturing graphs"):
-                try:
-                    captured.append(self._capture_one(size))
-                except Exception as exc:
-                    # The failed size is not recorded; sizes captured before stay usable.
-                    torch.cuda.synchronize(self.arena.device)
-                    raise GraphError(
-                        f"capturing size {size} failed: {type(exc).__name__}: {exc}. The step "
-                        "and every build_decode must launch only kernels on fixed buffers: no "
-                        "host read (.item(), .tolist(), .cpu()), no allocation, no branch on "
-                        "data (python -m staticattn check names the offending op)"
-                    ) from exc
-                finally:
-                    self._size_table = np.zeros(0, dtype=np.int64)  # rebuilt on next use
-        return captured
-
-    def graph_for(self, size: int) -> CapturedGraph:
-        """The graph captured for ``size`` tokens."""
-        self._check_open()
-        if size not in self.graphs:
-            raise GraphError(
-                f"size {size} was never captured; captured sizes: {self.capture_sizes or 'none'}"
-            )
-        return self.graphs[size]
-
-    def _capture_one(self, size: int) -> CapturedGraph:
-        num_reqs = size // self.config.next_n
-        mem0 = torch.cuda.memory_reserved(self.arena.device)
-        t0 = time.perf_counter()
-        self.warm_up(num_reqs, size, self._stream)
-        graph, (outputs, metadata) = capture(lambda: self._body(num_reqs, size), self._stream,
-                                             pool=self._pool)
-        record = CapturedGraph(
-            size=size, num_reqs=num_reqs, graph=graph, outputs=outputs, metadata=metadata,
-            capture_s=time.perf_counter() - t0,
-            pool_bytes=torch.cuda.memory_reserved(self.arena.device) - mem0,
-            nodes=node_census(graph),
-        )
-        self.graphs[size] = record
-        return record
-
-    def warm_up(self, num_reqs: int, num_tokens: int, stream: torch.cuda.Stream) -> None:
-        """Run one graph's body eagerly at minimal sequence lengths (every request as long
-        as its query), so the capture that follows compiles nothing and starts short."""
-        n = self.config.next_n
-        self.inputs.stage(np.full(num_reqs, n), np.full(num_reqs, n),
-                          np.full(num_tokens, -1, dtype=np.int64))
-        warm_up(lambda: self._body(num_reqs, num_tokens), stream)
-
-    def _body(self, num_reqs: int, num_tokens: int):
-        """What one graph holds: stage, build every builder's decode metadata, step."""
-        self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True)
-        batch = Batch.for_decode_capture(self.inputs, num_reqs)
-        metadata = {b.name: b.build_decode(batch) for b in self.builders}
-        return self.step(batch, metadata), metadata
+        host = self.inputs.host
+        if uniform:
+            host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * self._n
+            host.counts[1] = num_tokens
+        query_lens = np.diff(host.query_start_loc[: num_reqs + 1])
+        counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens,
+                              int(query_lens.max()), int(host.seq_lens[:num_reqs].max()))
+        self.stats.eager["not-captured" if not self._has_graphs() else "too-large"] += 1
+        return self.launch_eager(counts)
 
     # ---------------------------------------------------------------------- run
-    def dispatch(self, query_lens: np.ndarray) -> tuple[int | None, str | None]:
-        """``(graph size, None)`` if the step replays, else ``(None, reason)``."""
-        n = self.config.next_n
-        num_reqs = int(query_lens.shape[0])
-        if num_reqs == 0 or int(query_lens.max()) > n:
-            return None, "prefill"
-        if int(query_lens.min()) != n:
-            return None, "non-uniform"
-        if not self.graphs:
-            return None, "not-captured"
-        size = self._replay_size(num_reqs * n)
-        return (size, None) if size else (None, "too-large")
-
-    def _replay_size(self, num_tokens: int) -> int:
-        """Smallest captured size holding ``num_tokens`` (0 if none): a table lookup, built
-        once per capture, because it runs on every step."""
-        table = self._size_table
-        if not len(table) and self.graphs:
-            sizes = sorted(self.graphs)
-            table = np.zeros(sizes[-1] + 1 if sizes else 0, dtype=np.int64)
-            lo = 0
-            for size in sizes:
-                table[lo : size + 1] = size
-                lo = size + 1
-            self._size_table = table
-        return int(table[num_tokens]) if num_tokens < len(table) else 0
-
     def run(
         self,
         query_lens: Sequence[int] | np.ndarray,
@@ -265,7 +262,7 @@ class GraphManager:
         *,
         eager: bool = False,
     ) -> RunResult:
-        """Run one step: replay if it is a uniform decode that fits, else eagerly.
+        """Run one step: replay the graph that holds it, else eagerly.
 
         Parameters
         ----------
@@ -274,52 +271,50 @@ class GraphManager:
         slot_mapping : int64 ``(num_tokens,)``
             -1 = do not write.
         eager : bool
-            Run eagerly even if a graph could replay the step (A/B checks, benchmarks);
-            counted under the reason "forced".
+            Run the reference builds eagerly even if a graph could replay the step (A/B
+            checks, benchmarks); counted under the reason "forced".
 
         Returns
         -------
         RunResult
-            ``outputs`` sliced to the real tokens; valid until the next ``run``.
+            ``outputs`` sliced to the real tokens; valid until the next step.
         """
         if self._closed:
             self._check_open()
         q = np.asarray(query_lens)
         s = np.asarray(seq_lens)
         slots = np.asarray(slot_mapping)
-        n = self.config.next_n
+        n = self._n
         # Replay path first, kept to a handful of numpy calls: it runs every decode step.
         k = q.shape[0] if q.ndim == 1 else 0
-        size = (self._replay_size(k * n) if k and not eager and self.graphs
-                and q.dtype.kind in "iu" and (q == n).all() else 0)
-        if size and (not self.validate or uniform_decode_passes(k, s, slots, self.config)):
-            return self._replay(self.graphs[size], s, slots, k * n)
+        table = self._table.decode
+        g = (table[k] if not eager and 0 < k < len(table) and q.dtype.kind in "iu"
+             and (q == n).all() else None)
+        if g is not None and (not self.validate or uniform_decode_passes(k, s, slots,
+                                                                        self.config)):
+            self.inputs.stage_uniform_decode(s, slots)
+            return self._replay(g, k * n)
         return self._run_general(q, s, slots, eager)
 
-    def _replay(self, g: CapturedGraph, s: np.ndarray, slots: np.ndarray,
-                num_tokens: int) -> RunResult:
-        self.inputs.stage_uniform_decode(s, slots)
-        events = self._record_start()
-        g.graph.replay()
-        self._record_end(events)
-        self.stats.replays += 1
-        return RunResult(slice_outputs(g.outputs, num_tokens), "graph", g.size, None, num_tokens,
-                         events)
-
     def _run_general(self, q, s, slots, eager: bool) -> RunResult:
-        """Every step the replay path did not take: full validation, then replay (a step
-        the pre-screen could not clear but the full check accepts) or eager."""
+        """Every step the decode replay path did not take: check, then replay the graph
+        that holds it, or run eagerly."""
         if q.ndim == 1 and q.shape[0] == 0:
             raise InvalidBatchError("a step needs at least one request; got none")
-        if self.validate:
-            self._validate(q, s, slots)
-        size, reason = self.dispatch(q) if q.ndim == 1 and q.dtype.kind in "iu" else (
-            None, "prefill")
-        if eager and size is not None:
-            size, reason = None, "forced"
-        num_tokens = int(slots.shape[0])
-        if size is not None:
-            return self._replay(self.graphs[size], s, slots, num_tokens)
+        if self.validate and not step_passes(q, s, slots, self.config):
+            validate_host_step(q, s, slots, self.config, require_decode_first=True,
+                               num_kv_blocks=self.num_kv_blocks,
+                               decode_threshold=self.config.decode_threshold)
+        k, num_tokens = int(q.shape[0]), int(slots.shape[0])
+        g, reason = self._graph_for_step(k, num_tokens, int(q.min()), int(q.max()))
+        if eager:
+            g, reason = None, "forced"
+        if g is not None:
+            if g.kind == DECODE:
+                self.inputs.stage_uniform_decode(s, slots)
+            else:
+                self.inputs.stage(q, s, slots)
+            return self._replay(g, num_tokens)
         counts = self.inputs.stage(q, s, slots)
         events = self._record_start()
         outputs = self.launch_eager(counts)
@@ -327,45 +322,78 @@ class GraphManager:
         self.stats.eager[reason] += 1
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
 
+    def _graph_for_step(self, num_reqs: int, num_tokens: int, shortest: int, longest: int):
+        """``(graph, None)`` if a captured graph holds the step, else ``(None, reason)``:
+        "not-captured", "prefill" / "non-uniform" (no token bucket captured) or
+        "too-large"."""
+        decode, mixed = self._table.decode, self._table.mixed
+        uniform = shortest == longest == self._n
+        if uniform and num_reqs < len(decode) and decode[num_reqs] is not None:
+            return decode[num_reqs], None
+        g = mixed[num_tokens] if num_tokens < len(mixed) else None
+        if g is not None and g.num_reqs >= num_reqs:
+            return g, None
+        if not self._has_graphs():
+            return None, "not-captured"
+        if not self.mixed_graphs and not uniform:
+            return None, "prefill" if longest > self._n else "non-uniform"
+        return None, "too-large"
+
+    def _has_graphs(self) -> bool:
+        return bool(self.graphs or self.mixed_graphs)
+
+    def _replay(self, g: CapturedGraph, num_tokens: int) -> RunResult:
+        events = self._record_start()
+        g.launch()
+        self._record_end(events)
+        if g.kind == DECODE:
+            self.stats.replays += 1
+        else:
+            self.stats.mixed_replays += 1
+        return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens, events,
+                         g.kind)
+
     def _record_start(self):
         if not self.time_gpu:
             return None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        start.record(self.stream)
         return start, end
 
-    @staticmethod
-    def _record_end(events) -> None:
+    def _record_end(self, events) -> None:
         if events is not None:
-            events[1].record()
+            events[1].record(self.stream)
 
     def run_eager(self, q, s, slots) -> Any:
         """Stage, build every builder eagerly, run the step; outputs for the real tokens."""
         return self.launch_eager(self.inputs.stage(q, s, slots))
 
     def launch_eager(self, counts: StagedCounts) -> Any:
-        """The device half of an eager step whose host values are already staged."""
+        """The device half of an eager step whose host values are already staged: the
+        reference builds (``build``), launched one kernel at a time."""
         self.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
         batch = Batch.from_staged(self.inputs, counts)
         metadata = {b.name: b.build(batch) for b in self.builders}
         return slice_outputs(self.step(batch, metadata), counts.num_tokens)
 
-    def _validate(self, q, s, slots) -> None:
-        validate_host_step(q, s, slots, self.config, require_decode_first=True,
-                           decode_threshold=self.config.decode_threshold)
-
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:
-        """A table per captured size: requests, capture time, nodes, pool memory."""
-        lines = [f"{'size':>6} {'reqs':>5} {'capture ms':>11} {'kernels':>8} {'nodes':>6} "
-                 f"{'pool MiB':>9}"]
-        for size in sorted(self.graphs):
-            g = self.graphs[size]
+        """A table per captured graph: kind, tokens, requests, capture time, nodes, pool
+        memory, how it is launched; then the totals and the step counts."""
+        lines = [f"{'kind':>6} {'tokens':>6} {'reqs':>5} {'capture ms':>11} {'kernels':>8} "
+                 f"{'nodes':>6} {'pool MiB':>9}  launch"]
+        records = [*sorted(self.mixed_graphs.values(), key=lambda g: g.size),
+                   *sorted(self.graphs.values(), key=lambda g: g.size)]
+        for g in records:
             nodes = g.nodes or {}
             lines.append(
-                f"{size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
+                f"{g.kind:>6} {g.size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
                 f"{nodes.get('kernel', '-'):>8} {sum(nodes.values()) if nodes else '-':>6} "
-                f"{g.pool_bytes / 2**20:>9.2f}"
+                f"{g.pool_bytes / 2**20:>9.2f}  {g.how}"
             )
-        lines.append(f"replays {self.stats.replays}, eager {dict(self.stats.eager)}")
+        total = sum(g.pool_bytes for g in records)
+        lines.append(f"{len(records)} graphs, pool {total / 2**20:.2f} MiB, capture "
+                     f"{sum(g.capture_s for g in records):.2f} s")
+        lines.append(f"replays {self.stats.replays} decode + {self.stats.mixed_replays} mixed, "
+                     f"eager {dict(self.stats.eager)}")
         return "\n".join(lines)

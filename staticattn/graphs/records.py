@@ -1,20 +1,30 @@
-"""Per-size capture records and per-step results of the graph manager."""
+"""Per-graph capture records, the lookup from a step to its graph, and per-step results."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["CapturedGraph", "RunResult", "RunStats", "slice_outputs"]
+__all__ = ["CapturedGraph", "GraphTable", "RunResult", "RunStats", "slice_outputs"]
+
+DECODE, MIXED = "decode", "mixed"
 
 
 @dataclass(slots=True)
 class CapturedGraph:
-    """Per-size state: the graph, what the capture returned, and its figures."""
+    """One captured graph: what it serves, what the capture returned, and its figures.
 
+    ``kind`` is "decode" (a uniform decode step of up to ``num_reqs`` requests, ``size =
+    num_reqs * next_n`` tokens) or "mixed" (any step of up to ``num_reqs`` requests and
+    ``size`` tokens). ``launch()`` replays it on the manager's stream (``how`` says through
+    what: "cudaGraphLaunch" or "replay").
+    """
+
+    kind: str
     size: int
     num_reqs: int
     graph: torch.cuda.CUDAGraph
@@ -23,6 +33,41 @@ class CapturedGraph:
     capture_s: float
     pool_bytes: int
     nodes: dict[str, int] | None
+    launch: Callable[[], None]
+    how: str
+    sliced: dict[int, Any] = field(default_factory=dict)
+
+    def outputs_for(self, num_tokens: int) -> Any:
+        """The outputs sliced to the first ``num_tokens`` rows (views made once per count:
+        slicing a tensor costs over a microsecond)."""
+        out = self.sliced.get(num_tokens)
+        if out is None:
+            out = self.sliced[num_tokens] = slice_outputs(self.outputs, num_tokens)
+        return out
+
+
+class GraphTable:
+    """Which graph serves a step: list lookups, no search (they run on every step).
+
+    ``decode[k]``: the smallest decode graph of at least ``k`` requests; ``mixed[t]``: the
+    smallest token bucket of at least ``t`` tokens (its request slots are checked by the
+    caller). None where no graph fits.
+    """
+
+    __slots__ = ("decode", "mixed")
+
+    def __init__(self, graphs: dict[int, CapturedGraph], mixed: dict[int, CapturedGraph],
+                 max_reqs: int, max_tokens: int) -> None:
+        self.decode = _smallest_at_least({g.num_reqs: g for g in graphs.values()}, max_reqs)
+        self.mixed = _smallest_at_least(mixed, max_tokens)
+
+
+def _smallest_at_least(by_key: dict[int, CapturedGraph], top: int) -> list:
+    table: list[CapturedGraph | None] = [None] * (top + 1)
+    for key in sorted(by_key, reverse=True):
+        for i in range(min(key, top) + 1):
+            table[i] = by_key[key]
+    return table
 
 
 @dataclass(slots=True)
@@ -36,6 +81,8 @@ class RunResult:
     num_tokens: int = 0
     #: CUDA events around the step's device work (manager built with ``time_gpu=True``).
     gpu_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
+    #: "decode" or "mixed" for a replay.
+    graph_kind: str | None = None
 
     def gpu_us(self) -> float | None:
         """GPU time of the step in microseconds (synchronises on its end event)."""
@@ -49,6 +96,7 @@ class RunResult:
 @dataclass(slots=True)
 class RunStats:
     replays: int = 0
+    mixed_replays: int = 0
     eager: Counter = field(default_factory=Counter)
 
     @property
@@ -57,6 +105,7 @@ class RunStats:
 
 
 def slice_outputs(outputs: Any, num_tokens: int) -> Any:
+    """``outputs`` (a tensor, or a tuple, list or dict of them) cut to ``num_tokens`` rows."""
     if outputs is None:
         return None
     if isinstance(outputs, torch.Tensor):

@@ -1,4 +1,5 @@
-"""Which batch sizes get a graph (spec §10.3), in tokens."""
+"""Which steps get a graph: uniform decode sizes (spec §10.3) and token buckets for steps
+of any composition, both in tokens."""
 
 from __future__ import annotations
 
@@ -7,7 +8,13 @@ from collections.abc import Iterable
 from staticattn.arena.config import ArenaConfig, round_up
 from staticattn.errors import GraphError
 
-__all__ = ["default_capture_sizes", "normalize_capture_sizes"]
+__all__ = [
+    "bucket_requests", "default_capture_sizes", "default_mixed_buckets",
+    "normalize_capture_sizes", "normalize_mixed_buckets",
+]
+
+#: The smallest token bucket: below it a graph costs the same whatever its size.
+MIN_BUCKET = 16
 
 
 def default_capture_sizes(config: ArenaConfig, max_size: int | None = None) -> list[int]:
@@ -52,5 +59,45 @@ def normalize_capture_sizes(config: ArenaConfig, sizes: Iterable[int]) -> list[i
             raise GraphError(
                 f"capture size {s} exceeds what one step holds: min(max_num_batched_tokens, "
                 f"max_num_seqs * next_n) = {cap}"
+            )
+    return out
+
+
+def default_mixed_buckets(config: ArenaConfig) -> list[int]:
+    """Token buckets for steps of any composition: powers of two from 16 up to
+    ``max_num_batched_tokens``, which is always a bucket.
+
+    Why powers of two: a step pads to at most twice its tokens, and the metadata build of
+    a bucket costs about the same whatever its size up to thousands of tokens (a few launches
+    whose work grows slowly with tokens), so more buckets would buy little and cost capture
+    time and pool memory. A step whose own work grows with tokens may want a finer ladder:
+    pass one to ``GraphManager.capture(buckets=...)``.
+
+    Examples
+    --------
+    ``max_num_batched_tokens=8192`` -> ``[16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]``.
+    """
+    top = config.max_num_batched_tokens
+    buckets, b = [], MIN_BUCKET
+    while b < top:
+        buckets.append(b)
+        b *= 2
+    return buckets + [top]
+
+
+def bucket_requests(config: ArenaConfig, bucket: int) -> int:
+    """Request slots of a token bucket: every real request has a token, so ``bucket``
+    tokens hold at most ``bucket`` requests (and never more than ``max_num_seqs``)."""
+    return min(config.max_num_seqs, bucket)
+
+
+def normalize_mixed_buckets(config: ArenaConfig, buckets: Iterable[int]) -> list[int]:
+    """Validate a user's token buckets: positive, at most ``max_num_batched_tokens``."""
+    out = sorted({int(b) for b in buckets})
+    for b in out:
+        if not 1 <= b <= config.max_num_batched_tokens:
+            raise GraphError(
+                f"token bucket {b} must be in [1, max_num_batched_tokens="
+                f"{config.max_num_batched_tokens}]"
             )
     return out

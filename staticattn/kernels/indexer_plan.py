@@ -193,8 +193,10 @@ def _plan_kernel():
                 row = tl.where(field == 2, first_token + q0, row)
                 row = tl.where(field == 3, first_token + q1, row)
                 row = tl.where(field == 4, keys.to(tl.int32), row)
-                row = tl.where(field == 5, (q0 > 0).to(tl.int32), row)
-                tl.store(chunk_bounds + chunks * FIELDS + field, row, mask=chunks < max_chunks)
+                row = tl.where(field == 5, (q0 > 0) * 1, row)
+                # (A 0-d mask is broadcast explicitly: Triton's interpreter needs it.)
+                tl.store(chunk_bounds + chunks * FIELDS + field, row,
+                         mask=chunks + field * 0 < max_chunks)
                 chunks += 1
         return chunks
 

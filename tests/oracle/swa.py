@@ -3,7 +3,8 @@ from the spec's words (vllm-semantics §3.2, §6.5-§6.8, §7) and nothing else.
 
 Documented deviations from the reference that the oracle states (DESIGN "Semantics"):
 invalid and padded decode tokens get length 0 and index rows of -1 (SWA and C128A alike);
-``token_to_req_indices`` covers every token, padded tokens mapping to request 0.
+``token_to_req_indices`` covers every token, padded tokens mapping to request 0; C128A
+prefill rows come with their lengths.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class SWAExpected:
     c128a_decode_lens: list[int] | None
     prefill_seq_lens: list[int] | None
     prefill_gather_lens: list[int] | None
+    c128a_prefill_indices: list[list[int]] | None
+    c128a_prefill_lens: list[int] | None
     window: int
     c128a_width: int
     layer_types: list[str] = field(default_factory=list)
@@ -52,6 +55,39 @@ def split(query_lens: list[int], num_tokens: int, threshold: int) -> tuple[int, 
     return first, num_reqs - first, decode_tokens, num_tokens - decode_tokens
 
 
+def swa_row(cfg: ArenaConfig, swa_table_row: list[int], p: int) -> tuple[list[int], int]:
+    """Spec §6.6: the window of a decode token at position ``p``, as flat SWA slots."""
+    W, bs = cfg.sliding_window, cfg.swa_block_size
+    row = [-1] * W
+    start = max(p - W + 1, 0)
+    n = max(p + 1 - start, 0)
+    for o in range(n):
+        pos = start + o
+        row[o] = swa_table_row[pos // bs] * bs + pos % bs
+    return row, n
+
+
+def c128a_count(cfg: ArenaConfig, p: int) -> int:
+    """Spec §7: the complete 128-token groups at or before position ``p``, capped at maxC."""
+    return min(max(p + 1, 0) // 128, cfg.c128a_max_compressed)
+
+
+def c128a_row(cfg: ArenaConfig, table_row: list[int], p: int) -> tuple[list[int], int]:
+    """Spec §7: a decode token's C128A top-k as flat slots of the main group."""
+    per_block = cfg.block_size // 128
+    n = c128a_count(cfg, p)
+    row = [-1] * cfg.c128a_max_compressed
+    for o in range(n):
+        row[o] = table_row[o // per_block] * per_block + o % per_block
+    return row, n
+
+
+def c128a_prefill_row(cfg: ArenaConfig, p: int) -> tuple[list[int], int]:
+    """Spec §7: a prefill token's C128A row holds the local indices ``o < n_c``."""
+    n = c128a_count(cfg, p)
+    return list(range(n)) + [-1] * (cfg.c128a_max_compressed - n), n
+
+
 def expected(
     cfg: ArenaConfig,
     query_lens: list[int],
@@ -63,7 +99,7 @@ def expected(
     num_tokens_padded: int,
 ) -> SWAExpected:
     """Every output field for one step; lists are over the padded extents."""
-    W, bs = cfg.sliding_window, cfg.swa_block_size
+    W = cfg.sliding_window
     q = list(query_lens) + [0] * (num_reqs_padded - len(query_lens))
     L = list(seq_lens) + [0] * (num_reqs_padded - len(seq_lens))
     slots = list(slot_mapping) + [-1] * (num_tokens_padded - len(slot_mapping))
@@ -86,29 +122,22 @@ def expected(
     for t in range(Td):
         row, n = [-1] * W, 0
         if valid[t]:
-            b, p = owner[t], position[t]
-            start = max(p - W + 1, 0)
-            n = p + 1 - start
-            for o in range(n):
-                pos = start + o
-                row[o] = swa_block_table[b][pos // bs] * bs + pos % bs
+            row, n = swa_row(cfg, swa_block_table[owner[t]], position[t])
         swa_rows.append(row)
         swa_lens.append(n)
 
-    c_rows = c_lens = None
+    c_rows = c_lens = cp_rows = cp_lens = None
     if 128 in cfg.compress_ratios:
-        max_c = cfg.c128a_max_compressed
-        per_block = cfg.block_size // 128
         c_rows, c_lens = [], []
         for t in range(Td):
-            row, n = [-1] * max_c, 0
+            row, n = [-1] * cfg.c128a_max_compressed, 0
             if valid[t]:
-                b = owner[t]
-                n = min((position[t] + 1) // 128, max_c)
-                for o in range(n):
-                    row[o] = block_table[b][o // per_block] * per_block + o % per_block
+                row, n = c128a_row(cfg, block_table[owner[t]], position[t])
             c_rows.append(row)
             c_lens.append(n)
+        if P > 0:
+            rows = [c128a_prefill_row(cfg, position[t]) for t in range(Td, Td + Tp)]
+            cp_rows, cp_lens = [r for r, _ in rows], [n for _, n in rows]
 
     pre_seq = pre_gather = None
     if P > 0:
@@ -123,7 +152,8 @@ def expected(
         decode_swa_indices=swa_rows, decode_swa_lens=swa_lens,
         c128a_decode_indices=c_rows, c128a_decode_lens=c_lens,
         prefill_seq_lens=pre_seq, prefill_gather_lens=pre_gather,
-        window=W, c128a_width=cfg.c128a_max_compressed,
+        c128a_prefill_indices=cp_rows, c128a_prefill_lens=cp_lens, window=W,
+        c128a_width=cfg.c128a_max_compressed,
         layer_types=layer_types(cfg.compress_ratios),
     )
 
@@ -163,6 +193,11 @@ def assert_matches(meta, exp: SWAExpected) -> None:
     else:
         assert meta.prefill_seq_lens.tolist() == exp.prefill_seq_lens
         assert meta.prefill_gather_lens.tolist() == exp.prefill_gather_lens
+    if exp.c128a_prefill_indices is None:
+        assert meta.c128a_prefill_indices is None and meta.c128a_prefill_lens is None
+    else:
+        assert meta.c128a_prefill_indices.tolist() == exp.c128a_prefill_indices
+        assert meta.c128a_prefill_lens.tolist() == exp.c128a_prefill_lens
     for layer_type in ("swaonly", "c4a", "c128a"):
         plan = meta.tile_sched(layer_type)
         if td and layer_type in exp.layer_types:

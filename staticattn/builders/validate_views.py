@@ -1,0 +1,101 @@
+"""Checks of a step an engine wrote in place into the staging views, cheap enough for every
+launch: a few vectorized reductions over the written prefixes.
+
+:class:`ViewChecks` checks what keeps every kernel and consumer in bounds -- the counts
+within capacity, ``0 <= seq_lens <= max_model_len``, slots ``>= -1`` (and below the pool
+when its size is known), and for a step of any composition query starts that begin at 0,
+never decrease, end at the token count and stay within each sequence (``q <= L``). A uniform
+decode step is not checked for ``L >= next_n``: that would cost one more pass, and a shorter
+sequence only gives its first tokens negative positions, which every kernel clamps (no
+read or write leaves its buffer). Decode-first order is not required on this path either:
+the split is found on the device, and a decode behind a prefill is built as a prefill.
+:func:`~staticattn.builders.validate_host.validate_host_step` is the full check, and
+:meth:`GraphManager.run` applies it.
+
+Every failure is a typed error that names the offending value, raised before anything is
+launched; the views are left as the engine wrote them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from staticattn.arena.config import ArenaConfig
+from staticattn.builders.value_checks import check_non_decreasing, check_seq_lens, check_slots
+from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.staging.inputs import HostViews
+
+__all__ = ["ViewChecks"]
+
+
+class ViewChecks:
+    """Checks over one arena's host views (see the module docstring).
+
+    Parameters
+    ----------
+    host : HostViews
+        The staging views the engine writes.
+    config : ArenaConfig
+    slot_bound : int or None
+        Slots must be below it (``num_kv_blocks * block_size`` of the slot mapping's group);
+        None checks only ``>= -1``.
+    """
+
+    def __init__(self, host: HostViews, config: ArenaConfig, slot_bound: int | None) -> None:
+        self.host = host
+        self.config = config
+        self.slot_bound = slot_bound
+        self.next_n = config.next_n
+        self.max_model_len = config.max_model_len
+        # Negative lengths read as uint32 exceed max_model_len: one pass checks both bounds.
+        self._seq_u32 = host.seq_lens.view(np.uint32)
+
+    def decode(self, num_reqs: int) -> None:
+        """A uniform decode step of ``num_reqs`` requests (``next_n`` tokens each)."""
+        cfg = self.config
+        if not 0 < num_reqs <= cfg.max_num_seqs:
+            self._bad_count(num_reqs)
+        num_tokens = num_reqs * self.next_n
+        if num_tokens > cfg.max_num_batched_tokens:
+            raise CapacityError(f"num_tokens={num_tokens} ({num_reqs} requests x next_n) "
+                                f"exceeds max_num_batched_tokens={cfg.max_num_batched_tokens}")
+        if self._seq_u32[:num_reqs].max() > self.max_model_len:
+            seq = self.host.seq_lens[:num_reqs].astype(np.int64)
+            check_seq_lens(np.zeros_like(seq), seq, cfg)
+        self._slots(num_tokens)
+
+    def step(self, num_reqs: int, num_tokens: int) -> None:
+        """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written."""
+        cfg = self.config
+        if not 0 < num_reqs <= cfg.max_num_seqs:
+            self._bad_count(num_reqs)
+        if not 0 <= num_tokens <= cfg.max_num_batched_tokens:
+            raise CapacityError(
+                f"num_tokens={num_tokens} exceeds max_num_batched_tokens="
+                f"{cfg.max_num_batched_tokens}")
+        qsl = self.host.query_start_loc[: num_reqs + 1]
+        if qsl[0] != 0 or qsl[num_reqs] != num_tokens:
+            raise InvalidBatchError(
+                f"query_start_loc must run from 0 to num_tokens={num_tokens}; it holds "
+                f"[{int(qsl[0])}, ..., {int(qsl[num_reqs])}] over {num_reqs} requests")
+        query_lens = np.diff(qsl)
+        seq = self.host.seq_lens[:num_reqs]
+        if query_lens.min() < 0 or (seq - query_lens).min() < 0 or (
+                self._seq_u32[:num_reqs].max() > self.max_model_len):
+            query_lens = check_non_decreasing("query_start_loc", qsl.astype(np.int64))
+            check_seq_lens(query_lens, seq.astype(np.int64), cfg)
+        self._slots(num_tokens)
+
+    def _slots(self, num_tokens: int) -> None:
+        slots = self.host.slot_mapping[:num_tokens]
+        if num_tokens and (slots.min() < -1 or (
+                self.slot_bound is not None and slots.max() >= self.slot_bound)):
+            check_slots(slots, self.slot_bound)
+
+    def _bad_count(self, num_reqs: int) -> None:
+        if isinstance(num_reqs, bool) or not isinstance(num_reqs, (int, np.integer)):
+            raise InvalidBatchError(f"num_reqs must be an int, got {num_reqs!r}")
+        if num_reqs > self.config.max_num_seqs:
+            raise CapacityError(
+                f"num_reqs={num_reqs} exceeds max_num_seqs={self.config.max_num_seqs}")
+        raise InvalidBatchError(f"a step needs at least one request; got num_reqs={num_reqs}")

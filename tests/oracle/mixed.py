@@ -1,0 +1,175 @@
+"""Oracle of the mixed builds (a step of any composition, built for a token bucket of
+``R`` requests and ``T`` tokens), in plain loops over host lists.
+
+The rules are the reference's (spec §3.2, §4.5-§4.9, §6.6-§6.7, §7), applied to the bucket's
+fixed layout, which staticattn documents:
+
+* the split is the non-uniform one, decode threshold ``next_n`` (``D`` leading requests with
+  ``q <= next_n``, ``Td`` their tokens);
+* indexer decodes: ``next_n = 1`` native, one row per request slot (``R`` rows); MTP
+  flattened into one row per token slot (``min(T, max_decode_tokens)`` rows); rows past the
+  real decodes have length 0 (and an all-zero expanded table row);
+* indexer prefills: the greedy chunk plan as a table of ``[req_start, req_end, token_start,
+  token_end, total_seq_lens, skip_kv_gather, 0, 0]`` rows (chunks without keys dropped), the
+  key prefix sums of each request range in ``cu_seq_lens[2s : s + e + 1]``, the keys of a
+  request's range before it, and each prefill token's ``ks``/``ke`` at its global index;
+  everything else 0;
+* SWA and C128A rows of decode tokens past ``Td`` and C128A prefill rows past the real
+  prefill tokens: length 0, rows of -1; prefill gather and sequence lengths past the real
+  prefills: 0.
+"""
+
+from __future__ import annotations
+
+from oracle import indexer as indexer_oracle
+from oracle import swa as swa_oracle
+from staticattn.arena import ArenaConfig
+
+
+def counts(cfg: ArenaConfig, step) -> list[int]:
+    """``[k, nt, D, Td]`` of a ``HostStep`` (real values, no padding)."""
+    q = [int(x) for x in step.query_lens]
+    d = 0
+    while d < len(q) and q[d] <= cfg.decode_threshold:
+        d += 1
+    return [len(q), sum(q), d, sum(q[:d])]
+
+
+def _tokens(step):
+    """(qsl, owner, position) over the real tokens."""
+    qsl, owner, position = [0], [], []
+    for b, (q, L) in enumerate(zip(step.query_lens, step.seq_lens)):
+        q, L = int(q), int(L)
+        qsl.append(qsl[-1] + q)
+        owner += [b] * q
+        position += [L - q + j for j in range(q)]
+    return qsl, owner, position
+
+
+def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: int) -> dict:
+    """Every output of ``IndexerMetadataBuilder.build_mixed`` for a bucket."""
+    k, nt, d, td = counts(cfg, step)
+    n, ratio = cfg.next_n, cfg.index_compress_ratio
+    qsl, owner, position = _tokens(step)
+    seq = [int(x) for x in step.seq_lens]
+    table = [list(map(int, row)) for row in step.block_table]
+    padded_qsl = qsl + [nt] * (num_reqs - k)
+    padded_seq = seq + [0] * (num_reqs - k)
+    padded_table = table + [[0] * len(table[0])] * (num_reqs - k)
+    if ratio > 1:
+        slots = indexer_oracle.compressed_slot_mapping(
+            padded_qsl, padded_seq, padded_table, cfg.storage_block_size, ratio, num_tokens)
+    else:
+        slots = [int(s) for s in step.slot_mapping] + [-1] * (num_tokens - nt)
+    if n > 1:
+        rows = min(num_tokens, cfg.max_decode_tokens)
+        lens = [[(position[t] + 1) // ratio] if t < td else [0] for t in range(rows)]
+        blocks = [table[owner[t]] if t < td else [0] * len(table[0]) for t in range(rows)]
+        decode_lens = [1] * rows
+    else:
+        lens = [[seq[b] // ratio] if b < d else [0] for b in range(num_reqs)]
+        blocks = None
+        decode_lens = [int(step.query_lens[b]) if b < d else 0 for b in range(num_reqs)]
+    schedule = indexer_oracle.mqa_schedule(lens, cfg.num_sms, legacy=False)
+    keys = [s // ratio for s in seq]
+    query_lens = [int(x) for x in step.query_lens]
+    plan = indexer_oracle.prefill_chunk_plan(keys[d:], query_lens[d:], cfg.max_prefill_workspace,
+                                             cfg.max_logits_bytes, d)
+    chunk_table, cu = [], [0] * (2 * num_reqs)
+    key_start = [0] * num_reqs
+    for (s, e), (q0, q1) in plan:
+        running = 0
+        for j, b in enumerate(range(s, e)):
+            key_start[b] = running
+            cu[2 * s + j] = running
+            running += keys[b]
+        cu[s + e] = running
+        if running:
+            chunk_table.append([s, e, qsl[s] + q0, qsl[s] + q1, running, int(q0 > 0), 0, 0])
+    chunk_table += [[0] * 8] * (chunk_rows - len(chunk_table))
+    ks = [0] * num_tokens
+    ke = [0] * num_tokens
+    for t in range(td, nt):
+        ks[t] = key_start[owner[t]]
+        ke[t] = ks[t] + (position[t] + 1) // ratio
+    return dict(slot_mapping=slots, seq_lens=lens, decode_lens=decode_lens, block_table=blocks,
+                schedule=schedule, chunk_bounds=chunk_table, num_chunks=len(
+                    [c for c in chunk_table if c[1] > 0]),
+                cu_seq_lens=cu, req_key_start=key_start, cu_seqlen_ks=ks, cu_seqlen_ke=ke)
+
+
+def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
+    """Every output of ``SparseSWAMetadataBuilder.build_mixed`` for a bucket."""
+    k, nt, d, td = counts(cfg, step)
+    W = cfg.sliding_window
+    qsl, owner, position = _tokens(step)
+    slots = [int(s) for s in step.slot_mapping] + [-1] * (num_tokens - nt)
+    valid = [s >= 0 for s in slots]
+    rows = min(num_tokens, cfg.max_decode_tokens)
+    out = dict(is_valid_token=valid, token_to_req=owner + [0] * (num_tokens - nt),
+               swa_rows=[], swa_lens=[], c_rows=[], c_lens=[], cp_rows=[], cp_lens=[])
+    swa_table = [list(map(int, r)) for r in step.swa_block_table]
+    table = [list(map(int, r)) for r in step.block_table]
+    has_c128a = 128 in cfg.compress_ratios
+    max_c = cfg.c128a_max_compressed
+    for t in range(rows):
+        live = t < td and valid[t]
+        row, n = swa_oracle.swa_row(cfg, swa_table[owner[t]], position[t]) if live else (
+            [-1] * W, 0)
+        out["swa_rows"].append(row)
+        out["swa_lens"].append(n)
+        if has_c128a:
+            row, n = swa_oracle.c128a_row(cfg, table[owner[t]], position[t]) if live else (
+                [-1] * max_c, 0)
+            out["c_rows"].append(row)
+            out["c_lens"].append(n)
+    if has_c128a:
+        for i in range(num_tokens):
+            t = td + i
+            row, n = swa_oracle.c128a_prefill_row(cfg, position[t]) if t < nt else (
+                [-1] * max_c, 0)
+            out["cp_rows"].append(row)
+            out["cp_lens"].append(n)
+    seq = [int(x) for x in step.seq_lens]
+    q = [int(x) for x in step.query_lens]
+    out["gather_lens"] = [q[r] + min(seq[r] - q[r], W - 1) for r in range(d, k)]
+    out["gather_lens"] += [0] * (num_reqs - (k - d))
+    out["prefill_seq_lens"] = seq[d:k] + [0] * (num_reqs - (k - d))
+    return out
+
+
+def assert_indexer_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
+    """A mixed indexer build equals the oracle everywhere in the bucket's views."""
+    assert meta.slot_mapping.tolist() == exp["slot_mapping"]
+    d = meta.decode
+    assert d.seq_lens.tolist() == exp["seq_lens"]
+    assert d.decode_lens.tolist() == exp["decode_lens"]
+    assert d.schedule_metadata.tolist() == exp["schedule"]
+    assert not d.requires_padding
+    if exp["block_table"] is not None:
+        assert d.block_table.tolist() == exp["block_table"]
+    plan = meta.prefill.plan
+    assert meta.prefill.chunks == []
+    assert plan.chunk_bounds.tolist() == exp["chunk_bounds"]
+    assert plan.num_chunks.tolist() == [exp["num_chunks"]]
+    assert plan.cu_seq_lens.tolist() == exp["cu_seq_lens"]
+    assert plan.req_key_start.tolist() == exp["req_key_start"]
+    assert plan.cu_seqlen_ks.tolist() == exp["cu_seqlen_ks"]
+    assert plan.cu_seqlen_ke.tolist() == exp["cu_seqlen_ke"]
+    assert meta.step_counts.tolist() == counts(cfg, step)
+
+
+def assert_swa_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
+    """A mixed SWA build equals the oracle everywhere in the bucket's views."""
+    assert meta.is_valid_token.tolist() == exp["is_valid_token"]
+    assert meta.token_to_req_indices.tolist() == exp["token_to_req"]
+    assert meta.decode_swa_indices[:, 0].tolist() == exp["swa_rows"]
+    assert meta.decode_swa_lens.tolist() == exp["swa_lens"]
+    if exp["c_rows"]:
+        assert meta.c128a_decode_indices[:, 0].tolist() == exp["c_rows"]
+        assert meta.c128a_decode_lens.tolist() == exp["c_lens"]
+        assert meta.c128a_prefill_indices.tolist() == exp["cp_rows"]
+        assert meta.c128a_prefill_lens.tolist() == exp["cp_lens"]
+    assert meta.prefill_gather_lens.tolist() == exp["gather_lens"]
+    assert meta.prefill_seq_lens.tolist() == exp["prefill_seq_lens"]
+    assert meta.step_counts.tolist() == counts(cfg, step)

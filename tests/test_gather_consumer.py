@@ -1,0 +1,60 @@
+"""The gather consumer reads every token's metadata the way attention does: its checksums
+equal the oracle's (computed from the step alone) whichever build made the metadata -- the
+reference's eager build, the uniform decode build, the mixed build of a token bucket."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from oracle import checksums
+from support import DEVICE, host_steps, stage
+from test_mixed_builds import CONFIGS, bucket_for, stage_mixed
+
+from staticattn.builders import (
+    Batch,
+    IndexerMetadataBuilder,
+    SparseSWAMetadataBuilder,
+    make_arena,
+)
+from staticattn.consumers import GatherConsumer
+
+
+def _world(name: str, backend: str):
+    cfg = CONFIGS[name](device=DEVICE, kernel_backend=backend)
+    builders = [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if cfg.has_swa
+                                             else [])
+    _, inputs = make_arena(cfg, builders)
+    consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
+    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
+                                         consumer.index_cache)]
+    return cfg, builders, inputs, consumer, caches
+
+
+def _consume(consumer, builders, batch, build: str):
+    metadata = {b.name: getattr(b, build)(batch) for b in builders}
+    return consumer(batch, metadata).tolist()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_checksums_match_the_oracle_through_every_build(backend, name):
+    cfg, builders, inputs, consumer, caches = _world(name, backend)
+
+    # Interpreted Triton runs one program per token: few examples here, many on the GPU.
+    @settings(max_examples=40 if backend == "torch" else 5)
+    @given(host_steps(cfg, max_seq_len=4096))
+    def check(step):
+        want = checksums.expected(cfg, step, *caches, step.num_tokens_padded)
+        assert _consume(consumer, builders, stage(inputs, step), "build") == want
+        num_reqs, num_tokens = bucket_for(cfg, step.num_tokens,
+                                          np.random.default_rng(step.num_tokens))
+        got = _consume(consumer, builders, stage_mixed(inputs, step, num_reqs, num_tokens),
+                       "build_mixed")
+        assert got == checksums.expected(cfg, step, *caches, num_tokens)
+        if (step.query_lens == cfg.next_n).all():
+            stage(inputs, step)
+            inputs.copy_to_device(step.num_reqs_padded, step.num_tokens_padded, uniform=True)
+            batch = Batch.for_decode_capture(inputs, step.num_reqs_padded)
+            assert _consume(consumer, builders, batch, "build_decode") == want
+
+    check()
