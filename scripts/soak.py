@@ -1,11 +1,14 @@
 """Soak test on a GPU: many replays with random batch sizes and contents.
 
-Every replay is checked on its lengths (SWA, C128A and indexer decode lengths against a
+Uniform decode steps (default) or, with ``--mix``, steps of any composition (decodes of
+unequal lengths, prefill chunks, fresh prompts) that replay through token buckets. Every
+replay is checked on its lengths (SWA, C128A and indexer lengths of every token against a
 numpy computation from the host inputs); a sample (--sample, default 1 in 100) is also run
-eagerly and compared bit for bit through the gather consumer. Reports mismatches, device
-memory before/after, the arena fingerprint and replays per second.
+through the reference eager build and compared bit for bit through the gather consumer.
+Reports mismatches, device memory before/after, the arena fingerprint and replays per second.
 
     python scripts/soak.py --replays 100000 --json soak.json
+    python scripts/soak.py --mix --replays 100000 --max-model-len 65536 --json soak_mix.json
 """
 
 from __future__ import annotations
@@ -44,12 +47,37 @@ def expected_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray, slots: np.n
             for k, v in (("swa", swa), ("c128a", c128), ("indexer", index))}
 
 
+def expected_mixed_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray,
+                           slots: np.ndarray, size: int) -> dict[str, np.ndarray]:
+    """A token bucket's per-row lengths: SWA, C128A and indexer over the decode rows (real
+    decode tokens, then 0), C128A over the prefill rows (real prefill tokens, then 0)."""
+    n = cfg.next_n
+    first_long = int(np.argmax(q > n)) if (q > n).any() else q.shape[0]
+    td = int(q[:first_long].sum())
+    starts = np.repeat(np.cumsum(q) - q, q)
+    p = np.repeat(s.astype(np.int64) - q, q) + np.arange(int(q.sum())) - starts
+    valid = slots >= 0
+    rows = min(size, cfg.max_decode_tokens)
+
+    def pad(values: np.ndarray, extent: int) -> np.ndarray:
+        return np.concatenate([values, np.zeros(extent - values.shape[0], dtype=np.int64)])
+
+    c128 = np.minimum((p + 1) // 128, cfg.c128a_max_compressed)
+    return {
+        "swa": pad(np.where(valid, np.minimum(p + 1, cfg.sliding_window), 0)[:td], rows),
+        "c128a": pad(np.where(valid, c128, 0)[:td], rows),
+        "c128a_prefill": pad(c128[td:], size),
+        "indexer": pad(((p + 1) // cfg.index_compress_ratio)[:td], rows),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--replays", type=int, default=100_000)
     ap.add_argument("--sample", type=int, default=100, help="1 in N replays compared to eager")
     ap.add_argument("--max-model-len", type=int, default=1 << 20)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mix", action="store_true", help="steps of any composition")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -58,11 +86,11 @@ def main() -> int:
     arena, inputs = make_arena(cfg, builders)
     consumer = GatherConsumer(cfg)
     rng = np.random.default_rng(args.seed)
-    report = {"replays": 0, "eager_compared": 0, "length_mismatches": 0,
-              "eager_mismatches": 0}
+    report = {"replays": 0, "mixed_replays": 0, "eager_compared": 0,
+              "length_mismatches": 0, "eager_mismatches": 0}
     replayed = eager = None
     with GraphManager(arena, inputs, builders, consumer, progress=False) as gm:
-        gm.capture()
+        gm.capture(buckets=None if args.mix else ())
         sizes = gm.capture_sizes
         stream = DecodeStream(inputs, rng, max_seq_len=args.max_model_len)
         fingerprint = arena.fingerprint()
@@ -71,19 +99,29 @@ def main() -> int:
         reserved0 = torch.cuda.memory_reserved()
         t0 = time.perf_counter()
         for i in range(args.replays):
-            k = int(rng.integers(1, sizes[-1] // cfg.next_n + 1))
-            st = stream.next(k)
+            if args.mix:
+                st = stream.next_mixed(int(rng.choice(gm.buckets)))
+            else:
+                st = stream.next(int(rng.integers(1, sizes[-1] // cfg.next_n + 1)))
             res = gm.run(st.query_lens, st.seq_lens, st.slot_mapping)
             assert res.mode == "graph", res
-            g = gm.graphs[res.graph_size]
-            exp = expected_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping, g.size)
+            g = gm.graph_for(res.graph_size, res.graph_kind)
+            swa_md, index_md = g.metadata["swa"], g.metadata["indexer"]
             got = {
-                "swa": g.metadata["swa"].decode_swa_lens,
-                "c128a": g.metadata["swa"].c128a_decode_lens,
-                "indexer": g.metadata["indexer"].decode.seq_lens.reshape(-1),
+                "swa": swa_md.decode_swa_lens,
+                "c128a": swa_md.c128a_decode_lens,
+                "indexer": index_md.decode.seq_lens.reshape(-1),
             }
+            if g.kind == "mixed":
+                exp = expected_mixed_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,
+                                             g.size)
+                got["c128a_prefill"] = swa_md.c128a_prefill_lens
+                report["mixed_replays"] += 1
+            else:
+                exp = expected_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,
+                                       g.size)
             for key, t in got.items():
-                if not np.array_equal(t.cpu().numpy()[: g.size], exp[key]):
+                if not np.array_equal(t.cpu().numpy(), exp[key]):
                     report["length_mismatches"] += 1
                     print(f"replay {i}: {key} lengths differ", file=sys.stderr)
             if i % args.sample == 0:

@@ -76,6 +76,23 @@ def cmd_bench(args) -> int:
         print("bench: no CUDA device; replay latency is a GPU measurement")
         return 2
     cfg = _config(args)
+    if args.breakdown:
+        from staticattn.bench.breakdown import run_breakdown
+
+        print(run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed))
+        return 0
+    if args.mix:
+        from staticattn.bench.mixed import run_mixed_bench
+
+        mixed = run_mixed_bench(_builders, None, reps=args.reps, seed=args.seed,
+                                progress=not args.no_progress)
+        print(mixed.table())
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(mixed.to_json())
+        if args.plot:
+            mixed.plot(args.plot)
+        return 0
     n = cfg.next_n
     sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
     if args.step:
@@ -111,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--steps", type=int, default=300)
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--no-progress", action="store_true")
-    d.add_argument("--consumer", choices=["auto", "real", "gather"], default="auto",
-                   help="real: DeepGEMM + FlashMLA (when installed); auto: real if importable")
+    d.add_argument("--consumer", choices=["gather", "real"], default="gather",
+                   help="gather: the built-in consumer, every step replays; real: DeepGEMM + "
+                   "FlashMLA (when installed) on decode graphs, steps with prefills eager")
     d.set_defaults(fn=cmd_demo)
 
     for name, fn, help_ in (("check", cmd_check, "graph-capture sanity checks"),
@@ -136,6 +154,13 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--consumer", choices=["none", "gather", "real"], default="none",
                            help="the step after the metadata build: none, the built-in "
                            "gather consumer, or DeepGEMM + FlashMLA (when installed)")
+            c.add_argument("--mix", action="store_true",
+                           help="steps of a loaded server with chunked prefill (the reference "
+                           "mixed batch on V4 n=1, n=2 and V3.2 n=1; a chunked-prefill trace), "
+                           "token-bucket graphs vs the eager reference builds")
+            c.add_argument("--breakdown", action="store_true",
+                           help="host time per phase of the captured and eager paths, next "
+                           "to the one-kernel launch floor")
             c.add_argument("--json", default=None)
             c.add_argument("--plot", default=None, help="PNG of latency vs batch size")
     args = p.parse_args(argv)

@@ -1,10 +1,11 @@
-"""The demo: a synthetic serving loop through the graph manager.
+"""The demo: a synthetic serving loop with chunked prefill, through the graph manager.
 
-Decode batches grow and shrink, MTP is on, some steps carry prefills; every step runs
-through :class:`GraphManager.run`. On a GPU every replayed step is checked against the
-eager path (the same builders and consumer, run eagerly on the same inputs); without CUDA
-the loop runs eagerly on the CPU kernels and every step's metadata is checked against the
-independent oracle of the test suite.
+Decode batches grow and shrink, MTP is on (some requests accept fewer drafts), new prompts
+are prefilled in chunks beside the running decodes; every step runs through
+:meth:`GraphManager.run`. On a GPU every step replays a captured graph -- a decode graph
+or a token bucket -- and is checked against the reference eager build through the gather
+consumer, token by token; without CUDA the loop runs eagerly on the CPU kernels and every
+step's metadata is checked against the independent oracle of the test suite.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class Request:
 class DemoReport:
     steps: int = 0
     replayed: int = 0
+    replayed_mixed: int = 0
     eager: dict = field(default_factory=dict)
     checked: int = 0
     mismatches: int = 0
@@ -53,8 +55,8 @@ class DemoReport:
 
     def lines(self) -> list[str]:
         out = [
-            f"steps {self.steps}: replayed {self.replayed}, eager "
-            f"{sum(self.eager.values())} {dict(sorted(self.eager.items()))}",
+            f"steps {self.steps}: replayed {self.replayed} ({self.replayed_mixed} through token "
+            f"buckets), eager {sum(self.eager.values())} {dict(sorted(self.eager.items()))}",
             f"checked {self.checked} steps ({self.check_kind}): mismatches {self.mismatches}",
         ]
         if self.host_us:
@@ -141,20 +143,20 @@ def _say(msg: str) -> None:
 
 
 def _consumer(cuda: bool, choice: str):
-    """``(config, step factory, description)``: the real kernels (DeepGEMM, FlashMLA) when
-    asked for or, with "auto", when they import; else the built-in gather consumer."""
-    if cuda and choice in ("auto", "real"):
+    """``(config, step factory, description)``: the built-in gather consumer (every step
+    graph-first), or the real kernels (DeepGEMM, FlashMLA), which serve decode tokens only:
+    with them only decode steps replay, and steps with prefills run eagerly."""
+    if cuda and choice == "real":
         from staticattn.consumers.real import real_consumer_step, real_consumers_available
 
         have = real_consumers_available()
-        if any(have.values()) or choice == "real":
-            # The real indexer materialises fp32 logits (tokens x max context) and the
-            # attention step owns bf16 outputs per layer: smaller capacities keep both small.
-            cfg = ArenaConfig.deepseek_v4(max_model_len=65536, max_num_seqs=64,
-                                          max_num_batched_tokens=2048)
-            names = " + ".join(k for k, v in sorted(have.items()) if v) or "none"
-            return cfg, lambda c: real_consumer_step(c, num_kv_blocks=NUM_KV_BLOCKS), (
-                f"real kernels ({names})")
+        # The real indexer materialises fp32 logits (tokens x max context) and the
+        # attention step owns bf16 outputs per layer: smaller capacities keep both small.
+        cfg = ArenaConfig.deepseek_v4(max_model_len=65536, max_num_seqs=64,
+                                      max_num_batched_tokens=2048)
+        names = " + ".join(k for k, v in sorted(have.items()) if v) or "none"
+        return cfg, lambda c: real_consumer_step(c, num_kv_blocks=NUM_KV_BLOCKS), (
+            f"real kernels ({names})")
     if cuda:
         cfg = ArenaConfig.deepseek_v4()
     else:
@@ -164,11 +166,11 @@ def _consumer(cuda: bool, choice: str):
 
 
 def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
-             consumer: str = "auto") -> int:
+             consumer: str = "gather") -> int:
     """Run the demo; returns the process exit code (0 when every check passed).
 
-    ``consumer``: "auto" (real kernels when importable, else the gather consumer), "real"
-    or "gather".
+    ``consumer``: "gather" (the built-in consumer; every step replays) or "real" (DeepGEMM +
+    FlashMLA on decode graphs; steps with prefills run eagerly).
     """
     cuda = torch.cuda.is_available()
     cfg, make_step, consumer_name = _consumer(cuda, consumer)
@@ -192,9 +194,11 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
                       time_gpu=cuda) as gm:
         if cuda:
             t0 = time.perf_counter()
-            gm.capture()
-            _say(f"captured {len(gm.graphs)} graphs in {time.perf_counter() - t0:.1f} s "
-                 f"(sizes {gm.capture_sizes[0]}..{gm.capture_sizes[-1]} tokens)")
+            gm.capture(buckets=() if consumer == "real" else None)
+            _say(f"captured {len(gm.graphs)} decode graphs (sizes {gm.capture_sizes[0]}.."
+                 f"{gm.capture_sizes[-1]} tokens) and {len(gm.mixed_graphs)} token buckets "
+                 f"({gm.buckets[0] if gm.buckets else '-'}..{gm.buckets[-1] if gm.buckets else '-'}"
+                 f" tokens) in {time.perf_counter() - t0:.1f} s")
             report.check_kind = f"replay vs eager, bit for bit, through the {consumer_name}"
         else:
             report.check_kind = ("indexer and SWA metadata vs the oracle" if verifier
@@ -209,6 +213,7 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
             report.steps += 1
             if res.mode == "graph":
                 report.replayed += 1
+                report.replayed_mixed += res.graph_kind == "mixed"
                 replayed = snapshot_outputs(res.outputs)
                 eager = snapshot_outputs(gm.run_eager(q, s, slots))
                 report.checked += 1

@@ -171,7 +171,8 @@ def test_step_that_breaks_capture_is_a_graph_error_and_leaves_the_rest_usable(wo
         return out
 
     bad = GraphManager(arena, inputs, gm.builders, syncing_step, progress=False)
-    _after_bad(world, lambda: bad.capture([4]), GraphError, "capturing size 4 failed")
+    _after_bad(world, lambda: bad.capture([4], buckets=()), GraphError,
+               "capturing the decode graph of 4 tokens failed")
     bad.close()
 
 
@@ -179,3 +180,52 @@ def test_step_that_breaks_capture_is_a_graph_error_and_leaves_the_rest_usable(wo
 def test_capture_on_cpu_is_a_graph_error(world):
     gm = world[3]
     _after_bad(world, lambda: gm.capture([2]), GraphError, "CUDA")
+
+
+# -------------------------------------------------------------------- in-place API
+def _write_decode(views, seq_lens, slots):
+    views.seq_lens[: len(seq_lens)] = seq_lens
+    views.slot_mapping[: len(slots)] = slots
+
+
+IN_PLACE = [
+    # (label, (num_reqs, num_tokens or None), seq_lens, slots, query starts, error, fragment)
+    ("negative length", (2, None), [-3, 9], [0, 1, 2, 3], None, InvalidBatchError,
+     "seq_lens[0]=-3 is negative"),
+    ("length over max_model_len", (2, None), [9, 5000], [0, 1, 2, 3], None, CapacityError,
+     "exceeds max_model_len"),
+    ("slot below -1", (2, None), [9, 9], [0, -7, 2, 3], None, InvalidBatchError, "-1"),
+    ("too many requests", (17, None), [9] * 16, list(range(32)), None, CapacityError,
+     "max_num_seqs"),
+    ("no request", (0, None), [], [], None, InvalidBatchError, "at least one request"),
+    ("query starts not ending at the tokens", (2, 5), [9, 9], [0, 1, 2, 3, 4], [0, 2, 4],
+     InvalidBatchError, "query_start_loc"),
+    ("decreasing query starts", (3, 5), [9, 9, 9], [0, 1, 2, 3, 4], [0, 3, 1, 5],
+     InvalidBatchError, "decreases"),
+    ("query longer than its sequence", (2, 6), [2, 3], list(range(6)), [0, 2, 6],
+     InvalidBatchError, "more than its sequence"),
+    ("tokens over capacity", (2, 200), [9, 9], [0, 1], [0, 2, 200], CapacityError,
+     "max_num_batched_tokens"),
+]
+
+
+@pytest.mark.parametrize("label, counts, seq_lens, slots, qsl, err, fragment", IN_PLACE,
+                         ids=[c[0] for c in IN_PLACE])
+def test_bad_in_place_step(world, label, counts, seq_lens, slots, qsl, err, fragment):
+    """The engine wrote a bad step into the views: launch() raises before launching or
+    writing anything of its own, and the next good step replays."""
+    cfg, arena, inputs, gm, good = world
+    views = gm.begin_step()
+    _write_decode(views, seq_lens, slots)
+    if qsl is not None:
+        views.query_start_loc[: len(qsl)] = qsl
+    device_before = arena.block("device").clone()
+    host_before = arena.block("host").clone()
+    with pytest.raises(err) as info:
+        gm.launch(*[c for c in counts if c is not None])
+    assert fragment in str(info.value), str(info.value)
+    if CUDA:
+        torch.cuda.synchronize()
+    assert torch.equal(arena.block("device"), device_before)
+    assert torch.equal(arena.block("host"), host_before)
+    _good_step_still_works(gm, good, gm.run_eager(*good).clone())

@@ -27,7 +27,7 @@ def _setup(**kw):
 def test_capture_replay_pad_and_fallback():
     cfg, arena, inputs, gm = _setup()
     with gm:
-        gm.capture([2, 8, 32, 64])
+        gm.capture([2, 8, 32, 64], buckets=())
         assert gm.capture_sizes == [2, 8, 32, 64]
         for g in gm.graphs.values():
             assert g.nodes is None or g.nodes.get("kernel", 0) >= 1
@@ -57,7 +57,7 @@ def test_capture_replay_pad_and_fallback():
 def test_replay_allocates_nothing():
     cfg, arena, inputs, gm = _setup()
     with gm:
-        gm.capture([16])
+        gm.capture([16], buckets=())
         gm.run([2] * 8, [100] * 8, np.arange(16))
         torch.cuda.synchronize()
         stats0 = torch.cuda.memory_stats()["allocation.all.allocated"]
@@ -65,3 +65,48 @@ def test_replay_allocates_nothing():
             gm.run([2] * 5, [100 + i] * 5, np.arange(10))
         torch.cuda.synchronize()
         assert torch.cuda.memory_stats()["allocation.all.allocated"] == stats0
+
+
+def test_every_step_replays_with_token_buckets():
+    """With token buckets captured, decodes of unequal lengths, prefills and decode batches
+    beyond the decode graphs replay too; only a step beyond every bucket runs eagerly."""
+    cfg, arena, inputs, gm = _setup()
+    with gm:
+        gm.capture([2, 8], buckets=[16, 64, 512])
+        rng = np.random.default_rng(1)
+        modes = []
+        for _ in range(200):
+            k = int(rng.integers(1, 40))
+            q = rng.integers(1, 9, size=k)
+            q.sort()
+            s = q + rng.integers(0, 1000, size=k)
+            res = gm.run(q, s, np.arange(int(q.sum())))
+            assert res.outputs.tolist() == toy_expected(q, s)
+            modes.append((res.mode, res.graph_kind))
+        assert set(modes) <= {("graph", "decode"), ("graph", "mixed")}
+        assert gm.stats.eager_total == 0 and gm.stats.mixed_replays > 0
+
+
+def test_in_place_launch_equals_run():
+    cfg, arena, inputs, gm = _setup()
+    n = cfg.next_n
+    with gm:
+        gm.capture([2, 8, 32], buckets=[64, 512])
+        rng = np.random.default_rng(2)
+        for _ in range(100):
+            k = int(rng.integers(1, 16))
+            s = rng.integers(n, cfg.max_model_len, size=k).astype(np.int32)
+            views = gm.begin_step()
+            views.seq_lens[:k] = s
+            views.slot_mapping[: k * n] = np.arange(k * n)
+            out = gm.launch(k)
+            assert out[: k * n].tolist() == toy_expected(np.full(k, n), s)
+            q = rng.integers(1, 40, size=k)
+            q[::2] = n
+            views = gm.begin_step()
+            views.query_start_loc[0] = 0
+            np.cumsum(q, out=views.query_start_loc[1 : k + 1])
+            views.seq_lens[:k] = q + s
+            views.slot_mapping[: int(q.sum())] = np.arange(int(q.sum()))
+            out = gm.launch(k, int(q.sum()))
+            assert out[: int(q.sum())].tolist() == toy_expected(q, q + s)

@@ -1,22 +1,36 @@
-"""The floor of any replay: a graph of one small kernel, timed on the GPU."""
+"""The floor of any replay: a graph of one small kernel, timed on the GPU and on the host.
+
+* GPU: CUDA events around a replay (:func:`replay_gpu_us`);
+* host: the wall time of launching it, through ``cudaGraphLaunch`` (the raw launch the graph
+  manager uses) and through ``CUDAGraph.replay()``, each on an idle device
+  (:func:`launch_host_us`).
+"""
 
 from __future__ import annotations
+
+import time
 
 import torch
 
 from staticattn.bench.report import Stat
 from staticattn.graphs.capture import capture, warm_up
+from staticattn.graphs.launch import make_launcher
 
-__all__ = ["one_kernel_replay_us", "replay_gpu_us"]
+__all__ = ["launch_floor", "launch_host_us", "one_kernel_replay_us", "replay_gpu_us"]
+
+
+def _one_kernel_graph() -> torch.cuda.CUDAGraph:
+    x = torch.zeros(1024, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.Stream()
+    warm_up(lambda: x.add_(1), stream)
+    graph, _ = capture(lambda: x.add_(1), stream)
+    graph.keep_alive = x  # the graph writes x
+    return graph
 
 
 def one_kernel_replay_us(reps: int = 500) -> Stat:
     """GPU time of replaying a graph of one small kernel: the floor of any replay."""
-    x = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.Stream()
-    warm_up(lambda: x.add_(1), stream)
-    g, _ = capture(lambda: x.add_(1), stream)
-    return replay_gpu_us(g, reps)
+    return replay_gpu_us(_one_kernel_graph(), reps)
 
 
 def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
@@ -34,3 +48,28 @@ def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
         end.synchronize()
         gpu.append(start.elapsed_time(end) * 1e3)
     return Stat.of(gpu)
+
+
+def launch_host_us(launch, reps: int = 500) -> Stat:
+    """Host wall time of ``launch()`` (us), each call on an idle device."""
+    for _ in range(20):
+        launch()
+    host = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        launch()
+        host.append((time.perf_counter() - t0) * 1e6)
+    return Stat.of(host)
+
+
+def launch_floor(reps: int = 500) -> dict[str, Stat]:
+    """The one-kernel floor from one graph in one process: ``gpu_us``, ``replay_host_us``
+    and, with cuda-bindings, ``raw_launch_host_us`` (what a step's launch is compared to)."""
+    graph = _one_kernel_graph()
+    raw, how = make_launcher(graph, torch.cuda.current_stream())
+    floor = {"gpu_us": replay_gpu_us(graph, reps),
+             "replay_host_us": launch_host_us(graph.replay, reps)}
+    if how == "cudaGraphLaunch":
+        floor["raw_launch_host_us"] = launch_host_us(raw, reps)
+    return floor

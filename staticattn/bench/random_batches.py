@@ -14,7 +14,9 @@ import torch
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.staging import PAD_SLOT_ID, StepInputs
 
-__all__ = ["RandomStep", "random_uniform_decode", "random_mixed_step", "write_block_rows"]
+__all__ = [
+    "RandomStep", "fixed_step", "random_mixed_step", "random_uniform_decode", "write_block_rows",
+]
 
 
 @dataclass(slots=True)
@@ -74,6 +76,26 @@ def _seq_lens(cfg: ArenaConfig, q: np.ndarray, rng: np.random.Generator, max_seq
     return np.where(rng.random(q.shape[0]) < short_fraction, np.minimum(short, hi), long).astype(
         np.int32
     )
+
+
+def fixed_step(
+    inputs: StepInputs,
+    query_lens: np.ndarray,
+    seq_lens: np.ndarray,
+    rng: np.random.Generator,
+    *,
+    num_kv_blocks: int = 4096,
+    rows: tuple[np.ndarray, np.ndarray | None] | None = None,
+) -> RandomStep:
+    """The step of these lengths, its slots through random block-table rows: written now
+    (``rows`` None), or the ``(main, swa)`` host rows :func:`write_block_rows` wrote
+    before (steps of one trace share their requests' rows)."""
+    cfg = inputs.config
+    q = np.asarray(query_lens, dtype=np.int32)
+    s = np.asarray(seq_lens, dtype=np.int32)
+    main, swa = rows if rows is not None else write_block_rows(inputs, s, rng, num_kv_blocks)
+    table, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
+    return RandomStep(q, s, _slots(table, bs, q, s, rng, 0.0))
 
 
 def random_uniform_decode(
@@ -165,14 +187,36 @@ class DecodeStream:
             table[int(row), : host.shape[1]].copy_(torch.from_numpy(fresh[i]))
 
     def next(self, num_reqs: int) -> RandomStep:
+        """A uniform decode step of ``num_reqs`` requests."""
+        return self._step(np.full(num_reqs, self.cfg.next_n, dtype=np.int32))
+
+    def next_mixed(self, max_tokens: int) -> RandomStep:
+        """A step of any composition within ``max_tokens``: decodes first, each with
+        ``1..next_n`` tokens (drafts accepted or not), then up to three prefill chunks
+        (continuations or fresh prompts)."""
+        cfg, rng = self.cfg, self.rng
+        n = cfg.next_n
+        cap = min(cfg.max_num_seqs, max_tokens)
+        q = list(rng.integers(1, n + 1, size=int(rng.integers(0, max(1, cap - 3)))))
+        budget = max_tokens - sum(q)
+        for _ in range(int(rng.integers(0 if q else 1, 4))):
+            if budget <= n + 1 or len(q) >= cap:
+                break
+            chunk = int(rng.integers(n + 1, min(budget, self.max_seq_len, 4096) + 1))
+            q.append(chunk)
+            budget -= chunk
+        return self._step(np.asarray(q or [1], dtype=np.int32), fresh_fraction=0.3)
+
+    def _step(self, q: np.ndarray, fresh_fraction: float = 0.0) -> RandomStep:
         cfg, rng = self.cfg, self.rng
         rows = rng.choice(cfg.max_num_seqs, size=min(self.rows_per_step, cfg.max_num_seqs),
                           replace=False)
         self._rewrite(self.inputs.block_table, self.main, rows)
         if self.swa is not None:
             self._rewrite(self.inputs.swa_block_table, self.swa, rows)
-        q = np.full(num_reqs, cfg.next_n, dtype=np.int32)
         s = _seq_lens(cfg, q, rng, self.max_seq_len, 0.3)
+        s = np.where((q > cfg.next_n) & (rng.random(q.shape[0]) < fresh_fraction), q, s)
         host, bs = (self.swa, cfg.swa_block_size) if self.swa is not None else (
             self.main, cfg.block_size)
-        return RandomStep(q, s, _slots(host, bs, q, s, rng, self.invalid_fraction))
+        return RandomStep(q, s.astype(np.int32), _slots(host, bs, q, s, rng,
+                                                        self.invalid_fraction))

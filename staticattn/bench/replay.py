@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.floor import one_kernel_replay_us
+from staticattn.bench.floor import launch_floor
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
 from staticattn.builders.base import make_arena
@@ -67,11 +67,10 @@ def run_bench(
     builders = builders_factory()
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
-    report = BenchReport(environment(), preset, config.next_n, consumer_name,
-                         one_kernel_replay_us())
+    report = BenchReport(environment(), preset, config.next_n, consumer_name, launch_floor())
     rng = np.random.default_rng(seed)
     with GraphManager(arena, inputs, builders, step, progress=progress, time_gpu=True) as gm:
-        gm.capture(sizes)
+        gm.capture(sizes, buckets=())
         for size in sorted(gm.graphs):
             g = gm.graphs[size]
             batch = random_uniform_decode(inputs, g.num_reqs, rng, short_fraction=0.0,
@@ -86,5 +85,27 @@ def run_bench(
             report.rows.append(BenchRow(
                 size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,
                 Stat.of(gh), Stat.of(gg), Stat.of(eh), Stat.of(eg),
+                Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps)),
             ))
     return report
+
+
+def in_place_host_us(gm: GraphManager, seq_lens: np.ndarray, slot_mapping: np.ndarray,
+                     reps: int) -> list[float]:
+    """Host time of a decode step through the in-place API: ``begin_step()`` and
+    ``launch(k)``; the engine's own writes into the views (between the two) are not
+    counted. Each step starts on an idle device."""
+    k, num_tokens = seq_lens.shape[0], slot_mapping.shape[0]
+    host = []
+    for _ in range(reps + 20):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        views = gm.begin_step()
+        t1 = time.perf_counter()
+        views.seq_lens[:k] = seq_lens
+        views.slot_mapping[:num_tokens] = slot_mapping
+        t2 = time.perf_counter()
+        gm.launch(k)
+        t3 = time.perf_counter()
+        host.append((t1 - t0 + t3 - t2) * 1e6)
+    return host[20:]

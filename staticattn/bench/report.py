@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-__all__ = ["BenchReport", "BenchRow", "Stat", "environment"]
+__all__ = ["BenchReport", "BenchRow", "Stat", "environment", "floor_lines"]
 
 
 @dataclass(slots=True)
@@ -35,6 +35,8 @@ class BenchRow:
     graph_gpu_us: Stat
     eager_host_us: Stat
     eager_gpu_us: Stat
+    #: ``begin_step()`` + ``launch(k)`` (the in-place API), the engine's writes excluded.
+    in_place_host_us: Stat | None = None
 
     @property
     def host_ratio(self) -> float:
@@ -51,25 +53,25 @@ class BenchReport:
     preset: str
     next_n: int
     consumer: str
-    one_kernel_graph_gpu_us: Stat | None
+    #: The one-kernel graph of :func:`staticattn.bench.floor.launch_floor`, same run.
+    floor: dict[str, Stat] | None
     rows: list[BenchRow] = field(default_factory=list)
 
     def table(self) -> str:
-        head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'graph host us':>14} "
-                f"{'graph GPU us':>13} | {'eager host us':>14} {'eager GPU us':>13} | "
+        head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'in-place host':>13} "
+                f"{'run() host':>10} {'graph GPU':>9} | {'eager host':>10} {'eager GPU':>9} | "
                 f"{'host x':>7} {'GPU x':>6}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
+            in_place = f"{r.in_place_host_us.median:.1f}" if r.in_place_host_us else "-"
             lines.append(
                 f"{r.size:>5} {r.num_reqs:>5} {r.kernels if r.kernels is not None else '-':>5} | "
-                f"{r.graph_host_us.median:>14.1f} {r.graph_gpu_us.median:>13.1f} | "
-                f"{r.eager_host_us.median:>14.1f} {r.eager_gpu_us.median:>13.1f} | "
+                f"{in_place:>13} {r.graph_host_us.median:>10.1f} {r.graph_gpu_us.median:>9.1f}"
+                f" | {r.eager_host_us.median:>10.1f} {r.eager_gpu_us.median:>9.1f} | "
                 f"{r.host_ratio:>7.1f} {r.gpu_ratio:>6.1f}"
             )
-        if self.one_kernel_graph_gpu_us is not None:
-            floor = self.one_kernel_graph_gpu_us
-            lines.append(f"one-kernel graph replay, GPU: {floor.median:.1f} us "
-                         f"(min {floor.min:.1f}, max {floor.max:.1f})")
+        lines.append("(microseconds, medians; host x = eager host / run() host)")
+        lines += floor_lines(self.floor)
         return "\n".join(lines)
 
     def header(self) -> str:
@@ -99,8 +101,8 @@ class BenchReport:
                 ax.plot(sizes, med, style, label=f"{path_name} replay" if path_name == "graph"
                         else "eager build")
                 ax.fill_between(sizes, [s.min for s in st], [s.max for s in st], alpha=0.15)
-            if kind == "gpu" and self.one_kernel_graph_gpu_us is not None:
-                ax.axhline(self.one_kernel_graph_gpu_us.median, color="gray", ls=":",
+            if kind == "gpu" and self.floor is not None:
+                ax.axhline(self.floor["gpu_us"].median, color="gray", ls=":",
                            label="one-kernel graph")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -133,3 +135,14 @@ def environment() -> dict:
         except (OSError, IndexError, subprocess.SubprocessError):
             pass
     return env
+
+
+def floor_lines(floor: dict[str, Stat] | None) -> list[str]:
+    """The one-kernel floor as report lines."""
+    if floor is None:
+        return []
+    names = {"raw_launch_host_us": "launch through cudaGraphLaunch, host",
+             "replay_host_us": "launch through CUDAGraph.replay(), host",
+             "gpu_us": "replay, GPU"}
+    return [f"one-kernel graph, {names[k]}: {v.median:.1f} us (min {v.min:.1f}, max "
+            f"{v.max:.1f})" for k, v in floor.items()]

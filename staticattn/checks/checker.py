@@ -187,7 +187,7 @@ def _guarded_capture(manager: GraphManager, num_reqs: int, size: int, report: Si
     def guarded_body():
         # The guards go inside the capture: entering a capture synchronises on purpose.
         with sync_guard(), watch:
-            return manager._body(num_reqs, size)
+            return manager.body("decode", num_reqs, size)
 
     allocs0 = _allocations()
     try:

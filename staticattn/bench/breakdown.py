@@ -1,0 +1,144 @@
+"""Where a step's host time goes: per-phase medians for the captured and the eager paths,
+next to the one-kernel launch floor measured in the same run.
+
+Each path is timed by calling, in order, the same pieces its entry point calls, with a clock
+read between them (each step started on an idle device):
+
+* ``run()``, decode replay: validate (the pre-screen), stage (write the lengths, slots and
+  count into the pinned staging), launch, bookkeeping (the result object);
+* in-place, decode replay: wait (``begin_step``), validate (the view checks), launch (count,
+  lookup, ``cudaGraphLaunch``); the engine's writes into the views are not counted;
+* ``run(eager=True)``: validate, stage, staging kernels, one phase per builder's ``build``,
+  the step, bookkeeping -- for a uniform decode step and for the reference mixed batch.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.bench.floor import launch_floor
+from staticattn.bench.random_batches import RandomStep, fixed_step
+from staticattn.bench.report import environment, floor_lines
+from staticattn.builders.base import make_arena
+from staticattn.builders.batch import Batch
+from staticattn.builders.validate_host import step_passes, uniform_decode_passes
+from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.records import RunResult, slice_outputs
+
+__all__ = ["run_breakdown"]
+
+Phases = list[tuple[str, Callable[[], object]]]
+
+
+def _phase_medians(phases_of: Callable[[], Phases], reps: int) -> dict[str, float]:
+    samples: dict[str, list[float]] = {}
+    for rep in range(reps + 10):
+        phases = phases_of()
+        torch.cuda.synchronize()
+        clock = time.perf_counter()
+        for name, fn in phases:
+            fn()
+            now = time.perf_counter()
+            if rep >= 10:
+                samples.setdefault(name, []).append((now - clock) * 1e6)
+            clock = now
+    medians = {name: statistics.median(xs) for name, xs in samples.items()}
+    medians["total"] = sum(medians.values())
+    return medians
+
+
+def _run_decode(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+    k, n = step.query_lens.shape[0], gm.config.next_n
+    g = gm._table.decode[k]
+
+    def phases() -> Phases:
+        return [
+            ("validate", lambda: uniform_decode_passes(k, step.seq_lens, step.slot_mapping,
+                                                       gm.config)),
+            ("stage", lambda: gm.inputs.stage_uniform_decode(step.seq_lens, step.slot_mapping)),
+            ("launch", g.launch),
+            ("bookkeeping", lambda: RunResult(g.outputs_for(k * n), "graph", g.size, None,
+                                              k * n, None, g.kind)),
+        ]
+
+    return phases
+
+
+def _in_place_decode(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+    k = step.query_lens.shape[0]
+
+    def write() -> None:
+        gm.host.seq_lens[:k] = step.seq_lens
+        gm.host.slot_mapping[: step.slot_mapping.shape[0]] = step.slot_mapping
+
+    def launch() -> None:
+        gm.validate = False  # the checks are the phase before
+        gm.launch(k)
+        gm.validate = True
+
+    def phases() -> Phases:
+        write()
+        return [("wait", gm.begin_step), ("validate", lambda: gm._checks.decode(k)),
+                ("launch", launch)]
+
+    return phases
+
+
+def _run_eager(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+    q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
+    state: dict[str, object] = {}
+
+    def stage() -> None:
+        state["counts"] = gm.inputs.stage(q, s, slots)
+
+    def kernels() -> None:
+        counts = state["counts"]
+        gm.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
+        state["batch"] = Batch.from_staged(gm.inputs, counts)
+        state["md"] = {}
+
+    def build(builder) -> Callable[[], None]:
+        return lambda: state["md"].__setitem__(builder.name, builder.build(state["batch"]))
+
+    def phases() -> Phases:
+        return [("validate", lambda: step_passes(q, s, slots, gm.config)), ("stage", stage),
+                ("staging kernels", kernels),
+                *[(f"build {b.name}", build(b)) for b in gm.builders],
+                ("step", lambda: state.__setitem__("out", gm.step(state["batch"], state["md"]))),
+                ("bookkeeping", lambda: RunResult(slice_outputs(state["out"], slots.shape[0]),
+                                                  "eager", None, "forced", slots.shape[0]))]
+
+    return phases
+
+
+def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig], list],
+                  num_reqs: int = 32, reps: int = 300, seed: int = 0) -> str:
+    """The per-phase table (text) for ``config``, metadata only."""
+    rng = np.random.default_rng(seed)
+    floor = launch_floor()
+    builders = builders_factory(config)
+    arena, inputs = make_arena(config, builders)
+    n = config.next_n
+    lines = [f"host time per phase, us (medians of {reps}) | device {environment()['device']}"
+             f" | next_n {n}, {num_reqs} requests"]
+    with GraphManager(arena, inputs, builders, lambda batch, md: None, progress=False) as gm:
+        gm.capture([num_reqs * n])
+        decode = fixed_step(inputs, np.full(num_reqs, n),
+                            rng.integers(n, 32_768, size=num_reqs), rng)
+        mixed = fixed_step(inputs, np.array([n] * 16 + [3000, 3000]),
+                           np.concatenate([rng.integers(n, 32_768, size=16), [3000, 23_000]]),
+                           rng)
+        for label, phases in (("run(), decode replay", _run_decode(gm, decode)),
+                              ("in-place, decode replay", _in_place_decode(gm, decode)),
+                              ("run(eager=True), decode", _run_eager(gm, decode)),
+                              ("run(eager=True), reference mixed batch", _run_eager(gm, mixed))):
+            medians = _phase_medians(phases, reps)
+            lines.append(f"{label}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
+    return "\n".join(lines + floor_lines(floor))
+

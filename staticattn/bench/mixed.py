@@ -1,0 +1,215 @@
+"""Mixed-step benchmark: the steps of a loaded server with chunked prefill, replayed through
+token-bucket graphs, against the reference eager build of the same steps.
+
+Scenarios (each on its own config, graphs captured for every token bucket):
+
+* ``reference mixed batch``: 16 decodes (``next_n`` tokens each, contexts up to 32K), a
+  fresh 3,000-token prefill and a 3,000-token chunk continuing at context 20,000;
+* ``chunked-prefill trace``: 64 running decodes and one 2,048-token chunk of a long prompt
+  per step, the prompt's context growing by 2,048 tokens a step.
+
+Per scenario: host wall time of ``GraphManager.run`` (validation, staging, launch) and of the
+in-place API (``begin_step`` + ``launch(k, t)``, the engine's writes not counted), the GPU
+time of the replay, and the same for ``run(eager=True)`` (the reference builds, one kernel
+at a time); medians with min and max, each step started on an idle device.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.bench.floor import launch_floor
+from staticattn.bench.random_batches import RandomStep, fixed_step, write_block_rows
+from staticattn.bench.report import Stat, environment, floor_lines
+from staticattn.builders.base import make_arena
+from staticattn.graphs.manager import GraphManager
+
+__all__ = ["MixedReport", "MixedRow", "run_mixed_bench", "MIXED_SCENARIOS"]
+
+#: (label, preset, next_n) of the configs the reference mixed batch runs on.
+MIXED_SCENARIOS = (("V4", "deepseek-v4", 1), ("V4", "deepseek-v4", 2),
+                   ("V3.2", "deepseek-v3.2", 1))
+
+
+@dataclass(slots=True)
+class MixedRow:
+    scenario: str
+    model: str
+    next_n: int
+    num_reqs: int
+    num_tokens: int
+    bucket: int
+    graph_host_us: Stat
+    in_place_host_us: Stat
+    graph_gpu_us: Stat
+    eager_host_us: Stat
+    eager_gpu_us: Stat
+
+    @property
+    def host_ratio(self) -> float:
+        return self.eager_host_us.median / self.graph_host_us.median
+
+
+@dataclass(slots=True)
+class MixedReport:
+    env: dict
+    floor: dict[str, Stat] | None
+    rows: list[MixedRow] = field(default_factory=list)
+
+    def table(self) -> str:
+        head = (f"{'scenario':<24} {'model':<9} {'toks':>5} {'bucket':>6} | "
+                f"{'in-place':>8} {'run()':>7} {'GPU':>6} | {'eager':>7} {'GPU':>6} | "
+                f"{'host x':>6}")
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            lines.append(
+                f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<9} {r.num_tokens:>5} "
+                f"{r.bucket:>6} | {r.in_place_host_us.median:>8.1f} "
+                f"{r.graph_host_us.median:>7.1f} {r.graph_gpu_us.median:>6.1f} | "
+                f"{r.eager_host_us.median:>7.1f} {r.eager_gpu_us.median:>6.1f} | "
+                f"{r.host_ratio:>6.1f}")
+        lines.append("(microseconds, medians; eager = the reference builds run eagerly)")
+        return "\n".join(lines + floor_lines(self.floor))
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def plot(self, path: str) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        labels = [f"{r.scenario}\n{r.model} n={r.next_n}" for r in self.rows]
+        x = np.arange(len(self.rows))
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+        for ax, kind in zip(axes, ("host", "gpu")):
+            graph = [getattr(r, f"graph_{kind}_us").median for r in self.rows]
+            eager = [getattr(r, f"eager_{kind}_us").median for r in self.rows]
+            ax.bar(x - 0.2, graph, 0.4, label="graph replay")
+            ax.bar(x + 0.2, eager, 0.4, label="eager reference build")
+            ax.set_xticks(x, labels, fontsize=7)
+            ax.set_yscale("log")
+            ax.set_ylabel(f"{'host' if kind == 'host' else 'GPU'} time per step (us)")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+
+
+def _timed(fn: Callable[[], object], reps: int) -> list[float]:
+    host = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        host.append((time.perf_counter() - t0) * 1e6)
+    return host
+
+
+def _gpu(gm: GraphManager, step: RandomStep, eager: bool, reps: int) -> list[float]:
+    gm.time_gpu = True
+    out = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        out.append(gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                          eager=eager).gpu_us())
+    gm.time_gpu = False
+    return out
+
+
+def _in_place(gm: GraphManager, step: RandomStep) -> tuple[Callable[[], None], Callable]:
+    """One step through the in-place API: ``(write, launch)``; the writes (the engine's own
+    work, and the wait for the staging) are not timed."""
+    k, t = step.query_lens.shape[0], step.slot_mapping.shape[0]
+    qsl = np.concatenate(([0], np.cumsum(step.query_lens)))
+
+    def write() -> None:
+        views = gm.begin_step()
+        views.query_start_loc[: k + 1] = qsl
+        views.seq_lens[:k] = step.seq_lens
+        views.slot_mapping[:t] = step.slot_mapping
+
+    return write, lambda: gm.launch(k, t)
+
+
+def _measure(gm: GraphManager, steps: list[RandomStep], reps: int) -> dict[str, list[float]]:
+    out = {"graph_host": [], "in_place": [], "graph_gpu": [], "eager_host": [],
+           "eager_gpu": []}
+    per_step = max(1, reps // len(steps))
+    for step in steps:
+        args = (step.query_lens, step.seq_lens, step.slot_mapping)
+        for _ in range(3):  # warm both paths
+            assert gm.run(*args).mode == "graph"
+            gm.run(*args, eager=True)
+        out["graph_host"] += _timed(lambda a=args: gm.run(*a), per_step)
+        out["eager_host"] += _timed(lambda a=args: gm.run(*a, eager=True), per_step)
+        write, launch = _in_place(gm, step)
+        for _ in range(per_step):
+            torch.cuda.synchronize()
+            write()
+            t0 = time.perf_counter()
+            launch()
+            out["in_place"].append((time.perf_counter() - t0) * 1e6)
+        out["graph_gpu"] += _gpu(gm, step, False, per_step)
+        out["eager_gpu"] += _gpu(gm, step, True, per_step)
+    return out
+
+
+def run_mixed_bench(
+    builders_factory: Callable[[ArenaConfig], list],
+    step_factory: Callable[[ArenaConfig], Callable] | None,
+    *,
+    reps: int = 200,
+    seed: int = 0,
+    progress: bool = False,
+) -> MixedReport:
+    """Time the scenarios of the module docstring (metadata only unless ``step_factory``)."""
+    report = MixedReport(environment(), launch_floor())
+    rng = np.random.default_rng(seed)
+    plans = [(label, preset, n, "reference mixed batch") for label, preset, n in MIXED_SCENARIOS]
+    plans.append(("V4", "deepseek-v4", 2, "chunked-prefill trace"))
+    for model, preset, n, scenario in plans:
+        cfg = ArenaConfig.preset(preset, num_speculative_tokens=n - 1)
+        builders = builders_factory(cfg)
+        arena, inputs = make_arena(cfg, builders)
+        step = step_factory(cfg) if step_factory is not None else (lambda batch, md: None)
+        with GraphManager(arena, inputs, builders, step, progress=progress) as gm:
+            gm.capture()
+            steps = (_reference_batch(inputs, rng) if scenario == "reference mixed batch"
+                     else _trace(inputs, rng, steps=20))
+            timings = _measure(gm, steps, reps)
+            first = steps[0]
+            bucket = gm.run(first.query_lens, first.seq_lens, first.slot_mapping).graph_size
+            report.rows.append(MixedRow(
+                scenario, model, n, first.query_lens.shape[0],
+                int(first.slot_mapping.shape[0]), bucket,
+                *(Stat.of(timings[k]) for k in ("graph_host", "in_place", "graph_gpu",
+                                                "eager_host", "eager_gpu")),
+            ))
+    return report
+
+
+def _reference_batch(inputs, rng) -> list[RandomStep]:
+    n = inputs.config.next_n
+    contexts = rng.integers(n, 32_768, size=16)
+    q = np.array([n] * 16 + [3000, 3000])
+    s = np.concatenate([contexts, [3000, 23_000]])
+    return [fixed_step(inputs, q, s, rng)]
+
+
+def _trace(inputs, rng, steps: int) -> list[RandomStep]:
+    n = inputs.config.next_n
+    contexts = rng.integers(n, 32_768, size=64)
+    q = np.array([n] * 64 + [2048])
+    longest = np.concatenate([contexts + steps * n, [2048 * steps]])
+    rows = write_block_rows(inputs, longest.astype(np.int32), rng, 4096)
+    return [fixed_step(inputs, q, np.concatenate([contexts + i * n, [2048 * (i + 1)]]), rng,
+                       rows=rows) for i in range(steps)]

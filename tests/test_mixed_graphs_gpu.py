@@ -1,0 +1,132 @@
+"""On the GPU: randomized steps of every composition replayed through the captured graphs.
+
+Per config, 2,000 steps drawn by ``support.host_steps`` run through ``GraphManager.run``;
+every one replays (a decode graph or a token bucket). After each replay:
+
+* the graph's metadata views equal the oracle over their whole extent (real and padded
+  regions alike): ``oracle.mixed`` for a bucket, ``oracle.indexer/swa`` for a decode graph;
+* the same build run eagerly on the same staged inputs gives the same views bit for bit;
+* the gather consumer's output (read through every token's metadata) equals the reference
+  eager build's, and the step-alone oracle's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from oracle import checksums
+from oracle import indexer as indexer_oracle
+from oracle import mixed as mixed_oracle
+from oracle import swa as swa_oracle
+from support import _t, host_steps
+from test_mixed_builds import CONFIGS
+
+from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
+from staticattn.builders.indexer_prefill import max_chunks
+from staticattn.checks import same_outputs, snapshot_outputs
+from staticattn.consumers import GatherConsumer
+from staticattn.graphs import GraphManager
+
+pytestmark = pytest.mark.gpu
+
+STEPS = 2000
+
+
+def _snapshot(metadata) -> list[torch.Tensor]:
+    from staticattn.checks.checker import _tensors
+
+    return [t.clone() for _, t in _tensors(metadata)]
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_step_replays_and_equals_eager_and_the_oracle(name):
+    cfg = CONFIGS[name](device="cuda")
+    builders = [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if cfg.has_swa
+                                             else [])
+    arena, inputs = make_arena(cfg, builders)
+    consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
+    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
+                                         consumer.index_cache)]
+    gm = GraphManager(arena, inputs, builders, consumer, progress=False)
+    gm.capture()
+    fingerprint = arena.fingerprint()
+    counts = {"decode": 0, "mixed": 0}
+
+    @settings(max_examples=STEPS)
+    @given(host_steps(cfg, max_seq_len=cfg.max_model_len))
+    def check(step):
+        r = step.num_reqs
+        inputs.block_table[:r].copy_(_t(step.block_table))
+        if step.swa_block_table is not None:
+            inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+        res = gm.run(step.query_lens, step.seq_lens, step.slot_mapping)
+        assert res.mode == "graph", res.reason
+        replayed = snapshot_outputs(res.outputs)
+        g = gm.graph_for(res.graph_size, res.graph_kind)
+        views = _snapshot(g.metadata)
+        if g.kind == "mixed":
+            exp = mixed_oracle.indexer(cfg, step, g.num_reqs, g.size,
+                                       max_chunks(cfg, g.num_reqs, g.size))
+            mixed_oracle.assert_indexer_matches(g.metadata["indexer"], exp, cfg, step)
+            if cfg.has_swa:
+                mixed_oracle.assert_swa_matches(
+                    g.metadata["swa"], mixed_oracle.swa(cfg, step, g.num_reqs, g.size), cfg,
+                    step)
+        else:
+            padded = dataclasses.replace(step, num_reqs_padded=g.num_reqs,
+                                         num_tokens_padded=g.size)
+            indexer_oracle.assert_matches(
+                g.metadata["indexer"], indexer_oracle.indexer_metadata(cfg, padded, graph=True),
+                padded, arena)
+            if cfg.has_swa:
+                swa_oracle.assert_matches(g.metadata["swa"],
+                                          swa_oracle.expected_for_step(cfg, padded))
+        # The same build, eagerly, on the same staging: the same views bit for bit.
+        gm.body(g.kind, g.num_reqs, g.size)
+        assert all(torch.equal(a, b) for a, b in zip(views, _snapshot(g.metadata)))
+        want = checksums.expected(cfg, step, *caches, step.num_tokens)
+        assert replayed[0].tolist() == want
+        eager = snapshot_outputs(gm.run_eager(step.query_lens, step.seq_lens,
+                                              step.slot_mapping))
+        assert same_outputs(replayed, eager)
+        counts[g.kind] += 1
+
+    check()
+    assert arena.fingerprint() == fingerprint
+    gm.close()
+    print(f"{name}: {counts['decode']} decode and {counts['mixed']} mixed replays")
+    assert counts["mixed"] > STEPS // 4
+
+
+def test_a_rejected_step_leaves_everything_usable():
+    """A mixed step beyond capacity or with inconsistent arrays: the typed error comes before
+    anything is written, and the next good step replays."""
+    from staticattn.errors import CapacityError, InvalidBatchError
+
+    cfg = CONFIGS["v4-n2"](device="cuda")
+    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
+    with GraphManager(arena, inputs, builders, consumer, progress=False) as gm:
+        gm.capture()
+        good = (np.array([2, 1, 40]), np.array([100, 50, 40]), np.arange(43))
+        first = snapshot_outputs(gm.run(*good).outputs)
+        before = {w: arena.block(w).clone() for w in ("device", "host")}
+        bad = [
+            ((np.array([2, 300]), np.array([9, 300]), np.arange(302)), CapacityError),
+            ((np.array([2, 40]), np.array([9, 30]), np.arange(42)), InvalidBatchError),
+            ((np.array([2, 40]), np.array([9, 90]), np.arange(41)), InvalidBatchError),
+            ((np.array([40, 2]), np.array([90, 9]), np.arange(42)), InvalidBatchError),
+        ]
+        for args, error in bad:
+            with pytest.raises(error):
+                gm.run(*args)
+            torch.cuda.synchronize()
+            for w, block in before.items():
+                assert torch.equal(arena.block(w), block), w
+        res = gm.run(*good)
+        assert res.mode == "graph" and same_outputs(snapshot_outputs(res.outputs), first)
