@@ -58,3 +58,16 @@ def test_checksums_match_the_oracle_through_every_build(backend, name):
             assert _consume(consumer, builders, batch, "build_decode") == want
 
     check()
+
+
+def test_host_planned_sub_chunks_beyond_one_per_request(backend):
+    """A prefill whose keys overflow the logits budget is cut into more query sub-chunks
+    than the step has requests; the consumer lays them all out."""
+    from support import make_step
+
+    cfg, builders, inputs, consumer, caches = _world("v3.2-n1", backend)
+    step = make_step(cfg, [169, 43], [3847, 2273], rng=np.random.default_rng(0))
+    batch = stage(inputs, step)
+    assert len(builders[0].build(batch).prefill.chunks) > cfg.max_num_seqs + 1
+    want = checksums.expected(cfg, step, *caches, step.num_tokens)
+    assert _consume(consumer, builders, stage(inputs, step), "build") == want

@@ -95,7 +95,7 @@ def test_in_place_launch_equals_run():
         rng = np.random.default_rng(2)
         for _ in range(100):
             k = int(rng.integers(1, 16))
-            s = rng.integers(n, cfg.max_model_len, size=k).astype(np.int32)
+            s = rng.integers(n, cfg.max_model_len - 40, size=k).astype(np.int32)
             views = gm.begin_step()
             views.seq_lens[:k] = s
             views.slot_mapping[: k * n] = np.arange(k * n)

@@ -184,6 +184,9 @@ class _OpTrace(TorchDispatchMode):
 def test_torch_decode_build_reads_nothing_back_and_never_branches_on_data():
     cfg, builder, _, inputs = _setup("torch")
     traces = []
+    # A first, untraced build cuts and keeps the views of this size; then only data differ.
+    stage(inputs, make_step(cfg, [2, 2], [9, 9], num_reqs_padded=3, num_tokens_padded=6))
+    builder.build_decode(Batch.for_decode_capture(inputs, 3))
     for lens, invalid in (([3, 4], ()), ([4000, 2500], (0, 3))):
         stage(inputs, make_step(cfg, [2, 2], lens, num_reqs_padded=3, num_tokens_padded=6,
                                 invalid_tokens=invalid))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from staticattn.staging.inputs import StagedCounts, StepInputs
@@ -76,10 +77,20 @@ class Batch:
     dcp_local_seq_lens: torch.Tensor | None = None
     is_prefilling: torch.Tensor | None = None
     step_counts: torch.Tensor | None = None
+    _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     @property
     def device(self) -> torch.device:
         return self.query_start_loc.device
+
+    def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(query_start_loc, query_lens, seq_lens)`` of the host copies as numpy arrays,
+        ``(num_reqs + 1,)``, ``(num_reqs,)``, ``(num_reqs,)``: computed once per batch, for
+        every planning step that reads them (the split of each builder, layouts, chunks)."""
+        if self._host is None:
+            qsl = self.query_start_loc_cpu.numpy()[: self.num_reqs + 1]
+            self._host = (qsl, np.diff(qsl), self.seq_lens_cpu.numpy()[: self.num_reqs])
+        return self._host
 
     @classmethod
     def from_inputs(
@@ -87,24 +98,11 @@ class Batch:
         max_seq_len: int,
     ) -> Batch:
         """Arena views over ``num_reqs`` requests and ``num_tokens`` tokens (padding included)."""
-        return cls(
-            query_start_loc=inputs.query_start_loc[: num_reqs + 1],
-            query_start_loc_cpu=inputs.host_query_start_loc[: num_reqs + 1],
-            seq_lens=inputs.seq_lens[:num_reqs],
-            seq_lens_cpu=inputs.host_seq_lens[:num_reqs],
-            num_reqs=num_reqs,
-            num_actual_tokens=num_tokens,
-            max_query_len=max_query_len,
-            max_seq_len=max_seq_len,
-            block_table=inputs.block_table[:num_reqs],
-            slot_mapping=inputs.slot_mapping[:num_tokens],
-            positions=inputs.positions[:num_tokens],
-            token_to_req=inputs.token_to_req[:num_tokens],
-            swa_block_table=(
-                None if inputs.swa_block_table is None else inputs.swa_block_table[:num_reqs]
-            ),
-            step_counts=inputs.step_counts,
-        )
+        v = inputs.views(num_reqs, num_tokens)
+        return cls(v.query_start_loc, v.query_start_loc_cpu, v.seq_lens, v.seq_lens_cpu,
+                   num_reqs, num_tokens, max_query_len, max_seq_len, v.block_table,
+                   v.slot_mapping, v.positions, v.token_to_req, v.swa_block_table,
+                   step_counts=inputs.step_counts)
 
     @classmethod
     def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:

@@ -35,6 +35,7 @@ builder's buffer for ``R = 1`` too; prefill metadata lives in arena views, and t
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -169,13 +170,24 @@ class IndexerMetadataBuilder:
         d, p, td, tp = split_decodes_and_prefills(
             batch, decode_threshold=cfg.next_n, require_uniform=not cfg.use_flattening
         )
-        qsl = _host_query_start_loc(batch)
-        layout = self._eager_layout(qsl, d, td) if d else None
+        qsl, query_lens, _ = batch.host_arrays()
+        layout = self._eager_layout(query_lens, d, td) if d else None
         if layout is not None:
             self._check_capacity(layout)
-        slots = self._write_slot_mapping(batch, batch.num_actual_tokens)
+        num_tokens = batch.num_actual_tokens
+        if p == 0 and d == batch.num_reqs and self.compressed_slot_mapping is not None:
+            # Every request is a decode: the compressed slots ride in the decode launch.
+            decode = self._build_decode_part(batch, d, layout, self.compressed_slot_mapping,
+                                             num_tokens)
+            return self._metadata(batch, self._slot_views(num_tokens), (d, p, td, tp), None,
+                                  decode)
+        slots = self._write_slot_mapping(batch, num_tokens)
         prefill = self.prefill.build_host_planned(batch, qsl, d, p) if p else None
         decode = self._build_decode_part(batch, d, layout) if d else None
+        return self._metadata(batch, slots, (d, p, td, tp), prefill, decode)
+
+    def _metadata(self, batch, slots, split, prefill, decode) -> IndexerMetadata:
+        d, p, td, tp = split
         return IndexerMetadata(
             seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
             num_decodes=d, num_decode_tokens=td, num_prefills=p, num_prefill_tokens=tp,
@@ -273,9 +285,9 @@ class IndexerMetadataBuilder:
 
     # ------------------------------------------------------------------ decode
     def _eager_layout(
-        self, qsl: np.ndarray, num_decodes: int, num_decode_tokens: int
+        self, query_lens: np.ndarray, num_decodes: int, num_decode_tokens: int
     ) -> _DecodeLayout:
-        decode_lens = np.diff(qsl[: num_decodes + 1])
+        decode_lens = query_lens[:num_decodes]
         longest, shortest = int(decode_lens.max()), int(decode_lens.min())
         if self.config.use_flattening and longest > 1:
             return _DecodeLayout(True, num_decode_tokens, 1, False)
@@ -306,27 +318,40 @@ class IndexerMetadataBuilder:
             storage_block_size=self.config.storage_block_size, slot_tokens=slot_tokens,
             step_counts=step_counts,
         )
-        seq_lens = self.decode_seq_lens[: rows * width].view(rows, width)
+        seq_lens, decode_lens, expanded_rows = self._decode_views(rows, width, layout.flatten)
         paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,
                            legacy_remainder=self.legacy_schedule)
+        table = batch.block_table if num_decodes == batch.num_reqs else batch.block_table[
+            :num_decodes]
         return IndexerDecodeMetadata(
-            block_table=expanded[:rows] if layout.flatten else batch.block_table[:num_decodes],
+            block_table=expanded_rows if layout.flatten else table,
             seq_lens=seq_lens,
-            decode_lens=self.decode_lens[:rows],
+            decode_lens=decode_lens,
             requires_padding=layout.requires_padding,
             schedule_metadata=self.schedule_metadata,
         )
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 -- a builder lives as long as its arena
+    def _decode_views(self, rows: int, width: int, flatten: bool):
+        """``(seq_lens (rows, width), decode_lens (rows,), expanded table rows or None)``,
+        cut once per layout (slicing costs over a microsecond a view)."""
+        return (self.decode_seq_lens[: rows * width].view(rows, width), self.decode_lens[:rows],
+                self.expanded_block_table[:rows] if flatten else None)
+
+    @functools.lru_cache(maxsize=4096)  # noqa: B019
+    def _slot_views(self, num_tokens: int) -> torch.Tensor:
+        return self.compressed_slot_mapping[:num_tokens]
+
     def _write_slot_mapping(self, batch: Batch, num_tokens: int) -> torch.Tensor:
         if self.compressed_slot_mapping is None:
-            return batch.slot_mapping[:num_tokens]
+            return batch.slot_mapping
         compressed_slot_mapping(
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
             batch.block_table, self.compressed_slot_mapping, num_reqs=batch.num_reqs,
             num_tokens=num_tokens, storage_block_size=self.config.storage_block_size,
             compress_ratio=self.compress_ratio,
         )
-        return self.compressed_slot_mapping[:num_tokens]
+        return self._slot_views(num_tokens)
 
     # ------------------------------------------------------------------ helpers
     def _bound(self) -> ArenaConfig:
@@ -338,7 +363,7 @@ class IndexerMetadataBuilder:
 
 
 def _host_query_start_loc(batch: Batch) -> np.ndarray:
-    return np.asarray(batch.query_start_loc_cpu[: batch.num_reqs + 1], dtype=np.int64)
+    return batch.host_arrays()[0]
 
 
 def _need_token_views(batch: Batch) -> None:

@@ -76,7 +76,7 @@ class IndexerPrefill:
     # ------------------------------------------------------------------ host plan
     def host_keys(self, batch: Batch) -> np.ndarray:
         """Host (upper-bound) compressed key counts of every request."""
-        lens = np.asarray(batch.seq_lens_cpu[: batch.num_reqs], dtype=np.int64)
+        lens = batch.host_arrays()[2].astype(np.int64)
         return np.maximum(lens, 0) // self.compress_ratio
 
     def build_host_planned(self, batch: Batch, qsl: np.ndarray, num_decodes: int,

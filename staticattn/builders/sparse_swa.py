@@ -26,6 +26,8 @@ Differences from the reference, each on purpose:
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
@@ -257,42 +259,51 @@ class SparseSWAMetadataBuilder:
 
     def _metadata(self, batch: Batch, split: DecodePrefillSplit,
                   prefill_seq_lens: torch.Tensor | None) -> SparseSWAMetadata:
-        cfg, out = self._bound_config(), self._out
+        cfg = self._bound_config()
         num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
-        num_tokens = batch.num_actual_tokens
-        has_c128a = out.c128a_indices is not None
-        prefill_c128a = has_c128a and num_prefills > 0
+        views = self._output_views(batch.num_actual_tokens, num_decode_tokens, num_prefills,
+                                   num_prefill_tokens)
         plans = tile_plans(self.layer_types, num_decode_tokens)
         return SparseSWAMetadata(
             query_start_loc=batch.query_start_loc,
             query_start_loc_cpu=batch.query_start_loc_cpu,
             seq_lens=batch.seq_lens,
             block_table=batch.swa_block_table,
-            slot_mapping=batch.slot_mapping[:num_tokens],
+            slot_mapping=batch.slot_mapping,
             block_size=cfg.swa_block_size,
             window_size=cfg.sliding_window,
-            is_valid_token=out.is_valid_token[:num_tokens],
-            token_to_req_indices=batch.token_to_req[:num_tokens],
-            decode_swa_indices=out.swa_indices[:num_decode_tokens],
-            decode_swa_lens=out.swa_lens[:num_decode_tokens],
-            c128a_decode_indices=out.c128a_indices[:num_decode_tokens] if has_c128a else None,
-            c128a_decode_lens=out.c128a_lens[:num_decode_tokens] if has_c128a else None,
+            token_to_req_indices=batch.token_to_req,
             num_decodes=num_decodes,
             num_prefills=num_prefills,
             num_decode_tokens=num_decode_tokens,
             num_prefill_tokens=num_prefill_tokens,
             prefill_seq_lens=prefill_seq_lens if num_prefills else None,
-            prefill_gather_lens=self._gather_lens[:num_prefills] if num_prefills else None,
-            c128a_prefill_indices=(out.c128a_prefill_indices[:num_prefill_tokens]
-                                   if prefill_c128a else None),
-            c128a_prefill_lens=(out.c128a_prefill_lens[:num_prefill_tokens]
-                                if prefill_c128a else None),
             tile_sched_swaonly=plans[SWA_ONLY],
             tile_sched_c4a=plans[C4A],
             tile_sched_c128a=plans[C128A],
             step_counts=batch.step_counts,
+            **views,
         )
 
+    @functools.lru_cache(maxsize=4096)  # noqa: B019 -- a builder lives as long as its arena
+    def _output_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
+                      num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:
+        """The builder's own views for a split, cut once per split (slicing costs over a
+        microsecond a view, and steps repeat their splits)."""
+        out = self._out
+        has_c128a = out.c128a_indices is not None
+        prefill_c128a = has_c128a and num_prefills > 0
+        td, tp = num_decode_tokens, num_prefill_tokens
+        return dict(
+            is_valid_token=out.is_valid_token[:num_tokens],
+            decode_swa_indices=out.swa_indices[:td],
+            decode_swa_lens=out.swa_lens[:td],
+            c128a_decode_indices=out.c128a_indices[:td] if has_c128a else None,
+            c128a_decode_lens=out.c128a_lens[:td] if has_c128a else None,
+            prefill_gather_lens=self._gather_lens[:num_prefills] if num_prefills else None,
+            c128a_prefill_indices=out.c128a_prefill_indices[:tp] if prefill_c128a else None,
+            c128a_prefill_lens=out.c128a_prefill_lens[:tp] if prefill_c128a else None,
+        )
 
 def _check_config(config: ArenaConfig) -> None:
     if config.sliding_window is None:

@@ -84,10 +84,9 @@ def split_decodes_and_prefills(
         and treat_short_extends_as_decodes
     ):
         return all_decodes
-    qsl = np.asarray(batch.query_start_loc_cpu[: num_reqs + 1])
-    query_lens = np.diff(qsl)
     if num_reqs == 0:
         return all_decodes
+    qsl, query_lens, _ = batch.host_arrays()
     if query_lens[0] > decode_threshold:
         return 0, num_reqs, 0, num_tokens
     if require_uniform:
@@ -147,9 +146,7 @@ def split_decodes_prefills_and_extends(
     all_decodes = (num_reqs, 0, 0, num_tokens, 0, 0)
     if batch.max_query_len <= decode_threshold or num_reqs == 0:
         return all_decodes
-    qsl = np.asarray(batch.query_start_loc_cpu[: num_reqs + 1])
-    query_lens = np.diff(qsl)
-    seq_lens = np.asarray(batch.seq_lens_cpu[:num_reqs])
+    qsl, query_lens, seq_lens = batch.host_arrays()
     is_long = query_lens > decode_threshold
     if not is_long.any():
         return all_decodes

@@ -158,10 +158,10 @@ def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
                 config: ArenaConfig) -> bool:
     """A pre-screen for a step of any composition: True only if :func:`validate_host_step`
     (decode-first order required, threshold ``next_n``, no block tables or pool sizes)
-    would accept it, in about ten vectorized passes.
+    would accept it, in a handful of vectorized passes.
 
-    False does not mean invalid: call :func:`validate_host_step` for the verdict and the
-    error message.
+    False does not mean invalid (it is also the answer for steps with an empty request):
+    call :func:`validate_host_step` for the verdict and the error message.
     """
     q, s, slots = query_lens, seq_lens, slot_mapping
     if not (
@@ -169,16 +169,14 @@ def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
         and isinstance(slots, np.ndarray) and q.ndim == s.ndim == slots.ndim == 1
         and q.dtype.kind in "iu" and s.dtype.kind in "iu" and slots.dtype.kind in "iu"
         and 0 < q.shape[0] == s.shape[0] <= config.max_num_seqs
-        and slots.shape[0] <= config.max_num_batched_tokens
+        and 0 < slots.shape[0] <= config.max_num_batched_tokens
     ):
         return False
+    # Decode-first: the long requests are exactly the last ``count`` ones.
     longer = q > config.decode_threshold
-    first_long = int(longer.argmax())
-    # Decode-first: no short, non-empty query after the first long one.
-    decode_first = not longer[first_long] or not (
-        (q[first_long:] > 0) & ~longer[first_long:]).any()
+    count = np.count_nonzero(longer)
     return bool(
-        decode_first and q.min() >= 0 and q.sum() == slots.shape[0]
-        and (s - q).min() >= 0 and s.max() <= config.max_model_len
-        and (slots.shape[0] == 0 or slots.min() >= PAD_SLOT_ID)
+        (count == 0 or longer[q.shape[0] - count :].all())
+        and q.min() >= 1 and q.sum() == slots.shape[0] and (s - q).min() >= 0
+        and s.max() <= config.max_model_len and slots.min() >= PAD_SLOT_ID
     )

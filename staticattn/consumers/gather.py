@@ -33,6 +33,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
+from staticattn.builders.indexer_prefill import max_chunks
 from staticattn.consumers.gather_kernel import GatherArgs, gather_checksums
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.indexer_plan import CHUNK_FIELDS
@@ -66,8 +67,10 @@ class GatherConsumer:
         self.index_cache = cache(num_kv_blocks * config.storage_block_size)
         t, r = config.max_num_batched_tokens, config.max_num_seqs
         self.out = torch.zeros(t, 3, dtype=torch.int64, device=dev)
-        # A host-planned prefill laid out as a device plan (eager builds only).
-        self.chunk_table = torch.zeros(r + 1, CHUNK_FIELDS, dtype=torch.int32, device=dev)
+        # A host-planned prefill laid out as a device plan (eager builds only), with as many
+        # rows as the device plan can need (query sub-chunks included).
+        self.chunk_table = torch.zeros(max_chunks(config, r, t), CHUNK_FIELDS,
+                                       dtype=torch.int32, device=dev)
         self.cu_seq_lens = torch.zeros(2 * r, dtype=torch.int32, device=dev)
         self.ks = torch.zeros(t, dtype=torch.int32, device=dev)
         self.ke = torch.zeros(t, dtype=torch.int32, device=dev)

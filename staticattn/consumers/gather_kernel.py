@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from staticattn.kernels.launch import launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = ["GatherArgs", "gather_checksums"]
@@ -194,7 +195,7 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
     i_table = idx["table"] if has_i else a.block_table
     bounds, num_chunks, cu, ks, ke = plan if plan is not None else (placeholder,) * 5
     swa_cache, c128a_cache, index_cache = a.caches
-    _gather_kernel()[(a.num_tokens,)](
+    launch(_gather_kernel(), (a.num_tokens,),
         out, a.token_to_req, a.positions, a.query_start_loc, a.block_table,
         a.block_table.stride(0), swa_bt, swa_bt.stride(0), a.step_counts,
         v(swa.get("indices")), v(swa.get("lens")), v(swa.get("gather_lens")),
@@ -211,8 +212,7 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
         HAS_S=has_s, HAS_PRE=has_pre, HAS_C=has_c, HAS_CP=has_cp, HAS_I=has_i,
         HAS_PLAN=plan is not None, I_FLATTEN=bool(idx.get("flatten")),
         I_DEVICE_COUNTS=bool(idx.get("device_counts")), C_WIDTH=c_width,
-        BLOCK_W=max(16, 1 << (a.window - 1).bit_length()),
-        BLOCK_C=min(max(16, 1 << (c_width - 1).bit_length()), 1024),
+        BLOCK_W=pow2_at_least(a.window, 16), BLOCK_C=min(pow2_at_least(c_width, 16), 1024),
         TAIL=INDEX_TAIL, BLOCK_CHUNKS=64,
     )
 

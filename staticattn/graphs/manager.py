@@ -313,9 +313,9 @@ class GraphManager(GraphCapture):
             if g.kind == DECODE:
                 self.inputs.stage_uniform_decode(s, slots)
             else:
-                self.inputs.stage(q, s, slots)
+                self.inputs.stage_step(q, s, slots)
             return self._replay(g, num_tokens)
-        counts = self.inputs.stage(q, s, slots)
+        counts = self.inputs.stage(q, s, slots, checked=self.validate)
         events = self._record_start()
         outputs = self.launch_eager(counts)
         self._record_end(events)

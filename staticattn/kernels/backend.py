@@ -9,6 +9,7 @@ the sanity checker reports them as fresh tensors; captured steps use Triton by d
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -18,8 +19,10 @@ from staticattn.errors import BackendUnavailableError
 __all__ = ["resolve_backend", "triton_interpreted"]
 
 
+@functools.cache
 def triton_interpreted() -> bool:
-    """True when Triton kernels run on the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    """True when Triton kernels run on the CPU interpreter (``TRITON_INTERPRET=1``). Read
+    once: Triton itself decides when it is first imported, and it is asked on every launch."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

@@ -11,6 +11,7 @@ imports neither of them.
 
 from __future__ import annotations
 
+from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = ["COLS", "launch_decode_kernel", "launch_slots_kernel"]
@@ -32,7 +33,7 @@ def launch_decode_kernel(
     (``num_slot_tokens > 0``). With ``step_counts`` (int32 device, the staging's
     ``[k, nt, D, Td]``) the decode extent is read there and ``num_decodes`` / ``num_rows``
     are only the static capacities."""
-    _decode_kernel()[((extent + BLOCK - 1) // BLOCK, col_blocks)](
+    launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
         qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_out.stride(0), slots_out,
         qsl if step_counts is None else step_counts,

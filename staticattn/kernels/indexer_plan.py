@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit, publish
 
 __all__ = ["CHUNK_FIELDS", "max_prefill_chunks", "plan_prefill_chunks"]
@@ -92,7 +93,7 @@ def plan_prefill_chunks(
     args = (query_start_loc, seq_lens, positions, token_to_req, step_counts, chunk_bounds,
             num_chunks, cu_seq_lens, req_key_start, cu_seqlen_ks, cu_seqlen_ke)
     if backend == "triton":
-        _plan_kernel()[(1,)](
+        launch(_plan_kernel(), (1,),
             *args, num_reqs, num_tokens, chunk_bounds.shape[0], compress_ratio, workspace,
             logits_budget, BLOCK=_BLOCK, FIELDS=CHUNK_FIELDS,
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = ["indexer_prefill_chunk"]
@@ -66,7 +67,7 @@ def indexer_prefill_chunk(
     """
     num_reqs = end - start
     if backend == "triton":
-        _chunk_kernel()[(num_reqs,)](
+        launch(_chunk_kernel(), (num_reqs,),
             query_start_loc, seq_lens, cu_seq_lens, cu_seqlen_ks, cu_seqlen_ke, start,
             compress_ratio, BLOCK=_BLOCK,
         )

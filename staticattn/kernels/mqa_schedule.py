@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = ["paged_mqa_schedule", "SPLIT_KV"]
@@ -69,7 +70,7 @@ def paged_mqa_schedule(
     num_sms = out.shape[0] - 1
     atoms = -(-next_n // (2 if next_n >= 2 else 1))
     if backend == "triton":
-        _schedule_kernel()[(1,)](
+        launch(_schedule_kernel(), (1,),
             context_lens, context_lens.stride(0), next_n - 1, batch, out, num_sms, atoms,
             LEGACY=legacy_remainder, SPLIT=SPLIT_KV,
             SM_BLOCK=max(16, 1 << num_sms.bit_length()), CHUNK=_CHUNK, ROWS=_ROWS,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
+from staticattn.kernels.launch import grid_size, launch
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = [
@@ -79,7 +80,7 @@ def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) 
     real count ``k = host_counts[0]`` may be smaller (graph padding). One kernel."""
     if backend == "triton":
         extent = max(num_reqs * query_len, num_reqs + 1)
-        _uniform_kernel()[(_cdiv(extent, _BLOCK),)](
+        launch(_uniform_kernel(), (grid_size(extent, _BLOCK),),
             v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens, v.slots,
             v.positions, v.token_to_req, v.step_counts, num_reqs, query_len,
             BLOCK=_BLOCK, NUM_COUNTS=NUM_COUNTS,
@@ -106,11 +107,11 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
     tokens; the real counts come from ``host_counts``. Two kernels: copy, then derive."""
     if backend == "triton":
         extent = max(num_tokens, num_reqs + 1)
-        _copy_kernel()[(_cdiv(extent, _BLOCK),)](
+        launch(_copy_kernel(), (grid_size(extent, _BLOCK),),
             v.host_qsl, v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens,
             v.slots, v.step_counts, num_reqs, num_tokens, BLOCK=_BLOCK,
         )
-        _derive_kernel()[(max(_cdiv(num_tokens, _BLOCK), 1),)](
+        launch(_derive_kernel(), (grid_size(num_tokens, _BLOCK),),
             v.qsl, v.seq_lens, v.positions, v.token_to_req, v.step_counts, num_reqs,
             num_tokens, decode_threshold, BLOCK=_BLOCK, CHUNK=_CHUNK,
         )
@@ -143,10 +144,6 @@ def _copy_padded(src: torch.Tensor, dst: torch.Tensor, extent: int, real: torch.
     i = torch.arange(extent, device=dst.device)
     dst[:extent].copy_(torch.where(i < real, src[:extent].to(dst.device, non_blocking=True),
                                    pad))
-
-
-def _cdiv(a: int, b: int) -> int:
-    return max(-(-a // b), 1)
 
 
 @lazy_jit

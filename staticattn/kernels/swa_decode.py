@@ -40,6 +40,7 @@ import torch
 
 from staticattn.errors import ArenaError
 from staticattn.kernels.backend import triton_interpreted
+from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
 
 __all__ = ["C128A_RATIO", "SWADecodeOutputs", "build_swa_decode"]
@@ -68,6 +69,16 @@ class SWADecodeOutputs:
     c128a_lens: torch.Tensor | None = None
     c128a_prefill_indices: torch.Tensor | None = None
     c128a_prefill_lens: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        # The Triton kernel addresses rows by their width: the views must be contiguous rows.
+        for name in ("swa_indices", "c128a_indices", "c128a_prefill_indices"):
+            view = getattr(self, name)
+            if view is not None and view.stride(0) != view.shape[-1]:
+                raise ArenaError(
+                    f"{name} must have contiguous rows of {view.shape[-1]} entries, got row "
+                    f"stride {view.stride(0)}; pass the arena view, not a strided slice"
+                )
 
     @property
     def window(self) -> int:
@@ -289,9 +300,6 @@ def _swa_decode_kernel():
 def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
                   block_table, c128a_block_entries, num_tokens, num_decode_tokens, decode_rows,
                   prefill_rows, step_counts, block_tokens) -> None:
-    import triton
-
-    _check_rows(out)
     has_c128a = out.c128a_indices is not None
     if block_tokens is None:
         block_tokens = 64 if triton_interpreted() else 2
@@ -301,9 +309,9 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
     bt = block_table if has_c128a else swa_block_table
     prefill_out = out.c128a_prefill_indices if prefill_rows else out.swa_indices
     prefill_lens = out.c128a_prefill_lens if prefill_rows else out.swa_lens
-    block_c = min(max(triton.next_power_of_2(max(c128a_width, 1)), 16), 1024)
-    grid = (triton.cdiv(max(num_tokens, decode_rows), block_tokens),)
-    _swa_decode_kernel()[grid](
+    block_c = min(pow2_at_least(c128a_width, 16), 1024)
+    grid = (grid_size(max(num_tokens, decode_rows), block_tokens),)
+    launch(_swa_decode_kernel(), grid,
         slot_mapping, positions, token_to_req,
         swa_block_table, swa_block_table.stride(0), bt, bt.stride(0),
         out.is_valid_token, out.swa_indices, out.swa_lens,
@@ -316,17 +324,7 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         PREFILL_ROWS=prefill_rows, DEVICE_COUNTS=step_counts is not None,
         C128A_WIDTH=max(c128a_width, 1), C128A_ENTRIES=max(c128a_block_entries, 1),
         C128A_RATIO=C128A_RATIO, BLOCK_T=block_tokens,
-        BLOCK_W=max(triton.next_power_of_2(out.window), 16),
+        BLOCK_W=pow2_at_least(out.window, 16),
         BLOCK_C=block_c,
     )
 
-
-def _check_rows(out: SWADecodeOutputs) -> None:
-    """The kernel addresses rows by their width: the views must be contiguous rows."""
-    for name in ("swa_indices", "c128a_indices", "c128a_prefill_indices"):
-        view = getattr(out, name)
-        if view is not None and view.stride(0) != view.shape[-1]:
-            raise ArenaError(
-                f"{name} must have contiguous rows of {view.shape[-1]} entries, got row "
-                f"stride {view.stride(0)}; pass the arena view, not a strided slice"
-            )

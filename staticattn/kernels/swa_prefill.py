@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.launch import grid_size, launch
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = ["prefill_gather_lens"]
@@ -58,9 +59,7 @@ def prefill_gather_lens(
     if num_prefills == 0:
         return
     if backend == "triton":
-        import triton
-
-        _gather_lens_kernel()[(triton.cdiv(num_prefills, _BLOCK),)](
+        launch(_gather_lens_kernel(), (grid_size(num_prefills, _BLOCK),),
             out, seq_lens_out if seq_lens_out is not None else out, seq_lens, query_start_loc,
             out if step_counts is None else step_counts, num_decodes, num_prefills, window,
             WRITE_SEQ_LENS=seq_lens_out is not None, DEVICE_COUNTS=step_counts is not None,

@@ -18,6 +18,7 @@ and every writer waits on it first (:meth:`StepInputs.wait_staging_free`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -34,7 +35,7 @@ from staticattn.kernels.staging import (
 )
 from staticattn.staging.buffers import PAD_SLOT_ID
 
-__all__ = ["HostViews", "StagedCounts", "StepInputs"]
+__all__ = ["ExtentViews", "HostViews", "StagedCounts", "StepInputs"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,20 @@ class HostViews:
     seq_lens: np.ndarray
     slot_mapping: np.ndarray
     counts: np.ndarray
+
+
+class ExtentViews(NamedTuple):
+    """The input views cut to ``num_reqs`` requests and ``num_tokens`` tokens."""
+
+    query_start_loc: torch.Tensor
+    query_start_loc_cpu: torch.Tensor
+    seq_lens: torch.Tensor
+    seq_lens_cpu: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    positions: torch.Tensor
+    token_to_req: torch.Tensor
+    swa_block_table: torch.Tensor | None
 
 
 class StepInputs:
@@ -115,6 +130,25 @@ class StepInputs:
         self._consumed = (
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None
         )
+        self._extent_views: dict[tuple[int, int], ExtentViews] = {}
+
+    def views(self, num_reqs: int, num_tokens: int) -> ExtentViews:
+        """The input views cut to an extent; cut once per extent and kept (slicing a tensor
+        costs over a microsecond, and the same few extents come back step after step)."""
+        key = (num_reqs, num_tokens)
+        views = self._extent_views.get(key)
+        if views is None:
+            if len(self._extent_views) > 4096:
+                self._extent_views.clear()
+            swa = self.swa_block_table
+            views = self._extent_views[key] = ExtentViews(
+                self.query_start_loc[: num_reqs + 1], self.host_query_start_loc[: num_reqs + 1],
+                self.seq_lens[:num_reqs], self.host_seq_lens[:num_reqs],
+                self.block_table[:num_reqs], self.slot_mapping[:num_tokens],
+                self.positions[:num_tokens], self.token_to_req[:num_tokens],
+                None if swa is None else swa[:num_reqs],
+            )
+        return views
 
     # ----------------------------------------------------------------- host side
     def stage(
@@ -125,6 +159,7 @@ class StepInputs:
         *,
         num_reqs_padded: int | None = None,
         num_tokens_padded: int | None = None,
+        checked: bool = False,
     ) -> StagedCounts:
         """Write one step's host values into the staging block, with its padding.
 
@@ -141,6 +176,9 @@ class StepInputs:
             spec §10.5) and null tokens (slot -1). The device views are padded by the
             staging kernel; the host views are padded here too, for eager planning, which
             reads them.
+        checked : bool
+            The caller has checked the arrays and extents (the graph manager's validation):
+            skip the checks of the extents.
 
         Waits until the previous step's staging kernel has read the staging block (a no-op
         on CPU, and nearly always already true on CUDA), then writes. Raises
@@ -156,24 +194,35 @@ class StepInputs:
         num_reqs, num_tokens = int(query_lens.shape[0]), int(slot_mapping.shape[0])
         pr = num_reqs if num_reqs_padded is None else int(num_reqs_padded)
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
-        self._check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
-        self.wait_staging_free()
+        if not checked:
+            self._check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
+        self.stage_step(query_lens, seq_lens, slot_mapping)
         host = self.host
-        host.query_start_loc[0] = 0
-        np.cumsum(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
-        host.query_start_loc[num_reqs + 1 : pr + 1] = num_tokens
-        host.seq_lens[:num_reqs] = seq_lens
-        host.seq_lens[num_reqs:pr] = 0
-        host.slot_mapping[:num_tokens] = slot_mapping
-        host.slot_mapping[num_tokens:pt] = PAD_SLOT_ID
-        host.counts[COUNT_REQS] = num_reqs
-        host.counts[COUNT_TOKENS] = num_tokens
+        if pr > num_reqs:
+            host.query_start_loc[num_reqs + 1 : pr + 1] = num_tokens
+            host.seq_lens[num_reqs:pr] = 0
+        if pt > num_tokens:
+            host.slot_mapping[num_tokens:pt] = PAD_SLOT_ID
         return StagedCounts(
             num_reqs=num_reqs, num_tokens=num_tokens, num_reqs_padded=pr,
             num_tokens_padded=pt,
             max_query_len=int(query_lens.max()) if num_reqs else 0,
             max_seq_len=int(seq_lens.max()) if num_reqs else 0,
         )
+
+    def stage_step(self, query_lens: np.ndarray, seq_lens: np.ndarray,
+                   slot_mapping: np.ndarray) -> None:
+        """:meth:`stage` for a step a graph will pad: the real query starts, lengths, slots
+        and counts only (no padding, no maxima, no checks: the caller has checked)."""
+        num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
+        self.wait_staging_free()
+        host = self.host
+        host.query_start_loc[0] = 0
+        np.cumsum(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
+        host.seq_lens[:num_reqs] = seq_lens
+        host.slot_mapping[:num_tokens] = slot_mapping
+        host.counts[COUNT_REQS] = num_reqs
+        host.counts[COUNT_TOKENS] = num_tokens
 
     def stage_uniform_decode(self, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
         """:meth:`stage` for a uniform decode step that a graph will pad: every request
