@@ -128,7 +128,7 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
     lines = [f"host time per phase, us (medians of {reps}) | device {environment()['device']}"
              f" | next_n {n}, {num_reqs} requests"]
     with GraphManager(arena, inputs, builders, lambda batch, md: None, progress=False) as gm:
-        gm.capture([num_reqs * n])
+        gm.capture([num_reqs * n], buckets=())
         decode = fixed_step(inputs, np.full(num_reqs, n),
                             rng.integers(n, 32_768, size=num_reqs), rng)
         mixed = fixed_step(inputs, np.array([n] * 16 + [3000, 3000]),

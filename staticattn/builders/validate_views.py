@@ -47,22 +47,19 @@ class ViewChecks:
         self.slot_bound = slot_bound
         self.next_n = config.next_n
         self.max_model_len = config.max_model_len
+        self.max_num_seqs = config.max_num_seqs
+        self.max_decode_reqs = config.max_num_batched_tokens // config.next_n
         # Negative lengths read as uint32 exceed max_model_len: one pass checks both bounds.
         self._seq_u32 = host.seq_lens.view(np.uint32)
 
     def decode(self, num_reqs: int) -> None:
         """A uniform decode step of ``num_reqs`` requests (``next_n`` tokens each)."""
-        cfg = self.config
-        if not 0 < num_reqs <= cfg.max_num_seqs:
+        if not 0 < num_reqs <= self.max_num_seqs or num_reqs > self.max_decode_reqs:
             self._bad_count(num_reqs)
-        num_tokens = num_reqs * self.next_n
-        if num_tokens > cfg.max_num_batched_tokens:
-            raise CapacityError(f"num_tokens={num_tokens} ({num_reqs} requests x next_n) "
-                                f"exceeds max_num_batched_tokens={cfg.max_num_batched_tokens}")
         if self._seq_u32[:num_reqs].max() > self.max_model_len:
             seq = self.host.seq_lens[:num_reqs].astype(np.int64)
-            check_seq_lens(np.zeros_like(seq), seq, cfg)
-        self._slots(num_tokens)
+            check_seq_lens(np.zeros_like(seq), seq, self.config)
+        self._slots(num_reqs * self.next_n)
 
     def step(self, num_reqs: int, num_tokens: int) -> None:
         """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written."""
@@ -93,9 +90,13 @@ class ViewChecks:
             check_slots(slots, self.slot_bound)
 
     def _bad_count(self, num_reqs: int) -> None:
+        cfg = self.config
         if isinstance(num_reqs, bool) or not isinstance(num_reqs, (int, np.integer)):
             raise InvalidBatchError(f"num_reqs must be an int, got {num_reqs!r}")
-        if num_reqs > self.config.max_num_seqs:
+        if num_reqs > cfg.max_num_seqs:
+            raise CapacityError(f"num_reqs={num_reqs} exceeds max_num_seqs={cfg.max_num_seqs}")
+        if num_reqs > self.max_decode_reqs:
             raise CapacityError(
-                f"num_reqs={num_reqs} exceeds max_num_seqs={self.config.max_num_seqs}")
+                f"num_tokens={num_reqs * self.next_n} ({num_reqs} requests x next_n) exceeds "
+                f"max_num_batched_tokens={cfg.max_num_batched_tokens}")
         raise InvalidBatchError(f"a step needs at least one request; got num_reqs={num_reqs}")

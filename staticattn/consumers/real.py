@@ -18,7 +18,7 @@ Example (GPU, both libraries built)::
     arena, inputs = make_arena(cfg, builders)
     step = real_consumer_step(cfg)            # DSADecodeStep
     with GraphManager(arena, inputs, builders, step) as gm:
-        gm.capture([2, 16, 64])
+        gm.capture([2, 16, 64], buckets=())  # decode graphs: these kernels serve decodes
         res = gm.run(...)                      # res.outputs = {"topk": ..., "attn": ...}
 """
 
