@@ -121,8 +121,11 @@ def _plan_torch(qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, nu
     range_keys = torch.zeros(num_reqs + 1, dtype=i64, device=dev)
 
     def close(when, end):
-        at = torch.where(when, start, num_reqs)  # index num_reqs: a slot nobody reads
-        ends[at], queries[at], range_keys[at] = end, m, keys
+        # Index num_reqs is a slot nobody reads; the index stays a device tensor (a 0-d
+        # index would be read back to the host).
+        at = (torch.where(when, start, num_reqs).reshape(1),)
+        for buffer, value in ((ends, end), (queries, m), (range_keys, keys)):
+            buffer.index_put_(at, value.reshape(1))
 
     for e in range(num_reqs):
         live = (e >= d) & (e < k)

@@ -49,9 +49,10 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None
     hit = _compiled.get(key, False)
     if not hit:
         compiled = kernel[grid](*args, **constexprs)
-        if hit is False:
+        names = getattr(kernel, "arg_names", None)  # a JIT function (not a wrapper of one)
+        if hit is False and names is not None:
             # The launcher takes every parameter in signature order, constexprs included.
-            tail = kernel.arg_names[len(args):]
+            tail = names[len(args):]
             _compiled[key] = ((compiled, tuple(constexprs[name] for name in tail))
                               if sorted(tail) == sorted(constexprs) else None)
         return

@@ -135,7 +135,9 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
     query_lens = qsl[1:] - qsl[:-1]
     longer = (b[:-1] < k) & (query_lens > decode_threshold)
     num_decodes = torch.where(longer, b[:-1], k).min() if num_reqs else k
-    v.step_counts.copy_(torch.stack([k, nt, num_decodes, qsl[num_decodes.long()]]))
+    # (Indexing with a 0-d device tensor would read it back: gather instead.)
+    decode_tokens = qsl.index_select(0, num_decodes.long().reshape(1))[0]
+    v.step_counts.copy_(torch.stack([k, nt, num_decodes, decode_tokens]))
 
 
 def _copy_padded(src: torch.Tensor, dst: torch.Tensor, extent: int, real: torch.Tensor,
