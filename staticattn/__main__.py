@@ -87,12 +87,7 @@ def cmd_bench(args) -> int:
         mixed = run_mixed_bench(_builders, None, reps=args.reps, seed=args.seed,
                                 progress=not args.no_progress)
         print(mixed.table())
-        if args.json:
-            with open(args.json, "w") as f:
-                f.write(mixed.to_json())
-        if args.plot:
-            mixed.plot(args.plot)
-        return 0
+        return _save_report(mixed, args)
     n = cfg.next_n
     sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
     if args.step:
@@ -112,6 +107,11 @@ def cmd_bench(args) -> int:
                        progress=not args.no_progress)
     print(report.header())
     print(report.table())
+    return _save_report(report, args)
+
+
+def _save_report(report, args: argparse.Namespace) -> int:
+    """Write ``--json`` and ``--plot`` where asked; the exit status of ``bench``."""
     if args.json:
         with open(args.json, "w") as f:
             f.write(report.to_json())
