@@ -27,6 +27,7 @@ CONFIGS = {
     "v4-mtp2": dict(num_speculative_tokens=1),
     "v4-mtp3-flatten": dict(num_speculative_tokens=2),
     "v4-plain": dict(num_speculative_tokens=0),
+    "v4-mtp8-flatten": dict(num_speculative_tokens=7),
 }
 
 

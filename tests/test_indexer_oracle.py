@@ -1,5 +1,5 @@
 """The indexer builder against the plain-loop oracle on random realistic steps: every field in
-its valid region, for next_n 1-4, index compress ratio 1 and 4, block sizes 64 and 256, the
+its valid region, for next_n 1-4 and 8, index compress ratio 1 and 4, block sizes 64 and 256, the
 eager build (decode, mixed with chunked prefills, prefill) and the graph-safe decode build
 (padded and unpadded uniform batches), torch natively and Triton interpreted.
 
@@ -17,7 +17,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
 
-GRID = [(n, ratio, bs) for n in (1, 2, 3, 4) for ratio in (1, 4) for bs in (64, 256)]
+GRID = [(n, ratio, bs) for n in (1, 2, 3, 4, 8) for ratio in (1, 4) for bs in (64, 256)]
 GRID_IDS = [f"n{n}-R{ratio}-bs{bs}" for n, ratio, bs in GRID]
 
 # Interpreted Triton is slow: fewer examples there; torch covers the space.

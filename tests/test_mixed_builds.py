@@ -32,6 +32,8 @@ CONFIGS = {
     "v4-n2": lambda **kw: ArenaConfig.deepseek_v4(**SMALL, num_speculative_tokens=1, **kw),
     "v4-n4-flatten": lambda **kw: ArenaConfig.deepseek_v4(**SMALL, num_speculative_tokens=3,
                                                           **kw),
+    "v4-n8-flatten": lambda **kw: ArenaConfig.deepseek_v4(**SMALL, num_speculative_tokens=7,
+                                                          **kw),
 }
 
 

@@ -21,7 +21,7 @@ from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
 
 BASE = dict(device=DEVICE, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048)
 
-# Windows 1, 7, 128; SWA blocks 16, 64; ratios [1], [1,4], [1,4,128]; next_n 1-4; C128A
+# Windows 1, 7, 128; SWA blocks 16, 64; ratios [1], [1,4], [1,4,128]; next_n 1-4 and 8; C128A
 # with 1, 2 and 4 compressed entries per main block.
 CONFIGS = {
     "w1-bs16-swa-n1": dict(sliding_window=1, swa_block_size=16, compress_ratios=(1,)),
@@ -37,6 +37,9 @@ CONFIGS = {
                              num_speculative_tokens=1),
     "w1-bs64-c128a-n1": dict(sliding_window=1, swa_block_size=64, compress_ratios=(1, 128),
                              block_size=128, max_model_len=4096),
+    "w128-bs64-c128a-n8": dict(sliding_window=128, swa_block_size=64,
+                               compress_ratios=(1, 4, 128), index_compress_ratio=4,
+                               block_size=256, num_speculative_tokens=7),
 }
 
 
