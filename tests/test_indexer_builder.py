@@ -174,3 +174,15 @@ def test_errors_are_typed_and_raised_before_writing():
     with pytest.raises(CapacityError, match="max_decode_tokens=16"):
         builder.build(Batch.from_inputs(inputs, 12, 2, 2, 10))
     assert torch.equal(builder.decode_seq_lens, before)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_empty_batch_builds_nothing(backend, n):
+    """A batch of no request and no token: no decode, no prefill, an empty slot mapping."""
+    cfg, builder, arena, inputs = _setup(backend, num_speculative_tokens=n - 1,
+                                         block_size=256, index_compress_ratio=4)
+    inputs.host.query_start_loc[0] = 0
+    meta = builder.build(Batch.from_inputs(inputs, 0, 0, 0, 0))
+    assert meta.decode is None and meta.prefill is None
+    assert (meta.num_decodes, meta.num_prefills, meta.num_decode_tokens) == (0, 0, 0)
+    assert meta.slot_mapping.shape == (0,)

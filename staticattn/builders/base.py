@@ -46,7 +46,7 @@ class MetadataBuilder(Protocol):
 
     def build_decode(self, batch: Batch) -> Any: ...
 
-    def build_mixed(self, batch: Batch) -> Any: ...
+    # ``build_mixed(batch)`` is optional (see the module docstring), so not a member here.
 
 
 def make_arena(

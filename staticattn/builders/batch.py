@@ -7,11 +7,12 @@ A :class:`Batch` is a set of views plus static ints. When it comes from the aren
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from staticattn.errors import InvalidBatchError
 from staticattn.staging.inputs import StagedCounts, StepInputs
 
 __all__ = ["Batch"]
@@ -77,11 +78,24 @@ class Batch:
     dcp_local_seq_lens: torch.Tensor | None = None
     is_prefilling: torch.Tensor | None = None
     step_counts: torch.Tensor | None = None
-    _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+    #: :meth:`host_arrays`, once computed; not an argument, and not carried over by
+    #: ``dataclasses.replace`` (a replaced batch recomputes it).
+    _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
+        default=None, init=False, repr=False, compare=False)
 
     @property
     def device(self) -> torch.device:
         return self.query_start_loc.device
+
+    def require_step_counts(self) -> torch.Tensor:
+        """``step_counts``, what a build for a step of any composition reads; a typed error
+        for a batch without them."""
+        if self.step_counts is None:
+            raise InvalidBatchError(
+                "build_mixed reads the step's counts on the device (batch.step_counts); "
+                "build the batch with Batch.for_mixed_capture"
+            )
+        return self.step_counts
 
     def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(query_start_loc, query_lens, seq_lens)`` of the host copies as numpy arrays,

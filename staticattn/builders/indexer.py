@@ -158,6 +158,10 @@ class IndexerMetadataBuilder:
         self.compressed_slot_mapping = (
             arena["indexer.compressed_slot_mapping"] if self.compress_ratio > 1 else None
         )
+        # Views cut once per extent and kept, per binding: a builder bound to another arena
+        # must never hand out views of the previous one.
+        self._decode_views = functools.lru_cache(maxsize=4096)(self._cut_decode_views)
+        self._slot_views = functools.lru_cache(maxsize=4096)(self._cut_slot_views)
 
     def build(self, batch: Batch) -> IndexerMetadata:
         """Metadata for any batch (decodes first), eager.
@@ -175,7 +179,7 @@ class IndexerMetadataBuilder:
         if layout is not None:
             self._check_capacity(layout)
         num_tokens = batch.num_actual_tokens
-        if p == 0 and d == batch.num_reqs and self.compressed_slot_mapping is not None:
+        if p == 0 and d and self.compressed_slot_mapping is not None:
             # Every request is a decode: the compressed slots ride in the decode launch.
             decode = self._build_decode_part(batch, d, layout, self.compressed_slot_mapping,
                                              num_tokens)
@@ -218,12 +222,8 @@ class IndexerMetadataBuilder:
         # decode kernel's launch.
         fused = self.compressed_slot_mapping
         decode = self._build_decode_part(batch, s, layout, slots_out=fused)
-        slots = batch.slot_mapping[: s * n] if fused is None else fused[: s * n]
-        return IndexerMetadata(
-            seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
-            num_decodes=s, num_decode_tokens=s * n, num_prefills=0, num_prefill_tokens=0,
-            prefill=None, decode=decode, step_counts=batch.step_counts,
-        )
+        slots = batch.slot_mapping if fused is None else fused[: s * n]
+        return self._metadata(batch, slots, (s, 0, s * n, 0), None, decode)
 
     def build_mixed(self, batch: Batch) -> IndexerMetadata:
         """Graph-safe metadata for a step of any composition within a token bucket.
@@ -247,11 +247,7 @@ class IndexerMetadataBuilder:
         """
         cfg = self._bound()
         _need_token_views(batch)
-        if batch.step_counts is None:
-            raise InvalidBatchError(
-                "build_mixed reads the step's counts on the device (batch.step_counts); "
-                "build the batch with Batch.for_mixed_capture"
-            )
+        batch.require_step_counts()
         r, t = batch.num_reqs, batch.num_actual_tokens
         flatten = cfg.next_n > 1
         layout = _DecodeLayout(flatten, min(t, cfg.max_decode_tokens) if flatten else r, 1,
@@ -261,13 +257,9 @@ class IndexerMetadataBuilder:
         decode = self._build_decode_part(batch, r, layout, slots_out=slots_out, slot_tokens=t,
                                          step_counts=batch.step_counts)
         prefill = self.prefill.build_device_planned(batch)
-        slots = batch.slot_mapping[:t] if slots_out is None else slots_out[:t]
-        return IndexerMetadata(
-            seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
-            num_decodes=r, num_decode_tokens=layout.rows, num_prefills=r,
-            num_prefill_tokens=t, prefill=prefill, decode=decode,
-            step_counts=batch.step_counts,
-        )
+        slots = batch.slot_mapping if slots_out is None else slots_out[:t]
+        # The counts are the bucket's capacities; the exact split is batch.step_counts.
+        return self._metadata(batch, slots, (r, r, layout.rows, t), prefill, decode)
 
     def build_prefill_chunk(
         self, batch: Batch, start: int, end: int, query_slice: slice | None = None
@@ -331,15 +323,13 @@ class IndexerMetadataBuilder:
             schedule_metadata=self.schedule_metadata,
         )
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 -- a builder lives as long as its arena
-    def _decode_views(self, rows: int, width: int, flatten: bool):
+    def _cut_decode_views(self, rows: int, width: int, flatten: bool):
         """``(seq_lens (rows, width), decode_lens (rows,), expanded table rows or None)``,
         cut once per layout (slicing costs over a microsecond a view)."""
         return (self.decode_seq_lens[: rows * width].view(rows, width), self.decode_lens[:rows],
                 self.expanded_block_table[:rows] if flatten else None)
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019
-    def _slot_views(self, num_tokens: int) -> torch.Tensor:
+    def _cut_slot_views(self, num_tokens: int) -> torch.Tensor:
         return self.compressed_slot_mapping[:num_tokens]
 
     def _write_slot_mapping(self, batch: Batch, num_tokens: int) -> torch.Tensor:

@@ -136,6 +136,9 @@ class SparseSWAMetadataBuilder:
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
         self.layer_types = layer_types_for(cfg.compress_ratios)
         self._config = cfg
+        # Views cut once per split and kept, per binding: a builder bound to another arena
+        # must never hand out views of the previous one.
+        self._output_views = functools.lru_cache(maxsize=4096)(self._cut_output_views)
 
     @property
     def decode_threshold(self) -> int:
@@ -198,11 +201,7 @@ class SparseSWAMetadataBuilder:
         """
         cfg = self._bound_config()
         self._check_batch(batch)
-        if batch.step_counts is None:
-            raise InvalidBatchError(
-                "build_mixed reads the step's counts on the device (batch.step_counts); "
-                "build the batch with Batch.for_mixed_capture"
-            )
+        batch.require_step_counts()
         r, t = batch.num_reqs, batch.num_actual_tokens
         rows = min(t, cfg.max_decode_tokens)
         self._launch(batch, 0, rows, prefill_rows=True, step_counts=batch.step_counts)
@@ -285,8 +284,7 @@ class SparseSWAMetadataBuilder:
             **views,
         )
 
-    @functools.lru_cache(maxsize=4096)  # noqa: B019 -- a builder lives as long as its arena
-    def _output_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
+    def _cut_output_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
                       num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:
         """The builder's own views for a split, cut once per split (slicing costs over a
         microsecond a view, and steps repeat their splits)."""
