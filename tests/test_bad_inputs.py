@@ -74,6 +74,11 @@ BATCHES = [
     ("negative sequence length", ([0, 2], [-1, 9], [0, 1]), InvalidBatchError, "negative"),
     ("slot below -1", ([2], [9], [0, -5]), InvalidBatchError, "-1"),
     ("step with no request", ([], [], []), InvalidBatchError, "at least one request"),
+    # The manager knows the pool (num_kv_blocks): both replay pre-screens check the bound.
+    ("decode slot beyond the KV pool", ([2, 2], [9, 9], [0, 1, 2, 10**6]), InvalidBatchError,
+     "the KV pool has"),
+    ("mixed slot beyond the KV pool", ([1, 3], [9, 9], [0, 1, 2, 10**6]), InvalidBatchError,
+     "the KV pool has"),
 ]
 
 
@@ -83,7 +88,7 @@ def world():
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     step = GatherConsumer(cfg, num_kv_blocks=512)
-    gm = GraphManager(arena, inputs, builders, step, progress=False)
+    gm = GraphManager(arena, inputs, builders, step, progress=False, num_kv_blocks=512)
     if CUDA:
         gm.capture([2, 8])
     good = (np.array([2, 2]), np.array([300, 2000]), np.array([5, 6, 70, 71]))
@@ -206,6 +211,10 @@ IN_PLACE = [
      InvalidBatchError, "more than its sequence"),
     ("tokens over capacity", (2, 200), [9, 9], [0, 1], [0, 2, 200], CapacityError,
      "max_num_batched_tokens"),
+    ("decode slot beyond the KV pool", (2, None), [9, 9], [0, 1, 2, 10**6], None,
+     InvalidBatchError, "the KV pool has"),
+    ("mixed slot beyond the KV pool", (2, 4), [9, 9], [0, 1, 2, 10**6], [0, 1, 4],
+     InvalidBatchError, "the KV pool has"),
 ]
 
 

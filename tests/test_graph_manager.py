@@ -10,7 +10,7 @@ from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.errors import GraphError
+from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs import GraphManager, default_capture_sizes, normalize_capture_sizes
 
 
@@ -56,7 +56,7 @@ def test_dispatch_picks_the_smallest_graph_that_holds_the_step():
     gm = _manager()
 
     def pick(num_reqs, num_tokens, shortest, longest):
-        g, reason = gm._graph_for_step(num_reqs, num_tokens, shortest, longest)
+        g, reason = gm._graph_for_step(num_reqs, num_tokens, shortest == longest == 2, longest)
         return (g.kind, g.size) if g is not None else reason
 
     assert pick(2, 4, 2, 2) == "not-captured"
@@ -74,6 +74,71 @@ def test_dispatch_picks_the_smallest_graph_that_holds_the_step():
     assert pick(2, 17, 2, 15) == ("mixed", 64)
     assert pick(20, 60, 1, 5) == ("mixed", 64)
     assert pick(30, 65, 1, 5) == "too-large"
+
+
+def _launchable(kind, size, num_reqs, launched):
+    """A captured graph as far as run() and launch() see it; launching records its key."""
+    return SimpleNamespace(kind=kind, size=size, num_reqs=num_reqs, outputs=(kind, size),
+                           launch=lambda: launched.append((kind, size)),
+                           outputs_for=lambda t: (kind, size))
+
+
+def test_launch_picks_the_graph_run_picks_and_counts_the_same_reasons():
+    """The in-place API and run() agree on every step: a uniform decode beyond the decode
+    graphs replays a token bucket through either, and a step beyond every graph runs
+    eagerly under the same reason."""
+    rng = np.random.default_rng(0)
+    for buckets in ({}, {16: 16, 64: 32}):
+        gm = _manager()
+        launched = []
+        gm.graphs = {4: _launchable("decode", 4, 2, launched)}
+        gm.mixed_graphs = {t: _launchable("mixed", t, r, launched) for t, r in buckets.items()}
+        gm._table = gm._new_table()
+        steps = [np.array([2, 2]), np.array([2] * 5), np.array([1, 2, 7]), np.array([2] * 20),
+                 np.array([9] * 10)]
+        for q in steps:
+            s = q + rng.integers(0, 100, size=q.shape[0])
+            slots = np.arange(int(q.sum()))
+            res = gm.run(q, s, slots)
+            via_run = (res.mode, launched[-1] if res.mode == "graph" else res.reason)
+            stats_run = (gm.stats.replays, gm.stats.mixed_replays, dict(gm.stats.eager))
+            gm.stats = type(gm.stats)()
+            views = gm.begin_step()
+            views.seq_lens[: q.shape[0]] = s
+            views.slot_mapping[: slots.shape[0]] = slots
+            if (q == 2).all():
+                before = len(launched)
+                gm.launch(q.shape[0])
+            else:
+                views.query_start_loc[: q.shape[0] + 1] = np.concatenate(([0], np.cumsum(q)))
+                before = len(launched)
+                gm.launch(q.shape[0], int(q.sum()))
+            if via_run[0] == "graph":
+                assert len(launched) == before + 1 and launched[-1] == via_run[1], q
+            else:
+                assert len(launched) == before, q
+            assert (gm.stats.replays, gm.stats.mixed_replays, dict(gm.stats.eager)) == stats_run
+            gm.stats = type(gm.stats)()
+
+
+def test_uniform_launch_through_a_bucket_needs_every_sequence_to_hold_its_tokens():
+    gm = _manager()
+    launched = []
+    gm.graphs = {4: _launchable("decode", 4, 2, launched)}
+    gm.mixed_graphs = {16: _launchable("mixed", 16, 16, launched)}
+    gm._table = gm._new_table()
+    views = gm.begin_step()
+    views.seq_lens[:5] = [9, 9, 1, 9, 9]  # request 2 schedules 2 tokens of a 1-token sequence
+    views.slot_mapping[:10] = np.arange(10)
+    host_before = views.query_start_loc.copy(), views.counts.copy()
+    with pytest.raises(InvalidBatchError, match="more than its sequence"):
+        gm.launch(5)
+    assert launched == []
+    assert (views.query_start_loc == host_before[0]).all()
+    assert (views.counts == host_before[1]).all()
+    views.seq_lens[2] = 2
+    gm.launch(5)
+    assert launched == [("mixed", 16)] and gm.stats.mixed_replays == 1
 
 
 def test_eager_run_on_cpu_counts_fallbacks_and_matches_the_step():

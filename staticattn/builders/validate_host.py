@@ -130,11 +130,14 @@ def validate_host_step(
 
 
 def uniform_decode_passes(
-    num_reqs: int, seq_lens: np.ndarray, slot_mapping: np.ndarray, config: ArenaConfig
+    num_reqs: int, seq_lens: np.ndarray, slot_mapping: np.ndarray, config: ArenaConfig,
+    slot_bound: int | None = None,
 ) -> bool:
     """A cheap pre-screen for the replay path: True only if :func:`validate_host_step`
     would accept a step of ``num_reqs`` requests that all schedule ``next_n`` tokens
-    (query lengths the caller has already checked), without block tables or pool sizes.
+    (query lengths the caller has already checked), without block tables, with the pool's
+    slot count ``slot_bound`` (:func:`~staticattn.builders.value_checks.slot_bound`; None:
+    slots only ``>= -1``).
 
     False does not mean invalid: call :func:`validate_host_step` for the verdict and the
     error message. About 3 us for 256 requests, against about 12 us for the full check.
@@ -151,14 +154,16 @@ def uniform_decode_passes(
     return bool(
         seq_lens.min() >= n and seq_lens.max() <= config.max_model_len
         and slot_mapping.min() >= PAD_SLOT_ID
+        and (slot_bound is None or slot_mapping.max() < slot_bound)
     )
 
 
 def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.ndarray,
-                config: ArenaConfig) -> bool:
+                config: ArenaConfig, slot_bound: int | None = None) -> bool:
     """A pre-screen for a step of any composition: True only if :func:`validate_host_step`
-    (decode-first order required, threshold ``next_n``, no block tables or pool sizes)
-    would accept it, in a handful of vectorized passes.
+    (decode-first order required, threshold ``next_n``, no block tables, the pool's slot
+    count ``slot_bound`` as in :func:`uniform_decode_passes`) would accept it, in a handful
+    of vectorized passes.
 
     False does not mean invalid (it is also the answer for steps with an empty request):
     call :func:`validate_host_step` for the verdict and the error message.
@@ -179,4 +184,5 @@ def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
         (count == 0 or longer[q.shape[0] - count :].all())
         and q.min() >= 1 and q.sum() == slots.shape[0] and (s - q).min() >= 0
         and s.max() <= config.max_model_len and slots.min() >= PAD_SLOT_ID
+        and (slot_bound is None or slots.max() < slot_bound)
     )

@@ -58,8 +58,8 @@ class GraphCapture:
             )
         sizes = default_capture_sizes(cfg) if sizes is None else (
             normalize_capture_sizes(cfg, sizes) if len(sizes) else [])
-        buckets = default_mixed_buckets(cfg) if buckets is None else (
-            normalize_mixed_buckets(cfg, buckets) if len(buckets) else [])
+        buckets = (default_mixed_buckets(cfg) if buckets is None
+                   else normalize_mixed_buckets(cfg, buckets))
         lacking = [b.name for b in self.builders if not hasattr(b, "build_mixed")]
         if buckets and lacking:
             raise GraphError(f"builders {lacking} have no build_mixed; capture token buckets "

@@ -54,7 +54,7 @@ from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
 from staticattn.builders.validate_host import step_passes, uniform_decode_passes, validate_host_step
 from staticattn.builders.validate_views import ViewChecks
-from staticattn.builders.value_checks import slot_bound
+from staticattn.builders.value_checks import check_seq_lens, slot_bound
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.capturing import GraphCapture
 from staticattn.graphs.records import (
@@ -63,9 +63,10 @@ from staticattn.graphs.records import (
     GraphTable,
     RunResult,
     RunStats,
+    describe_graphs,
     slice_outputs,
 )
-from staticattn.staging import HostViews, StagedCounts, StepInputs
+from staticattn.staging import COUNT_REQS, COUNT_TOKENS, HostViews, StagedCounts, StepInputs
 
 __all__ = ["GraphManager", "StepFn"]
 
@@ -198,6 +199,11 @@ class GraphManager(GraphCapture):
         ``seq_lens[:k]`` and ``slot_mapping[: k * next_n]`` written). ``launch(k, t)``: a step
         of any composition (``query_start_loc[: k + 1]`` written too, ending at ``t``).
 
+        The step goes to the graph :meth:`run` would pick: a uniform decode step beyond the
+        decode graphs to the token bucket that holds it (its query starts are then written
+        here, and with ``validate`` on it is checked as a step of any composition: every
+        sequence at least ``next_n`` long).
+
         Returns the graph's outputs at their captured extent (the first ``t`` rows are the
         step's; valid until the next step), or, when no captured graph holds the step, the
         eager step's outputs. Raises a typed error before launching anything when
@@ -209,9 +215,9 @@ class GraphManager(GraphCapture):
                 self._checks.decode(num_reqs)
             table = self._table.decode
             g = table[num_reqs] if num_reqs < len(table) else None
-            self._host_counts[0] = num_reqs
             if g is None:
-                return self._launch_eager_in_place(num_reqs, num_reqs * self._n, True)
+                return self._launch_miss(num_reqs, num_reqs * self._n, True)
+            self._host_counts[COUNT_REQS] = num_reqs
             g.launch()
             self.stats.replays += 1
             return g.outputs
@@ -221,24 +227,38 @@ class GraphManager(GraphCapture):
         table = self._table.mixed
         g = table[num_tokens] if num_tokens < len(table) else None
         counts = self._host_counts
-        counts[0], counts[1] = num_reqs, num_tokens
+        counts[COUNT_REQS], counts[COUNT_TOKENS] = num_reqs, num_tokens
         if g is None or g.num_reqs < num_reqs:
-            return self._launch_eager_in_place(num_reqs, num_tokens, False)
+            return self._launch_miss(num_reqs, num_tokens, False)
         g.launch()
         self.stats.mixed_replays += 1
         return g.outputs
 
-    def _launch_eager_in_place(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
+    def _launch_miss(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
+        """A step of the in-place views that the fast path's table entry does not hold:
+        the graph :meth:`_graph_for_step` picks, else the eager step under its reason."""
         self._check_open()
-        host = self.inputs.host
+        host, n = self.inputs.host, self._n
         if uniform:
-            host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * self._n
-            host.counts[1] = num_tokens
+            g, reason = self._graph_for_step(num_reqs, num_tokens, True, n)
+            seq = host.seq_lens[:num_reqs]
+            if g is not None and self.validate and seq.min() < n:  # a bucket needs q <= L
+                check_seq_lens(np.full(num_reqs, n), seq.astype(np.int64), self.config)
+            host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * n
+            host.counts[COUNT_REQS], host.counts[COUNT_TOKENS] = num_reqs, num_tokens
         query_lens = np.diff(host.query_start_loc[: num_reqs + 1])
-        counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens,
-                              int(query_lens.max()), int(host.seq_lens[:num_reqs].max()))
-        self.stats.eager["not-captured" if not self._has_graphs() else "too-large"] += 1
-        return self.launch_eager(counts)
+        longest = int(query_lens.max())
+        if not uniform:
+            g, reason = self._graph_for_step(
+                num_reqs, num_tokens, int(query_lens.min()) == longest == n, longest)
+        if g is None:
+            counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens, longest,
+                                  int(host.seq_lens[:num_reqs].max()))
+            self.stats.eager[reason] += 1
+            return self.launch_eager(counts)
+        g.launch()
+        self.stats.count_replay(g.kind)
+        return g.outputs
 
     # ---------------------------------------------------------------------- run
     def run(
@@ -278,8 +298,8 @@ class GraphManager(GraphCapture):
         # O(1) tests first: a step whose token count is not k * next_n is not uniform.
         g = (table[k] if not eager and 0 < k < len(table) and slots.shape[0] == k * n
              and q.dtype.kind in "iu" and (q == n).all() else None)
-        if g is not None and (not self.validate or uniform_decode_passes(k, s, slots,
-                                                                        self.config)):
+        if g is not None and (not self.validate or uniform_decode_passes(
+                k, s, slots, self.config, self._slot_bound)):
             self.inputs.stage_uniform_decode(s, slots)
             return self._replay(g, k * n)
         return self._run_general(q, s, slots, eager)
@@ -289,16 +309,17 @@ class GraphManager(GraphCapture):
         that holds it, or run eagerly."""
         if q.ndim == 1 and q.shape[0] == 0:
             raise InvalidBatchError("a step needs at least one request; got none")
-        if self.validate and not step_passes(q, s, slots, self.config):
+        if self.validate and not step_passes(q, s, slots, self.config, self._slot_bound):
             validate_host_step(q, s, slots, self.config, require_decode_first=True,
                                num_kv_blocks=self.num_kv_blocks,
                                decode_threshold=self.config.decode_threshold)
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
-        longest = int(q.max())
-        g, reason = self._graph_for_step(k, num_tokens, int(q.min()) if longest == self._n
-                                         else 0, longest)
         if eager:
             g, reason = None, "forced"
+        else:
+            longest = int(q.max())
+            g, reason = self._graph_for_step(
+                k, num_tokens, longest == self._n and int(q.min()) == longest, longest)
         if g is not None:
             if g.kind == DECODE:
                 self.inputs.stage_uniform_decode(s, slots)
@@ -312,12 +333,12 @@ class GraphManager(GraphCapture):
         self.stats.eager[reason] += 1
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
 
-    def _graph_for_step(self, num_reqs: int, num_tokens: int, shortest: int, longest: int):
+    def _graph_for_step(self, num_reqs: int, num_tokens: int, uniform: bool, longest: int):
         """``(graph, None)`` if a captured graph holds the step, else ``(None, reason)``:
         "not-captured", "prefill" / "non-uniform" (no token bucket captured) or
-        "too-large"."""
+        "too-large". ``uniform``: every request schedules ``next_n`` tokens; ``longest``:
+        the longest query."""
         decode, mixed = self._table.decode, self._table.mixed
-        uniform = shortest == longest == self._n
         if uniform and num_reqs < len(decode) and decode[num_reqs] is not None:
             return decode[num_reqs], None
         g = mixed[num_tokens] if num_tokens < len(mixed) else None
@@ -336,10 +357,7 @@ class GraphManager(GraphCapture):
         events = self._record_start()
         g.launch()
         self._record_end(events)
-        if g.kind == DECODE:
-            self.stats.replays += 1
-        else:
-            self.stats.mixed_replays += 1
+        self.stats.count_replay(g.kind)
         return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens, events,
                          g.kind)
 
@@ -368,22 +386,6 @@ class GraphManager(GraphCapture):
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:
-        """A table per captured graph: kind, tokens, requests, capture time, nodes, pool
-        memory, how it is launched; then the totals and the step counts."""
-        lines = [f"{'kind':>6} {'tokens':>6} {'reqs':>5} {'capture ms':>11} {'kernels':>8} "
-                 f"{'nodes':>6} {'pool MiB':>9}  launch"]
-        records = [*sorted(self.mixed_graphs.values(), key=lambda g: g.size),
-                   *sorted(self.graphs.values(), key=lambda g: g.size)]
-        for g in records:
-            nodes = g.nodes or {}
-            lines.append(
-                f"{g.kind:>6} {g.size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
-                f"{nodes.get('kernel', '-'):>8} {sum(nodes.values()) if nodes else '-':>6} "
-                f"{g.pool_bytes / 2**20:>9.2f}  {g.how}"
-            )
-        total = sum(g.pool_bytes for g in records)
-        lines.append(f"{len(records)} graphs, pool {total / 2**20:.2f} MiB, capture "
-                     f"{sum(g.capture_s for g in records):.2f} s")
-        lines.append(f"replays {self.stats.replays} decode + {self.stats.mixed_replays} mixed, "
-                     f"eager {dict(self.stats.eager)}")
-        return "\n".join(lines)
+        """A table per captured graph (kind, tokens, requests, capture time, nodes, pool
+        memory, how it is launched), the totals and the step counts."""
+        return describe_graphs(self.graphs, self.mixed_graphs, self.stats)

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["CapturedGraph", "GraphTable", "RunResult", "RunStats", "slice_outputs"]
+__all__ = ["CapturedGraph", "GraphTable", "RunResult", "RunStats", "describe_graphs",
+           "slice_outputs"]
 
 DECODE, MIXED = "decode", "mixed"
 
@@ -102,6 +103,35 @@ class RunStats:
     @property
     def eager_total(self) -> int:
         return sum(self.eager.values())
+
+    def count_replay(self, kind: str) -> None:
+        if kind == DECODE:
+            self.replays += 1
+        else:
+            self.mixed_replays += 1
+
+
+def describe_graphs(graphs: dict[int, CapturedGraph], mixed: dict[int, CapturedGraph],
+                    stats: RunStats) -> str:
+    """A table per captured graph: kind, tokens, requests, capture time, nodes, pool
+    memory, how it is launched; then the totals and the step counts."""
+    lines = [f"{'kind':>6} {'tokens':>6} {'reqs':>5} {'capture ms':>11} {'kernels':>8} "
+             f"{'nodes':>6} {'pool MiB':>9}  launch"]
+    records = [*sorted(mixed.values(), key=lambda g: g.size),
+               *sorted(graphs.values(), key=lambda g: g.size)]
+    for g in records:
+        nodes = g.nodes or {}
+        lines.append(
+            f"{g.kind:>6} {g.size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
+            f"{nodes.get('kernel', '-'):>8} {sum(nodes.values()) if nodes else '-':>6} "
+            f"{g.pool_bytes / 2**20:>9.2f}  {g.how}"
+        )
+    total = sum(g.pool_bytes for g in records)
+    lines.append(f"{len(records)} graphs, pool {total / 2**20:.2f} MiB, capture "
+                 f"{sum(g.capture_s for g in records):.2f} s")
+    lines.append(f"replays {stats.replays} decode + {stats.mixed_replays} mixed, "
+                 f"eager {dict(stats.eager)}")
+    return "\n".join(lines)
 
 
 def slice_outputs(outputs: Any, num_tokens: int) -> Any:
