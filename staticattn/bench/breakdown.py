@@ -23,6 +23,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import launch_floor
+from staticattn.bench.mixed import reference_mixed_batch
 from staticattn.bench.random_batches import RandomStep, fixed_step
 from staticattn.bench.report import environment, floor_lines
 from staticattn.builders.base import make_arena
@@ -60,7 +61,7 @@ def _run_decode(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
     def phases() -> Phases:
         return [
             ("validate", lambda: uniform_decode_passes(k, step.seq_lens, step.slot_mapping,
-                                                       gm.config)),
+                                                       gm.config, gm._slot_bound)),
             ("stage", lambda: gm.inputs.stage_uniform_decode(step.seq_lens, step.slot_mapping)),
             ("launch", g.launch),
             ("bookkeeping", lambda: RunResult(g.outputs_for(k * n), "graph", g.size, None,
@@ -107,7 +108,8 @@ def _run_eager(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
         return lambda: state["md"].__setitem__(builder.name, builder.build(state["batch"]))
 
     def phases() -> Phases:
-        return [("validate", lambda: step_passes(q, s, slots, gm.config)), ("stage", stage),
+        return [("validate", lambda: step_passes(q, s, slots, gm.config, gm._slot_bound)),
+                ("stage", stage),
                 ("staging kernels", kernels),
                 *[(f"build {b.name}", build(b)) for b in gm.builders],
                 ("step", lambda: state.__setitem__("out", gm.step(state["batch"], state["md"]))),
@@ -131,9 +133,7 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
         gm.capture([num_reqs * n], buckets=())
         decode = fixed_step(inputs, np.full(num_reqs, n),
                             rng.integers(n, 32_768, size=num_reqs), rng)
-        mixed = fixed_step(inputs, np.array([n] * 16 + [3000, 3000]),
-                           np.concatenate([rng.integers(n, 32_768, size=16), [3000, 23_000]]),
-                           rng)
+        mixed = reference_mixed_batch(inputs, rng)
         for label, phases in (("run(), decode replay", _run_decode(gm, decode)),
                               ("in-place, decode replay", _in_place_decode(gm, decode)),
                               ("run(eager=True), decode", _run_eager(gm, decode)),

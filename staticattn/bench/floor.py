@@ -16,7 +16,7 @@ from staticattn.bench.report import Stat
 from staticattn.graphs.capture import capture, warm_up
 from staticattn.graphs.launch import make_launcher
 
-__all__ = ["launch_floor", "launch_host_us", "one_kernel_replay_us", "replay_gpu_us"]
+__all__ = ["host_times_us", "launch_floor", "launch_host_us", "replay_gpu_us"]
 
 
 def _one_kernel_graph() -> torch.cuda.CUDAGraph:
@@ -26,11 +26,6 @@ def _one_kernel_graph() -> torch.cuda.CUDAGraph:
     graph, _ = capture(lambda: x.add_(1), stream)
     graph.keep_alive = x  # the graph writes x
     return graph
-
-
-def one_kernel_replay_us(reps: int = 500) -> Stat:
-    """GPU time of replaying a graph of one small kernel: the floor of any replay."""
-    return replay_gpu_us(_one_kernel_graph(), reps)
 
 
 def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
@@ -50,17 +45,23 @@ def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
     return Stat.of(gpu)
 
 
-def launch_host_us(launch, reps: int = 500) -> Stat:
-    """Host wall time of ``launch()`` (us), each call on an idle device."""
-    for _ in range(20):
-        launch()
+def host_times_us(fn, reps: int) -> list[float]:
+    """Host wall time of each of ``reps`` calls of ``fn()`` (us), each on an idle device."""
     host = []
     for _ in range(reps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        launch()
+        fn()
         host.append((time.perf_counter() - t0) * 1e6)
-    return Stat.of(host)
+    return host
+
+
+def launch_host_us(launch, reps: int = 500) -> Stat:
+    """Host wall time of ``launch()`` (us) after 20 calls of warm-up, each call on an idle
+    device."""
+    for _ in range(20):
+        launch()
+    return Stat.of(host_times_us(launch, reps))
 
 
 def launch_floor(reps: int = 500) -> dict[str, Stat]:

@@ -17,21 +17,21 @@ at a time); medians with min and max, each step started on an idle device.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import launch_floor
 from staticattn.bench.random_batches import RandomStep, fixed_step, write_block_rows
+from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.bench.report import Stat, environment, floor_lines
 from staticattn.builders.base import make_arena
 from staticattn.graphs.manager import GraphManager
 
-__all__ = ["MixedReport", "MixedRow", "run_mixed_bench", "MIXED_SCENARIOS"]
+__all__ = ["MIXED_SCENARIOS", "MixedReport", "MixedRow", "reference_mixed_batch",
+           "run_mixed_bench"]
 
 #: (label, preset, next_n) of the configs the reference mixed batch runs on.
 MIXED_SCENARIOS = (("V4", "deepseek-v4", 1), ("V4", "deepseek-v4", 2),
@@ -104,42 +104,6 @@ class MixedReport:
         plt.close(fig)
 
 
-def _timed(fn: Callable[[], object], reps: int) -> list[float]:
-    host = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        host.append((time.perf_counter() - t0) * 1e6)
-    return host
-
-
-def _gpu(gm: GraphManager, step: RandomStep, eager: bool, reps: int) -> list[float]:
-    gm.time_gpu = True
-    out = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        out.append(gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
-                          eager=eager).gpu_us())
-    gm.time_gpu = False
-    return out
-
-
-def _in_place(gm: GraphManager, step: RandomStep) -> tuple[Callable[[], None], Callable]:
-    """One step through the in-place API: ``(write, launch)``; the writes (the engine's own
-    work, and the wait for the staging) are not timed."""
-    k, t = step.query_lens.shape[0], step.slot_mapping.shape[0]
-    qsl = np.concatenate(([0], np.cumsum(step.query_lens)))
-
-    def write() -> None:
-        views = gm.begin_step()
-        views.query_start_loc[: k + 1] = qsl
-        views.seq_lens[:k] = step.seq_lens
-        views.slot_mapping[:t] = step.slot_mapping
-
-    return write, lambda: gm.launch(k, t)
-
-
 def _measure(gm: GraphManager, steps: list[RandomStep], reps: int) -> dict[str, list[float]]:
     out = {"graph_host": [], "in_place": [], "graph_gpu": [], "eager_host": [],
            "eager_gpu": []}
@@ -149,17 +113,12 @@ def _measure(gm: GraphManager, steps: list[RandomStep], reps: int) -> dict[str, 
         for _ in range(3):  # warm both paths
             assert gm.run(*args).mode == "graph"
             gm.run(*args, eager=True)
-        out["graph_host"] += _timed(lambda a=args: gm.run(*a), per_step)
-        out["eager_host"] += _timed(lambda a=args: gm.run(*a, eager=True), per_step)
-        write, launch = _in_place(gm, step)
-        for _ in range(per_step):
-            torch.cuda.synchronize()
-            write()
-            t0 = time.perf_counter()
-            launch()
-            out["in_place"].append((time.perf_counter() - t0) * 1e6)
-        out["graph_gpu"] += _gpu(gm, step, False, per_step)
-        out["eager_gpu"] += _gpu(gm, step, True, per_step)
+        for path, eager in (("graph", False), ("eager", True)):
+            host, gpu = step_times_us(gm, args, eager, per_step)
+            out[f"{path}_host"] += host
+            out[f"{path}_gpu"] += gpu
+        out["in_place"] += in_place_host_us(gm, step.seq_lens, step.slot_mapping, per_step,
+                                            step.query_lens)
     return out
 
 
@@ -183,7 +142,7 @@ def run_mixed_bench(
         step = step_factory(cfg) if step_factory is not None else (lambda batch, md: None)
         with GraphManager(arena, inputs, builders, step, progress=progress) as gm:
             gm.capture()
-            steps = (_reference_batch(inputs, rng) if scenario == "reference mixed batch"
+            steps = ([reference_mixed_batch(inputs, rng)] if scenario == "reference mixed batch"
                      else _trace(inputs, rng, steps=20))
             timings = _measure(gm, steps, reps)
             first = steps[0]
@@ -197,12 +156,14 @@ def run_mixed_bench(
     return report
 
 
-def _reference_batch(inputs, rng) -> list[RandomStep]:
+def reference_mixed_batch(inputs, rng) -> RandomStep:
+    """The reference mixed batch: 16 decodes of ``next_n`` tokens (contexts up to 32K), a
+    fresh 3,000-token prefill and a 3,000-token chunk continuing at context 20,000."""
     n = inputs.config.next_n
     contexts = rng.integers(n, 32_768, size=16)
     q = np.array([n] * 16 + [3000, 3000])
     s = np.concatenate([contexts, [3000, 23_000]])
-    return [fixed_step(inputs, q, s, rng)]
+    return fixed_step(inputs, q, s, rng)
 
 
 def _trace(inputs, rng, steps: int) -> list[RandomStep]:

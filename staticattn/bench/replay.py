@@ -23,28 +23,24 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.floor import launch_floor
+from staticattn.bench.floor import host_times_us, launch_floor
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
 from staticattn.builders.base import make_arena
 from staticattn.graphs.manager import GraphManager
 
-__all__ = ["run_bench"]
+__all__ = ["in_place_host_us", "run_bench", "step_times_us"]
 
 
-def _timed_runs(gm: GraphManager, args, eager: bool, reps: int) -> tuple[list, list]:
+def step_times_us(gm: GraphManager, args, eager: bool, reps: int) -> tuple[list, list]:
     """Per step: host wall time of ``GraphManager.run`` (validation, staging and launch, us)
     and the GPU time of what it launched (CUDA events around the replay or the eager
     kernels, us). Each step starts on an idle device, so neither includes waiting for
     earlier work; host times are taken in a pass without the timing events."""
-    host, gpu = [], []
     gm.time_gpu = False
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        gm.run(*args, eager=eager)
-        host.append((time.perf_counter() - t0) * 1e6)
+    host = host_times_us(lambda: gm.run(*args, eager=eager), reps)
     gm.time_gpu = True
+    gpu = []
     for _ in range(reps):
         torch.cuda.synchronize()
         gpu.append(gm.run(*args, eager=eager).gpu_us())
@@ -79,8 +75,8 @@ def run_bench(
             for _ in range(10):  # warm both paths (eager kernels compile on first use)
                 assert gm.run(*args).mode == "graph"
                 gm.run(*args, eager=True)
-            gh, gg = _timed_runs(gm, args, False, reps)
-            eh, eg = _timed_runs(gm, args, True, reps)
+            gh, gg = step_times_us(gm, args, False, reps)
+            eh, eg = step_times_us(gm, args, True, reps)
             nodes = g.nodes or {}
             report.rows.append(BenchRow(
                 size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,
@@ -91,11 +87,14 @@ def run_bench(
 
 
 def in_place_host_us(gm: GraphManager, seq_lens: np.ndarray, slot_mapping: np.ndarray,
-                     reps: int) -> list[float]:
-    """Host time of a decode step through the in-place API: ``begin_step()`` and
-    ``launch(k)``; the engine's own writes into the views (between the two) are not
-    counted. Each step starts on an idle device."""
+                     reps: int, query_lens: np.ndarray | None = None) -> list[float]:
+    """Host time of a step through the in-place API: ``begin_step()`` and ``launch(k)`` for
+    a uniform decode step, ``launch(k, t)`` for a step of any composition (``query_lens``
+    given; its query starts are written too); the engine's own writes into the views
+    (between the two) are not counted. Each step starts on an idle device."""
     k, num_tokens = seq_lens.shape[0], slot_mapping.shape[0]
+    qsl = None if query_lens is None else np.concatenate(([0], np.cumsum(query_lens)))
+    counts = (k,) if qsl is None else (k, num_tokens)
     host = []
     for _ in range(reps + 20):
         torch.cuda.synchronize()
@@ -104,8 +103,10 @@ def in_place_host_us(gm: GraphManager, seq_lens: np.ndarray, slot_mapping: np.nd
         t1 = time.perf_counter()
         views.seq_lens[:k] = seq_lens
         views.slot_mapping[:num_tokens] = slot_mapping
+        if qsl is not None:
+            views.query_start_loc[: k + 1] = qsl
         t2 = time.perf_counter()
-        gm.launch(k)
+        gm.launch(*counts)
         t3 = time.perf_counter()
         host.append((t1 - t0 + t3 - t2) * 1e6)
     return host[20:]
