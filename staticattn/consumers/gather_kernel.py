@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 from staticattn.kernels.launch import launch, pow2_at_least
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
+from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_TOKENS
 
 __all__ = ["GatherArgs", "gather_checksums"]
 
@@ -90,10 +91,19 @@ def _sum_rows(cache, index, keep):
     return torch.where(keep, cache[safe].long(), 0).sum(-1)
 
 
+def _paged_sum(cache, table, rows, pos, block_size, keep):
+    """Row sums of ``cache`` over the slots of positions ``pos`` (``>= 0``) of requests
+    ``rows`` through their block-table rows, where ``keep``."""
+    blocks = table[rows[:, None], pos // block_size].long()
+    return _sum_rows(cache, blocks * block_size + pos % block_size, keep)
+
+
 def _torch(a: GatherArgs, out: torch.Tensor) -> None:
     dev = out.device
     t = torch.arange(a.num_tokens, device=dev)
-    nt, num_decodes, td = a.step_counts[1], a.step_counts[2], a.step_counts[3]
+    counts = a.step_counts
+    nt, num_decodes = counts[COUNT_TOKENS], counts[COUNT_DECODES]
+    td = counts[COUNT_DECODE_TOKENS]
     real = t < nt
     b = torch.where(real, a.token_to_req[: a.num_tokens].long(), 0)
     p = torch.where(real, a.positions[: a.num_tokens], 0)
@@ -115,10 +125,8 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
             lo = torch.maximum(p - a.window + 1, start)
             pos = lo[:, None] + w
             keep = (real & ~dec)[:, None] & (pos <= p[:, None]) & (pos >= 0)
-            pos = pos.clamp(min=0)
-            blocks = a.swa_block_table[b[:, None], pos // a.swa_block_size].long()
-            swa_pre = _sum_rows(swa_cache, blocks * a.swa_block_size + pos % a.swa_block_size,
-                                keep)
+            swa_pre = _paged_sum(swa_cache, a.swa_block_table, b, pos.clamp(min=0),
+                                 a.swa_block_size, keep)
         out[:, 0] = torch.where(dec & real, swa_dec, swa_pre)
         if s["c_indices"] is not None:
             width = s["c_indices"].shape[-1]
@@ -131,9 +139,8 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
                 rp = (t - td).clamp(0, s["cp_indices"].shape[0] - 1)
                 local = s["cp_indices"][rp].long().clamp(min=0)
                 keep = (real & ~dec)[:, None] & (o < s["cp_lens"][rp, None])
-                e = a.c128a_entries
-                blocks = a.block_table[b[:, None], local // e].long()
-                c_pre = _sum_rows(c128a_cache, blocks * e + local % e, keep)
+                c_pre = _paged_sum(c128a_cache, a.block_table, b, local, a.c128a_entries,
+                                   keep)
             out[:, 1] = torch.where(dec & real, c_dec, c_pre)
     if a.indexer is not None:
         out[:, 2] = _index_sums(a, t, real, b, p, index_cache)
@@ -143,7 +150,7 @@ def _index_sums(a: GatherArgs, t, real, b, p, cache):
     x, dev, size = a.indexer, t.device, a.storage_block_size
     k_tail = torch.arange(INDEX_TAIL, device=dev)
     result = torch.zeros_like(t)
-    td = a.step_counts[3] if x["device_counts"] else x["decode_tokens"]
+    td = a.step_counts[COUNT_DECODE_TOKENS] if x["device_counts"] else x["decode_tokens"]
     dec = real & (t < td)
     if x["lens"] is not None:
         lens, table = x["lens"], x["table"]
@@ -156,8 +163,7 @@ def _index_sums(a: GatherArgs, t, real, b, p, cache):
             col = lens.shape[1] - (qsl[row + 1] - qsl[row]) + (t - qsl[row])
         n = lens[row, col.clamp(0, lens.shape[1] - 1)].long()
         k = n[:, None] - INDEX_TAIL + k_tail
-        blocks = table[row[:, None], k.clamp(min=0) // size].long()
-        sums = _sum_rows(cache, blocks * size + k.clamp(min=0) % size, dec[:, None] & (k >= 0))
+        sums = _paged_sum(cache, table, row, k.clamp(min=0), size, dec[:, None] & (k >= 0))
         result = torch.where(dec, sums, result)
     if a.plan is not None:
         bounds, num_chunks, cu, ks, ke = a.plan
@@ -171,8 +177,7 @@ def _index_sums(a: GatherArgs, t, real, b, p, cache):
         i = hi[:, None] - INDEX_TAIL + k_tail
         keep = found[:, None] & (i >= ks[: t.shape[0], None]) & (i - cu_b[:, None] >= 0)
         k = (i - cu_b[:, None]).clamp(min=0)
-        blocks = a.block_table[b[:, None], k // size].long()
-        result = torch.where(found, _sum_rows(cache, blocks * size + k % size, keep), result)
+        result = torch.where(found, _paged_sum(cache, a.block_table, b, k, size, keep), result)
     return result
 
 
@@ -222,6 +227,18 @@ def _gather_kernel():
     import triton
     import triton.language as tl
 
+    @triton.jit
+    def paged_sum(table_row, pos, keep, page, cache, cache_size):
+        """Values of ``cache`` at the slots of positions ``pos`` through one request's
+        block-table row (``table_row``, pages of ``page`` entries), where ``keep`` and the
+        slot lies in the cache; int64."""
+        blk = tl.load(table_row + pos // page, mask=keep, other=0)
+        slot = blk.to(tl.int64) * page + pos % page
+        keep = keep & (slot >= 0) & (slot < cache_size)
+        return tl.load(cache + slot, mask=keep, other=0).to(tl.int64)
+
+    publish(globals(), paged_sum)
+
     @triton.jit(do_not_specialize=["swa_rows", "pre_rows", "cp_rows", "i_rows",
                                    "i_decode_tokens", "max_chunks"])
     def gather_kernel(
@@ -263,11 +280,8 @@ def _gather_kernel():
                          - tl.load(gather_lens + i, mask=pre, other=0)).to(tl.int64)
                 pos = tl.maximum(p - window + 1, start) + w
                 keep = tl.where(pre, (pos <= p) & (pos >= 0) & (w < window), False)
-                pos = tl.maximum(pos, 0)
-                blk = tl.load(swa_bt + b * swa_bt_stride + pos // swa_bs, mask=keep, other=0)
-                slot = blk.to(tl.int64) * swa_bs + pos % swa_bs
-                keep = keep & (slot >= 0) & (slot < swa_size)
-                s_sum += tl.load(swa_cache + slot, mask=keep, other=0).to(tl.int64)
+                s_sum += paged_sum(swa_bt + b * swa_bt_stride, tl.maximum(pos, 0), keep,
+                                   swa_bs, swa_cache, swa_size)
         if HAS_C:
             row = tl.minimum(t, swa_rows - 1)
             nc = tl.load(c_len + row, mask=dec, other=0)
@@ -287,10 +301,8 @@ def _gather_kernel():
                     mp = tl.where(pre_c, op < ncp, False)
                     local = tl.maximum(tl.load(cp_idx + r.to(tl.int64) * C_WIDTH + op,
                                                mask=mp, other=0), 0)
-                    blk_p = tl.load(bt + b * bt_stride + local // c_entries, mask=mp, other=0)
-                    slot_p = blk_p.to(tl.int64) * c_entries + local % c_entries
-                    mp = mp & (slot_p >= 0) & (slot_p < c_size)
-                    c_sum += tl.load(c_cache + slot_p, mask=mp, other=0).to(tl.int64)
+                    c_sum += paged_sum(bt + b * bt_stride, local, mp, c_entries, c_cache,
+                                       c_size)
         i_sum = tl.zeros([TAIL], dtype=tl.int64)
         if I_DEVICE_COUNTS:
             i_td = td
@@ -309,11 +321,8 @@ def _gather_kernel():
             n = tl.load(i_lens + row * i_width + col, mask=i_dec, other=0)
             k = n - TAIL + tl.arange(0, TAIL)
             m = tl.where(i_dec, k >= 0, False)
-            k = tl.maximum(k, 0)
-            blk = tl.load(i_bt + row * i_bt_stride + k // storage_bs, mask=m, other=0)
-            slot = blk.to(tl.int64) * storage_bs + k % storage_bs
-            m = m & (slot >= 0) & (slot < i_size)
-            i_sum += tl.load(i_cache + slot, mask=m, other=0).to(tl.int64)
+            i_sum += paged_sum(i_bt + row * i_bt_stride, tl.maximum(k, 0), m, storage_bs,
+                               i_cache, i_size)
         if HAS_PLAN:
             # The chunk holding token t: token_start <= t < token_end.
             pre = real & (t >= i_td)
@@ -334,11 +343,8 @@ def _gather_kernel():
             i = hi_t - TAIL + tl.arange(0, TAIL)
             k = i - cu_b
             m = tl.where(pre, (i >= lo_t) & (k >= 0), False)
-            k = tl.maximum(k, 0)
-            blk = tl.load(bt + b * bt_stride + k // storage_bs, mask=m, other=0)
-            slot = blk.to(tl.int64) * storage_bs + k % storage_bs
-            m = m & (slot >= 0) & (slot < i_size)
-            i_sum += tl.load(i_cache + slot, mask=m, other=0).to(tl.int64)
+            i_sum += paged_sum(bt + b * bt_stride, tl.maximum(k, 0), m, storage_bs, i_cache,
+                               i_size)
         tl.store(out + t * 3, tl.sum(s_sum, 0))
         tl.store(out + t * 3 + 1, tl.sum(c_sum, 0))
         tl.store(out + t * 3 + 2, tl.sum(i_sum, 0))

@@ -25,6 +25,7 @@ import torch
 
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
 from staticattn.kernels.indexer_kernel import COLS, launch_decode_kernel
+from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES
 
 __all__ = ["indexer_decode_tensors"]
 
@@ -120,7 +121,7 @@ def indexer_decode_tensors(
     if step_counts is None:
         live_reqs, live_tokens = num_decodes, query_start_loc[num_decodes]
     else:
-        live_reqs, live_tokens = step_counts[2], step_counts[3]
+        live_reqs, live_tokens = step_counts[COUNT_DECODES], step_counts[COUNT_DECODE_TOKENS]
     if flatten:
         _flatten_torch(block_table, positions, token_to_req, decode_lens, decode_seq_lens,
                        expanded_block_table, live_tokens, num_rows, compress_ratio)

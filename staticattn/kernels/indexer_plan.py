@@ -30,6 +30,7 @@ import torch
 
 from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit, publish
+from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_REQS, COUNT_TOKENS
 
 __all__ = ["CHUNK_FIELDS", "max_prefill_chunks", "plan_prefill_chunks"]
 
@@ -108,7 +109,7 @@ def _plan_torch(qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, nu
     finds the ranges (masked updates of 0-d state), then the chunk rows are laid out at once."""
     dev = qsl.device
     i64 = torch.int64
-    k, d = counts[0].long(), counts[2].long()
+    k, d = counts[COUNT_REQS].long(), counts[COUNT_DECODES].long()
     keys_of = seq_lens[:num_reqs].long().clamp(min=0) // ratio
     queries_of = (qsl[1 : num_reqs + 1] - qsl[:num_reqs]).long()
     zero = torch.zeros((), dtype=i64, device=dev)
@@ -170,7 +171,7 @@ def _plan_torch(qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, nu
     cu_seq_lens[: 2 * num_reqs].copy_(cu[: 2 * num_reqs])
     req_key_start[:num_reqs].copy_(key_start)
     t = torch.arange(num_tokens, device=dev)
-    prefill = (t >= counts[3]) & (t < counts[1])
+    prefill = (t >= counts[COUNT_DECODE_TOKENS]) & (t < counts[COUNT_TOKENS])
     ks = key_start[token_to_req[:num_tokens].long()]
     ke = ks + (positions[:num_tokens] + 1).clamp(min=0) // ratio
     ks_out[:num_tokens].copy_(torch.where(prefill, ks, 0))

@@ -42,6 +42,7 @@ from staticattn.errors import ArenaError
 from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
+from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_TOKENS
 
 __all__ = ["C128A_RATIO", "SWADecodeOutputs", "build_swa_decode"]
 
@@ -164,7 +165,7 @@ def _build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, sw
         td = torch.full((), num_decode_tokens, device=dev)
         nt = torch.full((), num_tokens, device=dev)
     else:
-        td, nt = step_counts[3], step_counts[1]
+        td, nt = step_counts[COUNT_DECODE_TOKENS], step_counts[COUNT_TOKENS]
     rows = decode_rows
     if rows > 0:
         t = torch.arange(rows, device=dev)

@@ -20,6 +20,7 @@ import torch
 
 from staticattn.kernels.launch import grid_size, launch
 from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.staging import COUNT_DECODES, COUNT_REQS
 
 __all__ = ["prefill_gather_lens"]
 
@@ -71,8 +72,8 @@ def prefill_gather_lens(
     if step_counts is None:
         first, live = num_decodes, torch.ones_like(i, dtype=torch.bool)
     else:
-        first = step_counts[2]
-        live = first + i < step_counts[0]
+        first = step_counts[COUNT_DECODES]
+        live = first + i < step_counts[COUNT_REQS]
     r = torch.where(live, first + i, 0)
     query_lens = query_start_loc[r + 1] - query_start_loc[r]
     context = seq_lens[r] - query_lens
