@@ -89,6 +89,8 @@ def test_decode_build_reads_no_host_staging(backend, n):
     cfg, builder, arena, inputs = _setup(backend, num_speculative_tokens=n - 1)
     step = make_step(cfg, [n] * 3, [900, n, 70], num_reqs_padded=4, num_tokens_padded=4 * n)
     stage(inputs, step)
+    # A writer of the host staging waits for the in-flight copy first, as every writer does.
+    inputs.wait_staging_free()
     inputs.host_query_start_loc.fill_(12345)
     inputs.host_seq_lens.fill_(-3)
     inputs.host_slot_mapping.fill_(777)

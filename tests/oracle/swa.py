@@ -172,32 +172,44 @@ def expected_for_step(cfg: ArenaConfig, step) -> SWAExpected:
     )
 
 
+def _same(name: str, got, want) -> None:
+    """``got.tolist() == want``, failing with the first differing row and both rows."""
+    got = got.tolist()
+    if got == want:
+        return
+    if len(got) != len(want):
+        raise AssertionError(f"{name}: {len(got)} rows, expected {len(want)}")
+    row = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+    raise AssertionError(f"{name}[{row}]: got {got[row]}, expected {want[row]}")
+
+
 def assert_matches(meta, exp: SWAExpected) -> None:
     """Every field of a ``SparseSWAMetadata`` equals the oracle's (shapes included)."""
     for name in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens"):
         assert getattr(meta, name) == getattr(exp, name), name
     td = exp.num_decode_tokens
-    assert meta.is_valid_token.tolist() == exp.is_valid_token
-    assert meta.token_to_req_indices.tolist() == exp.token_to_req_indices
+    _same("is_valid_token", meta.is_valid_token, exp.is_valid_token)
+    _same("token_to_req_indices", meta.token_to_req_indices, exp.token_to_req_indices)
     assert tuple(meta.decode_swa_indices.shape) == (td, 1, exp.window)
-    assert meta.decode_swa_indices[:, 0].tolist() == exp.decode_swa_indices
-    assert meta.decode_swa_lens.tolist() == exp.decode_swa_lens
+    _same("decode_swa_indices[:, 0]", meta.decode_swa_indices[:, 0], exp.decode_swa_indices)
+    _same("decode_swa_lens", meta.decode_swa_lens, exp.decode_swa_lens)
     if exp.c128a_decode_indices is None:
         assert meta.c128a_decode_indices is None and meta.c128a_decode_lens is None
     else:
         assert tuple(meta.c128a_decode_indices.shape) == (td, 1, exp.c128a_width)
-        assert meta.c128a_decode_indices[:, 0].tolist() == exp.c128a_decode_indices
-        assert meta.c128a_decode_lens.tolist() == exp.c128a_decode_lens
+        _same("c128a_decode_indices[:, 0]", meta.c128a_decode_indices[:, 0],
+              exp.c128a_decode_indices)
+        _same("c128a_decode_lens", meta.c128a_decode_lens, exp.c128a_decode_lens)
     if exp.prefill_seq_lens is None:
         assert meta.prefill_seq_lens is None and meta.prefill_gather_lens is None
     else:
-        assert meta.prefill_seq_lens.tolist() == exp.prefill_seq_lens
-        assert meta.prefill_gather_lens.tolist() == exp.prefill_gather_lens
+        _same("prefill_seq_lens", meta.prefill_seq_lens, exp.prefill_seq_lens)
+        _same("prefill_gather_lens", meta.prefill_gather_lens, exp.prefill_gather_lens)
     if exp.c128a_prefill_indices is None:
         assert meta.c128a_prefill_indices is None and meta.c128a_prefill_lens is None
     else:
-        assert meta.c128a_prefill_indices.tolist() == exp.c128a_prefill_indices
-        assert meta.c128a_prefill_lens.tolist() == exp.c128a_prefill_lens
+        _same("c128a_prefill_indices", meta.c128a_prefill_indices, exp.c128a_prefill_indices)
+        _same("c128a_prefill_lens", meta.c128a_prefill_lens, exp.c128a_prefill_lens)
     for layer_type in ("swaonly", "c4a", "c128a"):
         plan = meta.tile_sched(layer_type)
         if td and layer_type in exp.layer_types:
