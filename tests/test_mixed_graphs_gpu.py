@@ -1,7 +1,8 @@
 """On the GPU: randomized steps of every composition replayed through the captured graphs.
 
-Per config, 2,000 steps drawn by ``support.host_steps`` run through ``GraphManager.run``;
-every one replays (a decode graph or a token bucket). After each replay:
+Per config, steps drawn by ``support.host_steps`` run through ``GraphManager.run`` until
+2,000 of them replayed a token bucket (a uniform decode step replays a decode graph: it is
+checked the same way but not counted). Every step replays. After each replay:
 
 * the graph's metadata views equal the oracle over their whole extent (real and padded
   regions alike): ``oracle.mixed`` for a bucket, ``oracle.indexer/swa`` for a decode graph;
@@ -17,7 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from oracle import checksums
 from oracle import indexer as indexer_oracle
 from oracle import mixed as mixed_oracle
@@ -56,7 +57,9 @@ def test_every_step_replays_and_equals_eager_and_the_oracle(name):
     fingerprint = arena.fingerprint()
     counts = {"decode": 0, "mixed": 0}
 
-    @settings(max_examples=STEPS)
+    # Steps that replay a decode graph are checked, then marked invalid so that they do
+    # not count: the run ends after STEPS bucket replays.
+    @settings(max_examples=STEPS, suppress_health_check=[HealthCheck.filter_too_much])
     @given(host_steps(cfg, max_seq_len=cfg.max_model_len))
     def check(step):
         r = step.num_reqs
@@ -94,12 +97,13 @@ def test_every_step_replays_and_equals_eager_and_the_oracle(name):
                                               step.slot_mapping))
         assert same_outputs(replayed, eager)
         counts[g.kind] += 1
+        assume(g.kind == "mixed")
 
     check()
     assert arena.fingerprint() == fingerprint
     gm.close()
     print(f"{name}: {counts['decode']} decode and {counts['mixed']} mixed replays")
-    assert counts["mixed"] > STEPS // 4
+    assert counts["mixed"] >= STEPS
 
 
 def test_a_rejected_step_leaves_everything_usable():

@@ -127,8 +127,12 @@ def describe_graphs(graphs: dict[int, CapturedGraph], mixed: dict[int, CapturedG
             f"{g.pool_bytes / 2**20:>9.2f}  {g.how}"
         )
     total = sum(g.pool_bytes for g in records)
+    per_kind = ", ".join(
+        f"{len(group)} {kind} in {sum(g.capture_s for g in group):.2f} s"
+        for kind, group in (("mixed", list(mixed.values())), ("decode", list(graphs.values())))
+        if group)
     lines.append(f"{len(records)} graphs, pool {total / 2**20:.2f} MiB, capture "
-                 f"{sum(g.capture_s for g in records):.2f} s")
+                 f"{sum(g.capture_s for g in records):.2f} s ({per_kind or 'none'})")
     lines.append(f"replays {stats.replays} decode + {stats.mixed_replays} mixed, "
                  f"eager {dict(stats.eager)}")
     return "\n".join(lines)
