@@ -16,13 +16,18 @@ captured size or bucket) and write the device views, padding what lies past the 
   (``D`` leading requests with ``q <= decode_threshold``, ``Td = qsl[D]`` their tokens), for
   builds that must not take them from the host (graphs of any composition).
 
-Two ways, chosen by static facts:
+Three ways, chosen by static facts:
 
 * **uniform** (every real request has ``n`` tokens: a decode graph): one kernel; request of
   token ``t`` is ``t // n``, so nothing is searched;
 * **general** (any composition): a copy kernel (the only reader of pinned memory), then a
   derive kernel that searches the device copy of the query starts, which is cached, instead
-  of pinned memory, which costs a bus round trip per read.
+  of pinned memory, which costs a bus round trip per read;
+* **device starts** (the query starts, lengths and slots were written on the device by an
+  earlier kernel, e.g. a drafter deciding how many tokens each request verifies): a pad
+  kernel completes those device views in place -- the real token count ``nt = qsl[k]`` is
+  read on the device, capped at the extent ``T`` -- then the same derive kernel. The host
+  supplies only ``k`` (``host_counts[0]``).
 
 Example: ``host_qsl = [0, 2, 3]``, ``host_seq_lens = [6, 9]``, counts ``[2, 3]``, extent
 ``R = 3, T = 4`` -> ``qsl = [0, 2, 3, 3]``, ``seq_lens = [6, 9, 0]``, ``token_to_req =
@@ -40,7 +45,7 @@ from staticattn.kernels.lazy import lazy_jit
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "NUM_COUNTS",
-    "StagingViews", "stage_general", "stage_uniform",
+    "StagingViews", "stage_device", "stage_general", "stage_uniform",
 ]
 
 #: Slots of ``step_counts`` (int32, device); the pinned ``host_counts`` uses the first two.
@@ -111,10 +116,7 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
             v.host_qsl, v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens,
             v.slots, v.step_counts, num_reqs, num_tokens, BLOCK=_BLOCK,
         )
-        launch(_derive_kernel(), (grid_size(num_tokens, _BLOCK),),
-            v.qsl, v.seq_lens, v.positions, v.token_to_req, v.step_counts, num_reqs,
-            num_tokens, decode_threshold, BLOCK=_BLOCK, CHUNK=_CHUNK,
-        )
+        _derive(v, num_reqs, num_tokens, decode_threshold)
         return
     dev = v.qsl.device
     k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
@@ -125,6 +127,24 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
     qsl.copy_(torch.where(b <= k, host_qsl, nt))
     _copy_padded(v.host_seq_lens, v.seq_lens, num_reqs, k, 0)
     _copy_padded(v.host_slots, v.slots, num_tokens, nt, -1)
+    _derive_torch(v, num_reqs, num_tokens, decode_threshold, k, nt)
+
+
+def _derive(v: StagingViews, num_reqs: int, num_tokens: int, decode_threshold: int) -> None:
+    """Triton: each token's request and position, and the split, from the padded device
+    query starts and lengths (``step_counts[:2]`` already hold ``k, nt``)."""
+    launch(_derive_kernel(), (grid_size(num_tokens, _BLOCK),),
+        v.qsl, v.seq_lens, v.positions, v.token_to_req, v.step_counts, num_reqs,
+        num_tokens, decode_threshold, BLOCK=_BLOCK, CHUNK=_CHUNK,
+    )
+
+
+def _derive_torch(v: StagingViews, num_reqs: int, num_tokens: int, decode_threshold: int,
+                  k: torch.Tensor, nt: torch.Tensor) -> None:
+    """Torch twin of :func:`_derive`; ``k`` and ``nt`` are 0-d device tensors."""
+    dev = v.qsl.device
+    qsl = v.qsl[: num_reqs + 1]
+    b = torch.arange(num_reqs + 1, device=dev, dtype=torch.int32)
     t = torch.arange(num_tokens, device=dev, dtype=torch.int32)
     real = t < nt
     req = torch.where(real, torch.searchsorted(qsl[1:], t, right=True).to(torch.int32), 0)
@@ -137,7 +157,35 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
     num_decodes = torch.where(longer, b[:-1], k).min() if num_reqs else k
     # (Indexing with a 0-d device tensor would read it back: gather instead.)
     decode_tokens = qsl.index_select(0, num_decodes.long().reshape(1))[0]
-    v.step_counts.copy_(torch.stack([k, nt, num_decodes, decode_tokens]))
+    v.step_counts.copy_(torch.stack([k, nt.to(k.dtype), num_decodes.to(k.dtype),
+                                     decode_tokens.to(k.dtype)]))
+
+
+def stage_device(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
+                 decode_threshold: int) -> None:
+    """Stage a step whose ``qsl[: k + 1]``, ``seq_lens[:k]`` and ``slots[:nt]`` are already on
+    the device (written by an earlier kernel); ``k = host_counts[0]``, ``nt = min(qsl[k],
+    num_tokens)``. Pads those views in place over the static extent, then derives as
+    :func:`stage_general` does. Two kernels."""
+    if backend == "triton":
+        extent = max(num_tokens, num_reqs + 1)
+        launch(_pad_kernel(), (grid_size(extent, _BLOCK),),
+            v.host_counts, v.qsl, v.seq_lens, v.slots, v.step_counts, num_reqs, num_tokens,
+            BLOCK=_BLOCK,
+        )
+        _derive(v, num_reqs, num_tokens, decode_threshold)
+        return
+    dev = v.qsl.device
+    k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
+    qsl = v.qsl[: num_reqs + 1]
+    nt = torch.clamp(qsl.index_select(0, k.long().reshape(1))[0], max=num_tokens)
+    b = torch.arange(num_reqs + 1, device=dev, dtype=torch.int32)
+    qsl.copy_(torch.where(b <= k, torch.minimum(qsl, nt), nt))
+    seq = v.seq_lens[:num_reqs]
+    seq.copy_(torch.where(b[:-1] < k, seq, 0))
+    t = torch.arange(num_tokens, device=dev)
+    v.slots[:num_tokens].copy_(torch.where(t < nt, v.slots[:num_tokens], -1))
+    _derive_torch(v, num_reqs, num_tokens, decode_threshold, k, nt)
 
 
 def _copy_padded(src: torch.Tensor, dst: torch.Tensor, extent: int, real: torch.Tensor,
@@ -212,6 +260,33 @@ def _copy_kernel():
             tl.store(counts_out + 1, nt)
 
     return copy_kernel
+
+
+@lazy_jit
+def _pad_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
+    def pad_kernel(host_counts, qsl, seq_lens, slots, counts_out, num_reqs, num_tokens,
+                   BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        k = tl.load(host_counts)
+        # Written by the earlier kernel; no program writes qsl[k] (only starts past k), so
+        # every program reads the same value. Capped at the extent: nothing past it exists.
+        nt = tl.minimum(tl.load(qsl + k), num_tokens)
+        m_q = offs <= num_reqs
+        start = tl.load(qsl + offs, mask=m_q & (offs < k), other=0)
+        tl.store(qsl + offs, tl.where(offs < k, tl.minimum(start, nt), nt),
+                 mask=m_q & (offs != k))
+        tl.store(seq_lens + offs, 0, mask=(offs < num_reqs) & (offs >= k))
+        tl.store(slots + offs, -1, mask=(offs < num_tokens) & (offs >= nt))
+        if tl.program_id(0) == 0:
+            tl.store(qsl + k, nt)
+            tl.store(counts_out, k)
+            tl.store(counts_out + 1, nt)
+
+    return pad_kernel
 
 
 @lazy_jit

@@ -30,6 +30,7 @@ from staticattn.kernels.staging import (
     COUNT_REQS,
     COUNT_TOKENS,
     StagingViews,
+    stage_device,
     stage_general,
     stage_uniform,
 )
@@ -238,6 +239,13 @@ class StepInputs:
         host.slot_mapping[: slot_mapping.shape[0]] = slot_mapping
         host.counts[COUNT_REQS] = num_reqs
 
+    def stage_device_step(self, num_reqs: int) -> None:
+        """The host half of a step whose query starts, lengths and slots an earlier kernel
+        writes on the device: only the request count ``k`` (its extent is checked by the
+        caller)."""
+        self.wait_staging_free()
+        self.host.counts[COUNT_REQS] = num_reqs
+
     def wait_staging_free(self) -> None:
         """Block until the last staging kernel has read the staging block. A query first:
         the event has nearly always fired, and asking is cheaper than synchronising."""
@@ -280,7 +288,8 @@ class StepInputs:
             )
 
     # --------------------------------------------------------------- device side
-    def copy_to_device(self, num_reqs: int, num_tokens: int, *, uniform: bool = False) -> None:
+    def copy_to_device(self, num_reqs: int, num_tokens: int, *, uniform: bool = False,
+                       device_starts: bool = False) -> None:
         """Launch the staging kernels over a static extent, then mark the staging free.
 
         Graph-safe: the extent is static, the real counts are read by the kernels from the
@@ -288,8 +297,15 @@ class StepInputs:
         every replay. ``uniform=True`` promises that every real request schedules
         ``next_n`` tokens (``num_tokens = num_reqs * next_n``; what a decode graph replays),
         which stages in one kernel that finds each token's request by division.
+        ``device_starts=True``: the device views ``query_start_loc[: k + 1]``,
+        ``seq_lens[:k]`` and ``slot_mapping[:nt]`` were written on the device (an earlier
+        kernel of the same stream), only ``k`` on the host (:meth:`stage_device_step`); they
+        are padded in place and ``nt = min(query_start_loc[k], num_tokens)``.
         """
-        if uniform:
+        if device_starts:
+            stage_device(self.backend, self._views, num_reqs, num_tokens,
+                         self.config.decode_threshold)
+        elif uniform:
             stage_uniform(self.backend, self._views, num_reqs, self.config.next_n)
         else:
             stage_general(self.backend, self._views, num_reqs, num_tokens,

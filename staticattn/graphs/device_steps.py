@@ -1,0 +1,206 @@
+"""Steps whose query lengths are decided on the device: one graph per token bucket holding
+the producer of the lengths, the staging, every builder's build and the user's step.
+
+An engine with adaptive verification (DeepSeek V4's drafter proposes up to ``next_n``
+tokens per request and the device decides how many each request verifies) knows, on the
+host, how many requests run and an upper bound on the step's tokens (``k * next_n``), but
+not where one request's tokens end and the next one's begin. Reading them back would cost
+a synchronisation every step. Here the boundaries never leave the device:
+
+* the **producer** ``producer(inputs, R, T)`` -- the user's kernels, captured first in the
+  graph -- writes the step into the arena's device input views: the query starts
+  ``inputs.query_start_loc[: R + 1]`` (a cumulative sum from 0), ``inputs.seq_lens[:R]`` and
+  ``inputs.slot_mapping[:T]``, where ``R`` and ``T`` are the graph's static extent;
+* the staging pads them in place past the real ``k`` requests (the host writes ``k``, and
+  only ``k``) and the real ``nt = min(query_start_loc[k], T)`` tokens, then derives
+  positions, each token's request and the decode/prefill split on the device;
+* the builders' mixed builds (:meth:`build_mixed`) read every count from the device.
+
+Contract (nothing on the host can check values it never sees): the producer's query starts
+are non-decreasing from 0, each ``seq_lens[b] >= q_b``, slots address the KV pool or are
+-1. The host checks ``k`` and ``T`` against the capacities; the staging caps ``nt`` at
+``T``, so a producer that overshoots loses tokens instead of writing out of bounds.
+
+A step no captured bucket holds runs eagerly: the producer runs, its lengths are read back
+(one synchronisation) and the reference builds run on them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from staticattn.builders.batch import Batch
+from staticattn.errors import CapacityError, GraphError, InvalidBatchError
+from staticattn.graphs.capture import arena_contents_kept, capture, frozen_gc, warm_up
+from staticattn.graphs.introspect import node_census
+from staticattn.graphs.launch import draws_random_numbers, make_launcher
+from staticattn.graphs.records import CapturedGraph
+from staticattn.graphs.sizes import bucket_requests, default_mixed_buckets, normalize_mixed_buckets
+from staticattn.staging import StepInputs
+
+__all__ = ["DEVICE_LENGTHS", "DeviceLengthSteps", "ProducerFn"]
+
+#: The kind of a graph whose query lengths come from the device.
+DEVICE_LENGTHS = "device"
+
+#: ``producer(inputs, R, T)``: writes the step's query starts, lengths and slots (device).
+ProducerFn = Callable[[StepInputs, int, int], None]
+
+
+class DeviceLengthSteps:
+    """Graphs of steps whose query lengths a device kernel decides (see the module).
+
+    Parameters
+    ----------
+    manager : GraphManager
+        Supplies the arena, inputs, builders (each with ``build_mixed``), the user's step,
+        the shared graph pool and the replay stream; its own graphs are unaffected.
+    producer : callable ``(inputs, R, T) -> None``
+        Launches the kernels that write ``inputs.query_start_loc[: R + 1]``,
+        ``inputs.seq_lens[:R]`` and ``inputs.slot_mapping[:T]`` on the device. Captured in
+        every graph (it must be graph-safe: no host read, no allocation outside the pool).
+    """
+
+    def __init__(self, manager, producer: ProducerFn) -> None:
+        lacking = [b.name for b in manager.builders if not hasattr(b, "build_mixed")]
+        if lacking:
+            raise GraphError(f"builders {lacking} have no build_mixed; steps with device "
+                             "query lengths replay the mixed builds")
+        self.manager = manager
+        self.producer = producer
+        self.inputs: StepInputs = manager.inputs
+        self.config = manager.config
+        self.graphs: dict[int, CapturedGraph] = {}
+        self._sizes: list[int] = []
+        self.replays = 0
+        self.eager: Counter[str] = Counter()
+
+    # ----------------------------------------------------------------- capture
+    def capture(self, buckets: Sequence[int] | None = None) -> list[CapturedGraph]:
+        """One graph per token bucket (default: the manager's default buckets), largest
+        first, in the manager's pool; already-captured buckets are kept."""
+        gm = self.manager
+        gm._check_open()
+        if gm.arena.device.type != "cuda":
+            raise GraphError(f"CUDA graphs need a CUDA arena; this one is on "
+                             f"{gm.arena.device} (launch() still runs every step eagerly)")
+        if gm._pool is None:
+            gm.capture(sizes=(), buckets=())  # creates the shared pool and the streams
+        buckets = (default_mixed_buckets(self.config) if buckets is None
+                   else normalize_mixed_buckets(self.config, buckets))
+        captured = []
+        with frozen_gc(), arena_contents_kept(gm.arena):
+            for size in sorted((b for b in buckets if b not in self.graphs), reverse=True):
+                try:
+                    captured.append(self._capture_one(size))
+                except Exception as exc:
+                    torch.cuda.synchronize(gm.arena.device)
+                    raise GraphError(
+                        f"capturing the device-lengths graph of {size} tokens failed: "
+                        f"{type(exc).__name__}: {exc}. The producer, every build and the "
+                        "step must launch only kernels on fixed buffers"
+                    ) from exc
+                finally:
+                    self._sizes = sorted(self.graphs)
+        return captured
+
+    def _capture_one(self, size: int) -> CapturedGraph:
+        gm = self.manager
+        num_reqs = bucket_requests(self.config, size)
+        mem0 = torch.cuda.memory_reserved(gm.arena.device)
+        t0 = time.perf_counter()
+        self.inputs.stage_device_step(num_reqs)
+        _, rng_ops = warm_up(
+            lambda: draws_random_numbers(lambda: self.body(num_reqs, size)),
+            gm._capture_stream)
+        graph, (outputs, metadata) = capture(lambda: self.body(num_reqs, size),
+                                             gm._capture_stream, pool=gm._pool)
+        launch, how = make_launcher(graph, gm.stream, raw=gm.raw_launch and not rng_ops)
+        record = CapturedGraph(
+            kind=DEVICE_LENGTHS, size=size, num_reqs=num_reqs, graph=graph, outputs=outputs,
+            metadata=metadata, capture_s=time.perf_counter() - t0,
+            pool_bytes=torch.cuda.memory_reserved(gm.arena.device) - mem0,
+            nodes=node_census(graph), launch=launch, how=how,
+        )
+        self.graphs[size] = record
+        return record
+
+    def body(self, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
+        """What one graph holds: the producer, the device-starts staging, every builder's
+        mixed build, the step. Returns ``(step outputs, {builder name: metadata})``."""
+        self.producer(self.inputs, num_reqs, num_tokens)
+        self.inputs.copy_to_device(num_reqs, num_tokens, device_starts=True)
+        batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
+        metadata = {b.name: b.build_mixed(batch) for b in self.manager.builders}
+        return self.manager.step(batch, metadata), metadata
+
+    # ------------------------------------------------------------------ launch
+    def graph_for(self, num_reqs: int, num_tokens: int) -> CapturedGraph | None:
+        """The smallest captured bucket of ``>= num_tokens`` tokens and ``>= num_reqs``
+        requests, or None."""
+        i = bisect.bisect_left(self._sizes, num_tokens)
+        for size in self._sizes[i:]:
+            if self.graphs[size].num_reqs >= num_reqs:
+                return self.graphs[size]
+        return None
+
+    def launch(self, num_reqs: int, num_tokens: int) -> Any:
+        """Run a step of ``num_reqs`` requests and at most ``num_tokens`` tokens whose
+        boundaries the producer decides on the device.
+
+        Replays the smallest bucket that holds it (outputs at the bucket's extent; the
+        first ``nt`` rows are the step's, valid until the next step); else runs eagerly.
+        Raises :class:`CapacityError` / :class:`InvalidBatchError` before anything is
+        written when ``num_reqs`` or ``num_tokens`` is out of range.
+        """
+        self.manager._check_open()
+        num_reqs, num_tokens = int(num_reqs), int(num_tokens)
+        cfg = self.config
+        if num_reqs < 0 or num_tokens < 0:
+            raise InvalidBatchError(f"num_reqs={num_reqs} and num_tokens={num_tokens} must "
+                                    "be >= 0")
+        if num_reqs > cfg.max_num_seqs:
+            raise CapacityError(f"num_reqs={num_reqs} exceeds max_num_seqs={cfg.max_num_seqs}")
+        if num_tokens > cfg.max_num_batched_tokens:
+            raise CapacityError(f"num_tokens={num_tokens} exceeds max_num_batched_tokens="
+                                f"{cfg.max_num_batched_tokens}")
+        g = self.graph_for(num_reqs, num_tokens)
+        if g is None:
+            self.eager["no bucket" if self.graphs else "not captured"] += 1
+            return self._eager(num_reqs, num_tokens)
+        self.inputs.stage_device_step(num_reqs)
+        g.launch()
+        self.replays += 1
+        return g.outputs
+
+    def read_step(self, num_reqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(query_lens, seq_lens, slot_mapping)`` of the last staged step, read back from
+        the device (synchronises): what the producer decided, for A/B checks."""
+        qsl = self.inputs.query_start_loc[: num_reqs + 1].cpu().numpy().astype(np.int64)
+        seq = self.inputs.seq_lens[:num_reqs].cpu().numpy().astype(np.int64)
+        slots = self.inputs.slot_mapping[: int(qsl[-1])].cpu().numpy()
+        return np.diff(qsl), seq, slots
+
+    def _eager(self, num_reqs: int, num_tokens: int) -> Any:
+        """The producer eagerly, its lengths read back, the reference builds on them."""
+        self.inputs.wait_staging_free()
+        self.producer(self.inputs, num_reqs, num_tokens)
+        q, s, slots = self.read_step(num_reqs)
+        return self.manager.run(q, s, slots, eager=True).outputs
+
+    def describe(self) -> str:
+        """One line per captured graph and the step counts."""
+        lines = [f"{'tokens':>6} {'reqs':>5} {'capture ms':>11} {'pool MiB':>9}  launch"]
+        for size in self._sizes:
+            g = self.graphs[size]
+            lines.append(f"{g.size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
+                         f"{g.pool_bytes / 2**20:>9.2f}  {g.how}")
+        lines.append(f"replays {self.replays}, eager {dict(self.eager)}")
+        return "\n".join(lines)
