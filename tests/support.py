@@ -95,7 +95,9 @@ def make_step(
         )
         slots = slots_for(swa_bt, config.swa_block_size, q, L)
     else:
-        slots = slots_for(bt, config.block_size, q, L)
+        # Under DCP a main-table column spans block_size * dcp_world_size tokens (the slots
+        # are then only placeholders: the indexer computes each rank's own).
+        slots = slots_for(bt, config.block_size * config.dcp_world_size, q, L)
     for t in invalid_tokens:
         slots[t] = -1
     nt = int(q.sum())

@@ -60,10 +60,15 @@ def test_needs_sliding_window():
         SparseSWAMetadataBuilder().buffers(cfg)
 
 
-def test_rejects_context_parallel():
-    cfg = ArenaConfig(**{**V4_SMALL, "cp_world_size": 2})
-    with pytest.raises(ConfigError, match="cp_world_size"):
-        SparseSWAMetadataBuilder().buffers(cfg)
+def test_accepts_decode_context_parallel_replicated():
+    """Under DCP the SWA metadata is replicated: the same buffers as one GPU, and a SWA table
+    that spans every token (not a rank's share)."""
+    one = ArenaConfig(**V4_SMALL)
+    cfg = ArenaConfig(**{**V4_SMALL, "dcp_world_size": 2, "dcp_rank": 1,
+                         "cp_kv_cache_interleave_size": 4})
+    builder = SparseSWAMetadataBuilder()
+    assert builder.buffers(cfg) == builder.buffers(one)
+    assert cfg.max_swa_blocks_per_req == one.max_swa_blocks_per_req
 
 
 def test_unbound_builder_says_so():

@@ -69,8 +69,19 @@ class ArenaConfig:
         Compressed keys one indexer prefill chunk may gather; default ``40 * max_model_len``.
     max_logits_bytes : int
         Logits budget of one indexer prefill chunk (fp32), default 512 MiB.
-    cp_world_size : int
-        Context-parallel world size (block tables are split across ranks).
+    dcp_world_size : int
+        Decode-context-parallel ranks the main cache group's KV is sharded over (1: none).
+        Each rank owns its arena; its main block table holds the rank's local blocks, one
+        column per ``block_size * dcp_world_size`` tokens. The SWA group and the C128A
+        entries are replicated on every rank (see :mod:`staticattn.builders.sparse_swa`).
+    dcp_rank : int
+        This arena's rank in ``[0, dcp_world_size)``: a static int of the rank's arena and
+        graphs, never read from the device.
+    cp_kv_cache_interleave_size : int
+        ``I``: tokens dealt to a rank at a time; positions ``[k I, (k + 1) I)`` live on rank
+        ``k % dcp_world_size``. With ``dcp_world_size > 1`` it must divide ``block_size`` and
+        be a multiple of every sharded compress ratio (the indexer's and C4A's, not C128A's:
+        C128A is replicated), so no compressed entry straddles two ranks.
     device : str
         Where the arena lives: ``"cuda"``, ``"cuda:1"``, ``"cpu"``. Default: CUDA if present.
     num_sms : int or None
@@ -102,7 +113,9 @@ class ArenaConfig:
     index_topk: int = 2048
     max_prefill_workspace: int | None = None
     max_logits_bytes: int = 512 * 1024 * 1024
-    cp_world_size: int = 1
+    dcp_world_size: int = 1
+    dcp_rank: int = 0
+    cp_kv_cache_interleave_size: int = 1
     device: str = field(default_factory=_default_device)
     num_sms: int | None = None
     use_flattening: bool | None = None
@@ -112,6 +125,7 @@ class ArenaConfig:
         object.__setattr__(self, "compress_ratios", tuple(int(r) for r in self.compress_ratios))
         self._check_positive()
         self._check_ratios()
+        self._check_dcp()
         self._check_device()
         if self.max_prefill_workspace is None:
             object.__setattr__(self, "max_prefill_workspace", 40 * self.max_model_len)
@@ -137,7 +151,8 @@ class ArenaConfig:
     def _check_positive(self) -> None:
         for name in (
             "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-            "swa_block_size", "index_topk", "max_logits_bytes", "cp_world_size",
+            "swa_block_size", "index_topk", "max_logits_bytes", "dcp_world_size",
+            "cp_kv_cache_interleave_size",
         ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -188,6 +203,25 @@ class ArenaConfig:
                 "attend a sliding window: set sliding_window"
             )
 
+    def _check_dcp(self) -> None:
+        world, rank = self.dcp_world_size, self.dcp_rank
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
+            raise ConfigError(f"dcp_rank={rank!r} is outside [0, dcp_world_size={world})")
+        if world == 1:
+            return
+        interleave = self.cp_kv_cache_interleave_size
+        if self.block_size % interleave:
+            raise ConfigError(
+                f"cp_kv_cache_interleave_size={interleave} does not divide block_size="
+                f"{self.block_size}: a rank's local block must hold whole interleave groups"
+            )
+        for r in self.dcp_sharded_ratios:
+            if interleave % r:
+                raise ConfigError(
+                    f"cp_kv_cache_interleave_size={interleave} is not a multiple of the "
+                    f"sharded compress ratio {r}: a compressed entry would straddle two ranks"
+                )
+
     def _check_device(self) -> None:
         try:
             dev = torch.device(self.device)
@@ -229,13 +263,27 @@ class ArenaConfig:
 
     @property
     def max_blocks_per_req(self) -> int:
-        """Columns of the main block table."""
-        return cdiv(self.max_model_len, self.block_size * self.cp_world_size)
+        """Columns of the main block table: under DCP a rank's local blocks, one per
+        ``block_size * dcp_world_size`` tokens."""
+        return cdiv(self.max_model_len, self.block_size * self.dcp_world_size)
 
     @property
     def max_swa_blocks_per_req(self) -> int:
-        """Columns of the SWA block table."""
-        return cdiv(self.max_model_len, self.swa_block_size * self.cp_world_size)
+        """Columns of the SWA block table (replicated under DCP: every token's block)."""
+        return cdiv(self.max_model_len, self.swa_block_size)
+
+    @property
+    def dcp_sharded_ratios(self) -> tuple[int, ...]:
+        """Compress ratios of the caches DCP shards, which the interleave must respect: the
+        indexer's and C4A's (C128A and the SWA window are replicated)."""
+        return tuple(sorted({self.index_compress_ratio} | {r for r in self.compress_ratios
+                                                           if 1 < r < 128}))
+
+    @property
+    def dcp_compressed_interleave(self) -> int:
+        """The interleave of the indexer's compressed entries: ``I // index_compress_ratio``
+        (entry ``c`` covers tokens ``[cR, (c + 1) R)``, all in interleave group ``cR // I``)."""
+        return max(self.cp_kv_cache_interleave_size // self.index_compress_ratio, 1)
 
     @property
     def max_decode_tokens(self) -> int:

@@ -53,6 +53,7 @@ from staticattn.builders.split import split_decodes_and_prefills
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
+from staticattn.kernels.dcp import DCPShard
 from staticattn.kernels.indexer_decode import indexer_decode_tensors
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 from staticattn.staging import PAD_SLOT_ID
@@ -95,13 +96,26 @@ class IndexerMetadataBuilder:
     - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
     - ``expanded_block_table`` int32 ``(Tdec, max_blocks_per_req)``: with MTP
       (``next_n > 1``), which the mixed build always flattens;
-    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: only when ``R > 1``;
+    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1`` or under
+      decode context parallelism (the rank's own slots, see below);
+    - ``decode_global_seq_lens`` int32 ``(Tdec,)``: under decode context parallelism only;
     - ``prefill_chunks`` int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``,
       ``req_key_start`` int32 ``(max_num_seqs,)``: the device chunk plan of the mixed build
       (``C`` from :func:`~staticattn.builders.indexer_prefill.max_chunks`).
 
     The prefill chunk over requests ``[s, e)`` owns ``cu_seq_lens[2s : s + e + 1]``: disjoint
     for disjoint ranges, so every chunk of a step keeps its own view.
+
+    Decode context parallelism (``config.dcp_world_size = W > 1``, this arena's
+    ``dcp_rank``, interleave ``I``): the batch's lengths, positions and query starts are the
+    global ones (every rank stages the same), the block table is the rank's local one. The
+    decode ``seq_lens`` become this rank's share of each token's global visible length,
+    computed after the per-token expansion, and ``decode.global_seq_lens`` carries the
+    global ones; the slot mapping holds only the entries this rank stores (compressed when
+    ``R > 1``; for ``R = 1`` the uncompressed one, which the builder then computes itself);
+    the schedule is planned from the local lengths; prefill chunks are planned from the
+    global lengths (the same plan on every rank) and carry the rank's local row bounds
+    (:class:`IndexerPrefillChunkMetadata`). The rank is a static int of the arena.
 
     Examples
     --------
@@ -138,9 +152,11 @@ class IndexerMetadataBuilder:
         if config.next_n > 1:
             decls.append(BufferDecl("indexer.expanded_block_table",
                                     (rows, config.max_blocks_per_req), torch.int32))
-        if config.index_compress_ratio > 1:
+        if config.index_compress_ratio > 1 or config.dcp_world_size > 1:
             decls.append(BufferDecl("indexer.compressed_slot_mapping", (tokens,), torch.int64,
                                     fill=PAD_SLOT_ID))
+        if config.dcp_world_size > 1:
+            decls.append(BufferDecl("indexer.decode_global_seq_lens", (rows,), torch.int32))
         return decls
 
     def bind(self, arena: Arena) -> None:
@@ -154,9 +170,16 @@ class IndexerMetadataBuilder:
         self.expanded_block_table = (
             arena["indexer.expanded_block_table"] if cfg.next_n > 1 else None
         )
+        sharded = cfg.dcp_world_size > 1
+        self.dcp = (DCPShard(cfg.dcp_world_size, cfg.dcp_rank, cfg.dcp_compressed_interleave)
+                    if sharded else None)
+        self.decode_global_seq_lens = (
+            arena["indexer.decode_global_seq_lens"] if sharded else None
+        )
         self.prefill.bind(arena, self.backend)
         self.compressed_slot_mapping = (
-            arena["indexer.compressed_slot_mapping"] if self.compress_ratio > 1 else None
+            arena["indexer.compressed_slot_mapping"]
+            if self.compress_ratio > 1 or sharded else None
         )
         # Views cut once per extent and kept, per binding: a builder bound to another arena
         # must never hand out views of the previous one.
@@ -308,9 +331,10 @@ class IndexerMetadataBuilder:
             expanded, num_decodes=num_decodes, num_rows=rows, width=width,
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
             storage_block_size=self.config.storage_block_size, slot_tokens=slot_tokens,
-            step_counts=step_counts,
+            step_counts=step_counts, dcp=self.dcp, global_seq_lens=self.decode_global_seq_lens,
         )
-        seq_lens, decode_lens, expanded_rows = self._decode_views(rows, width, layout.flatten)
+        seq_lens, global_seq_lens, decode_lens, expanded_rows = self._decode_views(
+            rows, width, layout.flatten)
         paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,
                            legacy_remainder=self.legacy_schedule)
         table = batch.block_table if num_decodes == batch.num_reqs else batch.block_table[
@@ -321,12 +345,17 @@ class IndexerMetadataBuilder:
             decode_lens=decode_lens,
             requires_padding=layout.requires_padding,
             schedule_metadata=self.schedule_metadata,
+            global_seq_lens=global_seq_lens,
         )
 
     def _cut_decode_views(self, rows: int, width: int, flatten: bool):
-        """``(seq_lens (rows, width), decode_lens (rows,), expanded table rows or None)``,
-        cut once per layout (slicing costs over a microsecond a view)."""
-        return (self.decode_seq_lens[: rows * width].view(rows, width), self.decode_lens[:rows],
+        """``(seq_lens (rows, width), global_seq_lens (rows, width), decode_lens (rows,),
+        expanded table rows or None)``, cut once per layout (slicing costs over a
+        microsecond a view). Without DCP the global lengths are the lengths."""
+        seq_lens = self.decode_seq_lens[: rows * width].view(rows, width)
+        global_seq_lens = (seq_lens if self.decode_global_seq_lens is None
+                           else self.decode_global_seq_lens[: rows * width].view(rows, width))
+        return (seq_lens, global_seq_lens, self.decode_lens[:rows],
                 self.expanded_block_table[:rows] if flatten else None)
 
     def _cut_slot_views(self, num_tokens: int) -> torch.Tensor:
@@ -339,7 +368,7 @@ class IndexerMetadataBuilder:
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
             batch.block_table, self.compressed_slot_mapping, num_reqs=batch.num_reqs,
             num_tokens=num_tokens, storage_block_size=self.config.storage_block_size,
-            compress_ratio=self.compress_ratio,
+            compress_ratio=self.compress_ratio, dcp=self.dcp,
         )
         return self._slot_views(num_tokens)
 

@@ -29,6 +29,8 @@ class IndexerPrefillChunkMetadata:
         Rows ``[start, end)`` of the batch's block table.
     cu_seqlen_ks, cu_seqlen_ke : int32 ``(token_end - token_start,)``
         Per query token: first and one-past-last column of its keys in the gathered K.
+        Under decode context parallelism: in this rank's locally gathered K (local row
+        bounds), otherwise the global ones.
     cu_seq_lens : int32 ``(num_reqs + 1,)``
         Prefix sums of the requests' compressed lengths (device-exact).
     total_seq_lens : int
@@ -40,6 +42,14 @@ class IndexerPrefillChunkMetadata:
         True for query sub-chunks after the first: reuse the K gathered before.
     req_start : int
         The chunk's first request (rows ``[req_start, req_start + num_reqs)``).
+    local_cu_seq_lens : int32 ``(num_reqs + 1,)`` or None
+        Prefix sums of this rank's shares of the compressed lengths (where each request's
+        keys land in the locally gathered K); without context parallelism ``cu_seq_lens``.
+    local_total_seq_lens : int
+        This rank's keys to gather (host upper bound); without DCP ``total_seq_lens``.
+    max_local_total_seq_lens : int
+        The largest ``local_total_seq_lens`` over the ranks (sizes a workspace every rank
+        shares); without DCP ``total_seq_lens``.
     """
 
     block_table: torch.Tensor
@@ -52,6 +62,9 @@ class IndexerPrefillChunkMetadata:
     num_reqs: int
     skip_kv_gather: bool
     req_start: int
+    local_cu_seq_lens: torch.Tensor | None = None
+    local_total_seq_lens: int = 0
+    max_local_total_seq_lens: int = 0
 
 
 @dataclass(slots=True)
@@ -117,6 +130,10 @@ class IndexerDecodeMetadata:
         False from the graph-safe build: padded rows are trailing, so the reshape stays right.
     schedule_metadata : int32 ``(num_sms + 1, 2)``
         The paged-MQA-logits schedule of ``seq_lens``.
+    global_seq_lens : int32 ``(rows, width)``, contiguous
+        Under decode context parallelism: the global per-token lengths, of which ``seq_lens``
+        holds this rank's share (``seq_lens`` summed over the ranks). Without it, the same
+        view as ``seq_lens``.
     """
 
     block_table: torch.Tensor
@@ -124,6 +141,7 @@ class IndexerDecodeMetadata:
     decode_lens: torch.Tensor
     requires_padding: bool
     schedule_metadata: torch.Tensor
+    global_seq_lens: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -137,7 +155,8 @@ class IndexerMetadata:
     max_seq_len : int
     slot_mapping : int64 ``(num_tokens,)``
         Where each token's indexer K goes: the compressed mapping when ``R > 1`` (-1 = no
-        write), else the batch's slot mapping.
+        write), else the batch's slot mapping; under decode context parallelism this
+        rank's slots only (-1 for entries other ranks hold), compressed or not.
     num_decodes, num_decode_tokens, num_prefills, num_prefill_tokens : int
         The split. From a mixed build (any composition, decided on the device) they are the
         capacities of the bucket, upper bounds; the exact values are in ``step_counts``.

@@ -18,6 +18,8 @@ from staticattn.builders.indexer_metadata import (
     IndexerPrefillMetadata,
     IndexerPrefillPlan,
 )
+from staticattn.errors import ConfigError
+from staticattn.kernels.dcp import DCPShard, dcp_local_count
 from staticattn.kernels.indexer_plan import (
     CHUNK_FIELDS,
     max_prefill_chunks,
@@ -43,7 +45,8 @@ class IndexerPrefill:
     ``cu_seq_lens`` int32 ``(2R,)`` (requests ``[s, e)`` own ``[2s, s + e + 1)``, disjoint
     for disjoint ranges, so every chunk of a step keeps its own view); ``prefill_chunks``
     int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``, ``req_key_start`` int32
-    ``(R,)`` (the device plan; ``C`` from :func:`max_chunks`).
+    ``(R,)`` (the device plan; ``C`` from :func:`max_chunks`); under decode context
+    parallelism ``local_cu_seq_lens`` int32 ``(2R,)``, laid out as ``cu_seq_lens``.
     """
 
     def __init__(self) -> None:
@@ -60,7 +63,8 @@ class IndexerPrefill:
                        (max_chunks(config, reqs, tokens), CHUNK_FIELDS), torch.int32),
             BufferDecl("indexer.num_prefill_chunks", (1,), torch.int32),
             BufferDecl("indexer.req_key_start", (reqs,), torch.int32),
-        ]
+        ] + ([BufferDecl("indexer.local_cu_seq_lens", (2 * reqs,), torch.int32)]
+             if config.dcp_world_size > 1 else [])
 
     def bind(self, arena: Arena, backend: str) -> None:
         self.config = arena.config
@@ -72,6 +76,11 @@ class IndexerPrefill:
         self.prefill_chunks = arena["indexer.prefill_chunks"]
         self.num_prefill_chunks = arena["indexer.num_prefill_chunks"]
         self.req_key_start = arena["indexer.req_key_start"]
+        cfg = arena.config
+        sharded = cfg.dcp_world_size > 1
+        self.dcp = (DCPShard(cfg.dcp_world_size, cfg.dcp_rank, cfg.dcp_compressed_interleave)
+                    if sharded else None)
+        self.local_cu_seq_lens = arena["indexer.local_cu_seq_lens"] if sharded else None
 
     # ------------------------------------------------------------------ host plan
     def host_keys(self, batch: Batch) -> np.ndarray:
@@ -105,11 +114,22 @@ class IndexerPrefill:
             self.backend, batch.query_start_loc, batch.seq_lens,
             self._cu_seq_lens_region(start, end), self.cu_seqlen_ks,
             self.cu_seqlen_ke, start=start, end=end, token_start=int(qsl[start]),
-            token_end=int(qsl[end]), compress_ratio=self.compress_ratio,
+            token_end=int(qsl[end]), compress_ratio=self.compress_ratio, dcp=self.dcp,
+            local_cu_seq_lens=self._cu_seq_lens_region(start, end, local=True),
         )
 
-    def _cu_seq_lens_region(self, start: int, end: int) -> torch.Tensor:
-        return self.cu_seq_lens[2 * start : start + end + 1]
+    def _cu_seq_lens_region(self, start: int, end: int, local: bool = False) -> torch.Tensor:
+        buffer = self.local_cu_seq_lens if local and self.dcp is not None else self.cu_seq_lens
+        return buffer[2 * start : start + end + 1]
+
+    def _local_totals(self, batch: Batch, start: int, end: int, total: int) -> tuple[int, int]:
+        """``(this rank's, the largest rank's)`` host key counts of requests ``[start, end)``."""
+        if self.dcp is None:
+            return total, total
+        keys = torch.from_numpy(self.host_keys(batch)[start:end])
+        world, rank, interleave = self.dcp
+        per_rank = [int(dcp_local_count(keys, world, r, interleave).sum()) for r in range(world)]
+        return per_rank[rank], max(per_rank)
 
     def chunk_views(
         self, batch: Batch, qsl: np.ndarray, start: int, end: int, query_slice: slice | None,
@@ -118,6 +138,7 @@ class IndexerPrefill:
         first = int(qsl[start])
         lo, hi = ((0, int(qsl[end]) - first) if query_slice is None
                   else (query_slice.start, query_slice.stop))
+        local_total, max_local_total = self._local_totals(batch, start, end, total)
         return IndexerPrefillChunkMetadata(
             block_table=batch.block_table[start:end],
             cu_seqlen_ks=self.cu_seqlen_ks[first + lo : first + hi],
@@ -125,13 +146,22 @@ class IndexerPrefill:
             cu_seq_lens=self._cu_seq_lens_region(start, end),
             total_seq_lens=total, token_start=first + lo, token_end=first + hi,
             num_reqs=end - start, skip_kv_gather=lo > 0, req_start=start,
+            local_cu_seq_lens=self._cu_seq_lens_region(start, end, local=True),
+            local_total_seq_lens=local_total, max_local_total_seq_lens=max_local_total,
         )
 
     # ---------------------------------------------------------------- device plan
     def build_device_planned(self, batch: Batch) -> IndexerPrefillMetadata:
         """The same chunks planned on the device, for a step of any composition within
-        ``batch``'s static extents (graph-safe; one launch)."""
+        ``batch``'s static extents (graph-safe; one launch). Not yet under decode context
+        parallelism: the device plan has no local row bounds (a :class:`ConfigError`)."""
         cfg = self.config
+        if self.dcp is not None:
+            raise ConfigError(
+                f"the indexer's device-planned prefill (build_mixed) does not localise its row "
+                f"bounds yet; dcp_world_size={cfg.dcp_world_size} needs the eager build() for "
+                "steps with prefills"
+            )
         r, t = batch.num_reqs, batch.num_actual_tokens
         plan = IndexerPrefillPlan(
             chunk_bounds=self.prefill_chunks[: max_chunks(cfg, r, t)],

@@ -22,6 +22,18 @@ Differences from the reference, each on purpose:
   ``max_num_batched_tokens``; the C128A row stride is the buffer's, fixed by the config;
 * the C128A prefill rows come with their lengths (``c128a_prefill_lens``), and rows past
   the real prefill tokens hold -1.
+
+Decode context parallelism (``dcp_world_size = W > 1``): **replicated**. Every rank holds
+the whole window and every C128A entry, and every rank's metadata is the single-GPU one: the
+window is small (128 tokens, one or two SWA blocks), C128A covers the whole context at 1/128
+(8,192 entries at 1M tokens), so sharding either would buy little memory for an all-gather
+per layer; and the reference V4.1 work keeps the SWA and compressor state replicated ("SWA
+counted once in attention", spec vllm-0.33-delta.md §4.1). So the SWA block table and the
+slot mapping (the SWA group's) are global -- ``cdiv(max_model_len, swa_block_size)`` columns,
+every token written on every rank -- and the C128A entries are addressed through the rank's
+main block table, whose column spans ``block_size * W`` tokens under DCP: a C128A page holds
+``block_size * W // 128`` entries (``W`` times the single-GPU page), all of that column's
+entries on every rank.
 """
 
 from __future__ import annotations
@@ -92,7 +104,8 @@ class SparseSWAMetadataBuilder:
           int32 ``(T,)``. Index rows start as -1: every writer keeps the entries at or
           past a row's length at -1.
 
-        Raises :class:`ConfigError` without ``sliding_window`` or with context parallelism.
+        Raises :class:`ConfigError` without ``sliding_window``. Under decode context
+        parallelism the same buffers serve (replicated, see the module docstring).
         """
         _check_config(config)
         td, t, w = config.max_decode_tokens, config.max_num_batched_tokens, config.sliding_window
@@ -252,7 +265,7 @@ class SparseSWAMetadataBuilder:
         build_swa_decode(
             self._backend, self._out, batch.slot_mapping, batch.positions, batch.token_to_req,
             batch.swa_block_table, cfg.swa_block_size, batch.block_table,
-            cfg.block_size // C128A_RATIO, batch.num_actual_tokens, num_decode_tokens,
+            _c128a_block_entries(cfg), batch.num_actual_tokens, num_decode_tokens,
             decode_rows=decode_rows, prefill_rows=prefill_rows, step_counts=step_counts,
         )
 
@@ -309,8 +322,10 @@ def _check_config(config: ArenaConfig) -> None:
             "the sparse SWA builder needs config.sliding_window (128 for DeepSeek V4); "
             "this config has none"
         )
-    if config.cp_world_size != 1:
-        raise ConfigError(
-            f"the sparse SWA builder reads whole block-table rows; cp_world_size="
-            f"{config.cp_world_size} splits them across ranks, which it does not support"
-        )
+
+
+def _c128a_block_entries(config: ArenaConfig) -> int:
+    """C128A entries per main-group block-table column: ``block_size // 128``, times
+    ``dcp_world_size`` under DCP, where a column spans a block on every rank and the
+    replicated C128A page holds all of that column's entries."""
+    return config.block_size * config.dcp_world_size // C128A_RATIO

@@ -93,7 +93,7 @@ def validate(
         Anything malformed: dtype/device/rank/shape of a field, ``query_start_loc_cpu`` not
         zero-based or decreasing, ``qsl[num_reqs] > num_actual_tokens``, negative lengths,
         a query longer than its sequence, maxima below the data, a block table narrower than
-        ``cdiv(max_seq_len, block_size * cp_world_size)`` columns (SWA table:
+        ``cdiv(max_seq_len, block_size * dcp_world_size)`` columns (SWA table:
         ``swa_block_size``), decodes after prefills, block ids out of range.
 
     Examples

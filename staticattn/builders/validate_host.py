@@ -63,7 +63,7 @@ def validate_host_step(
         As for :func:`validate`.
     block_table, swa_block_table : int array ``(>= num_reqs, C)``, optional
         Host copies of the block tables the engine is about to commit; checked for width and,
-        in the columns each request uses (``cdiv(L_b, block_size * cp_world_size)``), for ids
+        in the columns each request uses (``cdiv(L_b, block_size * dcp_world_size)``), for ids
         in ``[0, num_kv_blocks)`` (only ``>= 0`` when the pool size is not given).
     num_kv_blocks, num_swa_kv_blocks : int, optional
         Pool sizes; they also bound the slots (``< num_blocks * block_size`` of the group the

@@ -180,8 +180,11 @@ def host_ints(name: str, values: object, *, ndim: int) -> np.ndarray:
 
 
 def tokens_per_block(config: ArenaConfig, *, swa: bool) -> int:
-    block = config.swa_block_size if swa else config.block_size
-    return block * config.cp_world_size
+    """Tokens one block-table column spans: the SWA group is replicated under DCP, the main
+    group's column spans a block on each of the ``dcp_world_size`` ranks."""
+    if swa:
+        return config.swa_block_size
+    return config.block_size * config.dcp_world_size
 
 
 def slot_bound(config: ArenaConfig, num_kv_blocks: int | None,

@@ -13,12 +13,19 @@ tokens get -1.
 
 Tokens are read through the staging kernel's ``positions`` and ``token_to_req`` views; tokens
 past the real ones (``t >= query_start_loc[num_reqs]``, graph padding) always get -1.
+
+Under decode context parallelism (``dcp``) each rank writes only the entries it holds:
+entry ``k`` lives on rank ``(k // J) % W`` at local index ``(k // (J W)) J + k % J``
+(``J = I // R``, :mod:`staticattn.kernels.dcp`), and the block table is the rank's local
+one. Example (``R = 4``, ``I = 4``, ``W = 2``): the token at position 7 completes entry 1,
+held by rank 1 at local index 0; rank 0 gets -1 for it.
 """
 
 from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.dcp import DCPShard, dcp_local_index, dcp_owner
 from staticattn.kernels.indexer_kernel import launch_slots_kernel
 
 __all__ = ["compressed_slot_mapping"]
@@ -35,6 +42,7 @@ def compressed_slot_mapping(
     num_tokens: int,
     storage_block_size: int,
     compress_ratio: int,
+    dcp: DCPShard | None = None,
 ) -> None:
     """Write the compressed slot of tokens ``[0, num_tokens)`` into ``out[:num_tokens]``.
 
@@ -56,6 +64,9 @@ def compressed_slot_mapping(
         ``S``: compressed entries per block.
     compress_ratio : int
         ``R >= 1``.
+    dcp : DCPShard or None
+        This rank's shard (``interleave = I // R``): only its entries get a slot, through
+        its local ``block_table``. None: no context parallelism.
 
     Graph-safe with either backend: no host read, no data-dependent Python branch.
     """
@@ -65,13 +76,16 @@ def compressed_slot_mapping(
         # The indexer's one Triton kernel, in its slots-only mode (the uniform decode build
         # runs both modes in one launch).
         launch_slots_kernel(query_start_loc, positions, token_to_req, block_table, out,
-                            num_reqs, num_tokens, storage_block_size, compress_ratio)
+                            num_reqs, num_tokens, storage_block_size, compress_ratio, dcp)
         return
     t = torch.arange(num_tokens, device=out.device)
     real = t < query_start_loc[num_reqs]
     pos = positions[:num_tokens]
     valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
     k = torch.where(valid, pos, 0) // compress_ratio
+    if dcp is not None and dcp.world > 1:
+        valid = valid & (dcp_owner(k, dcp.world, dcp.interleave) == dcp.rank)
+        k = dcp_local_index(k, dcp.world, dcp.interleave)
     req = torch.where(valid, token_to_req[:num_tokens].long(), 0)
     block = block_table[req, k // storage_block_size].long()
     slot = block * storage_block_size + k % storage_block_size

@@ -17,13 +17,22 @@ Two layouts, chosen by the caller from static facts:
 
 Lengths are clamped at 0 before the floor division by ``R``, so Triton's truncating ``//``
 and torch's floor ``//`` agree.
+
+Under decode context parallelism (``dcp``) every length above is the *global* per-token one,
+written to ``global_seq_lens``; ``decode_seq_lens`` gets this rank's share of it
+(:func:`~staticattn.kernels.dcp.dcp_local_count` at the compressed interleave ``I // R``),
+computed after the per-token expansion: world 2, rank 1, ``I = 1``, global ``[8, 9, 10]``
+-> ``[4, 4, 5]`` (localising ``L_b`` first and expanding would give ``[3, 4, 5]``).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
+from staticattn.kernels.dcp import DCPShard, dcp_local_count
 from staticattn.kernels.indexer_kernel import COLS, launch_decode_kernel
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES
 
@@ -48,6 +57,8 @@ def indexer_decode_tensors(
     storage_block_size: int = 1,
     slot_tokens: int | None = None,
     step_counts: torch.Tensor | None = None,
+    dcp: DCPShard | None = None,
+    global_seq_lens: torch.Tensor | None = None,
 ) -> None:
     """Write the decode lengths (and, flattening, the expanded block table) in one launch.
 
@@ -89,6 +100,11 @@ def indexer_decode_tensors(
         tokens (flatten) are read there, ``num_decodes`` / ``num_rows`` are only the static
         extents, and everything between the two gets length 0 (and an all-zero table row):
         the build of a step of any composition, decided on the device.
+    dcp : DCPShard or None
+        This rank's shard of the indexer's compressed entries (``interleave = I // R``):
+        ``decode_seq_lens`` and the slots become the rank's, and ``global_seq_lens`` (int32
+        device, flat, same extent as ``decode_seq_lens``) receives the global lengths.
+        None, or ``world == 1``: no context parallelism (``global_seq_lens`` unused).
 
     Graph-safe with either backend: every extent is a static int.
     """
@@ -109,44 +125,63 @@ def indexer_decode_tensors(
             decode_seq_lens, table, decode_seq_lens if slots is None else slots, num_decodes,
             num_rows, width, num_cols, compress_ratio, storage_block_size,
             slot_tokens if slots is not None else 0, decode=True, flatten=flatten,
-            step_counts=step_counts,
+            step_counts=step_counts, dcp=dcp, global_seq_lens=global_seq_lens,
         )
         return
     if slot_mapping_out is not None:
         compressed_slot_mapping(
             "torch", query_start_loc, positions, token_to_req, block_table, slot_mapping_out,
             num_reqs=num_decodes, num_tokens=slot_tokens,
-            storage_block_size=storage_block_size, compress_ratio=compress_ratio,
+            storage_block_size=storage_block_size, compress_ratio=compress_ratio, dcp=dcp,
         )
     if step_counts is None:
         live_reqs, live_tokens = num_decodes, query_start_loc[num_decodes]
     else:
         live_reqs, live_tokens = step_counts[COUNT_DECODES], step_counts[COUNT_DECODE_TOKENS]
+    sharded = dcp is not None and dcp.world > 1
+    lengths = _Lengths(decode_seq_lens, global_seq_lens if sharded else None,
+                       dcp if sharded else None)
     if flatten:
-        _flatten_torch(block_table, positions, token_to_req, decode_lens, decode_seq_lens,
+        _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
                        expanded_block_table, live_tokens, num_rows, compress_ratio)
     else:
-        _native_torch(query_start_loc, seq_lens, decode_lens, decode_seq_lens, num_decodes,
+        _native_torch(query_start_loc, seq_lens, decode_lens, lengths, num_decodes,
                       live_reqs, width, compress_ratio)
 
 
-def _native_torch(qsl, seq_lens, decode_lens, decode_seq_lens, num_decodes, live_reqs, width,
+class _Lengths(NamedTuple):
+    """Where the per-token lengths go: ``local`` always; with ``dcp``, the global ones to
+    ``global_`` and this rank's share to ``local``."""
+
+    local: torch.Tensor
+    global_: torch.Tensor | None
+    dcp: DCPShard | None
+
+    def write(self, extent: int, lens: torch.Tensor) -> None:
+        if self.dcp is None:
+            self.local[:extent].copy_(lens.reshape(-1))
+            return
+        self.global_[:extent].copy_(lens.reshape(-1))
+        shard = dcp_local_count(lens, self.dcp.world, self.dcp.rank, self.dcp.interleave)
+        self.local[:extent].copy_(shard.reshape(-1))
+
+
+def _native_torch(qsl, seq_lens, decode_lens, lengths, num_decodes, live_reqs, width,
                   ratio):
     live = torch.arange(num_decodes, device=seq_lens.device) < live_reqs
     query_lens = qsl[1 : num_decodes + 1] - qsl[:num_decodes]
     decode_lens[:num_decodes].copy_(torch.where(live, query_lens, 0))
     j = torch.arange(width, device=seq_lens.device, dtype=seq_lens.dtype)
     lens = (seq_lens[:num_decodes, None] - (width - 1) + j).clamp_(min=0) // ratio
-    decode_seq_lens[: num_decodes * width].view(num_decodes, width).copy_(
-        torch.where(live[:, None], lens, 0))
+    lengths.write(num_decodes * width, torch.where(live[:, None], lens, 0))
 
 
-def _flatten_torch(block_table, positions, token_to_req, decode_lens, decode_seq_lens,
+def _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
                    expanded_block_table, live_tokens, num_rows, ratio):
     t = torch.arange(num_rows, device=positions.device)
     real = t < live_tokens
     lens = (positions[:num_rows] + 1).clamp_(min=0) // ratio
-    decode_seq_lens[:num_rows].copy_(torch.where(real, lens, 0))
+    lengths.write(num_rows, torch.where(real, lens, 0))
     decode_lens[:num_rows].fill_(1)
     rows = block_table[torch.where(real, token_to_req[:num_rows].long(), 0)]
     expanded_block_table[:num_rows].copy_(torch.where(real[:, None], rows, 0))

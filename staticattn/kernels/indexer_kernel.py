@@ -11,8 +11,9 @@ imports neither of them.
 
 from __future__ import annotations
 
+from staticattn.kernels.dcp import DCPShard, triton_dcp_helpers
 from staticattn.kernels.launch import launch
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
 
 __all__ = ["COLS", "launch_decode_kernel", "launch_slots_kernel"]
 
@@ -27,30 +28,37 @@ def launch_decode_kernel(
     decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
     width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
     num_slot_tokens: int, *, decode: bool, flatten: bool, step_counts=None,
+    dcp: DCPShard | None = None, global_seq_lens=None,
 ) -> None:
     """One launch of the indexer kernel over ``extent`` rows or tokens: the decode tensors
     (``decode``) and/or the compressed slots of tokens ``[0, num_slot_tokens)``
     (``num_slot_tokens > 0``). With ``step_counts`` (int32 device, the staging's
     ``[k, nt, D, Td]``) the decode extent is read there and ``num_decodes`` / ``num_rows``
-    are only the static capacities."""
+    are only the static capacities. With ``dcp`` (decode context parallelism) lengths and
+    slots are this rank's, and ``global_seq_lens`` receives the global lengths."""
+    sharded = dcp is not None and dcp.world > 1
+    world, rank, interleave = (dcp.world, dcp.rank, dcp.interleave) if sharded else (1, 0, 1)
     launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
         qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_out.stride(0), slots_out,
         qsl if step_counts is None else step_counts,
+        decode_seq_lens if global_seq_lens is None else global_seq_lens,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
-        num_slot_tokens, DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
-        DEVICE_COUNTS=step_counts is not None, BLOCK=BLOCK, COLS=COLS,
+        num_slot_tokens, world, rank, interleave, DECODE=decode, FLATTEN=flatten,
+        SLOTS=num_slot_tokens > 0, DEVICE_COUNTS=step_counts is not None, DCP=sharded,
+        BLOCK=BLOCK, COLS=COLS,
     )
 
 
 def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs: int,
-                        num_tokens: int, storage_block_size: int, compress_ratio: int) -> None:
+                        num_tokens: int, storage_block_size: int, compress_ratio: int,
+                        dcp: DCPShard | None = None) -> None:
     """The kernel in its slots-only mode: compressed slots of tokens ``[0, num_tokens)``
     (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
     launch_decode_kernel(
         num_tokens, 1, qsl, out, block_table, positions,
         token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
-        storage_block_size, num_tokens, decode=False, flatten=False,
+        storage_block_size, num_tokens, decode=False, flatten=False, dcp=dcp,
     )
 
 
@@ -59,13 +67,18 @@ def _decode_kernel():
     import triton
     import triton.language as tl
 
+    dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl = triton_dcp_helpers()
+    publish(globals(), dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl)
+
     @triton.jit
     def decode_kernel(
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_stride, slots_out, counts,
-        num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs, num_slot_tokens,
+        global_seq_lens, num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs,
+        num_slot_tokens, dcp_world, dcp_rank, dcp_interleave,
         DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
-        DEVICE_COUNTS: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr,
+        DEVICE_COUNTS: tl.constexpr, DCP: tl.constexpr, BLOCK: tl.constexpr,
+        COLS: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         col_block = tl.program_id(1)
@@ -79,6 +92,10 @@ def _decode_kernel():
                 pos = tl.load(positions + i, mask=real, other=-1)
                 valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
                 k = tl.where(valid, pos, 0) // compress_ratio
+                if DCP:
+                    # Only the rank that holds entry k writes it, at its local index.
+                    valid = valid & (dcp_owner_tl(k, dcp_world, dcp_interleave) == dcp_rank)
+                    k = dcp_local_index_tl(k, dcp_world, dcp_interleave)
                 owner = tl.load(token_to_req + i, mask=valid, other=0).to(tl.int64)
                 block = tl.load(block_table + owner * bt_stride + k // storage_bs,
                                 mask=valid, other=0)
@@ -100,6 +117,11 @@ def _decode_kernel():
             lens = tl.where(real, tl.maximum(pos + 1, 0) // compress_ratio, 0)
             # The lengths are written once, by the first column block.
             first = i < tl.where(col_block == 0, num_rows, 0)
+            if DCP:
+                # Localised after the per-token expansion (localising L_b first and then
+                # expanding would be wrong: [8, 9, 10] -> [4, 4, 5] on rank 1 of 2).
+                tl.store(global_seq_lens + i, lens, mask=first)
+                lens = dcp_local_count_tl(lens, dcp_world, dcp_rank, dcp_interleave)
             tl.store(decode_seq_lens + i, lens, mask=first)
             tl.store(decode_lens + i, tl.full([BLOCK], 1, tl.int32), mask=first)
             # Every column of every row, padded rows included: no stale table entries.
@@ -121,6 +143,9 @@ def _decode_kernel():
             j = i - b * width
             seq_len = tl.load(seq_lens + b, mask=cells & (b < live_reqs), other=0)
             lens = tl.maximum(seq_len - width + 1 + j, 0) // compress_ratio
+            if DCP:
+                tl.store(global_seq_lens + i, lens, mask=cells)
+                lens = dcp_local_count_tl(lens, dcp_world, dcp_rank, dcp_interleave)
             tl.store(decode_seq_lens + i, lens, mask=cells)
 
     return decode_kernel

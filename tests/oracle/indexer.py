@@ -185,7 +185,9 @@ def indexer_metadata(config, step, *, graph=False, legacy=False):
         d, p, td, tp = split_decodes_and_prefills(
             query_lens, max_q, nt, n, require_uniform=not config.use_flattening
         )
-    if ratio > 1:
+    if config.dcp_world_size > 1:
+        slots = None  # each rank's own: oracle/dcp.py
+    elif ratio > 1:
         slots = compressed_slot_mapping(qsl, seq_lens, table, config.storage_block_size,
                                         ratio, nt)
     else:

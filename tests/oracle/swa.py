@@ -73,8 +73,10 @@ def c128a_count(cfg: ArenaConfig, p: int) -> int:
 
 
 def c128a_row(cfg: ArenaConfig, table_row: list[int], p: int) -> tuple[list[int], int]:
-    """Spec §7: a decode token's C128A top-k as flat slots of the main group."""
-    per_block = cfg.block_size // 128
+    """Spec §7: a decode token's C128A top-k as flat slots of the main group. Under decode
+    context parallelism C128A is replicated and a main-table column spans ``block_size *
+    dcp_world_size`` tokens, so a C128A page holds that many tokens' entries."""
+    per_block = cfg.block_size * cfg.dcp_world_size // 128
     n = c128a_count(cfg, p)
     row = [-1] * cfg.c128a_max_compressed
     for o in range(n):
