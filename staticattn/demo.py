@@ -198,7 +198,9 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
             _say(f"captured {len(gm.graphs)} decode graphs (sizes {gm.capture_sizes[0]}.."
                  f"{gm.capture_sizes[-1]} tokens) and {len(gm.mixed_graphs)} token buckets "
                  f"({gm.buckets[0] if gm.buckets else '-'}..{gm.buckets[-1] if gm.buckets else '-'}"
-                 f" tokens) in {time.perf_counter() - t0:.1f} s")
+                 f" tokens) in {time.perf_counter() - t0:.1f} s (buckets "
+                 f"{sum(g.capture_s for g in gm.mixed_graphs.values()):.1f} s, decode graphs "
+                 f"{sum(g.capture_s for g in gm.graphs.values()):.1f} s)")
             report.check_kind = f"replay vs eager, bit for bit, through the {consumer_name}"
         else:
             report.check_kind = ("indexer and SWA metadata vs the oracle" if verifier

@@ -35,7 +35,8 @@ def _staged(inputs, num_reqs: int, num_tokens: int) -> list[torch.Tensor]:
     return [v.clone() for v in (inputs.query_start_loc[: num_reqs + 1],
                                 inputs.seq_lens[:num_reqs], inputs.slot_mapping[:num_tokens],
                                 inputs.positions[:num_tokens],
-                                inputs.token_to_req[:num_tokens], inputs.step_counts)]
+                                inputs.token_to_req[:num_tokens], inputs.step_counts,
+                                inputs.query_lens[:num_reqs])]
 
 
 def write_on_device(inputs, step, num_reqs: int, num_tokens: int, seed: int) -> None:
@@ -68,7 +69,7 @@ def test_device_starts_stage_as_the_host_does_and_match_the_oracle(backend, name
         inputs.copy_to_device(num_reqs, num_tokens, device_starts=True)
         got = _staged(inputs, num_reqs, num_tokens)
         for a, b, what in zip(got, want, ("qsl", "seq_lens", "slots", "positions",
-                                          "token_to_req", "step_counts")):
+                                          "token_to_req", "step_counts", "query_lens")):
             assert torch.equal(a.cpu(), b.cpu()), what
         batch = Batch.for_mixed_capture(inputs, num_reqs, num_tokens)
         metas = {b.name: b.build_mixed(batch) for b in builders}

@@ -57,6 +57,7 @@ def test_worked_example(backend):
     assert batch.positions.tolist() == [4, 5, 8, 0]
     assert batch.slot_mapping.tolist()[3] == -1
     assert inputs.step_counts.tolist() == [2, 3, 2, 3]
+    assert batch.query_lens.tolist() == [2, 1, 0]
 
 
 @pytest.mark.parametrize("backend_name", ["torch", "triton"])
@@ -78,6 +79,8 @@ def test_staging_matches_oracle(backend_name):
         assert batch.positions.tolist() == pos
         assert np.array_equal(batch.query_start_loc_cpu.numpy(), np.array(step.query_start_loc))
         assert inputs.step_counts.tolist() == split_oracle(step, cfg.decode_threshold)
+        pad_reqs = step.num_reqs_padded - step.num_reqs
+        assert batch.query_lens.tolist() == step.query_lens.tolist() + [0] * pad_reqs
 
     check()
 
@@ -91,7 +94,8 @@ def test_staging_backends_agree_on_cpu():
 
     step = make_step(cfg_t, [2, 2, 1, 7], [10, 3, 1, 40], num_reqs_padded=6, num_tokens_padded=20)
     ba, bb = stage(a, step), stage(b, step)
-    for f in ("query_start_loc", "seq_lens", "slot_mapping", "positions", "token_to_req"):
+    for f in ("query_start_loc", "seq_lens", "slot_mapping", "positions", "token_to_req",
+              "query_lens"):
         assert torch.equal(getattr(ba, f), getattr(bb, f)), f
 
 
@@ -117,5 +121,8 @@ def test_uniform_staging_matches_oracle(backend_name):
         assert inputs.token_to_req[:n].tolist() == t2r
         assert inputs.positions[:n].tolist() == pos
         assert inputs.step_counts.tolist() == split_oracle(step, cfg.decode_threshold)
+        pad_reqs = step.num_reqs_padded - step.num_reqs
+        assert (inputs.query_lens[: step.num_reqs_padded].tolist()
+                == step.query_lens.tolist() + [0] * pad_reqs)
 
     check()

@@ -60,6 +60,8 @@ class Batch:
         ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, derived
         by the staging kernel (:mod:`staticattn.kernels.staging`): what a build for a
         step of any composition (:meth:`for_mixed_capture`) reads instead of host values.
+    query_lens : int32 device ``(num_reqs,)`` or None
+        Each request's query length, derived by the staging kernel (0 for padding).
     """
 
     query_start_loc: torch.Tensor
@@ -78,6 +80,7 @@ class Batch:
     dcp_local_seq_lens: torch.Tensor | None = None
     is_prefilling: torch.Tensor | None = None
     step_counts: torch.Tensor | None = None
+    query_lens: torch.Tensor | None = None
     #: :meth:`host_arrays`, once computed; not an argument, and not carried over by
     #: ``dataclasses.replace`` (a replaced batch recomputes it).
     _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
@@ -116,7 +119,7 @@ class Batch:
         return cls(v.query_start_loc, v.query_start_loc_cpu, v.seq_lens, v.seq_lens_cpu,
                    num_reqs, num_tokens, max_query_len, max_seq_len, v.block_table,
                    v.slot_mapping, v.positions, v.token_to_req, v.swa_block_table,
-                   step_counts=inputs.step_counts)
+                   step_counts=inputs.step_counts, query_lens=v.query_lens)
 
     @classmethod
     def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:

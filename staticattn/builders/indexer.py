@@ -36,13 +36,19 @@ builder's buffer for ``R = 1`` too; prefill metadata lives in arena views, and t
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
 
-import numpy as np
 import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.batch import Batch
+from staticattn.builders.indexer_layout import (
+    DecodeLayout,
+    DecodeLens,
+    eager_layout,
+    flattens,
+    host_query_start_loc,
+    need_token_views,
+)
 from staticattn.builders.indexer_metadata import (
     IndexerDecodeMetadata,
     IndexerMetadata,
@@ -59,21 +65,6 @@ from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 from staticattn.staging import PAD_SLOT_ID
 
 __all__ = ["IndexerMetadataBuilder", "flattens"]
-
-
-def flattens(config: ArenaConfig) -> bool:
-    """Whether uniform MTP decodes are flattened into single-token rows (``next_n >= 3`` on
-    Hopper by default)."""
-    return bool(config.use_flattening) and config.next_n > 1
-
-
-class _DecodeLayout(NamedTuple):
-    """``rows x width`` lengths; flatten adds the expanded block table."""
-
-    flatten: bool
-    rows: int
-    width: int
-    requires_padding: bool
 
 
 class IndexerMetadataBuilder:
@@ -193,24 +184,25 @@ class IndexerMetadataBuilder:
         writing anything if a decode layout would not fit its buffers.
         """
         cfg = self._bound()
-        _need_token_views(batch)
+        need_token_views(batch)
         d, p, td, tp = split_decodes_and_prefills(
             batch, decode_threshold=cfg.next_n, require_uniform=not cfg.use_flattening
         )
         qsl, query_lens, _ = batch.host_arrays()
-        layout = self._eager_layout(query_lens, d, td) if d else None
+        layout = eager_layout(cfg, query_lens, d, td) if d else None
         if layout is not None:
             self._check_capacity(layout)
         num_tokens = batch.num_actual_tokens
+        lens = DecodeLens.of(query_lens[:d]) if d else None
         if p == 0 and d and self.compressed_slot_mapping is not None:
             # Every request is a decode: the compressed slots ride in the decode launch.
-            decode = self._build_decode_part(batch, d, layout, self.compressed_slot_mapping,
+            decode = self._build_decode_part(batch, d, layout, lens, self.compressed_slot_mapping,
                                              num_tokens)
             return self._metadata(batch, self._slot_views(num_tokens), (d, p, td, tp), None,
                                   decode)
         slots = self._write_slot_mapping(batch, num_tokens)
         prefill = self.prefill.build_host_planned(batch, qsl, d, p) if p else None
-        decode = self._build_decode_part(batch, d, layout) if d else None
+        decode = self._build_decode_part(batch, d, layout, lens) if d else None
         return self._metadata(batch, slots, (d, p, td, tp), prefill, decode)
 
     def _metadata(self, batch, slots, split, prefill, decode) -> IndexerMetadata:
@@ -219,6 +211,7 @@ class IndexerMetadataBuilder:
             seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
             num_decodes=d, num_decode_tokens=td, num_prefills=p, num_prefill_tokens=tp,
             prefill=prefill, decode=decode, step_counts=batch.step_counts,
+            positions=batch.positions, block_table=batch.block_table,
         )
 
     def build_decode(self, batch: Batch) -> IndexerMetadata:
@@ -231,7 +224,7 @@ class IndexerMetadataBuilder:
         trailing, so the consumer's reshape stays right (spec §10.6).
         """
         cfg = self._bound()
-        _need_token_views(batch)
+        need_token_views(batch)
         s, n = batch.num_reqs, cfg.next_n
         if batch.num_actual_tokens != s * n:
             raise InvalidBatchError(
@@ -239,12 +232,13 @@ class IndexerMetadataBuilder:
                 f"{batch.num_actual_tokens} tokens; build it with Batch.for_decode_capture"
             )
         flatten = flattens(cfg)
-        layout = _DecodeLayout(flatten, s * n if flatten else s, 1 if flatten else n, False)
+        layout = DecodeLayout(flatten, s * n if flatten else s, 1 if flatten else n, False)
         self._check_capacity(layout)
         # Every token is a decode token here, so the compressed slots ride along in the
         # decode kernel's launch.
         fused = self.compressed_slot_mapping
-        decode = self._build_decode_part(batch, s, layout, slots_out=fused)
+        decode = self._build_decode_part(batch, s, layout, DecodeLens(True, n),
+                                         slots_out=fused)
         slots = batch.slot_mapping if fused is None else fused[: s * n]
         return self._metadata(batch, slots, (s, 0, s * n, 0), None, decode)
 
@@ -269,15 +263,18 @@ class IndexerMetadataBuilder:
         ``step_counts``. Three launches: decode tensors + slots, schedule, chunk plan.
         """
         cfg = self._bound()
-        _need_token_views(batch)
+        need_token_views(batch)
         batch.require_step_counts()
         r, t = batch.num_reqs, batch.num_actual_tokens
         flatten = cfg.next_n > 1
-        layout = _DecodeLayout(flatten, min(t, cfg.max_decode_tokens) if flatten else r, 1,
+        layout = DecodeLayout(flatten, min(t, cfg.max_decode_tokens) if flatten else r, 1,
                                False)
         self._check_capacity(layout)
         slots_out = self.compressed_slot_mapping
-        decode = self._build_decode_part(batch, r, layout, slots_out=slots_out, slot_tokens=t,
+        # Per-step lengths are data here: not uniform as far as the host knows, bounded by
+        # the decode threshold.
+        decode = self._build_decode_part(batch, r, layout, DecodeLens(False, cfg.next_n),
+                                         slots_out=slots_out, slot_tokens=t,
                                          step_counts=batch.step_counts)
         prefill = self.prefill.build_device_planned(batch)
         slots = batch.slot_mapping if slots_out is None else slots_out[:t]
@@ -291,7 +288,7 @@ class IndexerMetadataBuilder:
         None when the chunk has no compressed key. ``query_slice`` selects a query sub-chunk,
         relative to the chunk's first token."""
         self._bound()
-        qsl = _host_query_start_loc(batch)
+        qsl = host_query_start_loc(batch)
         total = int(self.prefill.host_keys(batch)[start:end].sum())
         if total == 0:
             return None
@@ -299,16 +296,7 @@ class IndexerMetadataBuilder:
         return self.prefill.chunk_views(batch, qsl, start, end, query_slice, total)
 
     # ------------------------------------------------------------------ decode
-    def _eager_layout(
-        self, query_lens: np.ndarray, num_decodes: int, num_decode_tokens: int
-    ) -> _DecodeLayout:
-        decode_lens = query_lens[:num_decodes]
-        longest, shortest = int(decode_lens.max()), int(decode_lens.min())
-        if self.config.use_flattening and longest > 1:
-            return _DecodeLayout(True, num_decode_tokens, 1, False)
-        return _DecodeLayout(False, num_decodes, max(longest, 1), shortest != longest)
-
-    def _check_capacity(self, layout: _DecodeLayout) -> None:
+    def _check_capacity(self, layout: DecodeLayout) -> None:
         capacity = self.decode_seq_lens.shape[0]
         if layout.rows * layout.width > capacity:
             what = "decode tokens" if layout.flatten else "decode rows x max_decode_len"
@@ -319,7 +307,7 @@ class IndexerMetadataBuilder:
             )
 
     def _build_decode_part(
-        self, batch: Batch, num_decodes: int, layout: _DecodeLayout,
+        self, batch: Batch, num_decodes: int, layout: DecodeLayout, lens: DecodeLens,
         slots_out: torch.Tensor | None = None, slot_tokens: int | None = None,
         step_counts: torch.Tensor | None = None,
     ) -> IndexerDecodeMetadata:
@@ -337,8 +325,11 @@ class IndexerMetadataBuilder:
             rows, width, layout.flatten)
         paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,
                            legacy_remainder=self.legacy_schedule)
-        table = batch.block_table if num_decodes == batch.num_reqs else batch.block_table[
-            :num_decodes]
+        whole = num_decodes == batch.num_reqs
+        table = batch.block_table if whole else batch.block_table[:num_decodes]
+        per_req = batch.query_lens
+        if per_req is not None and not whole:
+            per_req = per_req[:num_decodes]
         return IndexerDecodeMetadata(
             block_table=expanded_rows if layout.flatten else table,
             seq_lens=seq_lens,
@@ -346,6 +337,9 @@ class IndexerMetadataBuilder:
             requires_padding=layout.requires_padding,
             schedule_metadata=self.schedule_metadata,
             global_seq_lens=global_seq_lens,
+            per_req_decode_lens=per_req,
+            decode_is_uniform=lens.uniform,
+            write_max_decode_len=lens.longest,
         )
 
     def _cut_decode_views(self, rows: int, width: int, flatten: bool):
@@ -379,15 +373,3 @@ class IndexerMetadataBuilder:
                 "IndexerMetadataBuilder is not bound to an arena; pass it to make_arena()"
             )
         return self.config
-
-
-def _host_query_start_loc(batch: Batch) -> np.ndarray:
-    return batch.host_arrays()[0]
-
-
-def _need_token_views(batch: Batch) -> None:
-    if batch.positions is None or batch.token_to_req is None:
-        raise InvalidBatchError(
-            "the indexer reads the staged positions and token_to_req views; build the batch "
-            "with Batch.from_inputs / Batch.from_staged"
-        )

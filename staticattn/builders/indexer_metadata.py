@@ -134,6 +134,18 @@ class IndexerDecodeMetadata:
         Under decode context parallelism: the global per-token lengths, of which ``seq_lens``
         holds this rank's share (``seq_lens`` summed over the ranks). Without it, the same
         view as ``seq_lens``.
+    per_req_decode_lens : int32 ``(num_decodes,)`` or None
+        Each decode request's query length, whatever the layout (the reference's field of
+        the same name: a consumer writing the indexer K groups tokens by request with it).
+        From a mixed build it covers the bucket's ``R`` requests: valid for the first
+        ``step_counts[2]`` (the decodes); past them the prefills' query lengths, then 0.
+        None when the batch carries no device query lengths.
+    decode_is_uniform : bool
+        Every decode request has the same query length (host value). True from a decode
+        graph's build; False from a mixed build, whose lengths are decided per step.
+    write_max_decode_len : int
+        The longest decode query length (host value); from a graph-safe build its bound,
+        ``next_n``.
     """
 
     block_table: torch.Tensor
@@ -142,6 +154,9 @@ class IndexerDecodeMetadata:
     requires_padding: bool
     schedule_metadata: torch.Tensor
     global_seq_lens: torch.Tensor | None = None
+    per_req_decode_lens: torch.Tensor | None = None
+    decode_is_uniform: bool = True
+    write_max_decode_len: int = 1
 
 
 @dataclass(slots=True)
@@ -166,6 +181,10 @@ class IndexerMetadata:
         ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, as the
         staging kernel derived them (decode threshold ``next_n``); the valid regions of a
         mixed build's outputs are bounded by them.
+    positions : int64 ``(num_tokens,)`` or None
+        Each token's absolute position (0 for padded tokens), as staged.
+    block_table : int32 ``(num_reqs, max_blocks_per_req)`` or None
+        The batch's block table (main KV group), rows of every request.
     """
 
     seq_lens: torch.Tensor
@@ -178,3 +197,5 @@ class IndexerMetadata:
     prefill: IndexerPrefillMetadata | None
     decode: IndexerDecodeMetadata | None
     step_counts: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    block_table: torch.Tensor | None = None

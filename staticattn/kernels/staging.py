@@ -12,6 +12,7 @@ captured size or bucket) and write the device views, padding what lies past the 
 * ``token_to_req[t]`` (the request owning token ``t``) and its absolute position
   ``positions[t] = (L_b - q_b) + (t - qsl[b])``; tokens past the real ones get request 0 and
   position 0, defined values that are safe to index with;
+* ``query_lens[b] = qsl[b + 1] - qsl[b]`` for ``b < R`` (0 past ``k``);
 * ``step_counts = [k, nt, D, Td]``: the real counts and the decode/prefill split
   (``D`` leading requests with ``q <= decode_threshold``, ``Td = qsl[D]`` their tokens), for
   builds that must not take them from the host (graphs of any composition).
@@ -65,7 +66,7 @@ class StagingViews:
     host_slots : int64 pinned ``(T_max,)``;  host_counts : int32 pinned ``(NUM_COUNTS,)``
     qsl, seq_lens : int32 device ``(R_max + 1,)``, ``(R_max,)``
     slots, positions : int64 device ``(T_max,)``;  token_to_req : int32 device ``(T_max,)``
-    step_counts : int32 device ``(NUM_COUNTS,)``
+    step_counts : int32 device ``(NUM_COUNTS,)``;  query_lens : int32 device ``(R_max,)``
     """
 
     host_qsl: torch.Tensor
@@ -78,6 +79,7 @@ class StagingViews:
     positions: torch.Tensor
     token_to_req: torch.Tensor
     step_counts: torch.Tensor
+    query_lens: torch.Tensor
 
 
 def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) -> None:
@@ -87,13 +89,14 @@ def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) 
         extent = max(num_reqs * query_len, num_reqs + 1)
         launch(_uniform_kernel(), (grid_size(extent, _BLOCK),),
             v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens, v.slots,
-            v.positions, v.token_to_req, v.step_counts, num_reqs, query_len,
+            v.positions, v.token_to_req, v.step_counts, v.query_lens, num_reqs, query_len,
             BLOCK=_BLOCK, NUM_COUNTS=NUM_COUNTS,
         )
         return
     k = v.host_counts[COUNT_REQS].to(v.qsl.device, non_blocking=True)
     b = torch.arange(num_reqs + 1, device=v.qsl.device, dtype=torch.int32)
     v.qsl[: num_reqs + 1].copy_(torch.minimum(b, k) * query_len)
+    v.query_lens[:num_reqs].copy_(torch.where(b[:-1] < k, query_len, 0))
     _copy_padded(v.host_seq_lens, v.seq_lens, num_reqs, k, 0)
     nt = k * query_len
     _copy_padded(v.host_slots, v.slots, num_reqs * query_len, nt, -1)
@@ -134,8 +137,8 @@ def _derive(v: StagingViews, num_reqs: int, num_tokens: int, decode_threshold: i
     """Triton: each token's request and position, and the split, from the padded device
     query starts and lengths (``step_counts[:2]`` already hold ``k, nt``)."""
     launch(_derive_kernel(), (grid_size(num_tokens, _BLOCK),),
-        v.qsl, v.seq_lens, v.positions, v.token_to_req, v.step_counts, num_reqs,
-        num_tokens, decode_threshold, BLOCK=_BLOCK, CHUNK=_CHUNK,
+        v.qsl, v.seq_lens, v.positions, v.token_to_req, v.step_counts, v.query_lens,
+        num_reqs, num_tokens, decode_threshold, BLOCK=_BLOCK, CHUNK=_CHUNK,
     )
 
 
@@ -153,6 +156,7 @@ def _derive_torch(v: StagingViews, num_reqs: int, num_tokens: int, decode_thresh
     pos = v.seq_lens[req].long() - (qsl[req + 1].long() - start) + (t.long() - start)
     v.positions[:num_tokens].copy_(torch.where(real, pos, 0))
     query_lens = qsl[1:] - qsl[:-1]
+    v.query_lens[:num_reqs].copy_(query_lens)
     longer = (b[:-1] < k) & (query_lens > decode_threshold)
     num_decodes = torch.where(longer, b[:-1], k).min() if num_reqs else k
     # (Indexing with a 0-d device tensor would read it back: gather instead.)
@@ -205,7 +209,7 @@ def _uniform_kernel():
     def uniform_kernel(
         host_seq_lens, host_slots, host_counts,
         qsl_out, seq_lens_out, slots_out, positions_out, token_to_req_out, counts_out,
-        num_reqs, query_len, BLOCK: tl.constexpr, NUM_COUNTS: tl.constexpr,
+        query_lens_out, num_reqs, query_len, BLOCK: tl.constexpr, NUM_COUNTS: tl.constexpr,
     ):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         k = tl.load(host_counts)
@@ -214,6 +218,7 @@ def _uniform_kernel():
         m_r = offs < num_reqs
         seq = tl.load(host_seq_lens + offs, mask=m_r & (offs < k), other=0)
         tl.store(seq_lens_out + offs, seq, mask=m_r)
+        tl.store(query_lens_out + offs, tl.where(offs < k, query_len, 0), mask=m_r)
         m_t = offs < num_reqs * query_len
         real = m_t & (offs < nt)
         tl.store(slots_out + offs, tl.load(host_slots + offs, mask=real, other=-1), mask=m_t)
@@ -296,8 +301,8 @@ def _derive_kernel():
 
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "decode_threshold"])
     def derive_kernel(
-        qsl, seq_lens, positions_out, token_to_req_out, counts, num_reqs, num_tokens,
-        decode_threshold, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+        qsl, seq_lens, positions_out, token_to_req_out, counts, query_lens_out, num_reqs,
+        num_tokens, decode_threshold, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
     ):
         pid = tl.program_id(0)
         offs = pid * BLOCK + tl.arange(0, BLOCK)
@@ -314,6 +319,7 @@ def _derive_kernel():
             req += tl.sum((ends[None, :] <= offs[:, None]).to(tl.int32), axis=1)
             if pid == 0:
                 starts = tl.load(qsl + b, mask=in_reqs, other=0)
+                tl.store(query_lens_out + b, ends - starts, mask=in_reqs)
                 longer = (b < k) & (ends - starts > decode_threshold)
                 first_long = tl.minimum(first_long, tl.where(longer, b, k))
         real = (offs < num_tokens) & (offs < nt)

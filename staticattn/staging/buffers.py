@@ -28,7 +28,8 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
     ``token_to_req`` int32 ``(max_num_batched_tokens,)``, ``block_table`` int32
     ``(max_num_seqs, max_blocks_per_req)``, and with SWA ``swa_block_table`` int32
     ``(max_num_seqs, max_swa_blocks_per_req)``; ``step_counts`` int32 ``(4,)``: the real
-    requests and tokens and the decode/prefill split, derived on the device
+    requests and tokens and the decode/prefill split, and ``query_lens`` int32
+    ``(max_num_seqs,)``, each request's query length, derived on the device
     (:mod:`staticattn.kernels.staging`).
     Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping`` and ``counts``
     int32 ``(4,)`` (the real requests and tokens of the step).
@@ -42,6 +43,7 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
         BufferDecl("input.token_to_req", (t,), torch.int32),
         BufferDecl("input.block_table", (r, config.max_blocks_per_req), torch.int32),
         BufferDecl("input.step_counts", (NUM_COUNTS,), torch.int32),
+        BufferDecl("input.query_lens", (r,), torch.int32),
         BufferDecl("staging.query_start_loc", (r + 1,), torch.int32, where="host"),
         BufferDecl("staging.seq_lens", (r,), torch.int32, where="host"),
         BufferDecl("staging.slot_mapping", (t,), torch.int64, where="host", fill=PAD_SLOT_ID),

@@ -80,6 +80,7 @@ class ExtentViews(NamedTuple):
     positions: torch.Tensor
     token_to_req: torch.Tensor
     swa_block_table: torch.Tensor | None
+    query_lens: torch.Tensor
 
 
 class StepInputs:
@@ -93,8 +94,9 @@ class StepInputs:
     Attributes
     ----------
     query_start_loc, seq_lens, slot_mapping, positions, token_to_req, block_table,
-    swa_block_table, step_counts : torch.Tensor
-        Device views (``swa_block_table`` is None without SWA).
+    swa_block_table, step_counts, query_lens : torch.Tensor
+        Device views (``swa_block_table`` is None without SWA; ``step_counts`` and
+        ``query_lens`` are derived by the staging kernels).
     host_query_start_loc, host_seq_lens, host_slot_mapping, host_counts : torch.Tensor
         Host staging views; the eager path reads its host-side lengths from them.
     host : HostViews
@@ -111,6 +113,7 @@ class StepInputs:
         self.positions = arena["input.positions"]
         self.token_to_req = arena["input.token_to_req"]
         self.step_counts = arena["input.step_counts"]
+        self.query_lens = arena["input.query_lens"]
         self.block_table = arena["input.block_table"]
         self.swa_block_table = (
             arena["input.swa_block_table"] if "input.swa_block_table" in arena else None
@@ -126,7 +129,7 @@ class StepInputs:
         self._views = StagingViews(
             self.host_query_start_loc, self.host_seq_lens, self.host_slot_mapping,
             self.host_counts, self.query_start_loc, self.seq_lens, self.slot_mapping,
-            self.positions, self.token_to_req, self.step_counts,
+            self.positions, self.token_to_req, self.step_counts, self.query_lens,
         )
         self._consumed = (
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None
@@ -147,7 +150,7 @@ class StepInputs:
                 self.seq_lens[:num_reqs], self.host_seq_lens[:num_reqs],
                 self.block_table[:num_reqs], self.slot_mapping[:num_tokens],
                 self.positions[:num_tokens], self.token_to_req[:num_tokens],
-                None if swa is None else swa[:num_reqs],
+                None if swa is None else swa[:num_reqs], self.query_lens[:num_reqs],
             )
         return views
 

@@ -111,10 +111,15 @@ def decode_part(config, qsl, seq_lens, block_table, num_decodes, num_decode_toke
         lens = [[max(seq_lens[b] - width + 1 + j, 0) // ratio for j in range(width)]
                 for b in range(num_decodes)]
         decode_lens, table = dl, None
+    # The reference's per-request fields (vllm-0.33-delta §1.2 item 3): query lengths of
+    # the decode requests, whether they are all equal and the longest; a static build knows
+    # only its shape: uniform, next_n.
     return dict(
         flatten=flatten, seq_lens=lens, decode_lens=decode_lens, block_table=table,
         requires_padding=requires_padding,
         schedule=mqa_schedule(lens, config.num_sms, legacy),
+        per_req_decode_lens=dl, decode_is_uniform=True if graph else min(dl) == max(dl),
+        write_max_decode_len=n if graph else max(dl),
     )
 
 
@@ -203,8 +208,13 @@ def indexer_metadata(config, step, *, graph=False, legacy=False):
             chunk = prefill_chunk(qsl, seq_lens, ratio, s, e, q0, q1)
             if chunk is not None:
                 prefill.append(chunk)
+    positions = []
+    for b in range(r):
+        positions += [seq_lens[b] - query_lens[b] + j for j in range(query_lens[b])]
+    positions += [0] * (nt - len(positions))
     return dict(num_decodes=d, num_prefills=p, num_decode_tokens=td, num_prefill_tokens=tp,
-                slot_mapping=slots, decode=decode, prefill=prefill)
+                slot_mapping=slots, decode=decode, prefill=prefill, positions=positions,
+                block_table=table)
 
 
 def assert_matches(meta, expected, step, arena) -> None:
@@ -215,6 +225,9 @@ def assert_matches(meta, expected, step, arena) -> None:
         assert getattr(meta, name) == expected[name], name
     assert meta.slot_mapping.tolist() == expected["slot_mapping"]
     assert meta.slot_mapping.untyped_storage().data_ptr() == device_block
+    assert meta.positions.tolist() == expected["positions"]
+    rows = meta.block_table[: step.num_reqs].tolist()
+    assert rows == expected["block_table"][: step.num_reqs]
     want = expected["decode"]
     if want is None:
         assert meta.decode is None
@@ -225,6 +238,9 @@ def assert_matches(meta, expected, step, arena) -> None:
         assert got.decode_lens.tolist() == want["decode_lens"]
         assert got.requires_padding == want["requires_padding"]
         assert got.schedule_metadata.tolist() == want["schedule"]
+        assert got.per_req_decode_lens.tolist() == want["per_req_decode_lens"]
+        assert got.decode_is_uniform == want["decode_is_uniform"]
+        assert got.write_max_decode_len == want["write_max_decode_len"]
         if want["flatten"]:
             assert got.block_table.tolist() == want["block_table"]
         else:

@@ -92,7 +92,12 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
     for t in range(td, nt):
         ks[t] = key_start[owner[t]]
         ke[t] = ks[t] + (position[t] + 1) // ratio
-    return dict(slot_mapping=slots, seq_lens=lens, decode_lens=decode_lens, block_table=blocks,
+    # Every request's query length (0 past the real ones); valid for the decodes, the rest
+    # defined; the host knows only the bound.
+    per_req = query_lens + [0] * (num_reqs - k)
+    positions = [position[t] if t < nt else 0 for t in range(num_tokens)]
+    return dict(per_req_decode_lens=per_req, positions=positions, batch_table=padded_table,
+                slot_mapping=slots, seq_lens=lens, decode_lens=decode_lens, block_table=blocks,
                 schedule=schedule, chunk_bounds=chunk_table, num_chunks=len(
                     [c for c in chunk_table if c[1] > 0]),
                 cu_seq_lens=cu, req_key_start=key_start, cu_seqlen_ks=ks, cu_seqlen_ke=ke)
@@ -146,6 +151,11 @@ def assert_indexer_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
     assert d.decode_lens.tolist() == exp["decode_lens"]
     assert d.schedule_metadata.tolist() == exp["schedule"]
     assert not d.requires_padding
+    assert d.per_req_decode_lens.tolist() == exp["per_req_decode_lens"]
+    assert (d.decode_is_uniform, d.write_max_decode_len) == (False, cfg.next_n)
+    assert meta.positions.tolist() == exp["positions"]
+    k = step.num_reqs
+    assert meta.block_table[:k].tolist() == exp["batch_table"][:k]
     if exp["block_table"] is not None:
         assert d.block_table.tolist() == exp["block_table"]
     plan = meta.prefill.plan
