@@ -79,16 +79,21 @@ def cases():
             "num_reqs num_tokens max_chunks compress_ratio workspace budget".split(), 1)}, dict(
         BLOCK=1024, FIELDS=8)
     yield staging._uniform_kernel(), {
-        **ptrs("host_seq_lens host_counts qsl_out seq_lens_out token_to_req_out counts_out",
-               I32), **ptrs("host_slots slots_out positions_out", I64), "num_reqs": 1,
+        **ptrs("host_seq_lens host_counts qsl_out seq_lens_out token_to_req_out counts_out "
+               "query_lens_out", I32), **ptrs("host_slots slots_out positions_out", I64),
+        "num_reqs": 1,
         "query_len": 1}, dict(BLOCK=256, NUM_COUNTS=4)
     yield staging._copy_kernel(), {
         **ptrs("host_qsl host_seq_lens host_counts qsl_out seq_lens_out counts_out", I32),
         **ptrs("host_slots slots_out", I64), "num_reqs": 1, "num_tokens": 1}, dict(BLOCK=256)
     yield staging._derive_kernel(), {
-        **ptrs("qsl seq_lens token_to_req_out counts", I32), "positions_out": I64,
+        **ptrs("qsl seq_lens token_to_req_out counts query_lens_out", I32),
+        "positions_out": I64,
         **dict.fromkeys("num_reqs num_tokens decode_threshold".split(), 1)}, dict(
         BLOCK=256, CHUNK=128)
+    yield staging._pad_kernel(), {
+        **ptrs("host_counts qsl seq_lens counts_out", I32), "slots": I64, "num_reqs": 1,
+        "num_tokens": 1}, dict(BLOCK=256)
     swa = {**ptrs("token_to_req swa_block_table block_table swa_indices_out swa_lens_out "
                   "c128a_indices_out c128a_lens_out c128a_prefill_out c128a_prefill_lens_out "
                   "counts", I32), **ptrs("slot_mapping positions", I64), "is_valid_out": B,
