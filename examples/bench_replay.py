@@ -1,0 +1,87 @@
+"""Measure replay latency from Python, read the JSON back, plot it.
+
+On a GPU: captures the decode graphs of a small DeepSeek-V4-like config, times each step
+through the graph and through the eager build (host and GPU, medians with min/max), writes
+the report's JSON and reads it back the way a dashboard would. Without CUDA there is nothing
+to time: the script says so and reads the H200 figures published in ``docs/results``.
+
+    python -m examples.bench_replay [--out bench.json] [--plot bench.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+from staticattn import ArenaConfig, run_bench
+from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
+
+PUBLISHED = Path(__file__).resolve().parents[1] / "docs" / "results" / "bench_v4_h200.json"
+
+
+def measure(out: Path) -> None:
+    cfg = ArenaConfig.deepseek_v4(max_num_seqs=64, max_model_len=65536, device="cuda")
+    report = run_bench(cfg, lambda: [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()],
+                       None, sizes=[2, 16, 64, 128], reps=100, preset="deepseek_v4 64K",
+                       progress=False)
+    print(report.header())
+    print(report.table())
+    out.write_text(report.to_json())
+
+
+def summarize(data: dict) -> list[tuple[int, float, float, float]]:
+    """``(tokens, graph host us, eager host us, host ratio)`` per row of a report's JSON."""
+    return [(r["size"], r["graph_host_us"]["median"], r["eager_host_us"]["median"],
+             r["host_ratio"]) for r in data["rows"]]
+
+
+def plot(data: dict, path: Path) -> None:
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = [r["size"] for r in data["rows"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("graph_gpu_us", "graph replay (GPU)"), ("eager_gpu_us", "eager (GPU)"),
+                       ("graph_host_us", "graph replay (host)"),
+                       ("eager_host_us", "eager (host)")):
+        ax.plot(sizes, [r[key]["median"] for r in data["rows"]], "o-", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per step")
+    ax.set_ylabel("us per step (median)")
+    ax.set_title(data["env"]["device"], fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench.json"))
+    parser.add_argument("--plot", type=Path, default=None)
+    args = parser.parse_args()
+    if torch.cuda.is_available():
+        measure(args.out)
+        source = args.out
+    else:
+        print(f"no CUDA device: nothing to time here; reading the published {PUBLISHED.name}")
+        source = PUBLISHED
+    data = json.loads(source.read_text())
+    print(f"{'tokens':>6} {'graph host us':>14} {'eager host us':>14} {'eager / graph':>14}")
+    for size, graph, eager, ratio in summarize(data):
+        print(f"{size:>6} {graph:>14.1f} {eager:>14.1f} {ratio:>14.1f}")
+    if args.plot is not None:
+        plot(data, args.plot)
+
+
+if __name__ == "__main__":
+    main()

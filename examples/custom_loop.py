@@ -1,0 +1,119 @@
+"""A toy serving loop that embeds staticattn the way an engine does.
+
+Requests arrive with prompts, are prefilled in chunks under a per-step token budget beside
+the running decodes (MTP: each decode verifies ``next_n`` tokens), grow a block at a time and
+finish. Each step the engine orders its batch decodes first, writes the block-table rows of
+that order in place, and hands the step's query lengths, sequence lengths and slots to
+``GraphManager.run``. The step function is the engine's own: a tiny sliding-window attention
+over a random KV cache, read through the SWA metadata.
+
+On a GPU every step replays a captured graph (a decode graph or a token bucket); without
+CUDA every step runs eagerly on the CPU kernels, and the loop says so.
+
+    python -m examples.custom_loop [--steps 40]      (from the repository root)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from staticattn import ArenaConfig, GraphManager, make_arena
+from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
+
+HEAD_DIM, NUM_BLOCKS, BUDGET = 32, 4096, 256
+
+
+class WindowAttention:
+    """The engine's step: decode tokens attend over their SWA window (``decode_swa_indices``,
+    -1 = no entry) in a random cache. Graph-safe: fixed buffers, no host read."""
+
+    def __init__(self, cfg: ArenaConfig, device: str) -> None:
+        gen = torch.Generator().manual_seed(0)
+        slots = NUM_BLOCKS * cfg.swa_block_size
+        self.cache = torch.randn(slots, HEAD_DIM, generator=gen).to(device)
+        self.query = torch.randn(cfg.max_num_batched_tokens, HEAD_DIM, generator=gen).to(device)
+        self.out = torch.zeros(cfg.max_num_batched_tokens, HEAD_DIM, device=device)
+
+    def __call__(self, batch, metadata):
+        idx = metadata["swa"].decode_swa_indices[:, 0, :]  # (rows, window) int32
+        rows = idx.shape[0]
+        keys = self.cache[idx.clamp(min=0).long()]  # (rows, window, HEAD_DIM)
+        scores = (keys * self.query[:rows, None, :]).sum(-1).masked_fill(idx < 0, -1e30)
+        weights = torch.softmax(scores, dim=-1) * (idx >= 0)
+        self.out[:rows].copy_((weights[..., None] * keys).sum(1))
+        return self.out[: batch.num_actual_tokens]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args()
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    cfg = ArenaConfig.deepseek_v4(max_num_seqs=16, max_num_batched_tokens=512,
+                                  max_model_len=4096, num_speculative_tokens=1, device=device)
+    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    rng = np.random.default_rng(0)
+    free = list(range(1, NUM_BLOCKS))  # block 0 stays the null block
+    requests = []  # dicts: prompt, done (tokens in the cache), blocks, swa_blocks
+    print("graphs: captured below" if cuda else "no CUDA: every step runs eagerly on the CPU")
+    with GraphManager(arena, inputs, builders, WindowAttention(cfg, device),
+                      progress=False, time_gpu=cuda) as gm:
+        if cuda:
+            gm.capture()
+        for step_no in range(args.steps):
+            while len(requests) < cfg.max_num_seqs and rng.random() < 0.4:
+                requests.append(dict(prompt=int(rng.integers(50, 600)), done=0, blocks=[],
+                                     swa_blocks=[]))
+            decodes = [r for r in requests if r["done"] >= r["prompt"]]
+            prefills = [r for r in requests if r["done"] < r["prompt"]]
+            batch, query_lens, budget = [], [], BUDGET - cfg.next_n * len(decodes)
+            for r in decodes:
+                batch.append(r)
+                query_lens.append(cfg.next_n)
+            for r in prefills:  # chunked prefill: what the budget leaves
+                chunk = min(r["prompt"] - r["done"], budget)
+                if chunk > 0:
+                    batch.append(r)
+                    query_lens.append(chunk)
+                    budget -= chunk
+            if not batch:
+                continue
+            seq_lens, slots = [], []
+            for b, (r, q) in enumerate(zip(batch, query_lens)):
+                length = r["done"] + q
+                for blocks, size in ((r["blocks"], cfg.block_size),
+                                     (r["swa_blocks"], cfg.swa_block_size)):
+                    while len(blocks) * size < length:  # grow a block at a time
+                        blocks.append(free.pop())
+                # This step's order is the batch order: write its rows in place.
+                inputs.block_table[b, : len(r["blocks"])] = torch.tensor(r["blocks"])
+                inputs.swa_block_table[b, : len(r["swa_blocks"])] = torch.tensor(r["swa_blocks"])
+                pos = np.arange(r["done"], length)
+                table = np.array(r["blocks"])
+                slots.append(table[pos // cfg.block_size] * cfg.block_size + pos % cfg.block_size)
+                seq_lens.append(length)
+            t0 = time.perf_counter()
+            res = gm.run(np.array(query_lens), np.array(seq_lens), np.concatenate(slots))
+            host_us = (time.perf_counter() - t0) * 1e6
+            gpu = f", GPU {res.gpu_us():.1f} us" if cuda else ""
+            where = f"{res.graph_kind} graph of {res.graph_size}" if res.mode == "graph" else (
+                f"eager ({res.reason})")
+            print(f"step {step_no:3d}: {len(decodes):2d} decodes, {len(batch) - len(decodes)} "
+                  f"prefill chunks, {sum(query_lens):4d} tokens -> {where}, host "
+                  f"{host_us:.0f} us{gpu}")
+            for r, q in zip(batch, query_lens):
+                r["done"] += q
+            for r in [r for r in requests if r["done"] >= r["prompt"] + 40]:  # finished
+                free += r["blocks"] + r["swa_blocks"]
+                requests.remove(r)
+        print(gm.describe() if cuda else f"eager steps: {dict(gm.stats.eager)}")
+
+
+if __name__ == "__main__":
+    main()
