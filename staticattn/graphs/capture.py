@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
@@ -10,9 +11,13 @@ from typing import Any
 import torch
 
 from staticattn.arena import Arena
-from staticattn.graphs.introspect import new_graph
+from staticattn.errors import GraphError
+from staticattn.graphs.introspect import new_graph, node_census
+from staticattn.graphs.launch import draws_random_numbers, make_launcher
+from staticattn.graphs.records import CapturedGraph
 
-__all__ = ["arena_contents_kept", "capture", "frozen_gc", "progress", "warm_up"]
+__all__ = ["arena_contents_kept", "capture", "capture_failed", "capture_record", "frozen_gc",
+           "progress", "warm_up"]
 
 
 def warm_up(fn: Callable[[], Any], stream: torch.cuda.Stream) -> Any:
@@ -47,6 +52,39 @@ def capture(
             pass  # torch versions that instantiate in capture_end refuse a second one
     torch.cuda.synchronize()
     return graph, result
+
+
+def capture_failed(exc: Exception, what: str, device: torch.device) -> GraphError:
+    """The error for a capture of ``what`` that raised ``exc``, once the device is idle (the
+    failed graph is not recorded; those captured before stay usable)."""
+    torch.cuda.synchronize(device)
+    return GraphError(
+        f"capturing {what} failed: {type(exc).__name__}: {exc}. Everything captured must "
+        "launch only kernels on fixed buffers: no host read (.item(), .tolist(), .cpu()), no "
+        "allocation outside the pool, no branch on data (python -m staticattn check names "
+        "the offending op)"
+    )
+
+
+def capture_record(kind: str, size: int, num_reqs: int, stage: Callable[[], None],
+                   body: Callable[[], tuple[Any, Any]], *, capture_stream: torch.cuda.Stream,
+                   pool, stream: torch.cuda.Stream, raw_launch: bool) -> CapturedGraph:
+    """Stage the minimal step (``stage``), warm ``body`` up, capture it into ``pool`` and
+    make its launcher (raw unless ``raw_launch`` is off or the body draws random numbers,
+    which only ``replay()`` advances). ``body`` returns ``(outputs, metadata)``."""
+    device = capture_stream.device
+    mem0 = torch.cuda.memory_reserved(device)
+    t0 = time.perf_counter()
+    stage()
+    _, rng_ops = warm_up(lambda: draws_random_numbers(body), capture_stream)
+    graph, (outputs, metadata) = capture(body, capture_stream, pool=pool)
+    launch, how = make_launcher(graph, stream, raw=raw_launch and not rng_ops)
+    return CapturedGraph(
+        kind=kind, size=size, num_reqs=num_reqs, graph=graph, outputs=outputs,
+        metadata=metadata, capture_s=time.perf_counter() - t0,
+        pool_bytes=torch.cuda.memory_reserved(device) - mem0,
+        nodes=node_census(graph), launch=launch, how=how,
+    )
 
 
 @contextmanager

@@ -8,7 +8,6 @@ uniform decode size and one per token bucket, largest first, into one shared poo
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,13 +17,12 @@ from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
 from staticattn.graphs.capture import (
     arena_contents_kept,
-    capture,
+    capture_failed,
+    capture_record,
     frozen_gc,
     progress,
     warm_up,
 )
-from staticattn.graphs.introspect import node_census
-from staticattn.graphs.launch import draws_random_numbers, make_launcher
 from staticattn.graphs.records import DECODE, MIXED, CapturedGraph
 from staticattn.graphs.sizes import (
     bucket_requests,
@@ -78,15 +76,8 @@ class GraphCapture:
                     try:
                         captured.append(self._capture_one(kind, size))
                     except Exception as exc:
-                        # The failed graph is not recorded; those captured before stay usable.
-                        torch.cuda.synchronize(self.arena.device)
-                        raise GraphError(
-                            f"capturing the {kind} graph of {size} tokens failed: "
-                            f"{type(exc).__name__}: {exc}. The step and every build must "
-                            "launch only kernels on fixed buffers: no host read (.item(), "
-                            ".tolist(), .cpu()), no allocation, no branch on data (python -m "
-                            "staticattn check names the offending op)"
-                        ) from exc
+                        raise capture_failed(exc, f"the {kind} graph of {size} tokens",
+                                             self.arena.device) from exc
             finally:
                 self._table = self._new_table()
         return captured
@@ -102,21 +93,10 @@ class GraphCapture:
 
     def _capture_one(self, kind: str, size: int) -> CapturedGraph:
         num_reqs = size // self._n if kind == DECODE else bucket_requests(self.config, size)
-        mem0 = torch.cuda.memory_reserved(self.arena.device)
-        t0 = time.perf_counter()
-        self.stage_warm_up(kind, num_reqs, size)
-        _, rng_ops = warm_up(
-            lambda: draws_random_numbers(lambda: self.body(kind, num_reqs, size)),
-            self._capture_stream)
-        graph, (outputs, metadata) = capture(lambda: self.body(kind, num_reqs, size),
-                                             self._capture_stream, pool=self._pool)
-        launch, how = make_launcher(graph, self.stream, raw=self.raw_launch and not rng_ops)
-        record = CapturedGraph(
-            kind=kind, size=size, num_reqs=num_reqs, graph=graph, outputs=outputs,
-            metadata=metadata, capture_s=time.perf_counter() - t0,
-            pool_bytes=torch.cuda.memory_reserved(self.arena.device) - mem0,
-            nodes=node_census(graph), launch=launch, how=how,
-        )
+        record = capture_record(
+            kind, size, num_reqs, lambda: self.stage_warm_up(kind, num_reqs, size),
+            lambda: self.body(kind, num_reqs, size), capture_stream=self._capture_stream,
+            pool=self._pool, stream=self.stream, raw_launch=self.raw_launch)
         (self.graphs if kind == DECODE else self.mixed_graphs)[size] = record
         return record
 

@@ -28,19 +28,20 @@ A step no captured bucket holds runs eagerly: the producer runs, its lengths are
 from __future__ import annotations
 
 import bisect
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from staticattn.builders.batch import Batch
 from staticattn.errors import CapacityError, GraphError, InvalidBatchError
-from staticattn.graphs.capture import arena_contents_kept, capture, frozen_gc, warm_up
-from staticattn.graphs.introspect import node_census
-from staticattn.graphs.launch import draws_random_numbers, make_launcher
+from staticattn.graphs.capture import (
+    arena_contents_kept,
+    capture_failed,
+    capture_record,
+    frozen_gc,
+)
 from staticattn.graphs.records import CapturedGraph
 from staticattn.graphs.sizes import bucket_requests, default_mixed_buckets, normalize_mixed_buckets
 from staticattn.staging import StepInputs
@@ -101,12 +102,8 @@ class DeviceLengthSteps:
                 try:
                     captured.append(self._capture_one(size))
                 except Exception as exc:
-                    torch.cuda.synchronize(gm.arena.device)
-                    raise GraphError(
-                        f"capturing the device-lengths graph of {size} tokens failed: "
-                        f"{type(exc).__name__}: {exc}. The producer, every build and the "
-                        "step must launch only kernels on fixed buffers"
-                    ) from exc
+                    raise capture_failed(exc, f"the device-lengths graph of {size} tokens",
+                                         gm.arena.device) from exc
                 finally:
                     self._sizes = sorted(self.graphs)
         return captured
@@ -114,21 +111,10 @@ class DeviceLengthSteps:
     def _capture_one(self, size: int) -> CapturedGraph:
         gm = self.manager
         num_reqs = bucket_requests(self.config, size)
-        mem0 = torch.cuda.memory_reserved(gm.arena.device)
-        t0 = time.perf_counter()
-        self.inputs.stage_device_step(num_reqs)
-        _, rng_ops = warm_up(
-            lambda: draws_random_numbers(lambda: self.body(num_reqs, size)),
-            gm._capture_stream)
-        graph, (outputs, metadata) = capture(lambda: self.body(num_reqs, size),
-                                             gm._capture_stream, pool=gm._pool)
-        launch, how = make_launcher(graph, gm.stream, raw=gm.raw_launch and not rng_ops)
-        record = CapturedGraph(
-            kind=DEVICE_LENGTHS, size=size, num_reqs=num_reqs, graph=graph, outputs=outputs,
-            metadata=metadata, capture_s=time.perf_counter() - t0,
-            pool_bytes=torch.cuda.memory_reserved(gm.arena.device) - mem0,
-            nodes=node_census(graph), launch=launch, how=how,
-        )
+        record = capture_record(
+            DEVICE_LENGTHS, size, num_reqs, lambda: self.inputs.stage_device_step(num_reqs),
+            lambda: self.body(num_reqs, size), capture_stream=gm._capture_stream,
+            pool=gm._pool, stream=gm.stream, raw_launch=gm.raw_launch)
         self.graphs[size] = record
         return record
 
