@@ -16,8 +16,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from oracle import dcp as oracle
-from support import DEVICE, host_steps, stage
+from support import DEVICE, host_steps, make_step, stage
 from test_mixed_builds import bucket_for, stage_mixed
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -157,3 +158,42 @@ def test_mixed_build_matches_oracle_on_every_rank(backend, world, ratio, interle
             oracle.assert_mixed_matches(meta, want, cfg, step)
 
     check()
+
+
+class _OpTrace(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+HOST_READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique",
+              "repeat_interleave", "is_nonzero", "equal", "allclose"}
+
+
+@pytest.mark.parametrize("build", ["build_decode", "build_mixed"])
+def test_torch_graph_safe_builds_read_nothing_back_under_dcp(build):
+    """The rank is a static int: the graph-safe builds of a DCP rank run the same torch ops
+    whatever the data, and none of them reads the device back."""
+    cfg = _config("torch", 2, 1, 4, 4, 256, 2)
+    builder = IndexerMetadataBuilder()
+    _, inputs = make_arena(cfg, [builder])
+
+    def run(lens):
+        step = make_step(cfg, [2, 2], lens, num_reqs_padded=3, num_tokens_padded=6)
+        if build == "build_decode":
+            stage(inputs, step)
+            return builder.build_decode(Batch.for_decode_capture(inputs, 3))
+        return builder.build_mixed(stage_mixed(inputs, step, 4, 8))
+
+    run([9, 9])  # cuts and keeps the views of this size
+    traces = []
+    for lens in ([3, 4], [2000, 1500]):
+        with _OpTrace() as trace:
+            run(lens)
+        traces.append(trace.ops)
+    assert not HOST_READS & set(traces[0])
+    assert traces[0] == traces[1]
