@@ -17,6 +17,7 @@ __all__ = [
     "ArenaError",
     "GraphError",
     "BackendUnavailableError",
+    "RankMismatchError",
 ]
 
 
@@ -46,3 +47,9 @@ class GraphError(StaticAttnError, RuntimeError):
 
 class BackendUnavailableError(StaticAttnError, RuntimeError):
     """A requested kernel backend or optional library cannot run here."""
+
+
+class RankMismatchError(StaticAttnError, RuntimeError):
+    """The ranks of a decode-context-parallel group disagree -- handed different steps,
+    configs or ranks -- or one of them did not answer the consistency check in time. Raised
+    on every rank that took part, before anything is staged or launched."""

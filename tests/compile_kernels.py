@@ -52,32 +52,38 @@ def ptrs(names: str, dtype) -> dict:
 
 
 def cases():
+    dcp_args = dict.fromkeys("dcp_world dcp_rank dcp_interleave".split(), 1)
     decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out counts "
-                     "token_to_req", I32),
+                     "token_to_req global_seq_lens", I32),
               **ptrs("positions slots_out", I64), **dict.fromkeys(
                   "bt_stride table_stride num_decodes num_rows width num_cols compress_ratio "
-                  "storage_bs num_slot_tokens".split(), 1)}
+                  "storage_bs num_slot_tokens".split(), 1), **dcp_args}
     for flatten in (True, False):
         for slots in (True, False):
             for device_counts in (True, False):
-                yield indexer_kernel._decode_kernel(), decode, dict(
-                    DECODE=True, FLATTEN=flatten, SLOTS=slots, DEVICE_COUNTS=device_counts,
-                    BLOCK=128, COLS=64)
-    yield indexer_kernel._decode_kernel(), {**decode, "seq_lens": I64}, dict(
-        DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, BLOCK=128, COLS=64)
+                for dcp in (True, False):
+                    yield indexer_kernel._decode_kernel(), decode, dict(
+                        DECODE=True, FLATTEN=flatten, SLOTS=slots,
+                        DEVICE_COUNTS=device_counts, DCP=dcp, BLOCK=128, COLS=64)
+    for dcp in (True, False):
+        yield indexer_kernel._decode_kernel(), {**decode, "seq_lens": I64}, dict(
+            DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, DCP=dcp, BLOCK=128,
+            COLS=64)
     for legacy in (True, False):
         yield mqa_schedule._schedule_kernel(), {
             "lens": I32, "out": I32, **dict.fromkeys(
                 "row_stride last_col batch num_sms atoms".split(), 1)}, dict(
             LEGACY=legacy, SPLIT=256, SM_BLOCK=256, CHUNK=1024, ROWS=128, SMS_STEP=16)
-    yield indexer_prefill._chunk_kernel(), {
-        **ptrs("qsl seq_lens cu_seq_lens ks_out ke_out", I32), "start": 1,
-        "compress_ratio": 1}, dict(BLOCK=256)
-    yield indexer_plan._plan_kernel(), {
-        **ptrs("qsl seq_lens token_to_req counts chunk_bounds num_chunks_out cu_seq_lens "
-               "req_key_start ks_out ke_out", I32), "positions": I64, **dict.fromkeys(
-            "num_reqs num_tokens max_chunks compress_ratio workspace budget".split(), 1)}, dict(
-        BLOCK=1024, FIELDS=8)
+    for dcp in (True, False):
+        yield indexer_prefill._chunk_kernel(), {
+            **ptrs("qsl seq_lens cu_seq_lens local_cu_seq_lens ks_out ke_out", I32),
+            "start": 1, "compress_ratio": 1, **dcp_args}, dict(DCP=dcp, BLOCK=256)
+        yield indexer_plan._plan_kernel(), {
+            **ptrs("qsl seq_lens token_to_req counts chunk_bounds num_chunks_out cu_seq_lens "
+                   "req_key_start ks_out ke_out local_cu_seq_lens local_req_key_start", I32),
+            "positions": I64, **dcp_args, **dict.fromkeys(
+                "num_reqs num_tokens max_chunks compress_ratio workspace budget".split(),
+                1)}, dict(DCP=dcp, BLOCK=1024, FIELDS=8)
     yield staging._uniform_kernel(), {
         **ptrs("host_seq_lens host_counts qsl_out seq_lens_out token_to_req_out counts_out "
                "query_lens_out", I32), **ptrs("host_slots slots_out positions_out", I64),

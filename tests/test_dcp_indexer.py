@@ -1,7 +1,8 @@
 """The indexer builder under decode context parallelism against the per-rank oracle
 (``oracle/dcp.py``), on random realistic steps: world sizes 2 and 4, every rank, interleaves
 that respect the compress ratio, next_n 1-3 (native, native MTP, flatten), the eager build
-(decode, mixed with chunked prefills, prefill) and the graph-safe decode build.
+(decode, mixed with chunked prefills, prefill), the graph-safe decode build and the
+graph-safe mixed build (prefill chunks planned on the device).
 
 Each example stages one step on every rank's arena (each rank its own ``dcp_rank``, the same
 global inputs) and checks each rank against the oracle, and the ranks against each other:
@@ -10,16 +11,19 @@ over all ranks."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from oracle import dcp as oracle
-from support import DEVICE, host_steps, stage
+from support import DEVICE, host_steps, make_step, stage
+from test_mixed_builds import bucket_for, stage_mixed
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.errors import ConfigError
+from staticattn.builders.indexer_prefill import max_chunks
 
 # (world, index compress ratio, interleave, block size, next_n)
 GRID = [
@@ -32,6 +36,7 @@ GRID_IDS = [f"W{w}-R{r}-I{i}-bs{bs}-n{n}" for w, r, i, bs, n in GRID]
 # rank-batches on torch over the grid). Interpreted Triton is slow: fewer there.
 EAGER_EXAMPLES = {"torch": 60, "triton": 15}
 DECODE_EXAMPLES = {"torch": 45, "triton": 10}
+MIXED_EXAMPLES = {"torch": 25, "triton": 6}
 
 
 def _config(backend, world, rank, ratio, interleave, block_size, n):
@@ -135,11 +140,60 @@ def test_compressed_entry_owner_example():
     assert oracle.local_index(2, 4, 2, 4) == 1
 
 
-def test_mixed_build_refuses_dcp_prefill_plan():
-    cfg = _config("torch", 2, 0, 1, 1, 64, 1)
+@pytest.mark.parametrize(("world", "ratio", "interleave", "block_size", "n"), GRID,
+                         ids=GRID_IDS)
+def test_mixed_build_matches_oracle_on_every_rank(backend, world, ratio, interleave,
+                                                  block_size, n):
+    ranks = _ranks(backend, world, ratio, interleave, block_size, n)
+
+    @settings(max_examples=MIXED_EXAMPLES[backend])
+    @given(host_steps(ranks[0][0]))
+    def check(step):
+        num_reqs, num_tokens = bucket_for(ranks[0][0], step.num_tokens,
+                                          np.random.default_rng(step.num_tokens))
+        rows = max_chunks(ranks[0][0], num_reqs, num_tokens)
+        for rank, (cfg, builder, _, inputs) in enumerate(ranks):
+            meta = builder.build_mixed(stage_mixed(inputs, step, num_reqs, num_tokens))
+            want = oracle.mixed_indexer(cfg, step, rank, num_reqs, num_tokens, rows)
+            oracle.assert_mixed_matches(meta, want, cfg, step)
+
+    check()
+
+
+class _OpTrace(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+HOST_READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique",
+              "repeat_interleave", "is_nonzero", "equal", "allclose"}
+
+
+@pytest.mark.parametrize("build", ["build_decode", "build_mixed"])
+def test_torch_graph_safe_builds_read_nothing_back_under_dcp(build):
+    """The rank is a static int: the graph-safe builds of a DCP rank run the same torch ops
+    whatever the data, and none of them reads the device back."""
+    cfg = _config("torch", 2, 1, 4, 4, 256, 2)
     builder = IndexerMetadataBuilder()
     _, inputs = make_arena(cfg, [builder])
-    inputs.stage([1, 5], [9, 5], list(range(6)))
-    inputs.copy_to_device(2, 6)
-    with pytest.raises(ConfigError, match="dcp_world_size=2"):
-        builder.build_mixed(Batch.for_mixed_capture(inputs, 2, 6))
+
+    def run(lens):
+        step = make_step(cfg, [2, 2], lens, num_reqs_padded=3, num_tokens_padded=6)
+        if build == "build_decode":
+            stage(inputs, step)
+            return builder.build_decode(Batch.for_decode_capture(inputs, 3))
+        return builder.build_mixed(stage_mixed(inputs, step, 4, 8))
+
+    run([9, 9])  # cuts and keeps the views of this size
+    traces = []
+    for lens in ([3, 4], [2000, 1500]):
+        with _OpTrace() as trace:
+            run(lens)
+        traces.append(trace.ops)
+    assert not HOST_READS & set(traces[0])
+    assert traces[0] == traces[1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from staticattn.errors import ConfigError, InvalidBatchError
+from staticattn.kernels.dcp import dcp_local_count
 
 __all__ = ["get_dcp_local_seq_lens"]
 
@@ -49,7 +50,8 @@ def get_dcp_local_seq_lens(
 
     Notes
     -----
-    Elementwise torch ops only: no host read, so it runs on any device and inside a graph,
+    Elementwise torch ops only (:func:`staticattn.kernels.dcp.dcp_local_count`, the formula
+    the builders' kernels share): no host read, so it runs on any device and inside a graph,
     though it allocates its result and temporaries (from the graph's pool under capture).
 
     Examples
@@ -73,10 +75,9 @@ def get_dcp_local_seq_lens(
             f"seq_lens must be 1-D (num_reqs,), got shape {tuple(seq_lens.shape)}"
         )
     lens = seq_lens.to(torch.int32)
-    base = torch.div(lens, interleave * dcp_size, rounding_mode="floor") * interleave
-    rem = lens - base * dcp_size
     if dcp_rank is not None:
-        return base + (rem - dcp_rank * interleave).clamp(0, interleave)
-    offsets = torch.arange(dcp_size, dtype=torch.int32, device=lens.device) * interleave
-    local = base[:, None] + (rem[:, None] - offsets).clamp(0, interleave)
-    return local if dcp_size > 1 else local[:, 0]
+        return dcp_local_count(lens, dcp_size, dcp_rank, interleave)
+    if dcp_size == 1:
+        return lens
+    return torch.stack([dcp_local_count(lens, dcp_size, r, interleave)
+                        for r in range(dcp_size)], dim=1)

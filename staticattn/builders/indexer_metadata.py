@@ -77,8 +77,9 @@ class IndexerPrefillPlan:
     ----------
     chunk_bounds : int32 ``(C, 8)``
         Row ``c < num_chunks``: ``[req_start, req_end, token_start, token_end,
-        total_seq_lens, skip_kv_gather, 0, 0]``, the fields of one
-        :class:`IndexerPrefillChunkMetadata`; rows past ``num_chunks``: zeros.
+        total_seq_lens, skip_kv_gather, local_total_seq_lens, max_local_total_seq_lens]``,
+        the fields of one :class:`IndexerPrefillChunkMetadata` (the last two 0 without
+        decode context parallelism); rows past ``num_chunks``: zeros.
     num_chunks : int32 ``(1,)``
     cu_seq_lens : int32 ``(2 R,)``
         The chunk over requests ``[s, e)`` reads its key prefix sums at ``[2s, s + e + 1)``;
@@ -87,10 +88,13 @@ class IndexerPrefillPlan:
         Keys of a prefill request's range before it (its ``cu_seq_lens`` entry); 0 for the
         other requests.
     cu_seqlen_ks, cu_seqlen_ke : int32 ``(T,)``
-        By global token: a prefill token's key range in its chunk's gathered K; 0, 0 for
-        decode and padded tokens.
+        By global token: a prefill token's key range in its chunk's gathered K (under DCP
+        the rank's locally gathered K); 0, 0 for decode and padded tokens.
     block_table : int32 ``(R, max_blocks)``
         The batch's block table; chunk ``[s, e)`` reads rows ``[s, e)``.
+    local_cu_seq_lens, local_req_key_start : int32 ``(2 R,)``, ``(R,)`` or None
+        Under decode context parallelism: ``cu_seq_lens`` and ``req_key_start`` of the
+        rank's local keys; None without.
     """
 
     chunk_bounds: torch.Tensor
@@ -100,6 +104,8 @@ class IndexerPrefillPlan:
     cu_seqlen_ks: torch.Tensor
     cu_seqlen_ke: torch.Tensor
     block_table: torch.Tensor
+    local_cu_seq_lens: torch.Tensor | None = None
+    local_req_key_start: torch.Tensor | None = None
 
 
 @dataclass(slots=True)

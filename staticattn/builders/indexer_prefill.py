@@ -18,7 +18,6 @@ from staticattn.builders.indexer_metadata import (
     IndexerPrefillMetadata,
     IndexerPrefillPlan,
 )
-from staticattn.errors import ConfigError
 from staticattn.kernels.dcp import DCPShard, dcp_local_count
 from staticattn.kernels.indexer_plan import (
     CHUNK_FIELDS,
@@ -46,7 +45,8 @@ class IndexerPrefill:
     for disjoint ranges, so every chunk of a step keeps its own view); ``prefill_chunks``
     int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``, ``req_key_start`` int32
     ``(R,)`` (the device plan; ``C`` from :func:`max_chunks`); under decode context
-    parallelism ``local_cu_seq_lens`` int32 ``(2R,)``, laid out as ``cu_seq_lens``.
+    parallelism ``local_cu_seq_lens`` int32 ``(2R,)``, laid out as ``cu_seq_lens``, and
+    ``local_req_key_start`` int32 ``(R,)``, as ``req_key_start``: the rank's local keys.
     """
 
     def __init__(self) -> None:
@@ -63,7 +63,8 @@ class IndexerPrefill:
                        (max_chunks(config, reqs, tokens), CHUNK_FIELDS), torch.int32),
             BufferDecl("indexer.num_prefill_chunks", (1,), torch.int32),
             BufferDecl("indexer.req_key_start", (reqs,), torch.int32),
-        ] + ([BufferDecl("indexer.local_cu_seq_lens", (2 * reqs,), torch.int32)]
+        ] + ([BufferDecl("indexer.local_cu_seq_lens", (2 * reqs,), torch.int32),
+              BufferDecl("indexer.local_req_key_start", (reqs,), torch.int32)]
              if config.dcp_world_size > 1 else [])
 
     def bind(self, arena: Arena, backend: str) -> None:
@@ -81,6 +82,7 @@ class IndexerPrefill:
         self.dcp = (DCPShard(cfg.dcp_world_size, cfg.dcp_rank, cfg.dcp_compressed_interleave)
                     if sharded else None)
         self.local_cu_seq_lens = arena["indexer.local_cu_seq_lens"] if sharded else None
+        self.local_req_key_start = arena["indexer.local_req_key_start"] if sharded else None
 
     # ------------------------------------------------------------------ host plan
     def host_keys(self, batch: Batch) -> np.ndarray:
@@ -153,21 +155,18 @@ class IndexerPrefill:
     # ---------------------------------------------------------------- device plan
     def build_device_planned(self, batch: Batch) -> IndexerPrefillMetadata:
         """The same chunks planned on the device, for a step of any composition within
-        ``batch``'s static extents (graph-safe; one launch). Not yet under decode context
-        parallelism: the device plan has no local row bounds (a :class:`ConfigError`)."""
+        ``batch``'s static extents (graph-safe; one launch); under decode context
+        parallelism with the rank's local row bounds."""
         cfg = self.config
-        if self.dcp is not None:
-            raise ConfigError(
-                f"the indexer's device-planned prefill (build_mixed) does not localise its row "
-                f"bounds yet; dcp_world_size={cfg.dcp_world_size} needs the eager build() for "
-                "steps with prefills"
-            )
+        sharded = self.dcp is not None
         r, t = batch.num_reqs, batch.num_actual_tokens
         plan = IndexerPrefillPlan(
             chunk_bounds=self.prefill_chunks[: max_chunks(cfg, r, t)],
             num_chunks=self.num_prefill_chunks, cu_seq_lens=self.cu_seq_lens[: 2 * r],
             req_key_start=self.req_key_start[:r], cu_seqlen_ks=self.cu_seqlen_ks[:t],
             cu_seqlen_ke=self.cu_seqlen_ke[:t], block_table=batch.block_table,
+            local_cu_seq_lens=self.local_cu_seq_lens[: 2 * r] if sharded else None,
+            local_req_key_start=self.local_req_key_start[:r] if sharded else None,
         )
         plan_prefill_chunks(
             self.backend, batch.query_start_loc, batch.seq_lens, batch.positions,
@@ -175,5 +174,7 @@ class IndexerPrefill:
             plan.cu_seq_lens, plan.req_key_start, plan.cu_seqlen_ks, plan.cu_seqlen_ke,
             num_reqs=r, num_tokens=t, compress_ratio=self.compress_ratio,
             workspace=cfg.max_prefill_workspace, logits_budget=cfg.max_logits_bytes // 4,
+            dcp=self.dcp, local_cu_seq_lens=plan.local_cu_seq_lens,
+            local_req_key_start=plan.local_req_key_start,
         )
         return IndexerPrefillMetadata([], plan)

@@ -16,6 +16,7 @@ length ``g`` (entries ``0 .. g - 1``) becomes the number of those entries the ra
 from __future__ import annotations
 
 from oracle import indexer as single
+from oracle import mixed as single_mixed
 
 
 def owner_of_entry(c: int, ratio: int, world: int, interleave: int) -> int:
@@ -48,7 +49,7 @@ def _counter(ratio: int, world: int, rank: int, interleave: int):
     return count
 
 
-def slot_mapping(config, step, rank: int) -> list[int]:
+def slot_mapping(config, step, rank: int, num_tokens: int | None = None) -> list[int]:
     """§4.5 per rank: the token completing entry ``c`` writes it only on ``c``'s owner, at
     the slot of its local index in that rank's block table."""
     ratio, world = config.index_compress_ratio, config.dcp_world_size
@@ -56,7 +57,7 @@ def slot_mapping(config, step, rank: int) -> list[int]:
     qsl, seq_lens = step.query_start_loc, step.padded_seq_lens()
     # local_index(c) = the entries before c its owner holds: that owner's local count of c.
     counts = [_counter(ratio, world, r, interleave) for r in range(world)]
-    out = [-1] * step.num_tokens_padded
+    out = [-1] * (step.num_tokens_padded if num_tokens is None else num_tokens)
     for b in range(step.num_reqs):
         q = qsl[b + 1] - qsl[b]
         for j in range(q):
@@ -128,3 +129,55 @@ def assert_matches(meta, expected, step, arena) -> None:
         assert chunk.local_cu_seq_lens.tolist() == want["local_cu_seq_lens"]
         assert chunk.local_total_seq_lens == want["local_total_seq_lens"]
         assert chunk.max_local_total_seq_lens == want["max_local_total_seq_lens"]
+
+
+def mixed_indexer(config, step, rank: int, num_reqs: int, num_tokens: int, chunk_rows: int):
+    """Every output of rank ``rank``'s ``build_mixed`` for a bucket: the single-GPU mixed
+    oracle's global values, localised; chunk rows gain the local and the largest local key
+    counts of their range (columns 6 and 7)."""
+    ratio, world = config.index_compress_ratio, config.dcp_world_size
+    interleave = config.cp_kv_cache_interleave_size
+    exp = single_mixed.indexer(config, step, num_reqs, num_tokens, chunk_rows)
+    count = _counter(ratio, world, rank, interleave)
+    exp["slot_mapping"] = slot_mapping(config, step, rank, num_tokens)
+    exp["global_seq_lens"] = exp["seq_lens"]
+    exp["seq_lens"] = [[count(g) for g in row] for row in exp["seq_lens"]]
+    exp["schedule"] = single.mqa_schedule(exp["seq_lens"], config.num_sms, legacy=False)
+    seq = step.padded_seq_lens() + [0] * (num_reqs - step.num_reqs_padded)
+    keys = [[_counter(ratio, world, r, interleave)(s // ratio) for s in seq]
+            for r in range(world)]
+    k, nt, d, td = single_mixed.counts(config, step)
+    query_lens = [int(x) for x in step.query_lens]
+    plan = single.prefill_chunk_plan([s // ratio for s in seq[d:k]], query_lens[d:],
+                                     config.max_prefill_workspace, config.max_logits_bytes, d)
+    local_cu, local_start = [0] * (2 * num_reqs), [0] * num_reqs
+    range_of = {}
+    for (s, e), _ in plan:
+        running = 0
+        for j, b in enumerate(range(s, e)):
+            local_start[b] = running
+            local_cu[2 * s + j] = running
+            running += keys[rank][b]
+            range_of[b] = (s, e)
+        local_cu[s + e] = running
+    for row in exp["chunk_bounds"]:
+        s, e = row[0], row[1]
+        if e > 0:
+            row[6] = sum(keys[rank][s:e])
+            row[7] = max(sum(keys[r][s:e]) for r in range(world))
+    qsl = step.query_start_loc
+    for b in range(d, k):
+        q = qsl[b + 1] - qsl[b]
+        for o in range(q):
+            exp["cu_seqlen_ks"][qsl[b] + o] = local_start[b]
+            exp["cu_seqlen_ke"][qsl[b] + o] = local_start[b] + count((seq[b] - q + 1 + o) // ratio)
+    exp.update(local_cu_seq_lens=local_cu, local_req_key_start=local_start)
+    return exp
+
+
+def assert_mixed_matches(meta, exp, config, step) -> None:
+    single_mixed.assert_indexer_matches(meta, exp, config, step)
+    assert meta.decode.global_seq_lens.tolist() == exp["global_seq_lens"]
+    plan = meta.prefill.plan
+    assert plan.local_cu_seq_lens.tolist() == exp["local_cu_seq_lens"]
+    assert plan.local_req_key_start.tolist() == exp["local_req_key_start"]

@@ -56,7 +56,9 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
     padded_qsl = qsl + [nt] * (num_reqs - k)
     padded_seq = seq + [0] * (num_reqs - k)
     padded_table = table + [[0] * len(table[0])] * (num_reqs - k)
-    if ratio > 1:
+    if cfg.dcp_world_size > 1:
+        slots = None  # each rank's own: oracle/dcp.py
+    elif ratio > 1:
         slots = indexer_oracle.compressed_slot_mapping(
             padded_qsl, padded_seq, padded_table, cfg.storage_block_size, ratio, num_tokens)
     else:

@@ -1,0 +1,153 @@
+"""The per-rank bodies of the multi-process DCP tests (``test_dcp_gloo.py``): each runs in
+its own process, joined to a gloo group over a file store, and writes what it saw to
+``<out>/rank<r>.json`` for the parent to check."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+WORLD = 2
+STEPS = 40
+
+
+def config(rank: int):
+    from staticattn.arena import ArenaConfig
+
+    return ArenaConfig(
+        max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048, block_size=256,
+        num_speculative_tokens=1, index_compress_ratio=4, compress_ratios=(1, 4, 128),
+        sliding_window=16, swa_block_size=16, num_sms=5, max_prefill_workspace=600,
+        max_logits_bytes=4 * 6_000, dcp_world_size=WORLD, dcp_rank=rank,
+        cp_kv_cache_interleave_size=4, device="cpu", kernel_backend="torch",
+    )
+
+
+def random_step(cfg, rng: np.random.Generator, num_reqs: int | None = None):
+    """A decode-first step of ``num_reqs`` requests (random when None): decodes of 1..next_n
+    tokens, then a few prefills and extends."""
+    from support import make_step
+
+    n = cfg.next_n
+    num_reqs = int(rng.integers(1, cfg.max_num_seqs + 1)) if num_reqs is None else num_reqs
+    num_decodes = int(rng.integers(0, num_reqs + 1))
+    q = [int(rng.integers(1, n + 1)) for _ in range(num_decodes)]
+    budget = cfg.max_num_batched_tokens - sum(q) - (num_reqs - num_decodes)
+    for _ in range(num_reqs - num_decodes):
+        extra = int(rng.integers(0, max(budget // 2, 0) + 1))
+        budget -= extra
+        q.append(n + 1 + extra)
+    while sum(q) > cfg.max_num_batched_tokens:
+        q.pop()
+    seq = [int(rng.integers(qi, cfg.max_model_len + 1)) for qi in q]
+    return make_step(cfg, q, seq, rng=rng)
+
+
+def _join(rank: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                            world_size=WORLD, timeout=timedelta(seconds=60))
+
+
+def _write(out: str, rank: int, record: dict) -> None:
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+def consistent_steps(rank: int, out: str) -> None:
+    """Every rank builds the same random steps; rank r's decode and slot outputs, gathered
+    to every rank, go to the parent, which checks them against the oracle."""
+    from support import stage
+
+    from staticattn.builders import make_arena
+    from staticattn.builders.dcp_check import check_dcp_step
+    from staticattn.builders.indexer import IndexerMetadataBuilder
+    from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+
+    _join(rank, out)
+    cfg = config(rank)
+    indexer, swa = IndexerMetadataBuilder(), SparseSWAMetadataBuilder()
+    _, inputs = make_arena(cfg, [indexer, swa])
+    rng = np.random.default_rng(1234)  # the same seed on every rank: the same steps
+    record = {"steps": []}
+    for _ in range(STEPS):
+        step = random_step(cfg, rng)
+        check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=20))
+        batch = stage(inputs, step)
+        meta = indexer.build(batch)
+        swa_meta = swa.build(batch)
+        mine = {
+            "slot_mapping": meta.slot_mapping.tolist(),
+            "decode_seq_lens": None if meta.decode is None else meta.decode.seq_lens.tolist(),
+            "decode_global": (None if meta.decode is None
+                              else meta.decode.global_seq_lens.tolist()),
+            "chunks": [[c.local_cu_seq_lens.tolist(), c.cu_seqlen_ks.tolist(),
+                        c.cu_seqlen_ke.tolist(), c.local_total_seq_lens,
+                        c.max_local_total_seq_lens]
+                       for c in (meta.prefill.chunks if meta.prefill else [])],
+            "swa": swa_meta.decode_swa_indices.tolist(),
+        }
+        every = [None] * WORLD
+        dist.all_gather_object(every, mine)
+        record["steps"].append({"query_lens": step.query_lens.tolist(),
+                                "seq_lens": step.seq_lens.tolist(),
+                                "block_table": step.block_table.tolist(), "ranks": every})
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+def mismatched_steps(rank: int, out: str) -> None:
+    """Rank 0 is handed 3 requests, rank 1 four: each must raise the typed error from the
+    check, before anything is staged."""
+    from staticattn.builders.dcp_check import check_dcp_step
+
+    _join(rank, out)
+    cfg = config(rank)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=3 + rank)
+    record = {"staged": False}
+    try:
+        check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=20))
+        record["staged"] = True  # the engine would stage and launch here
+    except Exception as exc:  # noqa: BLE001 - the parent checks the type
+        record["error"] = type(exc).__name__
+        record["message"] = str(exc)
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+def silent_rank(rank: int, out: str) -> None:
+    """Rank 1 never joins the check (it failed earlier); rank 0 must get the typed error
+    within its timeout, not hang."""
+    from staticattn.builders.dcp_check import check_dcp_step
+
+    _join(rank, out)
+    cfg = config(rank)
+    record = {}
+    if rank == 1:
+        time.sleep(8)
+    else:
+        step = random_step(cfg, np.random.default_rng(7))
+        start = time.monotonic()
+        try:
+            check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=2))
+        except Exception as exc:  # noqa: BLE001 - the parent checks the type
+            record["error"] = type(exc).__name__
+        record["waited_s"] = time.monotonic() - start
+    _write(out, rank, record)
+    os._exit(0)  # the group is broken on purpose: skip its teardown
+
+
+def run(rank: int, target, out: str) -> None:
+    """Spawn entry: run ``target`` and leave a traceback for the parent on failure."""
+    try:
+        torch.set_num_threads(1)
+        target(rank, out)
+    except BaseException:
+        _write(out, rank, {"crash": traceback.format_exc()})
+        raise

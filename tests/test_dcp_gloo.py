@@ -1,0 +1,86 @@
+"""Decode context parallelism across processes on the CPU: two ranks joined by gloo.
+
+* consistent steps: each rank builds its own metadata for the same random steps (after the
+  cross-rank step check); the ranks all-gather their outputs and each rank's equals the
+  per-rank oracle, the local lengths add up to the global ones, and the SWA rows are the same
+  on every rank (replicated);
+* inconsistent steps (different batch sizes on the two ranks): the typed error on every
+  rank, before anything is staged;
+* a rank that never joins the check: the typed error on the other within its timeout.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import dcp_workers as workers
+import numpy as np
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from oracle import dcp as oracle
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+
+def _spawn(target, tmp_path) -> list[dict]:
+    mp.spawn(workers.run, args=(target, str(tmp_path)), nprocs=workers.WORLD, join=True)
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text())
+               for r in range(workers.WORLD)]
+    for r, record in enumerate(records):
+        assert "crash" not in record, f"rank {r}:\n{record['crash']}"
+    return records
+
+
+def _host_step(cfg, s) -> SimpleNamespace:
+    q, L = np.array(s["query_lens"]), np.array(s["seq_lens"])
+    return SimpleNamespace(
+        query_lens=q, seq_lens=L, block_table=np.array(s["block_table"]),
+        num_reqs=len(q), num_tokens=int(q.sum()), num_reqs_padded=len(q),
+        num_tokens_padded=int(q.sum()), slot_mapping=np.zeros(int(q.sum()), np.int64),
+        query_start_loc=[0, *np.cumsum(q).tolist()],
+        padded_seq_lens=lambda: [int(x) for x in L],
+    )
+
+
+def test_ranks_build_consistent_metadata(tmp_path):
+    records = _spawn(workers.consistent_steps, tmp_path)
+    assert records[0] == records[1]  # every rank gathered the same outputs
+    checked = 0
+    for s in records[0]["steps"]:
+        every = s["ranks"]
+        for rank, got in enumerate(every):
+            cfg = workers.config(rank)
+            want = oracle.indexer_metadata(cfg, _host_step(cfg, s), rank)
+            assert got["slot_mapping"] == want["slot_mapping"]
+            if want["decode"] is None:
+                assert got["decode_seq_lens"] is None
+            else:
+                assert got["decode_seq_lens"] == want["decode"]["seq_lens"]
+                assert got["decode_global"] == want["decode"]["global_seq_lens"]
+            assert got["chunks"] == [
+                [c["local_cu_seq_lens"], c["cu_seqlen_ks"], c["cu_seqlen_ke"],
+                 c["local_total_seq_lens"], c["max_local_total_seq_lens"]]
+                for c in want["prefill"] or []]
+            checked += 1
+        if every[0]["decode_seq_lens"] is not None:
+            summed = np.sum([r["decode_seq_lens"] for r in every], axis=0).tolist()
+            assert summed == every[0]["decode_global"]
+        assert all(r["swa"] == every[0]["swa"] for r in every)
+    assert checked == workers.STEPS * workers.WORLD
+
+
+def test_inconsistent_steps_fail_on_every_rank_before_staging(tmp_path):
+    records = _spawn(workers.mismatched_steps, tmp_path)
+    for record in records:
+        assert record["error"] == "RankMismatchError"
+        assert "num_reqs differs across ranks: [3, 4]" in record["message"]
+        assert record["staged"] is False
+
+
+def test_a_silent_rank_is_a_typed_error_not_a_hang(tmp_path):
+    records = _spawn(workers.silent_rank, tmp_path)
+    assert records[0]["error"] == "RankMismatchError"
+    assert records[0]["waited_s"] < 8
