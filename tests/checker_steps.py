@@ -30,6 +30,22 @@ def run_check(step_factory, builder=None, sizes=SIZES, batches=12, **kwargs):
     return report, step
 
 
+def fails_with(report, kind: str) -> None:
+    """The check failed, with an error of ``kind`` among its errors."""
+    assert not report.ok, str(report)
+    assert kind in report.kinds("error"), str(report)
+    assert "FAIL" in str(report) and report.to_dict()["verdict"] == "FAIL"
+
+
+def passes(report, notes: set[str] = frozenset()) -> None:
+    """The check passed with exactly these kinds of notes, every batch replayed and equal."""
+    assert report.ok, str(report)
+    assert report.kinds("error") == set()
+    assert report.kinds("note") == set(notes), str(report)
+    assert str(report).splitlines()[-1].startswith("PASS")
+    assert all(s.replays == 12 and s.mismatches == 0 for s in report.sizes)
+
+
 class FreshOutputStep(ToyStep):
     """Returns a tensor computed inside the capture (graph pool): allowed, a note."""
 

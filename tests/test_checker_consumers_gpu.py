@@ -70,3 +70,16 @@ def test_real_deepgemm_flashmla_step_passes():
     report = check_graph_safety(arena, inputs, builders, step, sizes=[2, 16, 32],
                                 num_batches=30, num_kv_blocks=blocks, before_batch=before)
     _assert_notes_only(report)
+
+
+def test_check_command_json_on_the_gather_consumer(capsys):
+    import json
+
+    from staticattn.__main__ import main
+
+    status = main(["check", "--preset", "deepseek-v3.2", "--max-model-len", "8192",
+                   "--sizes", "2", "8", "--batches", "5", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert status == 0 and data["verdict"] == "PASS" and data["errors"] == 0, data
+    assert [s["size"] for s in data["sizes"]] == [2, 8]
+    assert all(s["replays"] == 5 and s["mismatches"] == 0 for s in data["sizes"])

@@ -14,6 +14,8 @@ from checker_steps import (
     ItemStep,
     SpecialisedStep,
     ToListStep,
+    fails_with,
+    passes,
     run_check,
 )
 from toy import ToyBuilder, ToyMetadata, ToyStep
@@ -21,28 +23,14 @@ from toy import ToyBuilder, ToyMetadata, ToyStep
 pytestmark = pytest.mark.gpu
 
 
-def _fails_with(report, kind: str) -> None:
-    assert not report.ok, str(report)
-    assert kind in report.kinds("error"), str(report)
-    assert "FAIL" in str(report) and report.to_dict()["verdict"] == "FAIL"
-
-
-def _passes(report, notes: set[str] = frozenset()) -> None:
-    assert report.ok, str(report)
-    assert report.kinds("error") == set()
-    assert report.kinds("note") == set(notes), str(report)
-    assert str(report).splitlines()[-1].startswith("PASS")
-    assert all(s.replays == 12 and s.mismatches == 0 for s in report.sizes)
-
-
 def test_clean_step_passes_without_notes():
     report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev))
-    _passes(report)
+    passes(report)
 
 
-def test_fresh_output_computed_in_capture_is_a_note_and_passes():
+def test_fresh_output_computed_in_capture_is_a_note_andpasses():
     report, _ = run_check(lambda cfg, dev, inputs: FreshOutputStep(cfg, dev))
-    _passes(report, {"pool_allocation"})
+    passes(report, {"pool_allocation"})
     note = next(f for f in report.notes if f.kind == "pool_allocation")
     assert "graph pool" in note.message and "(step)" in note.message, note.message
 
@@ -50,61 +38,61 @@ def test_fresh_output_computed_in_capture_is_a_note_and_passes():
 @pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
 def test_host_tensor_read_at_capture_is_an_error(pinned):
     report, _ = run_check(lambda cfg, dev, inputs: HostScaleStep(cfg, dev, pinned=pinned))
-    _fails_with(report, "host_read")
+    fails_with(report, "host_read")
     text = "\n".join(report.failures)
     assert ("pinned" if pinned else "pageable") in text, text
 
 
-def test_host_tensor_twin_copied_before_capture_passes():
+def test_host_tensor_twin_copied_before_capturepasses():
     report, _ = run_check(
         lambda cfg, dev, inputs: HostScaleStep(cfg, dev, pinned=True, on_device=True))
-    _passes(report)
+    passes(report)
 
 
 @pytest.mark.parametrize("step_cls, spelled", [(ItemStep, "item"), (ToListStep, "tolist")])
 def test_item_and_tolist_in_capture_are_sync_errors_named(step_cls, spelled):
     report, _ = run_check(lambda cfg, dev, inputs: step_cls(cfg, dev))
-    _fails_with(report, "sync")
+    fails_with(report, "sync")
     text = "\n".join(report.failures)
     assert "synchronisation" in text and spelled in text, text
 
 
 def test_python_branch_on_data_is_caught_by_replay_vs_eager():
     report, _ = run_check(lambda cfg, dev, inputs: BranchStep(cfg, dev, inputs))
-    _fails_with(report, "replay_mismatch")
+    fails_with(report, "replay_mismatch")
 
 
-def test_branch_on_the_device_passes():
+def test_branch_on_the_devicepasses():
     report, _ = run_check(lambda cfg, dev, inputs: BranchStep(cfg, dev, inputs, on_device=True))
-    _passes(report)
+    passes(report)
 
 
 def test_capture_short_replay_long_specialisation_is_caught():
     report, _ = run_check(lambda cfg, dev, inputs: SpecialisedStep(cfg, dev, inputs))
-    _fails_with(report, "replay_mismatch")
+    fails_with(report, "replay_mismatch")
     assert all(s.mismatches > 0 for s in report.sizes), str(report)
 
 
-def test_static_bound_twin_passes():
+def test_static_bound_twinpasses():
     report, _ = run_check(lambda cfg, dev, inputs: SpecialisedStep(cfg, dev, inputs, static=True))
-    _passes(report)
+    passes(report)
 
 
 def test_writing_into_an_arena_input_view_is_an_error():
     report, _ = run_check(lambda cfg, dev, inputs: ArenaWritingStep(cfg, dev))
-    _fails_with(report, "arena_write")
+    fails_with(report, "arena_write")
     assert "input.positions" in "\n".join(report.failures)
     assert all(s.mismatches == 0 for s in report.sizes)  # only the watch can tell
 
 
 def test_output_never_rewritten_by_replay_is_an_error():
     report, _ = run_check(lambda cfg, dev, inputs: CachedOutputStep(cfg, dev))
-    _fails_with(report, "output_not_rewritten")
+    fails_with(report, "output_not_rewritten")
 
 
-def test_output_recomputed_every_call_passes():
+def test_output_recomputed_every_callpasses():
     report, _ = run_check(lambda cfg, dev, inputs: CachedOutputStep(cfg, dev, recompute=True))
-    _passes(report)
+    passes(report)
 
 
 def test_repointed_buffer_is_caught():
@@ -121,4 +109,4 @@ def test_repointed_buffer_is_caught():
             return ToyMetadata(out)
 
     report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev), builder=DriftingBuilder())
-    _fails_with(report, "repointed")
+    fails_with(report, "repointed")

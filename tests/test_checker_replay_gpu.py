@@ -6,8 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checker_steps import NoisyStep, ScaledStep, ScratchStep, SideStreamStep, run_check
-from test_checker_gpu import _fails_with, _passes
+from checker_steps import (
+    NoisyStep,
+    ScaledStep,
+    ScratchStep,
+    SideStreamStep,
+    fails_with,
+    passes,
+    run_check,
+)
 from toy import ToyStep
 
 from staticattn.staging import COUNT_REQS
@@ -26,10 +33,10 @@ def test_tensor_recreated_between_steps_is_a_stale_pointer(recreate):
     report, _ = run_check(
         factory, before_batch=lambda i: holder["step"].update(i, recreate=recreate))
     if recreate:
-        _fails_with(report, "stale_pointer")
+        fails_with(report, "stale_pointer")
         assert "replay_mismatch" in report.kinds("error")
     else:
-        _passes(report)
+        passes(report)
 
 
 def _racing_writer(inputs, seq_lens, slot_mapping):
@@ -50,38 +57,38 @@ def _waiting_writer(inputs, seq_lens, slot_mapping):
 def test_staging_rewritten_under_an_in_flight_replay(writer, racy):
     report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev), write_staging=writer)
     if racy:
-        _fails_with(report, "staging_race")
+        fails_with(report, "staging_race")
     else:
-        _passes(report)
+        passes(report)
 
 
 def test_random_numbers_from_a_private_generator_are_an_error():
     report, _ = run_check(lambda cfg, dev, inputs: NoisyStep(cfg, dev, private=True))
-    _fails_with(report, "rng_generator")
+    fails_with(report, "rng_generator")
 
 
 def test_random_numbers_from_the_default_generator_pass_with_a_note():
     report, _ = run_check(lambda cfg, dev, inputs: NoisyStep(cfg, dev, private=False))
-    _passes(report, {"graph_safe_rng"})
+    passes(report, {"graph_safe_rng"})
 
 
 def test_pool_memory_freed_and_reused_by_another_graph_is_an_error():
     report, _ = run_check(lambda cfg, dev, inputs: ScratchStep(cfg, dev, keep=False))
-    _fails_with(report, "pool_reuse")
+    fails_with(report, "pool_reuse")
 
 
 def test_pool_memory_kept_per_graph_passes_with_a_note():
     report, _ = run_check(lambda cfg, dev, inputs: ScratchStep(cfg, dev, keep=True))
-    _passes(report, {"pool_allocation"})
+    passes(report, {"pool_allocation"})
 
 
 @pytest.mark.parametrize("joined", [False, True], ids=["outside-capture", "joined"])
 def test_work_on_a_side_stream(joined):
     report, _ = run_check(lambda cfg, dev, inputs: SideStreamStep(cfg, dev, joined=joined))
     if joined:
-        _passes(report)
+        passes(report)
     else:
-        _fails_with(report, "wrong_stream")
+        fails_with(report, "wrong_stream")
 
 
 class _CollectiveStep(ToyStep):
@@ -124,7 +131,8 @@ def process_group(tmp_path_factory):
 def test_collective_on_the_wrong_stream(process_group, side):
     report, _ = run_check(lambda cfg, dev, inputs: _CollectiveStep(cfg, dev, side=side))
     if side:
-        _fails_with(report, "wrong_stream")
+        fails_with(report, "wrong_stream")
         assert "collective" in "\n".join(report.failures)
-    else:
-        _passes(report)
+    else:  # NCCL may allocate through the caching allocator: notes allowed
+        assert report.ok and not report.errors, str(report)
+        assert all(s.mismatches == 0 and s.replays == 12 for s in report.sizes)
