@@ -72,3 +72,34 @@ def test_example_project_runs_as_a_users_suite(tmp_path):
     else:
         assert "2 skipped" in out and "needs a CUDA device" in out, out[-4000:]
         assert not json_dir.exists()
+
+
+FIXTURE_WIRING = '''
+from staticattn.checks import pytest_plugin
+
+
+def test_fixture_passes_the_command_line_options(assert_graph_safe, monkeypatch):
+    seen = []
+    monkeypatch.setattr(pytest_plugin, "assert_graph_safe",
+                        lambda step, **kwargs: seen.append(kwargs) or "report")
+    assert assert_graph_safe("step", config="cfg") == "report"
+    assert assert_graph_safe("step", config="cfg", batches=3) == "report"
+    first, second = seen
+    assert first["batches"] == 7 and second["batches"] == 3
+    assert first["json_path"].name.endswith("-1.json")
+    assert second["json_path"].name.endswith("-2.json")
+    assert first["json_path"].parent.name == "reports"
+    assert "test_fixture_passes_the_command_line_options" in first["json_path"].name
+'''
+
+
+def test_fixture_wiring_in_a_users_suite(tmp_path):
+    (tmp_path / "test_wiring.py").write_text(FIXTURE_WIRING)
+    (tmp_path / "pyproject.toml").write_text("[tool.pytest.ini_options]\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    load = [] if _plugin_registered() else ["-p", PLUGIN]
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *load,
+         "--graph-safety-batches", "7", "--graph-safety-json", str(tmp_path / "reports")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout + done.stderr
