@@ -28,7 +28,7 @@ def test_clean_step_passes_without_notes():
     passes(report)
 
 
-def test_fresh_output_computed_in_capture_is_a_note_andpasses():
+def test_fresh_output_computed_in_capture_is_a_note_and_passes():
     report, _ = run_check(lambda cfg, dev, inputs: FreshOutputStep(cfg, dev))
     passes(report, {"pool_allocation"})
     note = next(f for f in report.notes if f.kind == "pool_allocation")
@@ -43,7 +43,7 @@ def test_host_tensor_read_at_capture_is_an_error(pinned):
     assert ("pinned" if pinned else "pageable") in text, text
 
 
-def test_host_tensor_twin_copied_before_capturepasses():
+def test_host_tensor_twin_copied_before_capture_passes():
     report, _ = run_check(
         lambda cfg, dev, inputs: HostScaleStep(cfg, dev, pinned=True, on_device=True))
     passes(report)
@@ -62,7 +62,7 @@ def test_python_branch_on_data_is_caught_by_replay_vs_eager():
     fails_with(report, "replay_mismatch")
 
 
-def test_branch_on_the_devicepasses():
+def test_branch_on_the_device_passes():
     report, _ = run_check(lambda cfg, dev, inputs: BranchStep(cfg, dev, inputs, on_device=True))
     passes(report)
 
@@ -73,7 +73,7 @@ def test_capture_short_replay_long_specialisation_is_caught():
     assert all(s.mismatches > 0 for s in report.sizes), str(report)
 
 
-def test_static_bound_twinpasses():
+def test_static_bound_twin_passes():
     report, _ = run_check(lambda cfg, dev, inputs: SpecialisedStep(cfg, dev, inputs, static=True))
     passes(report)
 
@@ -90,7 +90,7 @@ def test_output_never_rewritten_by_replay_is_an_error():
     fails_with(report, "output_not_rewritten")
 
 
-def test_output_recomputed_every_callpasses():
+def test_output_recomputed_every_call_passes():
     report, _ = run_check(lambda cfg, dev, inputs: CachedOutputStep(cfg, dev, recompute=True))
     passes(report)
 

@@ -28,7 +28,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["Allocation", "ArenaIndex", "CaptureWatch", "TensorRef"]
+__all__ = ["ArenaIndex", "CaptureWatch", "TensorRef"]
 
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
 
@@ -85,8 +85,6 @@ class TensorRef:
     def describe(self) -> str:
         return f"{self.dtype}{list(self.shape)} from '{self.op}' ({self.phase})"
 
-
-Allocation = TensorRef
 
 
 @dataclass
