@@ -54,7 +54,9 @@ def test_notes_alone_pass():
     text = str(report)
     assert text.splitlines()[-1] == "PASS (2 notes)"
     assert "note: [pool_allocation] a pool_allocation finding" in text
-    assert f"rule: {RULE}" in text
+    rule = text[text.index("rule: "):text.rindex("\n")]
+    assert " ".join(rule.split()) == f"rule: {RULE}"
+    assert all(len(line) <= 100 for line in rule.splitlines())
     report.raise_on_failure()
 
 

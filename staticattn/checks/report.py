@@ -21,6 +21,7 @@ JSON schema (``CheckReport.to_dict()``, version :data:`SCHEMA_VERSION`)::
 from __future__ import annotations
 
 import json
+import textwrap
 from dataclasses import dataclass, field
 
 from staticattn.checks.findings import ERROR, NOTE, RULE, Finding, finding
@@ -102,7 +103,7 @@ class CheckReport:
             if s.nodes:
                 lines.append("       nodes: " + ", ".join(f"{k}={v}" for k, v in sorted(n.items())))
         lines += [f"  {f.severity}: [{f.kind}] {f.message}" for f in self.general]
-        lines.append(f"rule: {RULE}")
+        lines += textwrap.wrap(f"rule: {RULE}", 100, subsequent_indent="  ")
         errors, notes = len(self.errors), len(self.notes)
         lines.append(f"PASS ({notes} notes)" if self.ok
                      else f"FAIL ({errors} errors, {notes} notes)")
