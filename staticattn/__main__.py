@@ -62,7 +62,19 @@ def cmd_check(args) -> int:
     step = _step_factory(args.step)(cfg)
     report = check_graph_safety(arena, inputs, builders, step, sizes=args.sizes,
                                 num_batches=args.batches, seed=args.seed, dot_dir=args.dot)
-    print(report)
+    return print_check_report(report, args.json)
+
+
+def print_check_report(report, json_path: str | None) -> int:
+    """Print the report: as text, or as JSON (``-`` for stdout, else a file beside the text);
+    the exit status of ``check`` (0 PASS, 1 FAIL)."""
+    if json_path == "-":
+        print(report.to_json())
+    else:
+        print(report)
+        if json_path:
+            with open(json_path, "w") as f:
+                f.write(report.to_json())
     return 0 if report.ok else 1
 
 
@@ -146,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--sizes", type=int, nargs="*", default=None, help="tokens")
             c.add_argument("--batches", type=int, default=100, help="random replays per size")
             c.add_argument("--dot", default=None, help="folder for DOT dumps of each graph")
+            c.add_argument("--json", nargs="?", const="-", default=None,
+                           help="the report as JSON: to stdout (no value or -) instead of "
+                           "the text, or into this file beside the text")
         else:
             c.add_argument("--no-progress", action="store_true")
             c.add_argument("--batch", type=int, nargs="*", default=None,

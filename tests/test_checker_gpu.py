@@ -1,82 +1,98 @@
-"""The sanity checker catches planted faults, one test each, and passes a clean step."""
+"""The sanity checker on the GPU: each planted fault (tests/checker_steps.py) is an error
+that fails the check, and its correct twin passes, with notes only."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from checker_steps import (
+    ArenaWritingStep,
+    BranchStep,
+    CachedOutputStep,
+    FreshOutputStep,
+    HostScaleStep,
+    ItemStep,
+    SpecialisedStep,
+    ToListStep,
+    fails_with,
+    passes,
+    run_check,
+)
 from toy import ToyBuilder, ToyMetadata, ToyStep
-
-from staticattn.arena import ArenaConfig
-from staticattn.builders import make_arena
-from staticattn.checks import check_graph_safety
 
 pytestmark = pytest.mark.gpu
 
 
-def _setup(builder=None):
-    cfg = ArenaConfig.deepseek_v4(max_num_seqs=32, max_num_batched_tokens=256,
-                                  max_model_len=8192)
-    b = builder or ToyBuilder()
-    arena, inputs = make_arena(cfg, [b])
-    return cfg, arena, inputs, b
+def test_clean_step_passes_without_notes():
+    report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev))
+    passes(report)
 
 
-def _check(step_factory, builder=None):
-    cfg, arena, inputs, b = _setup(builder)
-    step = step_factory(cfg, arena.device, inputs)
-    return check_graph_safety(arena, inputs, [b], step, sizes=[8], num_batches=20)
+def test_fresh_output_computed_in_capture_is_a_note_and_passes():
+    report, _ = run_check(lambda cfg, dev, inputs: FreshOutputStep(cfg, dev))
+    passes(report, {"pool_allocation"})
+    note = next(f for f in report.notes if f.kind == "pool_allocation")
+    assert "graph pool" in note.message and "(step)" in note.message, note.message
 
 
-def test_clean_step_passes():
-    report = _check(lambda cfg, dev, inputs: ToyStep(cfg, dev))
-    print(report)
-    assert report.ok, report.failures
-
-
-def test_item_in_step_is_caught_and_named():
-    class ItemStep(ToyStep):
-        def __call__(self, batch, md):
-            out = super().__call__(batch, md)
-            if int(batch.seq_lens[0].item()) > 10**9:  # a device->host read
-                out.zero_()
-            return out
-
-    report = _check(lambda cfg, dev, inputs: ItemStep(cfg, dev))
+@pytest.mark.parametrize("pinned", [True, False], ids=["pinned", "pageable"])
+def test_host_tensor_read_at_capture_is_an_error(pinned):
+    report, _ = run_check(lambda cfg, dev, inputs: HostScaleStep(cfg, dev, pinned=pinned))
+    fails_with(report, "host_read")
     text = "\n".join(report.failures)
-    assert not report.ok and "synchronisation" in text and "item" in text, text
+    assert ("pinned" if pinned else "pageable") in text, text
 
 
-def test_torch_empty_in_step_is_caught_and_named():
-    class EmptyStep(ToyStep):
-        def __call__(self, batch, md):
-            scratch = torch.empty(batch.num_actual_tokens, dtype=torch.int64,
-                                  device=batch.device)
-            torch.add(super().__call__(batch, md), 0, out=scratch)
-            return scratch
+def test_host_tensor_twin_copied_before_capture_passes():
+    report, _ = run_check(
+        lambda cfg, dev, inputs: HostScaleStep(cfg, dev, pinned=True, on_device=True))
+    passes(report)
 
-    report = _check(lambda cfg, dev, inputs: EmptyStep(cfg, dev))
+
+@pytest.mark.parametrize("step_cls, spelled", [(ItemStep, "item"), (ToListStep, "tolist")])
+def test_item_and_tolist_in_capture_are_sync_errors_named(step_cls, spelled):
+    report, _ = run_check(lambda cfg, dev, inputs: step_cls(cfg, dev))
+    fails_with(report, "sync")
     text = "\n".join(report.failures)
-    assert not report.ok and "fresh tensors" in text and "empty" in text, text
+    assert "synchronisation" in text and spelled in text, text
 
 
-def test_data_dependent_branch_is_caught_by_capture_short_replay_long():
-    class BranchStep(ToyStep):
-        """Reads a host-side length (no sync!) and branches on it: the capture bakes the
-        branch taken for the minimal warm-up lengths."""
+def test_python_branch_on_data_is_caught_by_replay_vs_eager():
+    report, _ = run_check(lambda cfg, dev, inputs: BranchStep(cfg, dev, inputs))
+    fails_with(report, "replay_mismatch")
 
-        def __init__(self, cfg, dev, inputs):
-            super().__init__(cfg, dev)
-            self.inputs = inputs
 
-        def __call__(self, batch, md):
-            out = super().__call__(batch, md)
-            if int(self.inputs.host_seq_lens[0]) > 64:
-                out.add_(1)
-            return out
+def test_branch_on_the_device_passes():
+    report, _ = run_check(lambda cfg, dev, inputs: BranchStep(cfg, dev, inputs, on_device=True))
+    passes(report)
 
-    report = _check(lambda cfg, dev, inputs: BranchStep(cfg, dev, inputs))
-    text = "\n".join(report.failures)
-    assert not report.ok and "replay != eager" in text, text
+
+def test_capture_short_replay_long_specialisation_is_caught():
+    report, _ = run_check(lambda cfg, dev, inputs: SpecialisedStep(cfg, dev, inputs))
+    fails_with(report, "replay_mismatch")
+    assert all(s.mismatches > 0 for s in report.sizes), str(report)
+
+
+def test_static_bound_twin_passes():
+    report, _ = run_check(lambda cfg, dev, inputs: SpecialisedStep(cfg, dev, inputs, static=True))
+    passes(report)
+
+
+def test_writing_into_an_arena_input_view_is_an_error():
+    report, _ = run_check(lambda cfg, dev, inputs: ArenaWritingStep(cfg, dev))
+    fails_with(report, "arena_write")
+    assert "input.positions" in "\n".join(report.failures)
+    assert all(s.mismatches == 0 for s in report.sizes)  # only the watch can tell
+
+
+def test_output_never_rewritten_by_replay_is_an_error():
+    report, _ = run_check(lambda cfg, dev, inputs: CachedOutputStep(cfg, dev))
+    fails_with(report, "output_not_rewritten")
+
+
+def test_output_recomputed_every_call_passes():
+    report, _ = run_check(lambda cfg, dev, inputs: CachedOutputStep(cfg, dev, recompute=True))
+    passes(report)
 
 
 def test_repointed_buffer_is_caught():
@@ -92,6 +108,5 @@ def test_repointed_buffer_is_caught():
             torch.add(batch.seq_lens, batch.seq_lens, out=out)
             return ToyMetadata(out)
 
-    report = _check(lambda cfg, dev, inputs: ToyStep(cfg, dev), builder=DriftingBuilder())
-    text = "\n".join(report.failures)
-    assert not report.ok and "re-pointed" in text, text
+    report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev), builder=DriftingBuilder())
+    fails_with(report, "repointed")

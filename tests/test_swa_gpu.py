@@ -16,7 +16,8 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
 from staticattn.checks import check_graph_safety
-from staticattn.checks.guards import FreshTensorWatch, sync_guard
+from staticattn.checks.guards import sync_guard
+from staticattn.checks.watch import CaptureWatch
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.introspect import new_graph, node_census
 
@@ -150,7 +151,7 @@ def test_capture_creates_no_tensor_and_never_syncs():
     inputs.copy_to_device(size, size * cfg.next_n)
     batch = Batch.for_decode_capture(inputs, size)
     _warm_up(lambda: builder.build_decode(batch))
-    watch = FreshTensorWatch()
+    watch = CaptureWatch()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), sync_guard(), watch:
         builder.build_decode(batch)

@@ -1,23 +1,34 @@
-"""Graph-capture sanity checks: one call, one report, loud failures.
+"""Graph-capture sanity checks: one call, one report, errors and notes.
 
-For each size the checker captures the step (staging + builders + the user's step) under
-guards and then replays it against eager runs:
+The checker captures one decode graph per size, largest first, into one shared pool, as the
+graph manager does (staging + builders + the user's step), under guards
+(:mod:`staticattn.checks.guarded`), then replays each against eager runs:
 
-1. host synchronisation inside capture (sync-debug mode "error"; the op that raised is
-   named) and any fresh tensor created on the captured path (named by op);
+1. what the guards saw while capturing: host synchronisation (the op named), host reads,
+   writes of the step into the arena, random numbers, work on another stream, allocations
+   (notes: graph pool memory);
 2. address stability: the arena fingerprint, and the metadata views a second
    ``build_decode`` returns, must equal those the graph baked in;
-3. replay == eager on randomized batches, captured with minimal sequence lengths and
-   replayed with long ones (the classic stale-specialisation bug);
-4. the node census of the raw graph (kernels, memcpys, memsets, host nodes, events...),
-   with an optional DOT dump.
+3. every output row rewritten by every replay (two sentinels, one batch);
+4. replay == eager on randomized batches, captured with minimal sequence lengths and
+   replayed with long ones (a Python branch on data, a size taken from data, a stale
+   pointer), under one random seed per batch; the eager twin runs the graph's own body
+   (staging kernels, decode builds, step) on the same padded step, so only capturing can
+   make them differ (the builds' agreement with the reference builds is the differential
+   tests' business);
+5. a replay held back on the GPU while the staging writer writes the next step;
+6. memory baked into a graph and freed since: tensors the graph reads, and pool memory
+   another graph reuses;
+7. the node census of each graph, with an optional DOT dump.
+
+Each finding is an error or a note by :data:`staticattn.checks.findings.RULE`; the verdict
+is PASS when there is no error.
 """
 
 from __future__ import annotations
 
-import traceback
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import gc
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,58 +39,24 @@ from staticattn.arena import Arena
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
-from staticattn.checks.guards import FreshTensorWatch, sync_guard
+from staticattn.checks.findings import Finding, finding
+from staticattn.checks.guarded import Captured, PhasedStep, guarded_capture
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.checks.probes import freed_and_reused, staging_race, stale_reads, unwritten_outputs
+from staticattn.checks.report import CheckReport, SizeCheck
+from staticattn.checks.views import moved_views
+from staticattn.checks.watch import ArenaIndex, TensorRef
 from staticattn.errors import GraphError
-from staticattn.graphs.capture import capture
+from staticattn.graphs.capture import frozen_gc
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
 from staticattn.staging import StepInputs
 
-__all__ = ["check_graph_safety", "CheckReport", "SizeCheck"]
+__all__ = ["check_graph_safety", "CheckReport", "SizeCheck", "StagingWriter"]
 
-
-@dataclass(slots=True)
-class SizeCheck:
-    """Findings for one captured size."""
-
-    size: int
-    failures: list[str] = field(default_factory=list)
-    nodes: dict[str, int] | None = None
-    replays: int = 0
-    mismatches: int = 0
-    dot_path: str | None = None
-
-
-@dataclass(slots=True)
-class CheckReport:
-    sizes: list[SizeCheck]
-
-    @property
-    def ok(self) -> bool:
-        return all(not s.failures for s in self.sizes)
-
-    @property
-    def failures(self) -> list[str]:
-        return [f"size {s.size}: {f}" for s in self.sizes for f in s.failures]
-
-    def __str__(self) -> str:
-        lines = [f"{'size':>6} {'replays':>8} {'mismatch':>9} {'kernels':>8} {'nodes':>6}  verdict"]
-        for s in self.sizes:
-            n = s.nodes or {}
-            lines.append(
-                f"{s.size:>6} {s.replays:>8} {s.mismatches:>9} {n.get('kernel', '-'):>8} "
-                f"{sum(n.values()) if n else '-':>6}  {'ok' if not s.failures else 'FAIL'}"
-            )
-            lines += [f"       - {f}" for f in s.failures]
-            if s.nodes:
-                lines.append("       nodes: " + ", ".join(f"{k}={v}" for k, v in sorted(n.items())))
-        lines.append("PASS" if self.ok else f"FAIL ({len(self.failures)} problems)")
-        return "\n".join(lines)
-
-    def raise_on_failure(self) -> None:
-        if not self.ok:
-            raise GraphError("graph sanity check failed:\n" + "\n".join(self.failures))
+#: ``(inputs, seq_lens, slot_mapping)``: writes a uniform decode step into the host staging,
+#: as an engine does before a replay (default: ``inputs.stage_uniform_decode``).
+StagingWriter = Callable[[StepInputs, np.ndarray, np.ndarray], None]
 
 
 def check_graph_safety(
@@ -93,6 +70,8 @@ def check_graph_safety(
     seed: int = 0,
     num_kv_blocks: int = 4096,
     dot_dir: str | Path | None = None,
+    before_batch: Callable[[int], None] | None = None,
+    write_staging: StagingWriter | None = None,
 ) -> CheckReport:
     """Check a step for graph safety at each size (tokens); see the module docstring.
 
@@ -105,171 +84,146 @@ def check_graph_safety(
         Default: the smallest, a middle and the largest default capture size.
     num_batches : int
         Randomized replays per size (each also run eagerly).
+    before_batch : callable ``(i) -> None``, optional
+        Called before the i-th randomized batch of every size: the engine's own updates
+        between steps (new weights, cache contents...). Replay and eager both see them.
+    write_staging : callable ``(inputs, seq_lens, slot_mapping)``, optional
+        The engine's staging writer, probed for racing an in-flight replay.
     """
     if arena.device.type != "cuda":
         raise GraphError("the graph sanity check needs a CUDA arena")
-    manager = GraphManager(arena, inputs, builders, step, validate=False, progress=False)
+    phased = PhasedStep(step)
+    manager = GraphManager(arena, inputs, builders, phased, validate=False, progress=False)
     if sizes is None:
         from staticattn.graphs.sizes import default_capture_sizes
 
         ladder = default_capture_sizes(arena.config)
-        sizes = sorted({ladder[0], ladder[len(ladder) // 2], ladder[-1]})
+        sizes = [ladder[0], ladder[len(ladder) // 2], ladder[-1]]
+    order = sorted(set(sizes), reverse=True)  # largest first, as the manager captures
+    reports = {size: SizeCheck(size) for size in order}
+    general: list[Finding] = []
     rng = np.random.default_rng(seed)
-    results = []
+    index = ArenaIndex.of(arena)
+    fingerprint = arena.fingerprint()
+    captured: dict[int, Captured] = {}
+    escaped: dict[int, list[TensorRef]] = {}
     try:
-        for size in sizes:
-            results.append(_check_size(manager, size, num_batches, rng, num_kv_blocks, dot_dir))
+        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(arena.device)
+        with frozen_gc():
+            for size in order:
+                c = guarded_capture(manager, phased, size // arena.config.next_n, size,
+                                    reports[size], pool, stream, index)
+                if c is not None:
+                    captured[size] = c
+                    # Pool memory that outlived its capture is the graph's to keep; cyclic
+                    # garbage (which frozen gc leaves alive) is collected first, between
+                    # captures, where a collection frees nothing a graph holds.
+                    gc.collect()
+                    escaped[size] = [a for a in c.watch.allocations if not a.expired()]
+        with torch.random.fork_rng(devices=[arena.device]):
+            for size, c in captured.items():
+                _probe_size(manager, c, reports[size], rng, num_kv_blocks, num_batches,
+                            dot_dir, before_batch, write_staging or _stage_uniform, seed)
+        allocated = {s: c.watch.allocations for s, c in captured.items()}
+        for size, message in freed_and_reused(escaped, allocated):
+            reports[size].add("pool_reuse", message)
+        if arena.fingerprint() != fingerprint:
+            changed = [k for k, v in arena.fingerprint().items() if fingerprint.get(k) != v]
+            general.append(finding("repointed", f"arena addresses changed: {changed}"))
     finally:
+        captured.clear()
         manager.close()
-    return CheckReport(results)
+    return CheckReport([reports[s] for s in sorted(reports)], general)
 
 
-def _check_size(manager: GraphManager, size: int, num_batches: int, rng, num_kv_blocks: int,
-                dot_dir) -> SizeCheck:
-    report = SizeCheck(size)
-    cfg, inputs = manager.config, manager.inputs
+def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_kv_blocks: int,
+                num_batches: int, dot_dir, before_batch, write_staging: StagingWriter,
+                seed: int) -> None:
+    cfg, inputs, size = manager.config, manager.inputs, report.size
     num_reqs = size // cfg.next_n
-    fingerprint = manager.arena.fingerprint()
-    graph, outputs, metadata = _guarded_capture(manager, num_reqs, size, report)
-    if graph is None:
-        return report
-    report.nodes = node_census(graph)
+    report.nodes = node_census(c.graph)
     if dot_dir is not None:
         try:
-            report.dot_path = str(dump_dot(graph, Path(dot_dir) / f"graph_{size}.dot"))
+            report.dot_path = str(dump_dot(c.graph, Path(dot_dir) / f"graph_{size}.dot"))
         except Exception as exc:  # the census and the DOT dump are optional extras
-            report.failures.append(f"DOT dump failed: {exc}")
+            report.add("capture_failure", f"DOT dump failed: {exc}")
     again = {b.name: b.build_decode(Batch.for_decode_capture(inputs, num_reqs))
              for b in manager.builders}
-    moved = _moved_views(metadata, again)
+    moved = moved_views(c.metadata, again)
     if moved:
-        report.failures.append(
-            "re-pointed buffer: build_decode returned different views than at capture for "
-            + ", ".join(moved)
-        )
-    for _ in range(num_batches):
+        report.add("repointed", "build_decode returned different views than at capture for "
+                   + ", ".join(moved))
+
+    def stage(s) -> None:
+        inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping,
+                            num_reqs_padded=num_reqs, num_tokens_padded=size)
+
+    first = random_uniform_decode(inputs, num_reqs, rng, num_kv_blocks=num_kv_blocks)
+    stage(first)
+    unwritten = unwritten_outputs(c.outputs, int(first.slot_mapping.shape[0]), c.graph.replay)
+    if unwritten:
+        report.add("output_not_rewritten", "; ".join(unwritten))
+    stale: set[str] = set()
+    for i in range(num_batches):
+        if before_batch is not None:
+            before_batch(i)
+        stale.update(stale_reads(c.watch.external.values()))
         k = int(rng.integers(1, num_reqs + 1))
         s = random_uniform_decode(inputs, k, rng, num_kv_blocks=num_kv_blocks)
-        inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping, num_reqs_padded=num_reqs,
-                     num_tokens_padded=size)
-        graph.replay()
         n_tok = int(s.slot_mapping.shape[0])
-        replayed = snapshot_outputs(outputs, n_tok)
-        eager = snapshot_outputs(manager.run_eager(s.query_lens, s.seq_lens, s.slot_mapping),
-                                 n_tok)
+        stage(s)
+        torch.cuda.manual_seed(seed + i)
+        c.graph.replay()
+        replayed = snapshot_outputs(c.outputs, n_tok)
+        torch.cuda.manual_seed(seed + i)
+        eager = snapshot_outputs(_eager(manager, num_reqs, size), n_tok)
         report.replays += 1
         if not same_outputs(replayed, eager):
             report.mismatches += 1
     if report.mismatches:
-        report.failures.append(
-            f"replay != eager in {report.mismatches}/{report.replays} randomized batches "
-            "(captured with minimal sequence lengths, replayed with long ones): a value baked "
-            "in at capture, e.g. a Python branch or a size taken from data"
-        )
-    if manager.arena.fingerprint() != fingerprint:
-        changed = [k for k, v in manager.arena.fingerprint().items() if fingerprint.get(k) != v]
-        report.failures.append(f"arena addresses changed: {changed}")
-    return report
+        report.add("replay_mismatch",
+                   f"replay != eager in {report.mismatches}/{report.replays} randomized "
+                   "batches (captured with minimal sequence lengths, replayed with long ones): "
+                   "a value baked in at capture, e.g. a Python branch or a size taken from "
+                   "data, or a tensor the graph reads that was re-created")
+    stale.update(stale_reads(c.watch.external.values()))
+    if stale:
+        report.add("stale_pointer", "; ".join(sorted(stale)[:5]))
+    if report.mismatches or stale:
+        return  # the race probe needs replay == eager to tell a race apart
+    race = _race_probe(manager, c, rng, num_kv_blocks, write_staging, seed)
+    if race:
+        report.add("staging_race", race)
 
 
-def _guarded_capture(manager: GraphManager, num_reqs: int, size: int, report: SizeCheck):
-    inputs = manager.inputs
-    stream = torch.cuda.Stream(manager.arena.device)
-    try:
-        manager.warm_up(num_reqs, size, stream)
-    except Exception as exc:
-        report.failures.append(f"the step fails even eagerly: {exc!r}")
-        return None, None, None
-    baseline = _capture_allocations(
-        lambda: inputs.copy_to_device(num_reqs, size, uniform=True), stream)
-    watch = FreshTensorWatch()
-
-    def guarded_body():
-        # The guards go inside the capture: entering a capture synchronises on purpose.
-        with sync_guard(), watch:
-            return manager.body("decode", num_reqs, size)
-
-    allocs0 = _allocations()
-    try:
-        graph, (outputs, metadata) = capture(guarded_body, stream, error_mode="thread_local")
-    except Exception as exc:
-        op = watch.last_op or "unknown op"
-        report.failures.append(
-            f"host synchronisation (or another capture-breaking call) inside capture at op "
-            f"'{op}'{_SYNC_OPS.get(op, '')}: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}"
-        )
-        report.failures.append("traceback tail: " + traceback.format_exc().splitlines()[-1])
-        torch.cuda.synchronize()
-        return None, None, None
-    allocs = _allocations() - allocs0 - baseline
-    if watch.fresh:
-        report.failures.append(
-            "fresh tensors created on the captured path: "
-            + ", ".join(f"{op} x{c}" for op, c in sorted(watch.fresh.items()))
-        )
-    elif allocs > 0:
-        report.failures.append(
-            f"{allocs} allocations inside capture beyond the staging-only baseline, by no "
-            "aten op (an extension or library allocating through the caching allocator)"
-        )
+def _race_probe(manager: GraphManager, c: Captured, rng, num_kv_blocks: int,
+                write_staging: StagingWriter, seed: int) -> str | None:
+    """One step replayed behind a GPU sleep while the writer stages the next (a minimal
+    one: every sequence ``next_n`` long, no slot written; no device work on the host)."""
+    cfg, inputs = manager.config, manager.inputs
+    num_reqs = c.size // cfg.next_n
+    s = random_uniform_decode(inputs, num_reqs, rng, num_kv_blocks=num_kv_blocks)
+    n_tok = int(s.slot_mapping.shape[0])
+    inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping)
+    torch.cuda.manual_seed(seed)
+    expected = snapshot_outputs(_eager(manager, num_reqs, c.size), n_tok)
+    short = np.full(num_reqs, cfg.next_n, dtype=np.int32)
+    none = np.full(n_tok, -1, dtype=np.int64)
+    write_staging(inputs, s.seq_lens, s.slot_mapping)
     torch.cuda.synchronize()
-    return graph, outputs, metadata
+    torch.cuda.manual_seed(seed)
+    return staging_race(lambda: write_staging(inputs, short, none), c.graph.replay,
+                        c.outputs, expected, n_tok)
 
 
-#: aten ops that wait on the device, and the Python spelling users know them by.
-_SYNC_OPS = {
-    "_local_scalar_dense": " (.item() / int() / float() / bool() of a CUDA tensor)",
-    "nonzero": " (nonzero / boolean-mask indexing / torch.where with one argument)",
-    "_to_copy": " (.cpu() / .tolist() / .to('cpu'))",
-    "copy_": " (a copy to host memory)",
-    "is_nonzero": " (bool() of a CUDA tensor, e.g. `if t.any():`)",
-    "repeat_interleave": " (repeat_interleave without output_size)",
-    "unique": " (torch.unique)",
-}
+def _eager(manager: GraphManager, num_reqs: int, size: int) -> Any:
+    """The graph's body run eagerly on the staged step: the same staging kernels, decode
+    builds and step, on the same padded batch, so a difference from the replay can only
+    come from capturing (a value baked in, a host read, a stale pointer...), and float
+    consumers whose schedule depends on the batch's extent compare bit for bit."""
+    outputs, _ = manager.body("decode", num_reqs, size)
+    return outputs
 
 
-def _allocations() -> int:
-    return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
-
-
-def _capture_allocations(fn, stream) -> int:
-    """Allocations the capture machinery itself makes around ``fn`` (subtracted as noise)."""
-    before = _allocations()
-    capture(fn, stream)
-    return _allocations() - before
-
-
-def _tensors(obj: Any) -> list[tuple[str, torch.Tensor]]:
-    """(path, tensor) pairs of every tensor reachable in a metadata object."""
-    found: list[tuple[str, torch.Tensor]] = []
-
-    def walk(x, path):
-        if isinstance(x, torch.Tensor):
-            found.append((path, x))
-        elif isinstance(x, dict):
-            for k, v in x.items():
-                walk(v, f"{path}.{k}")
-        elif isinstance(x, list | tuple):
-            for i, v in enumerate(x):
-                walk(v, f"{path}[{i}]")
-        elif hasattr(x, "__dataclass_fields__"):
-            for k in x.__dataclass_fields__:
-                walk(getattr(x, k), f"{path}.{k}")
-
-    walk(obj, "")
-    return found
-
-
-def _moved_views(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
-    a = dict(_tensors(first))
-    b = dict(_tensors(second))
-    moved = []
-    for path in sorted(set(a) | set(b)):
-        ta, tb = a.get(path), b.get(path)
-        if ta is None or tb is None:
-            moved.append(path.lstrip("."))
-            continue
-        if (ta.data_ptr(), ta.shape, ta.stride()) != (tb.data_ptr(), tb.shape, tb.stride()):
-            moved.append(path.lstrip("."))
-    return moved
+def _stage_uniform(inputs: StepInputs, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
+    inputs.stage_uniform_decode(np.asarray(seq_lens), np.asarray(slot_mapping))

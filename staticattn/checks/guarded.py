@@ -1,0 +1,163 @@
+"""Capture one graph under the checker's guards and turn what the guards saw into findings.
+
+The body is the graph manager's (staging kernels + every builder's ``build_decode`` + the
+step); the step is wrapped by :class:`PhasedStep` so the watch tells the builds' ops from
+the step's. Sync-debug mode "error" is set inside the capture (entering a capture
+synchronises on purpose).
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from staticattn.checks.guards import sync_guard
+from staticattn.checks.report import SizeCheck
+from staticattn.checks.watch import ArenaIndex, CaptureWatch
+from staticattn.graphs.capture import capture
+from staticattn.graphs.manager import GraphManager, StepFn
+
+__all__ = ["Captured", "PhasedStep", "guarded_capture"]
+
+#: aten ops that wait on the device, and the Python spelling users know them by.
+SYNC_OPS = {
+    "_local_scalar_dense": " (.item() / int() / float() / bool() of a CUDA tensor)",
+    "nonzero": " (nonzero / boolean-mask indexing / torch.where with one argument)",
+    "_to_copy": " (.cpu() / .tolist() / .to('cpu'))",
+    "copy_": " (a copy to or from pageable host memory)",
+    "is_nonzero": " (bool() of a CUDA tensor, e.g. `if t.any():`)",
+    "repeat_interleave": " (repeat_interleave without output_size)",
+    "unique": " (torch.unique)",
+}
+_SYNC_MESSAGE = "synchronizing CUDA operation"  # what sync-debug mode "error" raises
+
+
+class PhasedStep:
+    """The user's step, marking the watch's phase "step" while it runs."""
+
+    def __init__(self, step: StepFn) -> None:
+        self.step = step
+        self.watch: CaptureWatch | None = None
+
+    def __call__(self, batch, metadata):
+        watch = self.watch
+        if watch is None:
+            return self.step(batch, metadata)
+        watch.phase = "step"
+        try:
+            return self.step(batch, metadata)
+        finally:
+            watch.phase = "build"
+
+
+@dataclass(slots=True)
+class Captured:
+    """A graph the checker captured, what it returned, and what its watch saw."""
+
+    size: int
+    graph: torch.cuda.CUDAGraph
+    outputs: Any
+    metadata: dict[str, Any]
+    watch: CaptureWatch
+
+
+def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, size: int,
+                    report: SizeCheck, pool, stream: torch.cuda.Stream,
+                    index: ArenaIndex) -> Captured | None:
+    """Warm up and capture the decode graph of ``size`` tokens on ``stream`` into ``pool``
+    (one stream and one pool for every size, as the graph manager captures: the pool's free
+    blocks are reused across graphs only on one stream); add the findings to ``report``.
+    None when the step fails eagerly or the capture breaks."""
+    inputs = manager.inputs
+    try:
+        manager.warm_up(num_reqs, size, stream)
+    except Exception as exc:
+        report.add("eager_failure", f"the step fails even eagerly: {exc!r}")
+        return None
+    baseline = _capture_allocations(
+        lambda: inputs.copy_to_device(num_reqs, size, uniform=True), stream)
+    watch = CaptureWatch(arena=index)
+    phased.watch = watch
+
+    def guarded_body():
+        with sync_guard(), watch:
+            return manager.body("decode", num_reqs, size)
+
+    allocs0 = _allocations()
+    try:
+        graph, (outputs, metadata) = capture(guarded_body, stream, pool=pool,
+                                             error_mode="thread_local")
+    except Exception as exc:
+        _capture_broke(exc, watch, report)
+        torch.cuda.synchronize()
+        return None
+    finally:
+        phased.watch = None
+    unattributed = _allocations() - allocs0 - baseline
+    torch.cuda.synchronize()
+    add_watch_findings(watch, report)
+    if not watch.allocations and unattributed > 0:
+        report.add("library_allocation",
+                   f"{unattributed} allocations inside capture beyond the staging-only "
+                   "baseline by no aten op (an extension allocating through the caching "
+                   "allocator): graph pool memory, valid until the next replay")
+    return Captured(size, graph, outputs, metadata, watch)
+
+
+def add_watch_findings(watch: CaptureWatch, report: SizeCheck) -> None:
+    """One finding per kind of thing the watch saw (the first few instances named)."""
+    for kind, items in (("host_read", watch.host_reads), ("arena_write", watch.arena_writes),
+                        ("wrong_stream", watch.wrong_stream)):
+        if items:
+            report.add(kind, _listed(items))
+    unsafe = [op for op, safe in watch.rng if not safe]
+    if unsafe:
+        report.add("rng_generator",
+                   f"{_listed(unsafe)}: drawn from a generator that CUDAGraph.replay does "
+                   "not advance (every replay repeats the captured numbers); draw from the "
+                   "default CUDA generator")
+    elif watch.rng:
+        report.add("graph_safe_rng",
+                   f"{_listed([op for op, _ in watch.rng])}: default CUDA generator, advanced "
+                   "by every replay (launched with replay(), not cudaGraphLaunch)")
+    if watch.allocations:
+        by_op = Counter(f"{a.op} ({a.phase})" for a in watch.allocations)
+        report.add("pool_allocation",
+                   f"{len(watch.allocations)} allocations inside capture: "
+                   + ", ".join(f"{op} x{c}" for op, c in sorted(by_op.items()))
+                   + "; output lives in the graph pool; valid until the next replay of any "
+                   "graph sharing the pool")
+
+
+def _capture_broke(exc: Exception, watch: CaptureWatch, report: SizeCheck) -> None:
+    add_watch_findings(watch, report)
+    op = watch.last_op or "unknown op"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    kind = "sync" if _SYNC_MESSAGE in str(exc) else "capture_failure"
+    what = ("host synchronisation" if kind == "sync"
+            else "a capture-breaking call (often a host synchronisation)")
+    report.add(kind, f"{what} inside capture at op '{op}'{SYNC_OPS.get(op, '')}: "
+                     f"{type(exc).__name__}: {first}; "
+                     f"traceback tail: {traceback.format_exc().splitlines()[-1]}")
+
+
+def _listed(items: list[str], limit: int = 5) -> str:
+    counts = Counter(items)
+    shown = [f"{item}" + (f" x{c}" if c > 1 else "") for item, c in list(counts.items())[:limit]]
+    more = len(counts) - limit
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
+
+
+def _allocations() -> int:
+    return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+
+
+def _capture_allocations(fn, stream) -> int:
+    """Allocations the capture machinery itself makes around ``fn`` (subtracted as noise)."""
+    before = _allocations()
+    capture(fn, stream)
+    return _allocations() - before

@@ -1,0 +1,47 @@
+"""Address stability of metadata: the views a build returns, compared field by field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["moved_views", "tensors_in"]
+
+
+def tensors_in(obj: Any) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) pairs of every tensor reachable in a metadata object (dicts, lists,
+    tuples and dataclasses walked), e.g. ``(".indexer.decode.seq_lens", tensor)``."""
+    found: list[tuple[str, torch.Tensor]] = []
+
+    def walk(x, path):
+        if isinstance(x, torch.Tensor):
+            found.append((path, x))
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(x, list | tuple):
+            for i, v in enumerate(x):
+                walk(v, f"{path}[{i}]")
+        elif hasattr(x, "__dataclass_fields__"):
+            for k in x.__dataclass_fields__:
+                walk(getattr(x, k), f"{path}.{k}")
+
+    walk(obj, "")
+    return found
+
+
+def moved_views(first: Any, second: Any) -> list[str]:
+    """Paths whose tensor differs in address, shape or stride between two metadata objects
+    (or exists in one only): a re-pointed buffer."""
+    a = dict(tensors_in(first))
+    b = dict(tensors_in(second))
+    moved = []
+    for path in sorted(set(a) | set(b)):
+        ta, tb = a.get(path), b.get(path)
+        if ta is None or tb is None:
+            moved.append(path.lstrip("."))
+            continue
+        if (ta.data_ptr(), ta.shape, ta.stride()) != (tb.data_ptr(), tb.shape, tb.stride()):
+            moved.append(path.lstrip("."))
+    return moved
