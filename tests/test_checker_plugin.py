@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import sysconfig
 from importlib.metadata import entry_points
 from pathlib import Path
 
@@ -72,6 +73,36 @@ def test_example_project_runs_as_a_users_suite(tmp_path):
     else:
         assert "2 skipped" in out and "needs a CUDA device" in out, out[-4000:]
         assert not json_dir.exists()
+
+
+def test_example_project_in_a_fresh_virtualenv(tmp_path):
+    """Installed the way a user installs it -- into a new virtualenv, offline, its
+    dependencies (torch, pytest) and its installer (pip, setuptools) from the interpreter's
+    own site -- the package registers
+    the plugin through its pytest11 entry point: the example suite runs with no ``-p``."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
+                    str(venv)], check=True, timeout=300)
+    python = venv / ("Scripts" if os.name == "nt" else "bin") / "python"
+    # This interpreter may itself be a virtualenv: hand its packages down (after the new
+    # environment's own, which the install fills).
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path("
+                           "'purelib'))"], capture_output=True, text=True, check=True).stdout
+    parent = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib")}
+    (Path(site.strip()) / "parent_site.pth").write_text("\n".join(sorted(parent)) + "\n")
+    install = subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", str(ROOT)], capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout + install.stderr
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                          cwd=EXAMPLE, env=env, capture_output=True, text=True, timeout=900)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert ("2 passed" if torch.cuda.is_available() else "2 skipped") in out, out[-4000:]
+    located = subprocess.run([str(python), "-c", "import staticattn; print(staticattn.__file__)"],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert str(venv) in located.stdout, located.stdout + located.stderr
 
 
 FIXTURE_WIRING = '''
