@@ -130,3 +130,4 @@ def test_check_command_accepts_json_and_needs_cuda(capsys):
         pytest.skip("without CUDA only: the check itself runs in the GPU tests")
     assert main(["check", "--json"]) == 2
     assert "needs one" in capsys.readouterr().out
+

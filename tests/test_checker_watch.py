@@ -118,3 +118,19 @@ def test_moved_views_names_every_re_pointed_field():
     assert moved_views(first, second) == ["other[0]", "toy.doubled_seq_lens"]
     assert moved_views(first, {"toy": ToyMetadata(base[:4])}) == ["other[0]"]
     assert [p for p, _ in tensors_in(first)] == [".toy.doubled_seq_lens", ".other[0]"]
+
+
+def test_only_views_a_build_keeps_in_place_can_be_repointed():
+    """A library's plan tensors are fresh in every eager build (they live in the graph pool
+    once captured): only the tensors ``held`` names are compared."""
+    block = torch.zeros(64, dtype=torch.int32)
+    first = {"lens": block[:8], "plan": {"meta": torch.zeros(4)}}
+    same = {"lens": block[:8], "plan": {"meta": torch.zeros(4)}}
+    moved = {"lens": block[8:16], "plan": {"meta": None}}
+
+    def held(t):
+        return t.untyped_storage().data_ptr() == block.untyped_storage().data_ptr()
+
+    assert moved_views(first, same) == ["plan.meta"]
+    assert moved_views(first, same, held=held) == []
+    assert moved_views(first, moved, held=held) == ["lens"]

@@ -29,6 +29,7 @@ from test_mixed_builds import CONFIGS
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.builders.indexer_prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
+from staticattn.checks.views import tensors_in
 from staticattn.consumers import GatherConsumer
 from staticattn.graphs import GraphManager
 
@@ -38,9 +39,7 @@ STEPS = 2000
 
 
 def _snapshot(metadata) -> list[torch.Tensor]:
-    from staticattn.checks.checker import _tensors
-
-    return [t.clone() for _, t in _tensors(metadata)]
+    return [t.clone() for _, t in tensors_in(metadata)]
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

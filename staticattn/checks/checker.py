@@ -149,7 +149,7 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
             report.add("capture_failure", f"DOT dump failed: {exc}")
     again = {b.name: b.build_decode(Batch.for_decode_capture(inputs, num_reqs))
              for b in manager.builders}
-    moved = moved_views(c.metadata, again)
+    moved = moved_views(c.metadata, again, held=ArenaIndex.of(manager.arena).holds)
     if moved:
         report.add("repointed", "build_decode returned different views than at capture for "
                    + ", ".join(moved))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,14 +32,21 @@ def tensors_in(obj: Any) -> list[tuple[str, torch.Tensor]]:
     return found
 
 
-def moved_views(first: Any, second: Any) -> list[str]:
+def moved_views(first: Any, second: Any,
+                held: Callable[[torch.Tensor], bool] | None = None) -> list[str]:
     """Paths whose tensor differs in address, shape or stride between two metadata objects
-    (or exists in one only): a re-pointed buffer."""
+    (or exists in one only): a re-pointed buffer.
+
+    ``held`` (e.g. the arena's membership test) limits the comparison to the tensors a
+    build promises to keep in place; others -- a library's plan, allocated inside the
+    capture and fresh in every eager build -- are the pool checks' concern."""
     a = dict(tensors_in(first))
     b = dict(tensors_in(second))
     moved = []
     for path in sorted(set(a) | set(b)):
         ta, tb = a.get(path), b.get(path)
+        if held is not None and not any(t is not None and held(t) for t in (ta, tb)):
+            continue
         if ta is None or tb is None:
             moved.append(path.lstrip("."))
             continue
