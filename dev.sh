@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Quick start from a clean clone: `./dev.sh demo` runs the demo, `./dev.sh test` the tests.
 # On a machine with a GPU, `./dev.sh gpu-check` runs the tests and then the GPU extras.
+# `./dev.sh docs` builds the guides and the API reference (warnings are errors).
 # Installs only what is missing, and never replaces an installed torch.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,5 +28,9 @@ case "$cmd" in
   demo) ensure_deps; exec "$PY" -m staticattn demo "$@" ;;
   test) ensure_deps; exec "$PY" -m pytest "$@" ;;
   gpu-check) ensure_deps; exec "$PY" scripts/gpu_check.py "$@" ;;
-  *) echo "usage: ./dev.sh demo|test|gpu-check [args...]" >&2; exit 2 ;;
+  docs)
+    ensure_deps
+    "$PY" -c "import sphinx, myst_parser" 2>/dev/null || "$PY" -m pip install -q -e ".[docs]"
+    exec "$PY" -m sphinx -W --keep-going -b html docs docs/_build/html "$@" ;;
+  *) echo "usage: ./dev.sh demo|test|gpu-check|docs [args...]" >&2; exit 2 ;;
 esac

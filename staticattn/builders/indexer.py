@@ -70,12 +70,6 @@ __all__ = ["IndexerMetadataBuilder", "flattens"]
 class IndexerMetadataBuilder:
     """Builds :class:`IndexerMetadata` into the arena.
 
-    Parameters
-    ----------
-    legacy_schedule : bool
-        Split the paged-MQA-logits work with DeepGEMM v2.1-v2.3's remainder rule (the
-        reference engine's pinned DeepGEMM) instead of v2.4+'s. Either covers all work.
-
     Buffers (``indexer.*``, device, from :meth:`buffers`), with ``Tdec = max_decode_tokens``
     (``max_num_seqs * next_n``, at most ``max_num_batched_tokens``) and
     ``T = max_num_batched_tokens``:
@@ -107,6 +101,12 @@ class IndexerMetadataBuilder:
     the schedule is planned from the local lengths; prefill chunks are planned from the
     global lengths (the same plan on every rank) and carry the rank's local row bounds
     (:class:`IndexerPrefillChunkMetadata`). The rank is a static int of the arena.
+
+    Parameters
+    ----------
+    legacy_schedule : bool
+        Split the paged-MQA-logits work with DeepGEMM v2.1-v2.3's remainder rule (the
+        reference engine's pinned DeepGEMM) instead of v2.4+'s. Either covers all work.
 
     Examples
     --------

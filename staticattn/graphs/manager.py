@@ -13,6 +13,7 @@ Workflow:
    Python's gc frozen; each graph = staging kernels + every builder's build + ``step``,
    warmed up first at minimal sequence lengths.
 3. Per step, either
+
    * ``run(query_lens, seq_lens, slot_mapping)`` -- validate, write the host arrays into the
      staging and launch: a uniform decode step replays the smallest decode graph that holds
      it, any other step the smallest token bucket that holds it; only a step beyond every
@@ -22,6 +23,7 @@ Workflow:
      ``views.slot_mapping[:t]`` (and ``views.query_start_loc[: k + 1]`` for a step of any
      composition) directly, then ``launch(k)`` (uniform decode) or ``launch(k, t)``:
      bounds checked in a few vectorized passes, one graph launch, nothing else.
+
    Block tables are not arguments: the engine updates the rows that changed in
    ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
 4. ``close()`` (or leave the ``with`` block) -- drops the graphs and their pool.

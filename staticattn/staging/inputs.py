@@ -55,11 +55,16 @@ class StagedCounts:
 class HostViews:
     """Numpy views of the pinned staging, which an engine may write in place.
 
+    Attributes
+    ----------
     query_start_loc : int32 ``(max_num_seqs + 1,)``
         ``[0, q_0, q_0 + q_1, ...]`` of the real requests (not read by uniform steps).
     seq_lens : int32 ``(max_num_seqs,)``
-    slot_mapping : int64 ``(max_num_batched_tokens,)``; -1 = do not write
-    counts : int32 ``(4,)``; ``[num_reqs, num_tokens]`` of the step (the rest unused)
+        Context + scheduled tokens of each real request.
+    slot_mapping : int64 ``(max_num_batched_tokens,)``
+        KV slot of each real token; -1 = do not write.
+    counts : int32 ``(4,)``
+        ``[num_reqs, num_tokens]`` of the step (the rest unused).
     """
 
     query_start_loc: np.ndarray
@@ -167,6 +172,14 @@ class StepInputs:
     ) -> StagedCounts:
         """Write one step's host values into the staging block, with its padding.
 
+        Waits until the previous step's staging kernel has read the staging block (a no-op
+        on CPU, and nearly always already true on CUDA), then writes. Raises
+        :class:`CapacityError` / :class:`InvalidBatchError` before writing anything when
+        the extents do not fit the staging block; the checks of the values themselves
+        (sequence vs query lengths, ``max_model_len``, slots, decode-first order) are
+        :func:`staticattn.builders.validate_host.validate_host_step`'s, which
+        :class:`~staticattn.graphs.GraphManager` runs first.
+
         Parameters
         ----------
         query_lens : int array ``(num_reqs,)``
@@ -184,13 +197,6 @@ class StepInputs:
             The caller has checked the arrays and extents (the graph manager's validation):
             skip the checks of the extents.
 
-        Waits until the previous step's staging kernel has read the staging block (a no-op
-        on CPU, and nearly always already true on CUDA), then writes. Raises
-        :class:`CapacityError` / :class:`InvalidBatchError` before writing anything when
-        the extents do not fit the staging block; the checks of the values themselves
-        (sequence vs query lengths, ``max_model_len``, slots, decode-first order) are
-        :func:`staticattn.builders.validate_host.validate_host_step`'s, which
-        :class:`~staticattn.graphs.GraphManager` runs first.
         """
         query_lens = np.asarray(query_lens)
         seq_lens = np.asarray(seq_lens)
