@@ -7,10 +7,12 @@ that order in place, and hands the step's query lengths, sequence lengths and sl
 ``GraphManager.run``. The step function is the engine's own: a tiny sliding-window attention
 over a random KV cache, read through the SWA metadata.
 
-On a GPU every step replays a captured graph (a decode graph or a token bucket); without
-CUDA every step runs eagerly on the CPU kernels, and the loop says so.
+On a GPU every step replays a captured graph (a decode graph or a token bucket) and is
+checked against the same step run eagerly (`run(..., eager=True)`: the reference builds, the
+same step function); without CUDA every step runs eagerly on the CPU kernels, and the loop
+says so. At the end: the replay share and the mismatches.
 
-    python -m examples.custom_loop [--steps 40]      (from the repository root)
+    python -m examples.custom_loop [--steps 200]      (from the repository root)
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ class WindowAttention:
         scores = (keys * self.query[:rows, None, :]).sum(-1).masked_fill(idx < 0, -1e30)
         weights = torch.softmax(scores, dim=-1) * (idx >= 0)
         self.out[:rows].copy_((weights[..., None] * keys).sum(1))
+        self.out[rows : batch.num_actual_tokens].zero_()  # prefill tokens: not attended here
         return self.out[: batch.num_actual_tokens]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     device = "cuda" if cuda else "cpu"
@@ -61,6 +64,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     free = list(range(1, NUM_BLOCKS))  # block 0 stays the null block
     requests = []  # dicts: prompt, done (tokens in the cache), blocks, swa_blocks
+    steps = replays = mismatches = 0
     print("graphs: captured below" if cuda else "no CUDA: every step runs eagerly on the CPU")
     with GraphManager(arena, inputs, builders, WindowAttention(cfg, device),
                       progress=False, time_gpu=cuda) as gm:
@@ -84,6 +88,9 @@ def main() -> None:
                     budget -= chunk
             if not batch:
                 continue
+            # Decodes first: a chunk as short as a decode (the tail of a prompt) is one.
+            order = sorted(range(len(batch)), key=lambda i: query_lens[i] > cfg.next_n)
+            batch, query_lens = [batch[i] for i in order], [query_lens[i] for i in order]
             seq_lens, slots = [], []
             for b, (r, q) in enumerate(zip(batch, query_lens)):
                 length = r["done"] + q
@@ -98,12 +105,19 @@ def main() -> None:
                 table = np.array(r["blocks"])
                 slots.append(table[pos // cfg.block_size] * cfg.block_size + pos % cfg.block_size)
                 seq_lens.append(length)
+            step = (np.array(query_lens), np.array(seq_lens), np.concatenate(slots))
             t0 = time.perf_counter()
-            res = gm.run(np.array(query_lens), np.array(seq_lens), np.concatenate(slots))
+            res = gm.run(*step)
             host_us = (time.perf_counter() - t0) * 1e6
             gpu = f", GPU {res.gpu_us():.1f} us" if cuda else ""
+            replays += res.mode == "graph"
+            if res.mode == "graph":  # the same step, eagerly: equal up to float rounding
+                out = res.outputs.clone()
+                eager = gm.run(*step, eager=True).outputs
+                mismatches += not torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
             where = f"{res.graph_kind} graph of {res.graph_size}" if res.mode == "graph" else (
                 f"eager ({res.reason})")
+            steps += 1
             print(f"step {step_no:3d}: {len(decodes):2d} decodes, {len(batch) - len(decodes)} "
                   f"prefill chunks, {sum(query_lens):4d} tokens -> {where}, host "
                   f"{host_us:.0f} us{gpu}")
@@ -113,6 +127,8 @@ def main() -> None:
                 free += r["blocks"] + r["swa_blocks"]
                 requests.remove(r)
         print(gm.describe() if cuda else f"eager steps: {dict(gm.stats.eager)}")
+    print(f"{steps} steps, {replays} replayed ({100 * replays / max(steps, 1):.0f}%), "
+          f"{mismatches} mismatches against the eager run")
 
 
 if __name__ == "__main__":
