@@ -136,7 +136,8 @@ def test_without_graphs_every_step_runs_eagerly_on_the_producers_lengths():
             want = gm.run(q, s, slots, eager=True).outputs
             assert same_outputs(snapshot_outputs(out), snapshot_outputs(want))
         assert steps.eager == {"not captured": 3} and steps.replays == 0
-        for bad, error in (((-1, 4), InvalidBatchError), ((17, 40), CapacityError),
+        for bad, error in (((-1, 4), InvalidBatchError), ((0, 4), InvalidBatchError),
+                           ((17, 40), CapacityError),
                            ((2, 10_000), CapacityError)):
             with pytest.raises(error):
                 steps.launch(*bad)

@@ -149,9 +149,9 @@ class DeviceLengthSteps:
         self.manager._check_open()
         num_reqs, num_tokens = int(num_reqs), int(num_tokens)
         cfg = self.config
-        if num_reqs < 0 or num_tokens < 0:
-            raise InvalidBatchError(f"num_reqs={num_reqs} and num_tokens={num_tokens} must "
-                                    "be >= 0")
+        if num_reqs < 1 or num_tokens < 0:
+            raise InvalidBatchError(f"a step needs at least one request and a token bound "
+                                    f">= 0; got num_reqs={num_reqs}, num_tokens={num_tokens}")
         if num_reqs > cfg.max_num_seqs:
             raise CapacityError(f"num_reqs={num_reqs} exceeds max_num_seqs={cfg.max_num_seqs}")
         if num_tokens > cfg.max_num_batched_tokens:

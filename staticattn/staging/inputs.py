@@ -196,7 +196,6 @@ class StepInputs:
         checked : bool
             The caller has checked the arrays and extents (the graph manager's validation):
             skip the checks of the extents.
-
         """
         query_lens = np.asarray(query_lens)
         seq_lens = np.asarray(seq_lens)
