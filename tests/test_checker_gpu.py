@@ -52,7 +52,8 @@ def test_host_tensor_twin_copied_before_capture_passes():
 # .item() reads one value (a sync); .tolist() copies device memory to the host first, which
 # the capture refuses outright: a host read, and the capture failure names the call.
 @pytest.mark.parametrize("step_cls, spelled, kind",
-                         [(ItemStep, "item", "sync"), (ToListStep, "tolist", "host_read")])
+                         [(ItemStep, "item", "sync"), (ToListStep, "tolist", "host_read")],
+                         ids=["item", "tolist"])
 def test_item_and_tolist_in_capture_are_errors_named(step_cls, spelled, kind):
     report, _ = run_check(lambda cfg, dev, inputs: step_cls(cfg, dev))
     fails_with(report, kind)

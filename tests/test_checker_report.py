@@ -11,9 +11,11 @@ from staticattn.checks import FAULT_KINDS, RULE, SCHEMA_VERSION, CheckReport, Si
 from staticattn.checks.findings import ERROR, NOTE, Finding, finding, severity_of
 from staticattn.errors import GraphError
 
-#: The issue's classification, kind by kind: only graph-pool memory and graph-safe random
-#: numbers are notes; everything that makes replay differ from eager is an error.
-EXPECTED_NOTES = {"pool_allocation", "library_allocation", "graph_safe_rng"}
+#: The issue's classification, kind by kind: only graph-pool memory, graph-safe random
+#: numbers and an optional extra of the report that could not be made are notes; everything
+#: that makes replay differ from eager is an error.
+EXPECTED_NOTES = {"pool_allocation", "library_allocation", "graph_safe_rng",
+                  "extra_unavailable"}
 EXPECTED_ERRORS = {
     "sync", "host_read", "replay_mismatch", "output_not_rewritten", "repointed",
     "stale_pointer", "arena_write", "staging_race", "rng_generator", "pool_reuse",

@@ -138,6 +138,14 @@ def test_compressed_entry_owner_example():
     assert oracle.owner_of_entry(1, 4, 2, 4) == 1
     assert oracle.local_index(1, 4, 2, 4) == 0
     assert oracle.local_index(2, 4, 2, 4) == 1
+    # The kernels' formulas (entry granularity J = I / R = 1) agree on the same entries.
+    from staticattn.kernels.dcp import dcp_local_index, dcp_owner
+
+    entries = torch.tensor([0, 1, 2, 3])
+    assert dcp_owner(entries, 2, 1).tolist() == [oracle.owner_of_entry(e, 4, 2, 4)
+                                                 for e in range(4)]
+    assert dcp_local_index(entries, 2, 1).tolist() == [oracle.local_index(e, 4, 2, 4)
+                                                       for e in range(4)]
 
 
 @pytest.mark.parametrize(("world", "ratio", "interleave", "block_size", "n"), GRID,

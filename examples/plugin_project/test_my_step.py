@@ -25,8 +25,8 @@ class MyStep:
         return self.out[:n]
 
 
-class MyStepWithHostRead(MyStep):
-    """The same step with a host read: a Python branch on ``.item()`` of a device value."""
+class MyStepWithSync(MyStep):
+    """The same step with a sync: a Python branch on ``.item()`` of a device value."""
 
     def __call__(self, batch, metadata) -> torch.Tensor:
         out = super().__call__(batch, metadata)
@@ -47,9 +47,9 @@ def test_my_step_is_graph_safe(assert_graph_safe):
     assert [s.size for s in report.sizes] == [2, 16]
 
 
-def test_a_host_read_is_reported(assert_graph_safe):
+def test_a_sync_is_reported(assert_graph_safe):
     cfg = _config()
     with pytest.raises(GraphSafetyError) as failed:
-        assert_graph_safe(MyStepWithHostRead(cfg), config=cfg, sizes=[2], batches=2)
+        assert_graph_safe(MyStepWithSync(cfg), config=cfg, sizes=[2], batches=2)
     assert "sync" in failed.value.report.kinds("error")
     assert "FAIL" in str(failed.value)

@@ -7,11 +7,15 @@ garbage. :func:`check_dcp_step` catches that on the host, before anything is sta
 small all-gather of each rank's fingerprint of the step
 
 ``[dcp_world_size, dcp_rank, cp_kv_cache_interleave_size, num_reqs, num_tokens,
-checksum(query_lens), checksum(seq_lens)]`` (int64)
+checksum(query_lens), checksum(seq_lens), checksum(the rest of the config)]`` (int64)
 
-and a comparison on every rank, so every rank raises the same typed error, or none does. The
-all-gather waits at most ``timeout``: a rank that never arrives (it failed earlier, or hangs)
-is a :class:`~staticattn.errors.RankMismatchError` on the others, not a hang.
+and a comparison on every rank: when every rank arrives, every rank raises the same typed
+error, or none does. The all-gather waits at most ``timeout``: a rank that never arrives (it
+failed earlier, or hangs) is a :class:`~staticattn.errors.RankMismatchError` on the others,
+not a hang (a rank arriving after the others timed out may still pass: it had their
+fingerprints). Use a gloo group: over NCCL the wait is not bounded on the host, and the
+first collective of a lazily initialised NCCL group sets the communicator up inside the
+call, beyond the timeout.
 
 It costs one collective per call (tens of microseconds on NVLink, about a millisecond over
 gloo): meant for the first steps, for debugging, or for engines that can afford it, outside
@@ -20,6 +24,8 @@ any captured graph.
 
 from __future__ import annotations
 
+import dataclasses
+import zlib
 from datetime import timedelta
 
 import numpy as np
@@ -28,12 +34,16 @@ import torch.distributed as dist
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.builders.value_checks import host_ints
-from staticattn.errors import ConfigError, RankMismatchError
+from staticattn.errors import ConfigError, InvalidBatchError, RankMismatchError
 
 __all__ = ["FINGERPRINT_FIELDS", "check_dcp_step", "step_fingerprint"]
 
 FINGERPRINT_FIELDS = ("dcp_world_size", "dcp_rank", "cp_kv_cache_interleave_size",
-                      "num_reqs", "num_tokens", "query_lens_checksum", "seq_lens_checksum")
+                      "num_reqs", "num_tokens", "query_lens_checksum", "seq_lens_checksum",
+                      "config_checksum")
+
+#: Config fields that may differ across the ranks of one group.
+_PER_RANK_FIELDS = ("dcp_rank", "device")
 
 #: A Mersenne prime: checksum terms stay below 2**62, their sum of up to 2**32 terms in int64.
 _MODULUS = 2**31 - 1
@@ -56,9 +66,14 @@ def step_fingerprint(config: ArenaConfig, query_lens, seq_lens) -> np.ndarray:
     """
     q = host_ints("query_lens", query_lens, ndim=1)
     s = host_ints("seq_lens", seq_lens, ndim=1)
+    if q.size != s.size:
+        raise InvalidBatchError(f"query_lens has {q.size} entries but seq_lens has {s.size}")
+    shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+              if f.name not in _PER_RANK_FIELDS}
     return np.array([config.dcp_world_size, config.dcp_rank,
                      config.cp_kv_cache_interleave_size, q.size, int(q.sum()), _checksum(q),
-                     _checksum(s)], dtype=np.int64)
+                     _checksum(s), zlib.crc32(repr(sorted(shared.items())).encode())],
+                    dtype=np.int64)
 
 
 def check_dcp_step(

@@ -145,8 +145,8 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
     if dot_dir is not None:
         try:
             report.dot_path = str(dump_dot(c.graph, Path(dot_dir) / f"graph_{size}.dot"))
-        except Exception as exc:  # the census and the DOT dump are optional extras
-            report.add("capture_failure", f"DOT dump failed: {exc}")
+        except Exception as exc:  # an optional extra: its failure says nothing of the step
+            report.add("extra_unavailable", f"DOT dump failed: {type(exc).__name__}: {exc}")
     again = {b.name: b.build_decode(Batch.for_decode_capture(inputs, num_reqs))
              for b in manager.builders}
     moved = moved_views(c.metadata, again, held=ArenaIndex.of(manager.arena).holds)

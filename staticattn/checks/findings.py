@@ -54,6 +54,9 @@ FAULT_KINDS: dict[str, FaultKind] = {
         NOTE, "allocation inside the capture (graph pool)",
         "a dispatch mode around the capture: an op's output owns storage none of its "
         "inputs had; the storage is held alive and every output is rewritten by replay"),
+    "extra_unavailable": FaultKind(
+        NOTE, "an optional extra of the report could not be produced (e.g. the DOT dump)",
+        "the extra raised; the check itself is unaffected"),
     "library_allocation": FaultKind(
         NOTE, "allocation inside the capture by no aten op (graph pool)",
         "caching-allocator counters around the capture beyond the staging-only baseline"),

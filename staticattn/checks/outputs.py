@@ -14,7 +14,9 @@ def snapshot_outputs(outputs: Any, num_tokens: int | None = None) -> list[torch.
     """Copies of every tensor in a step's outputs (first ``num_tokens`` rows when given),
     taken before the next run overwrites them."""
     flat, _ = tree_flatten(outputs)
-    return [t[:num_tokens].clone() for t in flat if isinstance(t, torch.Tensor)]
+    # A 0-dim output (a count) has no rows: taken whole.
+    return [(t[:num_tokens] if t.dim() else t).clone() for t in flat
+            if isinstance(t, torch.Tensor)]
 
 
 def same_outputs(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:

@@ -47,7 +47,7 @@ def unwritten_outputs(outputs, num_tokens: int, replay: Callable[[], None]) -> l
     with another, replay; name the outputs some of whose elements kept both. The rows are
     left as the second replay wrote them (unwritten elements hold the second sentinel)."""
     flat = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
-    rows = [t[:num_tokens] for t in flat]
+    rows = [t[:num_tokens] if t.dim() else t for t in flat]  # a 0-dim output has no rows
     found = []
     snaps: list[list[torch.Tensor]] = []
     for k in range(2):
