@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
+from op_trace import HOST_READS, OpTrace
 from oracle import dcp as oracle
 from support import DEVICE, host_steps, make_step, stage
 from test_mixed_builds import bucket_for, stage_mixed
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -168,18 +168,6 @@ def test_mixed_build_matches_oracle_on_every_rank(backend, world, ratio, interle
     check()
 
 
-class _OpTrace(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-HOST_READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique",
-              "repeat_interleave", "is_nonzero", "equal", "allclose"}
 
 
 @pytest.mark.parametrize("build", ["build_decode", "build_mixed"])
@@ -200,7 +188,7 @@ def test_torch_graph_safe_builds_read_nothing_back_under_dcp(build):
     run([9, 9])  # cuts and keeps the views of this size
     traces = []
     for lens in ([3, 4], [2000, 1500]):
-        with _OpTrace() as trace:
+        with OpTrace() as trace:
             run(lens)
         traces.append(trace.ops)
     assert not HOST_READS & set(traces[0])

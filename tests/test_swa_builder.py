@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from op_trace import HOST_READS, OpTrace
 from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, make_step, stage
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -170,20 +170,6 @@ def test_batch_without_device_derived_views_is_rejected(missing):
 
 
 # ------------------------------------------------------------------------ graph safety
-HOST_READS = {
-    "_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2",
-    "unique_consecutive", "repeat_interleave", "is_nonzero", "equal", "allclose",
-}
-
-
-class _OpTrace(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
 
 
 def test_torch_decode_build_reads_nothing_back_and_never_branches_on_data():
@@ -195,7 +181,7 @@ def test_torch_decode_build_reads_nothing_back_and_never_branches_on_data():
     for lens, invalid in (([3, 4], ()), ([4000, 2500], (0, 3))):
         stage(inputs, make_step(cfg, [2, 2], lens, num_reqs_padded=3, num_tokens_padded=6,
                                 invalid_tokens=invalid))
-        with _OpTrace() as trace:
+        with OpTrace() as trace:
             builder.build_decode(Batch.for_decode_capture(inputs, 3))
         traces.append(trace.ops)
     assert "copy_" in traces[0] and not HOST_READS & set(traces[0])
@@ -233,7 +219,7 @@ def test_triton_decode_build_runs_no_torch_op_besides_views(monkeypatch):
     cfg, builder, _, inputs = _setup("triton")
     stage(inputs, make_step(cfg, [2, 2], [300, 40], num_reqs_padded=3, num_tokens_padded=6))
     launches = _count_launches(monkeypatch, swa_decode, "_swa_decode_kernel", run=False)
-    with _OpTrace() as trace:
+    with OpTrace() as trace:
         builder.build_decode(Batch.for_decode_capture(inputs, 3))
     assert len(launches) == 1
     assert trace.ops and set(trace.ops) <= {"slice", "select", "alias", "view", "as_strided"}

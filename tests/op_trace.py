@@ -1,0 +1,24 @@
+"""Which torch ops a piece of code runs: for the tests that show a graph-safe build runs the
+same ops whatever the data and reads nothing back to the host."""
+
+from __future__ import annotations
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+#: Ops that read device values back to the host (a sync, or a data-dependent shape).
+HOST_READS = {
+    "_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2",
+    "unique_consecutive", "repeat_interleave", "is_nonzero", "equal", "allclose",
+}
+
+
+class OpTrace(TorchDispatchMode):
+    """Records the name of every torch op dispatched inside the ``with`` block."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
