@@ -133,6 +133,8 @@ def _save_report(report, args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line: ``demo``, ``check`` or ``bench`` (``--help`` for each); the
+    exit status."""
     p = argparse.ArgumentParser(prog="staticattn", description=__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
 

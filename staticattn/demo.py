@@ -54,6 +54,7 @@ class DemoReport:
     check_kind: str = ""
 
     def lines(self) -> list[str]:
+        """The report as printable lines: counts, mismatches, host and GPU time per step."""
         out = [
             f"steps {self.steps}: replayed {self.replayed} ({self.replayed_mixed} through token "
             f"buckets), eager {sum(self.eager.values())} {dict(sorted(self.eager.items()))}",

@@ -128,9 +128,12 @@ class Arena:
         return name in self._decls
 
     def names(self) -> list[str]:
+        """Every declared buffer's name, in declaration order (e.g. ``"input.seq_lens"``)."""
         return list(self._decls)
 
     def decl(self, name: str) -> BufferDecl:
+        """The declaration of buffer ``name`` (shape, dtype, where, fill); raises
+        :class:`ArenaError` for an unknown name."""
         try:
             return self._decls[name]
         except KeyError:

@@ -64,6 +64,7 @@ class MixedReport:
     rows: list[MixedRow] = field(default_factory=list)
 
     def table(self) -> str:
+        """The scenarios as a fixed-width text table (microsecond medians), then the floor."""
         head = (f"{'scenario':<24} {'model':<9} {'toks':>5} {'bucket':>6} | "
                 f"{'in-place':>8} {'run()':>7} {'GPU':>6} | {'eager':>7} {'GPU':>6} | "
                 f"{'host x':>6}")
@@ -79,9 +80,11 @@ class MixedReport:
         return "\n".join(lines + floor_lines(self.floor))
 
     def to_json(self) -> str:
+        """The report as JSON: env, floor and one row per scenario (microseconds)."""
         return json.dumps(asdict(self), indent=2)
 
     def plot(self, path: str) -> None:
+        """Write a PNG of each scenario's host and GPU time, graph vs eager, to ``path``."""
         import matplotlib
 
         matplotlib.use("Agg")

@@ -58,6 +58,7 @@ class BenchReport:
     rows: list[BenchRow] = field(default_factory=list)
 
     def table(self) -> str:
+        """The rows as a fixed-width text table (microsecond medians), then the floor."""
         head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'in-place host':>13} "
                 f"{'run() host':>10} {'graph GPU':>9} | {'eager host':>10} {'eager GPU':>9} | "
                 f"{'host x':>7} {'GPU x':>6}")
@@ -75,18 +76,23 @@ class BenchReport:
         return "\n".join(lines)
 
     def header(self) -> str:
+        """One line naming the device, driver, CUDA, torch, Triton, preset and step."""
         e = self.env
         return (f"device {e['device']} | driver {e['driver']} | CUDA {e['cuda']} | torch "
                 f"{e['torch']} | triton {e['triton']} | preset {self.preset}, next_n "
                 f"{self.next_n}, step: {self.consumer}")
 
     def to_json(self) -> str:
+        """The report as JSON: env, floor and rows with their medians, minima and maxima
+        (microseconds) and the host and GPU ratios."""
         d = asdict(self)
         for row, r in zip(d["rows"], self.rows):
             row["host_ratio"], row["gpu_ratio"] = r.host_ratio, r.gpu_ratio
         return json.dumps(d, indent=2)
 
     def plot(self, path: str) -> None:
+        """Write a PNG of host and GPU time per step against batch size to ``path``
+        (matplotlib, the ``plot`` extra)."""
         import matplotlib
 
         matplotlib.use("Agg")

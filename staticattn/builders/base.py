@@ -36,15 +36,28 @@ __all__ = ["MetadataBuilder", "make_arena"]
 
 @runtime_checkable
 class MetadataBuilder(Protocol):
+    """What the graph manager needs of a builder (the module docstring gives the contract);
+    ``name`` keys its metadata in the step's ``metadata`` dict."""
+
     name: str
 
-    def buffers(self, config: ArenaConfig) -> list[BufferDecl]: ...
+    def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
+        """The buffer declarations this builder needs for ``config`` (names, shapes, dtypes,
+        fills), collected by :func:`make_arena` before the one allocation."""
+        ...
 
-    def bind(self, arena: Arena) -> None: ...
+    def bind(self, arena: Arena) -> None:
+        """Take the views of an allocated ``arena``; the builder never allocates after."""
+        ...
 
-    def build(self, batch: Batch) -> Any: ...
+    def build(self, batch: Batch) -> Any:
+        """Metadata for any batch, eagerly (may read the batch's host-side lengths)."""
+        ...
 
-    def build_decode(self, batch: Batch) -> Any: ...
+    def build_decode(self, batch: Batch) -> Any:
+        """Graph-safe metadata for a static uniform decode batch: the same views on every
+        call, kernels only, nothing read back."""
+        ...
 
     # ``build_mixed(batch)`` is optional (see the module docstring), so not a member here.
 

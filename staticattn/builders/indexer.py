@@ -133,6 +133,7 @@ class IndexerMetadataBuilder:
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
+        """The ``indexer.*`` declarations for ``config`` (listed in the class docstring)."""
         rows, tokens = config.max_decode_tokens, config.max_num_batched_tokens
         decls = [
             BufferDecl("indexer.decode_lens", (rows,), torch.int32),
@@ -151,6 +152,8 @@ class IndexerMetadataBuilder:
         return decls
 
     def bind(self, arena: Arena) -> None:
+        """Take the ``indexer.*`` views of an allocated arena; views are cut and cached per
+        binding from here on."""
         cfg = arena.config
         self.config = cfg
         self.backend = resolve_backend(cfg.kernel_backend, arena.device)

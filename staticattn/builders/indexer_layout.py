@@ -63,10 +63,12 @@ def eager_layout(config: ArenaConfig, query_lens: np.ndarray, num_decodes: int,
 
 
 def host_query_start_loc(batch: Batch) -> np.ndarray:
+    """The batch's host query starts, int ``(num_reqs + 1,)``."""
     return batch.host_arrays()[0]
 
 
 def need_token_views(batch: Batch) -> None:
+    """Typed error unless the batch carries the staged positions and token_to_req views."""
     if batch.positions is None or batch.token_to_req is None:
         raise InvalidBatchError(
             "the indexer reads the staged positions and token_to_req views; build the batch "

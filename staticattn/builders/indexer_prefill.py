@@ -54,6 +54,8 @@ class IndexerPrefill:
 
     @staticmethod
     def buffers(config: ArenaConfig) -> list[BufferDecl]:
+        """The prefill part's declarations: per-token key ranges int32 ``(T,)``, chunk key
+        prefix sums, the device chunk plan and its per-request key starts."""
         tokens, reqs = config.max_num_batched_tokens, config.max_num_seqs
         return [
             BufferDecl("indexer.cu_seqlen_ks", (tokens,), torch.int32),
@@ -68,6 +70,7 @@ class IndexerPrefill:
              if config.dcp_world_size > 1 else [])
 
     def bind(self, arena: Arena, backend: str) -> None:
+        """Take the prefill views of an allocated arena; kernels run on ``backend``."""
         self.config = arena.config
         self.backend = backend
         self.compress_ratio = arena.config.index_compress_ratio
@@ -112,6 +115,8 @@ class IndexerPrefill:
         return IndexerPrefillMetadata(chunks)
 
     def write_chunk(self, batch: Batch, qsl: np.ndarray, start: int, end: int) -> None:
+        """Launch the chunk kernel for requests ``[start, end)``: their key prefix sums and
+        every token's key range (``qsl``: the host query starts, int ``(num_reqs + 1,)``)."""
         indexer_prefill_chunk(
             self.backend, batch.query_start_loc, batch.seq_lens,
             self._cu_seq_lens_region(start, end), self.cu_seqlen_ks,
@@ -137,6 +142,9 @@ class IndexerPrefill:
         self, batch: Batch, qsl: np.ndarray, start: int, end: int, query_slice: slice | None,
         total: int,
     ) -> IndexerPrefillChunkMetadata:
+        """The chunk's metadata as views of what :meth:`write_chunk` wrote: requests
+        ``[start, end)``, queries ``query_slice`` of them (all when None), ``total``
+        compressed keys to gather."""
         first = int(qsl[start])
         lo, hi = ((0, int(qsl[end]) - first) if query_slice is None
                   else (query_slice.start, query_slice.stop))

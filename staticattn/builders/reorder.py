@@ -75,6 +75,7 @@ class ListReorderState:
         return len(self.req_ids)
 
     def swap_states(self, i: int, j: int) -> None:
+        """Swap the requests at batch positions ``i`` and ``j`` and record the swap."""
         for values in (self.req_ids, self.num_scheduled, self.num_computed, self.num_prompt):
             values[i], values[j] = values[j], values[i]
         self.swaps.append((i, j))

@@ -33,6 +33,7 @@ __all__ = [
 
 
 def count_arg(name: str, value: object) -> int:
+    """``value`` as a non-negative int; a bool, non-int or negative is a typed error."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidBatchError(f"{name} must be an int, got {value!r}")
     if value < 0:
@@ -53,6 +54,7 @@ def check_capacity(num_reqs: int, num_tokens: int, config: ArenaConfig) -> None:
 
 
 def check_non_negative(name: str, values: np.ndarray) -> None:
+    """Typed error naming the first negative entry of host ints ``values`` ``(n,)``."""
     if values.size and values.min() < 0:
         b = int(np.argmin(values))
         raise InvalidBatchError(f"{name}[{b}]={int(values[b])} is negative; it must be >= 0")
@@ -72,6 +74,8 @@ def check_non_decreasing(name: str, qsl: np.ndarray) -> np.ndarray:
 
 
 def check_query_start_loc(qsl: np.ndarray, num_tokens: int) -> None:
+    """Host query starts ``qsl`` int ``(num_reqs + 1,)``: from 0, non-decreasing, ending at
+    ``num_tokens``; a typed error otherwise."""
     if qsl[0] != 0:
         raise InvalidBatchError(f"query_start_loc_cpu[0]={int(qsl[0])} must be 0")
     check_non_decreasing("query_start_loc_cpu", qsl)
@@ -83,6 +87,8 @@ def check_query_start_loc(qsl: np.ndarray, num_tokens: int) -> None:
 
 
 def check_seq_lens(query_lens: np.ndarray, seq_lens: np.ndarray, config: ArenaConfig) -> None:
+    """Host ``seq_lens`` int ``(num_reqs,)``: non-negative, at most ``max_model_len``, and
+    each at least its request's query length (``query_lens`` int ``(num_reqs,)``)."""
     check_non_negative("seq_lens", seq_lens)
     if seq_lens.size and seq_lens.max() > config.max_model_len:
         b = int(np.argmax(seq_lens))
@@ -99,6 +105,8 @@ def check_seq_lens(query_lens: np.ndarray, seq_lens: np.ndarray, config: ArenaCo
 
 
 def check_maximum(name: str, declared: int, values: np.ndarray, what: str) -> None:
+    """Typed error when a declared maximum ``declared`` is below the largest of ``values``
+    (host ints ``(n,)``; ``what`` names them in the message)."""
     if values.size and values.max() > declared:
         b = int(np.argmax(values))
         raise InvalidBatchError(
@@ -107,6 +115,8 @@ def check_maximum(name: str, declared: int, values: np.ndarray, what: str) -> No
 
 
 def check_decode_first(query_lens: np.ndarray, threshold: int) -> None:
+    """Decodes (query length ``<= threshold``) must lead the batch: a typed error naming the
+    first decode behind a longer request (``query_lens`` host ints ``(num_reqs,)``)."""
     longer = query_lens > threshold
     if not longer.any():
         return
@@ -122,6 +132,8 @@ def check_decode_first(query_lens: np.ndarray, threshold: int) -> None:
 
 
 def check_table_width(name: str, columns: int, longest: int, tokens_per_block: int) -> None:
+    """A block table of ``columns`` columns must reach the longest sequence (``longest``
+    tokens, ``tokens_per_block`` a column); a typed error otherwise."""
     needed = cdiv(longest, tokens_per_block)
     if columns < needed:
         raise InvalidBatchError(
@@ -134,6 +146,9 @@ def check_block_ids(
     name: str, table: np.ndarray, seq_lens: np.ndarray, tokens_per_block: int,
     num_blocks: int | None,
 ) -> None:
+    """Every block id a request uses (``table`` int ``(num_reqs, columns)``, the columns its
+    ``seq_lens`` reach at ``tokens_per_block`` tokens a column) is ``>= 0`` and below
+    ``num_blocks`` when given; a typed error naming the first offender."""
     used = np.arange(table.shape[1])[None, :] < -(-seq_lens[:, None] // tokens_per_block)
     bad = used & (table < 0)
     if num_blocks is not None:
@@ -148,6 +163,8 @@ def check_block_ids(
 
 
 def check_slots(slots: np.ndarray, bound: int | None) -> None:
+    """Slots int64 ``(num_tokens,)``: ``>= -1`` (-1 = do not write) and below ``bound`` (the
+    KV pool's slots, when known); a typed error naming the first offender."""
     if not slots.size:
         return
     if slots.min() < PAD_SLOT_ID:
@@ -189,6 +206,9 @@ def tokens_per_block(config: ArenaConfig, *, swa: bool) -> int:
 
 def slot_bound(config: ArenaConfig, num_kv_blocks: int | None,
                 num_swa_kv_blocks: int | None) -> int | None:
+    """The slot mapping's exclusive upper bound: the KV pool's blocks times the block size of
+    the group the slots address (the SWA group when the config has one), or None when the
+    pool size is not given."""
     if config.has_swa:
         blocks = num_kv_blocks if num_swa_kv_blocks is None else num_swa_kv_blocks
         return None if blocks is None else blocks * config.swa_block_size
@@ -196,4 +216,5 @@ def slot_bound(config: ArenaConfig, num_kv_blocks: int | None,
 
 
 def resolve_threshold(config: ArenaConfig, decode_threshold: int | None) -> int:
+    """The decode threshold to split with: the given one, else the config's (``next_n``)."""
     return config.decode_threshold if decode_threshold is None else int(decode_threshold)

@@ -134,6 +134,7 @@ class Finding:
     size: int | None = None
 
     def to_dict(self) -> dict:
+        """The finding as a JSON-ready dict (kind, severity, message, size)."""
         return asdict(self)
 
 

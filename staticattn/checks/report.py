@@ -44,6 +44,7 @@ class SizeCheck:
     dot_path: str | None = None
 
     def add(self, kind: str, message: str) -> None:
+        """Record a finding of ``kind`` (severity from :data:`FAULT_KINDS`) for this size."""
         self.findings.append(finding(kind, message, self.size))
 
     @property
@@ -51,6 +52,7 @@ class SizeCheck:
         return not any(f.severity == ERROR for f in self.findings)
 
     def to_dict(self) -> dict:
+        """This size's results as a JSON-ready dict."""
         return {
             "size": self.size, "verdict": "ok" if self.ok else "FAIL",
             "replays": self.replays, "mismatches": self.mismatches, "nodes": self.nodes,
@@ -119,9 +121,11 @@ class CheckReport:
         }
 
     def to_json(self, indent: int | None = 2) -> str:
+        """The report as JSON (schema in the module docstring)."""
         return json.dumps(self.to_dict(), indent=indent)
 
     def raise_on_failure(self) -> None:
+        """Raise :class:`GraphError` listing the failures when the verdict is FAIL."""
         if not self.ok:
             raise GraphError("graph sanity check failed:\n" + "\n".join(self.failures))
 

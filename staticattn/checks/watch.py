@@ -51,6 +51,7 @@ class ArenaIndex:
         return cls([arena.block("device"), arena.block("host")], views)
 
     def holds(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s storage is one of the arena's blocks."""
         return _storage_ptr(t) in self._storages
 
     def name(self, t: torch.Tensor) -> str:
@@ -80,9 +81,11 @@ class TensorRef:
                    s.data_ptr(), s.nbytes(), StorageWeakRef(s))
 
     def expired(self) -> bool:
+        """Whether the storage seen has been freed since."""
         return self.ref.expired()
 
     def describe(self) -> str:
+        """The op, shape and dtype the tensor was seen with, for a finding's message."""
         return f"{self.dtype}{list(self.shape)} from '{self.op}' ({self.phase})"
 
 

@@ -50,6 +50,7 @@ class GatherArgs:
     plan: tuple[torch.Tensor, ...] | None = None
 
     def set_swa(self, md) -> None:
+        """Read the sparse SWA metadata: decode window and C128A rows, prefill gather lengths."""
         self.swa = dict(
             indices=md.decode_swa_indices, lens=md.decode_swa_lens,
             gather_lens=md.prefill_gather_lens, prefill_seq_lens=md.prefill_seq_lens,
@@ -58,6 +59,7 @@ class GatherArgs:
         )
 
     def set_indexer(self, md) -> None:
+        """Read the indexer metadata: decode lengths and block table (native or flattened)."""
         d = md.decode
         if d is None:
             self.indexer = dict(lens=None, decode_tokens=0, device_counts=False)
@@ -71,6 +73,8 @@ class GatherArgs:
         )
 
     def set_prefill_plan(self, chunk_bounds, num_chunks, cu_seq_lens, ks, ke) -> None:
+        """Read a prefill chunk plan laid out as a mixed build's: chunk bounds int32
+        ``(C, 8)``, their count ``(1,)``, key prefix sums, per-token key ranges ``(T,)``."""
         self.plan = (chunk_bounds, num_chunks, cu_seq_lens, ks, ke)
 
 

@@ -119,6 +119,7 @@ def frozen_gc():
 
 
 def progress(items, enabled: bool, desc: str):
+    """``items`` wrapped in a progress bar when ``enabled`` (and tqdm is there), else as is."""
     if not enabled:
         return items
     try:

@@ -105,6 +105,7 @@ class RunStats:
         return sum(self.eager.values())
 
     def count_replay(self, kind: str) -> None:
+        """Count one replay of a graph of ``kind`` ("decode" or "mixed")."""
         if kind == DECODE:
             self.replays += 1
         else:
