@@ -36,6 +36,20 @@ def test_a_replay_that_writes_every_row_leaves_nothing_unwritten():
     assert out["a"][:4].flatten().tolist() == list(range(8))  # left as the replay wrote it
 
 
+def test_random_outputs_are_written_the_same_by_both_replays():
+    """An output drawn from the default generator (a mask, accepted counts) is rewritten by
+    every replay: both replays start from one seed, and the caller's state comes back."""
+    out = torch.zeros(64, dtype=torch.bool)
+
+    def replay():
+        out.copy_(torch.rand(64) < 0.5)
+
+    torch.manual_seed(123)
+    before = torch.random.get_rng_state()
+    assert unwritten_outputs(out, 64, replay) == []
+    assert torch.equal(torch.random.get_rng_state(), before)
+
+
 def test_rows_a_replay_skips_are_reported_per_output():
     out = (torch.zeros(6, dtype=torch.float32), torch.zeros(6, 3, dtype=torch.int32))
 

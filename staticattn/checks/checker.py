@@ -160,7 +160,8 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
 
     first = random_uniform_decode(inputs, num_reqs, rng, num_kv_blocks=num_kv_blocks)
     stage(first)
-    unwritten = unwritten_outputs(c.outputs, int(first.slot_mapping.shape[0]), c.graph.replay)
+    unwritten = unwritten_outputs(c.outputs, int(first.slot_mapping.shape[0]), c.graph.replay,
+                                  seed)
     if unwritten:
         report.add("output_not_rewritten", "; ".join(unwritten))
     stale: set[str] = set()

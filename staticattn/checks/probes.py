@@ -42,19 +42,30 @@ def unwritten_mask(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     return (first == a) & (second == b)
 
 
-def unwritten_outputs(outputs, num_tokens: int, replay: Callable[[], None]) -> list[str]:
+def unwritten_outputs(outputs, num_tokens: int, replay: Callable[[], None],
+                      seed: int = 0) -> list[str]:
     """Fill the first ``num_tokens`` rows of every output with one sentinel, replay, then
     with another, replay; name the outputs some of whose elements kept both. The rows are
-    left as the second replay wrote them (unwritten elements hold the second sentinel)."""
+    left as the second replay wrote them (unwritten elements hold the second sentinel).
+
+    Both replays start from the same generator state (``seed``), so an output drawn from
+    random numbers is written the same twice, not mistaken for one left unwritten; the
+    caller's generator state is restored afterwards.
+    """
     flat = [t for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor)]
     rows = [t[:num_tokens] if t.dim() else t for t in flat]  # a 0-dim output has no rows
     found = []
     snaps: list[list[torch.Tensor]] = []
-    for k in range(2):
-        for r in rows:
-            r.fill_(sentinels(r.dtype)[k])
-        replay()
-        snaps.append(snapshot_outputs(rows))
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        for k in range(2):
+            for r in rows:
+                r.fill_(sentinels(r.dtype)[k])
+            torch.random.default_generator.manual_seed(seed)
+            if devices:
+                torch.cuda.manual_seed(seed)  # the current device's, which fork_rng restores
+            replay()
+            snaps.append(snapshot_outputs(rows))
     for i, (first, second) in enumerate(zip(*snaps)):
         stale = int(unwritten_mask(first, second).sum())
         if stale:
