@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 __all__ = ["main"]
@@ -54,7 +55,10 @@ def cmd_check(args) -> int:
     from staticattn.checks import check_graph_safety
 
     if not torch.cuda.is_available():
-        print("check: no CUDA device; the graph sanity check needs one")
+        reason = "no CUDA device; the graph sanity check needs one"
+        # A CI job reading JSON from stdout gets JSON here too.
+        print(json.dumps({"verdict": "skipped", "reason": reason}) if args.json == "-"
+              else f"check: {reason}")
         return 2
     cfg = _config(args)
     builders = _builders(cfg)

@@ -131,5 +131,8 @@ def test_check_command_accepts_json_and_needs_cuda(capsys):
     if torch.cuda.is_available():
         pytest.skip("without CUDA only: the check itself runs in the GPU tests")
     assert main(["check", "--json"]) == 2
+    out = json.loads(capsys.readouterr().out)  # JSON on stdout, even when skipped
+    assert out["verdict"] == "skipped" and "needs one" in out["reason"]
+    assert main(["check"]) == 2
     assert "needs one" in capsys.readouterr().out
 
