@@ -47,7 +47,7 @@ from staticattn.checks.report import CheckReport, SizeCheck
 from staticattn.checks.views import moved_views
 from staticattn.checks.watch import ArenaIndex, TensorRef
 from staticattn.errors import GraphError
-from staticattn.graphs.capture import frozen_gc
+from staticattn.graphs.capture import arena_contents_kept, frozen_gc
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
 from staticattn.staging import StepInputs
@@ -108,29 +108,33 @@ def check_graph_safety(
     captured: dict[int, Captured] = {}
     escaped: dict[int, list[TensorRef]] = {}
     try:
-        pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(arena.device)
-        with frozen_gc():
-            for size in order:
-                c = guarded_capture(manager, phased, size // arena.config.next_n, size,
-                                    reports[size], pool, stream, index)
-                if c is not None:
-                    captured[size] = c
-                    # Pool memory that outlived its capture is the graph's to keep; cyclic
-                    # garbage (which frozen gc leaves alive) is collected first, between
-                    # captures, where a collection frees nothing a graph holds.
-                    gc.collect()
-                    escaped[size] = [a for a in c.watch.allocations if not a.expired()]
-        with torch.random.fork_rng(devices=[arena.device]):
-            for size, c in captured.items():
-                _probe_size(manager, c, reports[size], rng, num_kv_blocks, num_batches,
-                            dot_dir, before_batch, write_staging or _stage_uniform, seed)
-        allocated = {s: c.watch.allocations for s, c in captured.items()}
-        for size, message in freed_and_reused(escaped, allocated):
-            reports[size].add("pool_reuse", message)
-        if arena.fingerprint() != fingerprint:
-            changed = [k for k, v in arena.fingerprint().items() if fingerprint.get(k) != v]
-            general.append(finding("repointed", f"arena addresses changed: {changed}"))
+        # What the probes stage and build is put back afterwards, as a capture by the
+        # graph manager does: the check disturbs nothing an engine may still read.
+        with arena_contents_kept(arena):
+            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(arena.device)
+            with frozen_gc():
+                for size in order:
+                    c = guarded_capture(manager, phased, size // arena.config.next_n, size,
+                                        reports[size], pool, stream, index)
+                    if c is not None:
+                        captured[size] = c
+                        # Pool memory that outlived its capture is the graph's to keep; cyclic
+                        # garbage (which frozen gc leaves alive) is collected first, between
+                        # captures, where a collection frees nothing a graph holds.
+                        gc.collect()
+                        escaped[size] = [a for a in c.watch.allocations if not a.expired()]
+            with torch.random.fork_rng(devices=[arena.device]):
+                for size, c in captured.items():
+                    _probe_size(manager, c, reports[size], rng, num_kv_blocks, num_batches,
+                                dot_dir, before_batch, write_staging or _stage_uniform, seed)
+            allocated = {s: c.watch.allocations for s, c in captured.items()}
+            for size, message in freed_and_reused(escaped, allocated):
+                reports[size].add("pool_reuse", message)
+            if arena.fingerprint() != fingerprint:
+                changed = [k for k, v in arena.fingerprint().items() if fingerprint.get(k) != v]
+                general.append(finding("repointed", f"arena addresses changed: {changed}"))
     finally:
+        torch.cuda.synchronize(arena.device)  # no replay may run while its pool is freed
         captured.clear()
         manager.close()
     return CheckReport([reports[s] for s in sorted(reports)], general)
