@@ -69,7 +69,7 @@ def _check_across_ranks(metas, step, ratio):
             assert torch.equal(total, d.global_seq_lens)
     written = sum((m.slot_mapping >= 0).long() for m in metas)
     qsl, seq_lens = step.query_start_loc, step.padded_seq_lens()
-    completes = [0] * step.num_tokens_padded
+    completes = [0] * written.numel()  # tokens past the step's (padding, bucket) write none
     for b in range(step.num_reqs):
         q = qsl[b + 1] - qsl[b]
         for j in range(q):
@@ -160,14 +160,15 @@ def test_mixed_build_matches_oracle_on_every_rank(backend, world, ratio, interle
         num_reqs, num_tokens = bucket_for(ranks[0][0], step.num_tokens,
                                           np.random.default_rng(step.num_tokens))
         rows = max_chunks(ranks[0][0], num_reqs, num_tokens)
+        metas = []
         for rank, (cfg, builder, _, inputs) in enumerate(ranks):
             meta = builder.build_mixed(stage_mixed(inputs, step, num_reqs, num_tokens))
             want = oracle.mixed_indexer(cfg, step, rank, num_reqs, num_tokens, rows)
             oracle.assert_mixed_matches(meta, want, cfg, step)
+            metas.append(meta)
+        _check_across_ranks(metas, step, ranks[0][0].index_compress_ratio)
 
     check()
-
-
 
 
 @pytest.mark.parametrize("build", ["build_decode", "build_mixed"])

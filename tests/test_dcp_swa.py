@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from oracle import mixed as mixed_oracle
 from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, host_steps, stage
+from test_mixed_builds import stage_mixed
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -62,17 +64,20 @@ def test_every_rank_holds_the_single_gpu_metadata(backend, world, interleave, bu
 
 
 @pytest.mark.parametrize(("world", "interleave"), GRID)
-def test_mixed_build_is_replicated(world, interleave):
-    ranks = _ranks("torch", world, interleave)
+def test_mixed_build_is_replicated(backend, world, interleave):
+    """Staged for the bucket (8 requests, 256 tokens) as a mixed graph stages it: every
+    rank equals the mixed-build oracle over the bucket's whole extent, and every other."""
+    ranks = _ranks(backend, world, interleave)
 
-    @settings(max_examples=20)
+    @settings(max_examples=EXAMPLES[backend])
     @given(host_steps(ranks[0][0], max_reqs=8))
     def check(step):
         values = []
-        for _, builder, inputs in ranks:
-            stage(inputs, step)
-            batch = Batch.for_mixed_capture(inputs, 8, 256)
-            values.append(_values(builder.build_mixed(batch)))
+        for cfg, builder, inputs in ranks:
+            meta = builder.build_mixed(stage_mixed(inputs, step, 8, 256))
+            mixed_oracle.assert_swa_matches(meta, mixed_oracle.swa(cfg, step, 8, 256), cfg,
+                                            step)
+            values.append(_values(meta))
         assert all(v == values[0] for v in values)
 
     check()
