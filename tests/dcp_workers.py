@@ -102,23 +102,51 @@ def consistent_steps(rank: int, out: str) -> None:
     _write(out, rank, record)
 
 
-def mismatched_steps(rank: int, out: str) -> None:
-    """Rank 0 is handed 3 requests, rank 1 four: each must raise the typed error from the
-    check, before anything is staged."""
+def _check_step(rank: int, out: str, cfg, query_lens, seq_lens) -> None:
+    """Join, run the cross-rank step check on this rank's step, record what happened."""
     from staticattn.builders.dcp_check import check_dcp_step
 
     _join(rank, out)
-    cfg = config(rank)
-    step = random_step(cfg, np.random.default_rng(7), num_reqs=3 + rank)
     record = {"staged": False}
     try:
-        check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=20))
+        check_dcp_step(cfg, query_lens, seq_lens, timeout=timedelta(seconds=20))
         record["staged"] = True  # the engine would stage and launch here
     except Exception as exc:  # noqa: BLE001 - the parent checks the type
         record["error"] = type(exc).__name__
         record["message"] = str(exc)
     dist.destroy_process_group()
     _write(out, rank, record)
+
+
+def mismatched_steps(rank: int, out: str) -> None:
+    """Rank 0 is handed 3 requests, rank 1 four: each must raise the typed error from the
+    check, before anything is staged."""
+    cfg = config(rank)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=3 + rank)
+    _check_step(rank, out, cfg, step.query_lens, step.seq_lens)
+
+
+def mismatched_lengths(rank: int, out: str) -> None:
+    """The same request and token counts, one sequence length off by one on rank 1."""
+    cfg = config(rank)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=4)
+    seq_lens = step.seq_lens.copy()
+    seq_lens[-1] += rank
+    _check_step(rank, out, cfg, step.query_lens, seq_lens)
+
+
+def duplicate_rank(rank: int, out: str) -> None:
+    """Both processes were configured as dcp_rank 0."""
+    cfg = config(0)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=4)
+    _check_step(rank, out, cfg, step.query_lens, step.seq_lens)
+
+
+def wrong_world(rank: int, out: str) -> None:
+    """A config for 4 ranks in a group of 2."""
+    cfg = config(rank).replace(dcp_world_size=4)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=4)
+    _check_step(rank, out, cfg, step.query_lens, step.seq_lens)
 
 
 def silent_rank(rank: int, out: str) -> None:

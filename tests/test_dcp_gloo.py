@@ -93,6 +93,26 @@ def test_inconsistent_steps_fail_on_every_rank_before_staging(tmp_path):
         assert record["staged"] is False
 
 
+@pytest.mark.parametrize(("target", "error", "says"), [
+    (workers.mismatched_lengths, "RankMismatchError", "seq_lens_checksum differs"),
+    (workers.duplicate_rank, "RankMismatchError", "group rank 1 holds dcp_rank=0"),
+    (workers.wrong_world, "ConfigError", "the process group has 2 ranks"),
+], ids=["lengths", "duplicate-rank", "wrong-world"])
+def test_every_rank_refuses_a_step_the_group_does_not_agree_on(tmp_path, target, error, says):
+    for record in _spawn(target, tmp_path):
+        assert record["error"] == error and says in record["message"], record
+        assert record["staged"] is False
+
+
+def test_the_check_needs_torch_distributed():
+    from staticattn.builders.dcp_check import check_dcp_step
+    from staticattn.errors import ConfigError
+
+    assert not dist.is_initialized()
+    with pytest.raises(ConfigError, match="needs torch.distributed initialised"):
+        check_dcp_step(workers.config(0), np.array([2]), np.array([9]))
+
+
 def test_a_silent_rank_is_a_typed_error_not_a_hang(tmp_path):
     records = _spawn(workers.silent_rank, tmp_path)
     assert records[0]["error"] == "RankMismatchError"
