@@ -77,6 +77,11 @@ def check_graph_safety(
 
     Parameters
     ----------
+    arena, inputs : Arena, StepInputs
+        A CUDA arena and its inputs (:func:`~staticattn.builders.make_arena`); their
+        contents are put back when the check ends.
+    builders : sequence of MetadataBuilder
+        Bound to ``arena``; their ``build_decode`` runs in the captured graphs.
     step : callable ``(batch, metadata) -> outputs``
         Ours or a user's; outputs (tensors, leading dimension tokens) are compared
         bit for bit between replay and eager runs.
@@ -89,6 +94,18 @@ def check_graph_safety(
         between steps (new weights, cache contents...). Replay and eager both see them.
     write_staging : callable ``(inputs, seq_lens, slot_mapping)``, optional
         The engine's staging writer, probed for racing an in-flight replay.
+    seed : int
+        Seeds the randomized batches and the generator state of every probe.
+    num_kv_blocks : int
+        Blocks of the KV pool the randomized batches' block tables and slots address.
+    dot_dir : str or Path, optional
+        A folder for a DOT dump of each captured graph (needs cuda-bindings).
+
+    Returns
+    -------
+    CheckReport
+        Per size: replays, mismatches, node census and findings (errors and notes by
+        :data:`~staticattn.checks.findings.RULE`); ``ok`` is the verdict.
     """
     if arena.device.type != "cuda":
         raise GraphError("the graph sanity check needs a CUDA arena")
