@@ -95,7 +95,11 @@ def check_dcp_step(
         The step's real requests (host memory: reading device values would sync).
     group : ProcessGroup, optional
         The DCP group (default: the world); its size must be ``dcp_world_size`` and its
-        rank ``i`` must hold ``dcp_rank = i``.
+        rank ``i`` must hold ``dcp_rank = i``. Prefer a gloo group over the same ranks
+        (``dist.new_group(ranks, backend="gloo")``) even when the step's collectives run
+        on NCCL: the fingerprint lives on the host, and only a gloo wait holds the host to
+        ``timeout`` (an NCCL wait returns at once and the read-back then waits for NCCL's
+        own watchdog).
     timeout : timedelta
         How long to wait for the other ranks.
 
