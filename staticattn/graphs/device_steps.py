@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 
 from staticattn.builders.batch import Batch
-from staticattn.errors import CapacityError, GraphError, InvalidBatchError
+from staticattn.builders.value_checks import check_capacity
+from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.capture import (
     arena_contents_kept,
     capture_failed,
@@ -148,15 +149,10 @@ class DeviceLengthSteps:
         """
         self.manager._check_open()
         num_reqs, num_tokens = int(num_reqs), int(num_tokens)
-        cfg = self.config
         if num_reqs < 1 or num_tokens < 0:
             raise InvalidBatchError(f"a step needs at least one request and a token bound "
                                     f">= 0; got num_reqs={num_reqs}, num_tokens={num_tokens}")
-        if num_reqs > cfg.max_num_seqs:
-            raise CapacityError(f"num_reqs={num_reqs} exceeds max_num_seqs={cfg.max_num_seqs}")
-        if num_tokens > cfg.max_num_batched_tokens:
-            raise CapacityError(f"num_tokens={num_tokens} exceeds max_num_batched_tokens="
-                                f"{cfg.max_num_batched_tokens}")
+        check_capacity(num_reqs, num_tokens, self.config)
         g = self.graph_for(num_reqs, num_tokens)
         if g is None:
             self.eager["no bucket" if self.graphs else "not captured"] += 1
