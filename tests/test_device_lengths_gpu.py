@@ -18,13 +18,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from gather_world import gather_world
 from oracle import checksums
 from support import HostStep
 from test_mixed_builds import CONFIGS
 
-from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.checks import same_outputs, snapshot_outputs
-from staticattn.consumers import GatherConsumer
 from staticattn.graphs import DeviceLengthSteps, GraphManager
 
 pytestmark = pytest.mark.gpu
@@ -64,16 +63,12 @@ class Drafter:
 @pytest.mark.parametrize("name", ["v4-n2", "v4-n8-flatten"])
 def test_drafter_decided_lengths_replay_equal_to_eager(name):
     cfg = CONFIGS[name](device="cuda")
-    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
-    arena, inputs = make_arena(cfg, builders)
+    arena, inputs, builders, consumer, caches = gather_world(cfg, NUM_KV_BLOCKS)
     rng = np.random.default_rng(7)
     tables = [rng.integers(0, NUM_KV_BLOCKS, size=v.shape, dtype=np.int32)
               for v in (inputs.block_table, inputs.swa_block_table)]
     inputs.block_table.copy_(torch.from_numpy(tables[0]))
     inputs.swa_block_table.copy_(torch.from_numpy(tables[1]))
-    consumer = GatherConsumer(cfg, num_kv_blocks=NUM_KV_BLOCKS)
-    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
-                                         consumer.index_cache)]
     contexts = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device="cuda")
     drafter = Drafter(cfg, contexts)
     n = cfg.next_n

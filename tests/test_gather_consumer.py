@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from gather_world import gather_world
 from hypothesis import given, settings
 from oracle import checksums
 from support import DEVICE, host_steps, stage
@@ -13,21 +14,12 @@ from test_mixed_builds import CONFIGS, bucket_for, stage_mixed
 
 from staticattn.builders import (
     Batch,
-    IndexerMetadataBuilder,
-    SparseSWAMetadataBuilder,
-    make_arena,
 )
-from staticattn.consumers import GatherConsumer
 
 
 def _world(name: str, backend: str):
     cfg = CONFIGS[name](device=DEVICE, kernel_backend=backend)
-    builders = [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if cfg.has_swa
-                                             else [])
-    _, inputs = make_arena(cfg, builders)
-    consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
-    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
-                                         consumer.index_cache)]
+    _, inputs, builders, consumer, caches = gather_world(cfg)
     return cfg, builders, inputs, consumer, caches
 
 

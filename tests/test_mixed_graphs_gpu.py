@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from gather_world import gather_world
 from hypothesis import HealthCheck, assume, given, settings
 from oracle import checksums
 from oracle import indexer as indexer_oracle
@@ -45,12 +46,7 @@ def _snapshot(metadata) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_every_step_replays_and_equals_eager_and_the_oracle(name):
     cfg = CONFIGS[name](device="cuda")
-    builders = [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if cfg.has_swa
-                                             else [])
-    arena, inputs = make_arena(cfg, builders)
-    consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
-    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
-                                         consumer.index_cache)]
+    arena, inputs, builders, consumer, caches = gather_world(cfg)
     gm = GraphManager(arena, inputs, builders, consumer, progress=False)
     gm.capture()
     fingerprint = arena.fingerprint()

@@ -1,0 +1,20 @@
+"""The setting of the gather-consumer tests: a config's builders and their arena, the
+built-in gather consumer, and host copies of its caches for the checksum oracle."""
+
+from __future__ import annotations
+
+from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
+from staticattn.consumers import GatherConsumer
+
+
+def gather_world(cfg, num_kv_blocks: int = 100_000):
+    """``(arena, inputs, builders, consumer, caches)``: the indexer builder (and the SWA
+    builder when the config has a window) bound to a new arena, a gather consumer over
+    ``num_kv_blocks`` blocks, and its SWA, C128A and indexer caches as host lists."""
+    builders = [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if cfg.has_swa
+                                             else [])
+    arena, inputs = make_arena(cfg, builders)
+    consumer = GatherConsumer(cfg, num_kv_blocks=num_kv_blocks)
+    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
+                                         consumer.index_cache)]
+    return arena, inputs, builders, consumer, caches
