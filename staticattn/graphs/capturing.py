@@ -65,10 +65,7 @@ class GraphCapture:
         todo = [(MIXED, b) for b in buckets if b not in self.mixed_graphs]
         todo += [(DECODE, s) for s in sizes if s not in self.graphs]
         todo.sort(key=lambda item: item[1], reverse=True)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-            self._capture_stream = torch.cuda.Stream(self.arena.device)
-            self.stream = torch.cuda.current_stream(self.arena.device)
+        self.open_pool()
         captured = []
         with frozen_gc(), arena_contents_kept(self.arena):
             try:
@@ -81,6 +78,14 @@ class GraphCapture:
             finally:
                 self._table = self._new_table()
         return captured
+
+    def open_pool(self) -> None:
+        """Make, on first use, the memory pool every graph shares, the side stream captures
+        run on, and fix the replay stream (the one current now)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+            self._capture_stream = torch.cuda.Stream(self.arena.device)
+            self.stream = torch.cuda.current_stream(self.arena.device)
 
     def graph_for(self, size: int, kind: str = DECODE) -> CapturedGraph:
         """The graph captured for ``size`` tokens (``kind`` "decode" or "mixed")."""

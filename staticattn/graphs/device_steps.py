@@ -93,8 +93,7 @@ class DeviceLengthSteps:
         if gm.arena.device.type != "cuda":
             raise GraphError(f"CUDA graphs need a CUDA arena; this one is on "
                              f"{gm.arena.device} (launch() still runs every step eagerly)")
-        if gm._pool is None:
-            gm.capture(sizes=(), buckets=())  # creates the shared pool and the streams
+        gm.open_pool()
         buckets = (default_mixed_buckets(self.config) if buckets is None
                    else normalize_mixed_buckets(self.config, buckets))
         captured = []
