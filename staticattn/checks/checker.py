@@ -143,7 +143,8 @@ def check_graph_safety(
             with torch.random.fork_rng(devices=[arena.device]):
                 for size, c in captured.items():
                     _probe_size(manager, c, reports[size], rng, num_kv_blocks, num_batches,
-                                dot_dir, before_batch, write_staging or _stage_uniform, seed)
+                                dot_dir, before_batch, write_staging or _stage_uniform, seed,
+                                index)
             allocated = {s: c.watch.allocations for s, c in captured.items()}
             for size, message in freed_and_reused(escaped, allocated):
                 reports[size].add("pool_reuse", message)
@@ -159,7 +160,7 @@ def check_graph_safety(
 
 def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_kv_blocks: int,
                 num_batches: int, dot_dir, before_batch, write_staging: StagingWriter,
-                seed: int) -> None:
+                seed: int, index: ArenaIndex) -> None:
     cfg, inputs, size = manager.config, manager.inputs, report.size
     num_reqs = size // cfg.next_n
     report.nodes = node_census(c.graph)
@@ -170,7 +171,7 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
             report.add("extra_unavailable", f"DOT dump failed: {type(exc).__name__}: {exc}")
     again = {b.name: b.build_decode(Batch.for_decode_capture(inputs, num_reqs))
              for b in manager.builders}
-    moved = moved_views(c.metadata, again, held=ArenaIndex.of(manager.arena).holds)
+    moved = moved_views(c.metadata, again, held=index.holds)
     if moved:
         report.add("repointed", "build_decode returned different views than at capture for "
                    + ", ".join(moved))
