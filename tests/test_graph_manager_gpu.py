@@ -110,3 +110,40 @@ def test_in_place_launch_equals_run():
             views.slot_mapping[: int(q.sum())] = np.arange(int(q.sum()))
             out = gm.launch(k, int(q.sum()))
             assert out[: int(q.sum())].tolist() == toy_expected(q, q + s)
+
+
+class _NoisyStep(ToyStep):
+    """The toy step plus noise drawn from the default CUDA generator, into a fixed buffer."""
+
+    def __init__(self, cfg, device) -> None:
+        super().__init__(cfg, device)
+        self.noise = torch.zeros(cfg.max_num_batched_tokens, device=device)
+
+    def __call__(self, batch, md):
+        self.noise[: batch.num_actual_tokens].uniform_()
+        return super().__call__(batch, md)
+
+
+def test_a_step_drawing_random_numbers_replays_through_replay():
+    """A graph whose work draws random numbers launches through ``replay()`` (which
+    advances the generator: fresh numbers every replay); the others launch raw when
+    cuda-bindings is there."""
+    from staticattn.graphs.introspect import cudart_or_none
+
+    raw = "cudaGraphLaunch" if cudart_or_none() is not None else "replay"
+    cfg, arena, inputs, gm = _setup()
+    with gm:
+        gm.capture([4], buckets=())
+        assert gm.graphs[4].how == raw
+    b = ToyBuilder()
+    arena, inputs = make_arena(cfg, [b])
+    step = _NoisyStep(cfg, arena.device)
+    with GraphManager(arena, inputs, [b], step, progress=False) as gm:
+        gm.capture([4], buckets=())
+        assert gm.graphs[4].how == "replay"
+        draws = []
+        for _ in range(3):
+            res = gm.run([2, 2], [9, 40], np.arange(4))
+            assert res.mode == "graph" and res.outputs.tolist() == toy_expected([2, 2], [9, 40])
+            draws.append(step.noise[:4].clone())
+        assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])

@@ -76,9 +76,9 @@ def capture_record(kind: str, size: int, num_reqs: int, stage: Callable[[], None
     mem0 = torch.cuda.memory_reserved(device)
     t0 = time.perf_counter()
     stage()
-    _, rng_ops = warm_up(lambda: draws_random_numbers(body), capture_stream)
+    _, draws = warm_up(lambda: draws_random_numbers(body, device), capture_stream)
     graph, (outputs, metadata) = capture(body, capture_stream, pool=pool)
-    launch, how = make_launcher(graph, stream, raw=raw_launch and not rng_ops)
+    launch, how = make_launcher(graph, stream, raw=raw_launch and not draws)
     return CapturedGraph(
         kind=kind, size=size, num_reqs=num_reqs, graph=graph, outputs=outputs,
         metadata=metadata, capture_s=time.perf_counter() - t0,

@@ -22,7 +22,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from staticattn.errors import GraphError
 from staticattn.graphs.introspect import cudart_or_none
@@ -64,21 +63,19 @@ def _replay_on(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream) -> Callab
     return launch
 
 
-class _SeededOps(TorchDispatchMode):
-    """Records whether any op that draws from a random generator ran."""
+def draws_random_numbers(fn: Callable[[], Any], device: torch.device) -> tuple[Any, bool]:
+    """Run ``fn`` (eagerly) and return ``(its result, whether it drew random numbers)``.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
+    It drew them when it advanced the philox offset of ``device``'s default CUDA generator:
+    the one generator a capture registers, so the one ``replay()`` advances. Reading the
+    offset costs nothing, where watching every op through a dispatch mode would slow the
+    warm-up and, the first time, import torch's compiler stack (seconds)."""
+    generator = torch.cuda.default_generators[_index(device)]
+    before = generator.get_offset()
+    result = fn()
+    return result, generator.get_offset() != before
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags:
-            self.seen.append(str(func.overloadpacket.__name__))
-        return func(*args, **(kwargs or {}))
 
-
-def draws_random_numbers(fn: Callable[[], Any]) -> tuple[Any, list[str]]:
-    """Run ``fn`` (eagerly) and return ``(its result, the random-number ops it ran)``."""
-    with _SeededOps() as watch:
-        result = fn()
-    return result, watch.seen
+def _index(device: torch.device) -> int:
+    device = torch.device(device)
+    return device.index if device.index is not None else torch.cuda.current_device()
