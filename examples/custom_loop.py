@@ -1,16 +1,15 @@
 """A toy serving loop that embeds staticattn the way an engine does.
 
-Requests arrive with prompts, are prefilled in chunks under a per-step token budget beside
-the running decodes (MTP: each decode verifies ``next_n`` tokens), grow a block at a time and
-finish. Each step the engine orders its batch decodes first, writes the block-table rows of
-that order in place, and hands the step's query lengths, sequence lengths and slots to
-``GraphManager.run``. The step function is the engine's own: a tiny sliding-window attention
-over a random KV cache, read through the SWA metadata.
+Requests arrive, are prefilled in chunks under a per-step token budget beside the running
+decodes (MTP: each verifies ``next_n`` tokens), grow a block at a time and finish. Each step
+the engine orders its batch decodes first, writes that order's block-table rows in place,
+writes the query starts, sequence lengths and slots into the pinned staging
+(``begin_step``) and launches the step (``launch``). The step function is the engine's own:
+a tiny sliding-window attention over a random KV cache, read through the SWA metadata.
 
-On a GPU every step replays a captured graph (a decode graph or a token bucket) and is
-checked against the same step run eagerly (`run(..., eager=True)`: the reference builds, the
-same step function); without CUDA every step runs eagerly on the CPU kernels, and the loop
-says so. At the end: the replay share and the mismatches.
+On a GPU every step replays a captured graph and is checked against the same step run
+eagerly (``run(..., eager=True)``); without CUDA every step runs eagerly on the CPU kernels,
+and the loop says so. At the end: the replay share and the mismatches.
 
     python -m examples.custom_loop [--steps 200]      (from the repository root)
 """
@@ -35,8 +34,8 @@ class WindowAttention:
 
     def __init__(self, cfg: ArenaConfig, device: str) -> None:
         gen = torch.Generator().manual_seed(0)
-        slots = NUM_BLOCKS * cfg.swa_block_size
-        self.cache = torch.randn(slots, HEAD_DIM, generator=gen).to(device)
+        self.cache = torch.randn(NUM_BLOCKS * cfg.swa_block_size, HEAD_DIM, generator=gen).to(
+            device)
         self.query = torch.randn(cfg.max_num_batched_tokens, HEAD_DIM, generator=gen).to(device)
         self.out = torch.zeros(cfg.max_num_batched_tokens, HEAD_DIM, device=device)
 
@@ -67,19 +66,18 @@ def main() -> None:
     steps = replays = mismatches = 0
     print("graphs: captured below" if cuda else "no CUDA: every step runs eagerly on the CPU")
     with GraphManager(arena, inputs, builders, WindowAttention(cfg, device),
-                      progress=False, time_gpu=cuda) as gm:
+                      progress=False) as gm:
         if cuda:
             gm.capture()
-        for step_no in range(args.steps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        while steps < args.steps:
             while len(requests) < cfg.max_num_seqs and rng.random() < 0.4:
                 requests.append(dict(prompt=int(rng.integers(50, 600)), done=0, blocks=[],
                                      swa_blocks=[]))
             decodes = [r for r in requests if r["done"] >= r["prompt"]]
             prefills = [r for r in requests if r["done"] < r["prompt"]]
-            batch, query_lens, budget = [], [], BUDGET - cfg.next_n * len(decodes)
-            for r in decodes:
-                batch.append(r)
-                query_lens.append(cfg.next_n)
+            batch, query_lens = list(decodes), [cfg.next_n] * len(decodes)
+            budget = BUDGET - cfg.next_n * len(decodes)
             for r in prefills:  # chunked prefill: what the budget leaves
                 chunk = min(r["prompt"] - r["done"], budget)
                 if chunk > 0:
@@ -105,21 +103,30 @@ def main() -> None:
                 table = np.array(r["blocks"])
                 slots.append(table[pos // cfg.block_size] * cfg.block_size + pos % cfg.block_size)
                 seq_lens.append(length)
-            step = (np.array(query_lens), np.array(seq_lens), np.concatenate(slots))
+            q, seq, slot = np.array(query_lens), np.array(seq_lens), np.concatenate(slots)
+            k, t = len(q), int(q.sum())
+            host = gm.begin_step()  # the pinned staging, once the last step has read it
+            host.query_start_loc[: k + 1] = np.cumsum([0, *q])
+            host.seq_lens[:k], host.slot_mapping[:t] = seq, slot
+            replays_before, gpu = gm.stats.replays + gm.stats.mixed_replays, ""
+            if cuda:
+                start.record()
             t0 = time.perf_counter()
-            res = gm.run(*step)
+            out = gm.launch(k, t)[:t]  # the graph that holds the step, else eagerly
             host_us = (time.perf_counter() - t0) * 1e6
-            gpu = f", GPU {res.gpu_us():.1f} us" if cuda else ""
-            replays += res.mode == "graph"
-            if res.mode == "graph":  # the same step, eagerly: equal up to float rounding
-                out = res.outputs.clone()
-                eager = gm.run(*step, eager=True).outputs
+            if cuda:
+                end.record()
+                end.synchronize()
+                gpu = f", GPU {start.elapsed_time(end) * 1e3:.1f} us"
+            graph = gm.stats.replays + gm.stats.mixed_replays > replays_before
+            replays += graph
+            if graph:  # the same step, eagerly: equal up to float rounding
+                out = out.clone()  # the step's outputs live until the next step
+                eager = gm.run(q, seq, slot, eager=True).outputs
                 mismatches += not torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
-            where = f"{res.graph_kind} graph of {res.graph_size}" if res.mode == "graph" else (
-                f"eager ({res.reason})")
             steps += 1
-            print(f"step {step_no:3d}: {len(decodes):2d} decodes, {len(batch) - len(decodes)} "
-                  f"prefill chunks, {sum(query_lens):4d} tokens -> {where}, host "
+            print(f"step {steps:3d}: {len(decodes):2d} decodes, {k - len(decodes)} "
+                  f"prefill chunks, {t:4d} tokens -> {'graph' if graph else 'eager'}, host "
                   f"{host_us:.0f} us{gpu}")
             for r, q in zip(batch, query_lens):
                 r["done"] += q

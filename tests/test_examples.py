@@ -22,14 +22,25 @@ def _run(module: str, *args: str) -> str:
 def test_custom_loop():
     out = _run("examples.custom_loop")
     steps = [line for line in out.splitlines() if line.startswith("step ")]
-    assert len(steps) >= 190
+    assert len(steps) == 200
     assert any("prefill chunks" in s and " 0 prefill" not in s for s in steps)
     assert "0 mismatches against the eager run" in out, out[-2000:]
     if torch.cuda.is_available():
-        assert all("graph of" in s for s in steps), out  # every step replays
+        assert all("-> graph" in s for s in steps), out  # every step replays
         assert "(100%)" in out
     else:
-        assert out.startswith("no CUDA") and all("eager" in s for s in steps)
+        assert out.startswith("no CUDA") and all("-> eager" in s for s in steps)
+
+
+def test_check_my_step():
+    out = _run("examples.check_my_step", "--batches", "5")
+    if torch.cuda.is_available():
+        buggy, fixed = out.split("--- the step fixed:")
+        assert "error: [sync]" in buggy and "FAIL (" in buggy, out
+        assert "PASS (" in fixed and "error: [" not in fixed, out
+        assert "the checker found the bug and passes the fix: True" in out
+    else:
+        assert out.startswith("no CUDA") and "same outputs eagerly: True" in out, out
 
 
 def test_bench_replay(tmp_path):
