@@ -1,12 +1,14 @@
 """Every public name has a docstring: each class and function a module exports in its
 ``__all__``, and each public method of those classes (the API reference is generated from
-them, ``./dev.sh docs``)."""
+them, ``./dev.sh docs``); those with a tensor or array in their signature name its dtype and
+shape."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
 import pkgutil
+import re
 
 import staticattn
 
@@ -31,3 +33,29 @@ def test_every_public_name_has_a_docstring():
     assert len(names) > 100  # the walk reached the package
     missing = [name for name, obj in names.items() if not (obj.__doc__ or "").strip()]
     assert not missing, missing
+
+
+#: A dtype named: int32, "host ints", bf16, "any dtype" ...
+DTYPE = re.compile(r"\b(u?int(8|16|32|64)?s?|float\w*|bool|bf16|bfloat16|fp8|fp32|dtype)\b", re.I)
+#: A shape named: ``(num_reqs + 1,)``, ``(rows, width)``, "any shape", ``[:k]`` ...
+SHAPE = re.compile(r"\([\w.+\-* ]*,[\w.+\-* ,]*\)|\bshape\b|\[[^\]]*:[^\]]*\]")
+ARRAY = re.compile(r"\bTensor\b|\bndarray\b")
+
+
+def test_public_names_taking_or_returning_arrays_give_shapes_and_dtypes():
+    """A public function or method with a tensor or numpy array in its signature says, in
+    its docstring, which dtype and shape (or that any will do)."""
+    vague, checked = [], 0
+    for name, obj in _public_objects():
+        if not inspect.isfunction(obj):
+            continue
+        sig = inspect.signature(obj)
+        annotations = [str(p.annotation) for p in sig.parameters.values()]
+        if not ARRAY.search(" ".join(annotations + [str(sig.return_annotation)])):
+            continue
+        checked += 1
+        doc = inspect.getdoc(obj) or ""
+        if not (DTYPE.search(doc) and SHAPE.search(doc)):
+            vague.append(name)
+    assert checked > 50  # the signatures were read
+    assert not vague, vague

@@ -140,7 +140,7 @@ class Arena:
             raise ArenaError(f"unknown buffer {name!r}") from None
 
     def block(self, where: Where) -> torch.Tensor:
-        """The one raw allocation behind every view of ``where`` (uint8)."""
+        """The one raw allocation behind every view of ``where``: uint8 ``(nbytes,)``."""
         if not self._allocated:
             raise ArenaError("the arena is not allocated yet")
         return self._blocks[where]

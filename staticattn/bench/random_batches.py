@@ -35,7 +35,9 @@ def write_block_rows(
     ``[1, num_kv_blocks)`` (0 is the null block); returns the host rows written.
 
     Only the first ``cdiv(max(seq_lens), block_size)`` columns are written, as an engine
-    writes only the blocks a request owns; lengths bound every read."""
+    writes only the blocks a request owns; lengths bound every read. ``seq_lens``: host
+    ints ``(num_reqs,)``; returns ``(main, swa)``: the int32 ``(num_reqs, columns)`` host
+    rows of each table (``swa`` None without SWA layers)."""
     cfg = inputs.config
     r = seq_lens.shape[0]
     longest = int(seq_lens.max()) if r else 0
@@ -89,7 +91,8 @@ def fixed_step(
 ) -> RandomStep:
     """The step of these lengths, its slots through random block-table rows: written now
     (``rows`` None), or the ``(main, swa)`` host rows :func:`write_block_rows` wrote
-    before (steps of one trace share their requests' rows)."""
+    before (steps of one trace share their requests' rows). ``query_lens``, ``seq_lens``:
+    host ints ``(num_reqs,)``."""
     cfg = inputs.config
     q = np.asarray(query_lens, dtype=np.int32)
     s = np.asarray(seq_lens, dtype=np.int32)

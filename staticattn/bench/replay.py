@@ -91,7 +91,9 @@ def in_place_host_us(gm: GraphManager, seq_lens: np.ndarray, slot_mapping: np.nd
     """Host time of a step through the in-place API: ``begin_step()`` and ``launch(k)`` for
     a uniform decode step, ``launch(k, t)`` for a step of any composition (``query_lens``
     given; its query starts are written too); the engine's own writes into the views
-    (between the two) are not counted. Each step starts on an idle device."""
+    (between the two) are not counted. Each step starts on an idle device.
+    ``seq_lens``, ``query_lens``: host ints ``(k,)``; ``slot_mapping``: host ints ``(t,)``;
+    returns ``reps`` host times in microseconds."""
     k, num_tokens = seq_lens.shape[0], slot_mapping.shape[0]
     qsl = None if query_lens is None else np.concatenate(([0], np.cumsum(query_lens)))
     counts = (k,) if qsl is None else (k, num_tokens)

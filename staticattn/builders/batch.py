@@ -91,8 +91,9 @@ class Batch:
         return self.query_start_loc.device
 
     def require_step_counts(self) -> torch.Tensor:
-        """``step_counts``, what a build for a step of any composition reads; a typed error
-        for a batch without them."""
+        """``step_counts`` (int32 device ``(NUM_COUNTS,)``: ``[k, nt, ...]`` of the real
+        step), what a build for a step of any composition reads; a typed error for a batch
+        without them."""
         if self.step_counts is None:
             raise InvalidBatchError(
                 "build_mixed reads the step's counts on the device (batch.step_counts); "
@@ -102,7 +103,7 @@ class Batch:
 
     def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(query_start_loc, query_lens, seq_lens)`` of the host copies as numpy arrays,
-        ``(num_reqs + 1,)``, ``(num_reqs,)``, ``(num_reqs,)``: computed once per batch, for
+        int32 ``(num_reqs + 1,)``, ``(num_reqs,)``, ``(num_reqs,)``: computed once per batch, for
         every planning step that reads them (the split of each builder, layouts, chunks)."""
         if self._host is None:
             qsl = self.query_start_loc_cpu.numpy()[: self.num_reqs + 1]

@@ -54,7 +54,8 @@ class DecodeLens(NamedTuple):
 
 def eager_layout(config: ArenaConfig, query_lens: np.ndarray, num_decodes: int,
                  num_decode_tokens: int) -> DecodeLayout:
-    """The layout of an eager build's decodes (host query lengths, decodes first)."""
+    """The layout of an eager build's decodes from the host query lengths
+    (``query_lens``: host ints ``(num_reqs,)``, decodes first)."""
     decode_lens = query_lens[:num_decodes]
     longest, shortest = int(decode_lens.max()), int(decode_lens.min())
     if config.use_flattening and longest > 1:

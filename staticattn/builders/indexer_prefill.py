@@ -89,13 +89,14 @@ class IndexerPrefill:
 
     # ------------------------------------------------------------------ host plan
     def host_keys(self, batch: Batch) -> np.ndarray:
-        """Host (upper-bound) compressed key counts of every request."""
+        """Host (upper-bound) compressed key counts of every request: int64 ``(num_reqs,)``."""
         lens = batch.host_arrays()[2].astype(np.int64)
         return np.maximum(lens, 0) // self.compress_ratio
 
     def build_host_planned(self, batch: Batch, qsl: np.ndarray, num_decodes: int,
                            num_prefills: int) -> IndexerPrefillMetadata:
-        """The chunks of the prefill requests, planned from the host lengths (eager)."""
+        """The chunks of the prefill requests, planned from the host lengths (eager);
+        ``qsl``: the host query starts, int32 ``(num_reqs + 1,)``."""
         cfg = self.config
         keys = self.host_keys(batch)
         prefills = slice(num_decodes, num_decodes + num_prefills)
@@ -144,7 +145,8 @@ class IndexerPrefill:
     ) -> IndexerPrefillChunkMetadata:
         """The chunk's metadata as views of what :meth:`write_chunk` wrote: requests
         ``[start, end)``, queries ``query_slice`` of them (all when None), ``total``
-        compressed keys to gather."""
+        compressed keys to gather; ``qsl``: the host query starts, int32
+        ``(num_reqs + 1,)``."""
         first = int(qsl[start])
         lo, hi = ((0, int(qsl[end]) - first) if query_slice is None
                   else (query_slice.start, query_slice.stop))

@@ -141,6 +141,7 @@ def uniform_decode_passes(
 
     False does not mean invalid: call :func:`validate_host_step` for the verdict and the
     error message. About 3 us for 256 requests, against about 12 us for the full check.
+    Host ints: ``seq_lens`` ``(num_reqs,)``, ``slot_mapping`` ``(num_reqs * next_n,)``.
     """
     n = config.next_n
     if not (
@@ -166,7 +167,8 @@ def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
     of vectorized passes.
 
     False does not mean invalid (it is also the answer for steps with an empty request):
-    call :func:`validate_host_step` for the verdict and the error message.
+    call :func:`validate_host_step` for the verdict and the error message. Host ints:
+    ``query_lens``, ``seq_lens`` ``(num_reqs,)``, ``slot_mapping`` ``(num_tokens,)``.
     """
     q, s, slots = query_lens, seq_lens, slot_mapping
     if not (

@@ -61,8 +61,8 @@ def check_non_negative(name: str, values: np.ndarray) -> None:
 
 
 def check_non_decreasing(name: str, qsl: np.ndarray) -> np.ndarray:
-    """Typed error where query start locations ``qsl`` decrease; returns the query lengths
-    ``np.diff(qsl)``."""
+    """Typed error where query start locations ``qsl`` (host ints ``(num_reqs + 1,)``)
+    decrease; returns the query lengths ``np.diff(qsl)``, ``(num_reqs,)``."""
     steps = np.diff(qsl)
     if steps.size and steps.min() < 0:
         b = int(np.argmin(steps))
@@ -180,8 +180,8 @@ def check_slots(slots: np.ndarray, bound: int | None) -> None:
 
 
 def host_ints(name: str, values: object, *, ndim: int) -> np.ndarray:
-    """``values`` as an int64 host array of rank ``ndim``; a device tensor is refused
-    (reading it would sync), as are other ranks and non-integer dtypes."""
+    """``values`` as an int64 host array of rank ``ndim`` (``(n,)`` for 1); a device
+    tensor is refused (reading it would sync), as are other ranks and non-integer dtypes."""
     if isinstance(values, torch.Tensor):
         if values.device.type != "cpu":
             raise InvalidBatchError(

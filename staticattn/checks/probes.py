@@ -79,8 +79,9 @@ def staging_race(write_next: Callable[[], None], replay: Callable[[], None], out
                  expected: list[torch.Tensor], num_tokens: int) -> str | None:
     """Replay a staged step while the GPU is held back, let the host write the next step
     through ``write_next`` (the engine's staging writer), then compare the replay's outputs
-    with ``expected`` (the eager step it was launched for). A writer that does not wait for
-    the staging event overwrites the staging before the replay reads it."""
+    with ``expected`` (the eager step it was launched for: tensors of any dtype and shape,
+    leading dimension tokens, first ``num_tokens`` rows compared). A writer that does not
+    wait for the staging event overwrites the staging before the replay reads it."""
     torch.cuda._sleep(RACE_SLEEP_CYCLES)
     replay()
     write_next()

@@ -12,7 +12,8 @@ __all__ = ["moved_views", "tensors_in"]
 
 def tensors_in(obj: Any) -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) pairs of every tensor reachable in a metadata object (dicts, lists,
-    tuples and dataclasses walked), e.g. ``(".indexer.decode.seq_lens", tensor)``."""
+    tuples and dataclasses walked), e.g. ``(".indexer.decode.seq_lens", tensor)``; the
+    tensors as they are (any dtype and shape, views not copies)."""
     found: list[tuple[str, torch.Tensor]] = []
 
     def walk(x, path):
@@ -37,6 +38,7 @@ def moved_views(first: Any, second: Any,
     """Paths whose tensor differs in address, shape or stride between two metadata objects
     (or exists in one only): a re-pointed buffer.
 
+    Tensors of any dtype and shape are compared (dtype, shape, stride, address).
     ``held`` (e.g. the arena's membership test) limits the comparison to the tensors a
     build promises to keep in place; others -- a library's plan, allocated inside the
     capture and fresh in every eager build -- are the pool checks' concern."""

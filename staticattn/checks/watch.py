@@ -51,11 +51,11 @@ class ArenaIndex:
         return cls([arena.block("device"), arena.block("host")], views)
 
     def holds(self, t: torch.Tensor) -> bool:
-        """Whether ``t``'s storage is one of the arena's blocks."""
+        """Whether ``t``'s storage (any dtype and shape) is one of the arena's blocks."""
         return _storage_ptr(t) in self._storages
 
     def name(self, t: torch.Tensor) -> str:
-        """The arena views ``t`` overlaps, e.g. ``"input.seq_lens"``."""
+        """The arena views ``t`` (any dtype and shape) overlaps, e.g. ``"input.seq_lens"``."""
         lo, hi = t.data_ptr(), t.data_ptr() + max(t.numel(), 1) * t.element_size()
         names = [n for a, b, n in self._spans if a < hi and lo < b]
         return ", ".join(names) or "the arena (between views)"

@@ -77,7 +77,7 @@ def model1_block_bytes(page: int) -> int:
 
 
 def alloc_model1_cache(num_blocks: int, page: int, device) -> torch.Tensor:
-    """A zeroed MODEL1 cache: the view ``(num_blocks, page, 1, 584)`` (strides
+    """A zeroed uint8 MODEL1 cache: the view ``(num_blocks, page, 1, 584)`` (strides
     ``(block_bytes, 584, 584, 1)``) of one ``(num_blocks, block_bytes)`` allocation."""
     raw = torch.zeros(num_blocks, model1_block_bytes(page), dtype=torch.uint8, device=device)
     return raw[:, : page * MODEL1_BYTES_PER_TOKEN].view(num_blocks, page, 1,

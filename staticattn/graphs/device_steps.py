@@ -163,7 +163,8 @@ class DeviceLengthSteps:
 
     def read_step(self, num_reqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(query_lens, seq_lens, slot_mapping)`` of the last staged step, read back from
-        the device (synchronises): what the producer decided, for A/B checks."""
+        the device (synchronises): what the producer decided, for A/B checks. Host int64
+        ``(num_reqs,)``, int64 ``(num_reqs,)``, int64 ``(num_tokens,)``."""
         qsl = self.inputs.query_start_loc[: num_reqs + 1].cpu().numpy().astype(np.int64)
         seq = self.inputs.seq_lens[:num_reqs].cpu().numpy().astype(np.int64)
         slots = self.inputs.slot_mapping[: int(qsl[-1])].cpu().numpy()

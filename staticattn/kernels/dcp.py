@@ -52,12 +52,14 @@ def dcp_local_count(n: torch.Tensor, world: int, rank: int, interleave: int) -> 
 
 
 def dcp_owner(e: torch.Tensor, world: int, interleave: int) -> torch.Tensor:
-    """The rank holding entry ``e`` (non-negative int tensor)."""
+    """The rank holding entry ``e`` (``e``: non-negative int tensor of any shape; the
+    result has its shape and dtype)."""
     return torch.div(e, interleave, rounding_mode="floor") % world
 
 
 def dcp_local_index(e: torch.Tensor, world: int, interleave: int) -> torch.Tensor:
-    """Entry ``e``'s index in its owner's local sequence (non-negative int tensor)."""
+    """Entry ``e``'s index in its owner's local sequence (``e``: non-negative int tensor
+    of any shape; the result has its shape and dtype)."""
     return torch.div(e, interleave * world, rounding_mode="floor") * interleave + e % interleave
 
 

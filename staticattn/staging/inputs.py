@@ -222,7 +222,9 @@ class StepInputs:
     def stage_step(self, query_lens: np.ndarray, seq_lens: np.ndarray,
                    slot_mapping: np.ndarray) -> None:
         """:meth:`stage` for a step a graph will pad: the real query starts, lengths, slots
-        and counts only (no padding, no maxima, no checks: the caller has checked)."""
+        and counts only (no padding, no maxima, no checks: the caller has checked). Host
+        ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``, ``slot_mapping``
+        ``(num_tokens,)``."""
         num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
         self.wait_staging_free()
         host = self.host
@@ -239,6 +241,7 @@ class StepInputs:
         count are written (no query starts, no padding, no maxima).
 
         The caller has checked the step and its extents (the graph manager's pre-screen).
+        Host ints: ``seq_lens`` ``(num_reqs,)``, ``slot_mapping`` ``(num_reqs * next_n,)``.
         """
         num_reqs = seq_lens.shape[0]
         self.wait_staging_free()
