@@ -21,6 +21,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from oracle import dcp as oracle
+from oracle import dcp_attention
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -83,6 +84,33 @@ def test_ranks_build_consistent_metadata(tmp_path):
             assert summed == every[0]["decode_global"]
         assert all(r["swa"] == every[0]["swa"] for r in every)
     assert checked == workers.STEPS * workers.WORLD
+
+
+def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
+    """Each rank scores its keys, the candidates and partial outputs are all-gathered and
+    merged: every rank ends with the single-GPU step's top-k (exactly) and output (float32
+    rounding), and both equal the oracle over the global keys."""
+    records = _spawn(workers.consumer_steps, tmp_path)
+    rng = np.random.default_rng(4321)
+    cfg = workers.config(0)
+    tokens = 0
+    for rank0, rank1 in zip(records[0]["steps"], records[1]["steps"]):
+        data = workers.decode_step_data(cfg, rng)
+        (dcp, single), (dcp1,) = rank0, rank1
+        assert dcp == dcp1  # every rank holds the merged result
+        assert dcp["ids"] == single["ids"]
+        np.testing.assert_allclose(dcp["out"], single["out"], rtol=1e-5, atol=1e-6)
+        step, n, ratio = data["step"], cfg.next_n, cfg.index_compress_ratio
+        for t in range(step.num_reqs * n):
+            b, c = divmod(t, n)
+            visible = (int(step.seq_lens[b]) - n + 1 + c) // ratio
+            ids, out = dcp_attention.decode_token(
+                data["q"][t], data["weights"][t], data["q_att"][t], data["index_keys"][b],
+                data["kv"][b], visible, workers.TOPK)
+            assert dcp["ids"][t] == ids + [-1] * (workers.TOPK - len(ids))
+            np.testing.assert_allclose(dcp["out"][t], out, rtol=1e-4, atol=1e-5)
+            tokens += 1
+    assert len(records[0]["steps"]) == workers.CONSUMER_STEPS and tokens > 0
 
 
 def test_inconsistent_steps_fail_on_every_rank_before_staging(tmp_path):

@@ -28,7 +28,8 @@ import torch
 
 from staticattn.kernels.lazy import lazy_jit
 
-__all__ = ["DCPShard", "dcp_local_count", "dcp_local_index", "dcp_owner", "triton_dcp_helpers"]
+__all__ = ["DCPShard", "dcp_global_index", "dcp_local_count", "dcp_local_index", "dcp_owner",
+           "triton_dcp_helpers"]
 
 
 class DCPShard(NamedTuple):
@@ -61,6 +62,14 @@ def dcp_local_index(e: torch.Tensor, world: int, interleave: int) -> torch.Tenso
     """Entry ``e``'s index in its owner's local sequence (``e``: non-negative int tensor
     of any shape; the result has its shape and dtype)."""
     return torch.div(e, interleave * world, rounding_mode="floor") * interleave + e % interleave
+
+
+def dcp_global_index(j: torch.Tensor, world: int, rank: int, interleave: int) -> torch.Tensor:
+    """The entry that ``rank``'s local index ``j`` holds, the inverse of
+    :func:`dcp_local_index`: ``(j // I) * I * world + rank * I + j % I`` (``j``: non-negative
+    int tensor of any shape; the result has its shape and dtype)."""
+    return (torch.div(j, interleave, rounding_mode="floor") * (interleave * world)
+            + rank * interleave + j % interleave)
 
 
 @lazy_jit
