@@ -42,6 +42,11 @@ def _step_factory(spec: str | None):
 
 
 def cmd_demo(args) -> int:
+    if args.dcp:
+        from staticattn.demo_dcp import run_dcp_demo
+
+        return run_dcp_demo(args.dcp, steps=args.steps, seed=args.seed,
+                            preset=args.dcp_preset)
     from staticattn.demo import run_demo
 
     return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress,
@@ -149,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--consumer", choices=["gather", "real"], default="gather",
                    help="gather: the built-in consumer, every step replays; real: DeepGEMM + "
                    "FlashMLA (when installed) on decode graphs, steps with prefills eager")
+    d.add_argument("--dcp", type=int, default=0, metavar="WORLD",
+                   help="decode context parallelism over WORLD ranks, one process each: "
+                   "torchrun --nproc-per-node WORLD -m staticattn demo --dcp WORLD")
+    d.add_argument("--dcp-preset", choices=["deepseek-v4", "deepseek-v3.2"],
+                   default="deepseek-v4", help="the model of the --dcp demo's arena")
     d.set_defaults(fn=cmd_demo)
 
     for name, fn, help_ in (("check", cmd_check, "graph-capture sanity checks"),

@@ -211,21 +211,12 @@ def _consumer(cfg, group=None):
                               index_dim=INDEX_DIM, heads=HEADS, head_dim=HEAD_DIM)
 
 
-def _fill(consumer, cfg, data) -> None:
-    """Write the rank's share of every request's keys into the consumer's caches (local
-    entry ``j`` at its block-table slot) and the step's queries into its inputs."""
-    from staticattn.kernels.dcp import dcp_global_index, dcp_local_count
-
-    per_block = cfg.block_size // cfg.index_compress_ratio
+def _fill(consumer, data) -> None:
+    """Write the rank's share of every request's keys into the consumer's caches and the
+    step's queries into its inputs."""
+    table = torch.from_numpy(data["step"].block_table)
     for b, (keys, kv) in enumerate(zip(data["index_keys"], data["kv"])):
-        held = int(dcp_local_count(torch.tensor(len(keys)), consumer.world, consumer.rank,
-                                   consumer.interleave))
-        j = torch.arange(held)
-        e = dcp_global_index(j, consumer.world, consumer.rank, consumer.interleave)
-        table = torch.from_numpy(data["step"].block_table[b]).long()
-        slots = table[j // per_block] * per_block + j % per_block
-        consumer.index_cache[slots] = torch.from_numpy(keys)[e]
-        consumer.kv_cache[slots] = torch.from_numpy(kv)[e]
+        consumer.write_keys(table[b], torch.from_numpy(keys), torch.from_numpy(kv))
     t = data["q"].shape[0]
     consumer.q[:t] = torch.from_numpy(data["q"])
     consumer.weights[:t] = torch.from_numpy(data["weights"])
@@ -256,7 +247,7 @@ def consumer_steps(rank: int, out: str) -> None:
         data = decode_step_data(config(rank), rng)
         results = []
         for cfg, builder, inputs, consumer in built:
-            _fill(consumer, cfg, data)
+            _fill(consumer, data)
             step = dataclasses.replace(data["step"], block_table=data["step"].block_table[
                 :, : cfg.max_blocks_per_req])
             batch = stage(inputs, step)

@@ -37,7 +37,12 @@ import torch.distributed as dist
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
-from staticattn.kernels.dcp import dcp_global_index, dcp_local_index, dcp_owner
+from staticattn.kernels.dcp import (
+    dcp_global_index,
+    dcp_local_count,
+    dcp_local_index,
+    dcp_owner,
+)
 
 __all__ = ["DCPDecodeAttention"]
 
@@ -103,6 +108,27 @@ class DCPDecodeAttention:
         self._ids = torch.full((n, topk), -1, dtype=torch.int64, device=dev)
         self._out = torch.zeros(n, heads, head_dim, **f32)
         self._j = torch.arange(self.width, device=dev)
+
+    # ------------------------------------------------------------------ the caches
+    def write_keys(self, block_row: torch.Tensor, index_keys: torch.Tensor,
+                   kv: torch.Tensor) -> None:
+        """Write this rank's share of one request's keys into the caches, as an engine's
+        KV writes would have: global entry ``e`` held here (local index ``j``) at its slot
+        through ``block_row``.
+
+        ``block_row``: int32 ``(blocks,)``, the request's block-table row on this rank;
+        ``index_keys``: float32 ``(entries, index_dim)`` and ``kv``: float32
+        ``(entries, 2, head_dim)``, the request's global compressed entries (host or device).
+        """
+        entries = torch.tensor(index_keys.shape[0])
+        held = int(dcp_local_count(entries, self.world, self.rank, self.interleave))
+        j = torch.arange(held, device=self.index_cache.device)
+        e = dcp_global_index(j, self.world, self.rank, self.interleave)
+        row = block_row.to(self.index_cache.device, torch.int64)
+        slots = row[torch.div(j, self.per_block, rounding_mode="floor")] * self.per_block + (
+            j % self.per_block)
+        self.index_cache[slots] = index_keys.to(self.index_cache)[e]
+        self.kv_cache[slots] = kv.to(self.kv_cache)[e]
 
     # ------------------------------------------------------------------ the step
     def __call__(self, batch: Batch, md) -> tuple[torch.Tensor, torch.Tensor]:
