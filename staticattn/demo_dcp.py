@@ -31,13 +31,13 @@ from staticattn.builders.indexer import IndexerMetadataBuilder
 from staticattn.consumers.dcp_decode import DCPDecodeAttention
 from staticattn.graphs import GraphManager
 
-__all__ = ["run_dcp_demo"]
+__all__ = ["dcp_config", "dcp_world", "random_decode_step", "run_dcp_demo", "write_decode_step"]
 
 #: The consumer's shapes: top-k, indexer heads and width, attention heads and width.
 TOPK, INDEX_HEADS, INDEX_DIM, HEADS, HEAD_DIM = 64, 4, 16, 4, 16
 
 
-def _config(preset: str, world: int, rank: int, device: str) -> ArenaConfig:
+def dcp_config(preset: str, world: int, rank: int, device: str) -> ArenaConfig:
     """The preset's arena, small enough for a demo: 16 requests, 16K context; V4: next_n 2,
     R = 4, interleave 4; V3.2: next_n 1, R = 1, interleave 1."""
     interleave = 4 if preset == "deepseek-v4" else 1
@@ -47,8 +47,9 @@ def _config(preset: str, world: int, rank: int, device: str) -> ArenaConfig:
         device=device)
 
 
-def _world(cfg: ArenaConfig, group) -> tuple:
-    """``(arena, inputs, builder, consumer)`` of one config."""
+def dcp_world(cfg: ArenaConfig, group) -> tuple:
+    """``(arena, inputs, builder, consumer)`` of one config: its arena, the indexer builder
+    and the DCP consumer over caches for ``max_num_seqs`` requests of unique blocks."""
     builder = IndexerMetadataBuilder()
     arena, inputs = make_arena(cfg, [builder])
     blocks = cfg.max_num_seqs * cdiv(cfg.max_model_len, cfg.block_size) + 1
@@ -59,9 +60,15 @@ def _world(cfg: ArenaConfig, group) -> tuple:
     return arena, inputs, builder, consumer
 
 
-def _step(cfg: ArenaConfig, rng: np.random.Generator) -> dict:
-    """A uniform decode step, unique block-table rows (as many columns as one GPU needs),
-    every request's global keys and every token's queries."""
+def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator) -> dict:
+    """A uniform decode step of ``k`` random requests (``next_n`` tokens each) and what the
+    DCP consumer reads: ``query_lens``, ``seq_lens`` host ints ``(k,)``, ``slot_mapping``
+    host ints ``(k * next_n,)``; ``table`` int32 ``(k, blocks)``, unique block-table rows
+    with as many columns as one GPU needs (a rank uses the first); per request ``keys``
+    float32 ``(entries, INDEX_DIM)`` and ``kv`` float32 ``(entries, 2, HEAD_DIM)``, its
+    global compressed entries; per token ``q`` float32 ``(k * next_n, INDEX_HEADS,
+    INDEX_DIM)``, ``weights`` float32 ``(k * next_n, INDEX_HEADS)``, ``q_att`` float32
+    ``(k * next_n, HEADS, HEAD_DIM)``."""
     n, ratio = cfg.next_n, cfg.index_compress_ratio
     k = int(rng.integers(1, cfg.max_num_seqs + 1))
     seq = rng.integers(n, cfg.max_model_len + 1, size=k)
@@ -80,8 +87,9 @@ def _step(cfg: ArenaConfig, rng: np.random.Generator) -> dict:
     )
 
 
-def _write(inputs, consumer: DCPDecodeAttention, step: dict) -> None:
-    """What the engine has done before the step: block-table rows, caches, queries."""
+def write_decode_step(inputs, consumer: DCPDecodeAttention, step: dict) -> None:
+    """What the engine has done before a :func:`random_decode_step`: the block-table rows
+    (cut to this arena's columns), the rank's share of the caches, the queries."""
     table = step["table"][:, : inputs.block_table.shape[1]]
     inputs.block_table[: table.shape[0]].copy_(table)
     for b, (keys, kv) in enumerate(zip(step["keys"], step["kv"])):
@@ -109,9 +117,9 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
     # The step check exchanges host values: over gloo beside NCCL (dcp_check says why).
     check_group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    cfg = _config(preset, world, rank, device)
-    arena, inputs, builder, consumer = _world(cfg, dist.group.WORLD)
-    single = _world(_config(preset, 1, 0, device), None)
+    cfg = dcp_config(preset, world, rank, device)
+    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
+    single = dcp_world(dcp_config(preset, 1, 0, device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
     with GraphManager(arena, inputs, [builder], consumer, progress=False) as gm, \
@@ -119,9 +127,9 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
         if cuda:
             gm.capture(buckets=())  # every rank captures the same sizes, in one order
         for _ in range(steps):
-            step = _step(cfg, rng)
-            _write(inputs, consumer, step)
-            _write(single[1], single[3], step)
+            step = random_decode_step(cfg, rng)
+            write_decode_step(inputs, consumer, step)
+            write_decode_step(single[1], single[3], step)
             lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
             check_dcp_step(cfg, lengths[0], lengths[1], group=check_group,
                            timeout=timedelta(seconds=60))
