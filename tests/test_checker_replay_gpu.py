@@ -4,6 +4,8 @@ collective on the wrong stream. Each planted fault fails; its twin passes."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from checker_steps import (
@@ -47,13 +49,22 @@ def _racing_writer(inputs, seq_lens, slot_mapping):
     host.counts[COUNT_REQS] = k
 
 
+def _starved_racing_writer(inputs, seq_lens, slot_mapping):
+    """The same writer on a host so loaded that it writes only after the probe's first
+    hold (~20 ms) has ended: the probe retries with a longer hold and still sees it."""
+    time.sleep(0.03)
+    _racing_writer(inputs, seq_lens, slot_mapping)
+
+
 def _waiting_writer(inputs, seq_lens, slot_mapping):
     inputs.wait_staging_free()
     _racing_writer(inputs, seq_lens, slot_mapping)
 
 
-@pytest.mark.parametrize("writer, racy", [(_racing_writer, True), (_waiting_writer, False)],
-                         ids=["no-wait", "waits"])
+@pytest.mark.parametrize("writer, racy", [(_racing_writer, True),
+                                          (_starved_racing_writer, True),
+                                          (_waiting_writer, False)],
+                         ids=["no-wait", "no-wait-starved-host", "waits"])
 def test_staging_rewritten_under_an_in_flight_replay(writer, racy):
     report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev), write_staging=writer)
     if racy:

@@ -42,7 +42,14 @@ from staticattn.builders.batch import Batch
 from staticattn.checks.findings import Finding, finding
 from staticattn.checks.guarded import Captured, PhasedStep, guarded_capture
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
-from staticattn.checks.probes import freed_and_reused, staging_race, stale_reads, unwritten_outputs
+from staticattn.checks.probes import (
+    RACE_ATTEMPTS,
+    RACE_SLEEP_CYCLES,
+    freed_and_reused,
+    staging_race,
+    stale_reads,
+    unwritten_outputs,
+)
 from staticattn.checks.report import CheckReport, SizeCheck
 from staticattn.checks.views import moved_views
 from staticattn.checks.watch import ArenaIndex, TensorRef
@@ -222,7 +229,9 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
 def _race_probe(manager: GraphManager, c: Captured, rng, num_kv_blocks: int,
                 write_staging: StagingWriter, seed: int) -> str | None:
     """One step replayed behind a GPU sleep while the writer stages the next (a minimal
-    one: every sequence ``next_n`` long, no slot written; no device work on the host)."""
+    one: every sequence ``next_n`` long, no slot written; no device work on the host).
+    Retried with a longer hold while inconclusive (the host finished writing only after the
+    GPU had woken: a writer that waits, or a host starved by other work)."""
     cfg, inputs = manager.config, manager.inputs
     num_reqs = c.size // cfg.next_n
     s = random_uniform_decode(inputs, num_reqs, rng, num_kv_blocks=num_kv_blocks)
@@ -232,11 +241,16 @@ def _race_probe(manager: GraphManager, c: Captured, rng, num_kv_blocks: int,
     expected = snapshot_outputs(_eager(manager, num_reqs, c.size), n_tok)
     short = np.full(num_reqs, cfg.next_n, dtype=np.int32)
     none = np.full(n_tok, -1, dtype=np.int64)
-    write_staging(inputs, s.seq_lens, s.slot_mapping)
-    torch.cuda.synchronize()
-    torch.cuda.manual_seed(seed)
-    return staging_race(lambda: write_staging(inputs, short, none), c.graph.replay,
-                        c.outputs, expected, n_tok)
+    for attempt in range(RACE_ATTEMPTS):
+        write_staging(inputs, s.seq_lens, s.slot_mapping)
+        torch.cuda.synchronize()
+        torch.cuda.manual_seed(seed)
+        finding, conclusive = staging_race(
+            lambda: write_staging(inputs, short, none), c.graph.replay, c.outputs, expected,
+            n_tok, cycles=RACE_SLEEP_CYCLES << attempt)
+        if conclusive:
+            return finding
+    return None
 
 
 def _eager(manager: GraphManager, num_reqs: int, size: int) -> Any:

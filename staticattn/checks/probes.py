@@ -18,12 +18,15 @@ from torch.utils._pytree import tree_flatten
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.checks.watch import TensorRef
 
-__all__ = ["freed_and_reused", "sentinels", "stale_reads", "staging_race",
+__all__ = ["RACE_ATTEMPTS", "RACE_SLEEP_CYCLES", "freed_and_reused", "sentinels",
+           "stale_reads", "staging_race",
            "unwritten_mask", "unwritten_outputs"]
 
 #: GPU cycles the race probe holds a replay back for (~20 ms at ~2 GHz): far longer than the
-#: host needs to write the next step's staging.
+#: host needs to write the next step's staging, unless the host is starved; an inconclusive
+#: attempt is retried with a longer hold (``RACE_ATTEMPTS``, each twice the last).
 RACE_SLEEP_CYCLES = 40_000_000
+RACE_ATTEMPTS = 3
 
 
 def sentinels(dtype: torch.dtype) -> tuple[int, int]:
@@ -76,22 +79,33 @@ def unwritten_outputs(outputs, num_tokens: int, replay: Callable[[], None],
 
 
 def staging_race(write_next: Callable[[], None], replay: Callable[[], None], outputs,
-                 expected: list[torch.Tensor], num_tokens: int) -> str | None:
-    """Replay a staged step while the GPU is held back, let the host write the next step
-    through ``write_next`` (the engine's staging writer), then compare the replay's outputs
-    with ``expected`` (the eager step it was launched for: tensors of any dtype and shape,
-    leading dimension tokens, first ``num_tokens`` rows compared). A writer that does not
-    wait for the staging event overwrites the staging before the replay reads it."""
-    torch.cuda._sleep(RACE_SLEEP_CYCLES)
+                 expected: list[torch.Tensor], num_tokens: int,
+                 cycles: int = RACE_SLEEP_CYCLES) -> tuple[str | None, bool]:
+    """Replay a staged step while the GPU is held back (``cycles`` of sleep), let the host
+    write the next step through ``write_next`` (the engine's staging writer), then compare
+    the replay's outputs with ``expected`` (the eager step it was launched for: tensors of
+    any dtype and shape, leading dimension tokens, first ``num_tokens`` rows compared). A
+    writer that does not wait for the staging event overwrites the staging before the
+    replay reads it.
+
+    Returns ``(finding, conclusive)``: the finding when the replay computed another step;
+    ``conclusive`` when it did, or when the host had finished writing while the GPU was
+    still held (so a racing writer would have been seen). A writer that waits for the
+    event, and a host slowed down past the hold, are both inconclusive: the caller retries
+    with a longer hold."""
+    torch.cuda._sleep(cycles)
+    held = torch.cuda.Event()
+    held.record()
     replay()
     write_next()
+    in_time = not held.query()
     torch.cuda.synchronize()
     if same_outputs(snapshot_outputs(outputs, num_tokens), expected):
-        return None
+        return None, in_time
     return ("the replay computed another step than the one staged when it was launched: "
             "the staging writer rewrote the host staging while the replay had not read it "
             "yet (wait for the staging event first: begin_step() / "
-            "inputs.wait_staging_free())")
+            "inputs.wait_staging_free())"), True
 
 
 def stale_reads(external: Iterable[TensorRef]) -> list[str]:
