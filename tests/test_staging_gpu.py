@@ -85,19 +85,29 @@ def test_staging_is_not_overwritten_while_a_replay_may_read_it(guarded):
         inputs._consumed = None
     qa, la = np.full(S, n), np.full(S, 1000)
     qb, lb = np.full(S, n), np.full(S, 5000)
-    torch.cuda.synchronize()
-    torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU time queued ahead of replay A
-    inputs.stage(qa, la, np.arange(S * n), num_reqs_padded=S, num_tokens_padded=S * n)
-    graph.replay()
-    result_a = out.clone()
-    inputs.stage(qb, lb, np.arange(S * n), num_reqs_padded=S, num_tokens_padded=S * n)
-    graph.replay()
-    result_b = out.clone()
-    torch.cuda.synchronize()
+    # Without the guard, step B must be staged while replay A is still held back; a host
+    # starved by other work may miss the window, so each attempt checks it did not and the
+    # next one holds twice as long.
+    for cycles in (200_000_000, 400_000_000, 800_000_000):  # ~0.1, 0.2, 0.4 s of GPU time
+        torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)  # queued ahead of replay A
+        held = torch.cuda.Event()
+        held.record()
+        inputs.stage(qa, la, np.arange(S * n), num_reqs_padded=S, num_tokens_padded=S * n)
+        graph.replay()
+        result_a = out.clone()
+        inputs.stage(qb, lb, np.arange(S * n), num_reqs_padded=S, num_tokens_padded=S * n)
+        in_window = not held.query()
+        graph.replay()
+        result_b = out.clone()
+        torch.cuda.synchronize()
+        if guarded or in_window:
+            break
     assert result_b.tolist() == _expected(qb.tolist(), lb.tolist(), n)
     if guarded:
         assert result_a.tolist() == _expected(qa.tolist(), la.tolist(), n)
     else:
+        assert in_window, "the host never staged step B while replay A was held back"
         assert result_a.tolist() == _expected(qb.tolist(), lb.tolist(), n), (
             "negative control: without the guard step A should have read step B's inputs"
         )
