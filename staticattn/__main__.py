@@ -43,7 +43,7 @@ def _step_factory(spec: str | None):
 
 def cmd_demo(args) -> int:
     if args.dcp:
-        from staticattn.demo_dcp import run_dcp_demo
+        from staticattn.distributed.demo import run_dcp_demo
 
         return run_dcp_demo(args.dcp, steps=args.steps, seed=args.seed,
                             preset=args.dcp_preset)
@@ -93,6 +93,11 @@ def cmd_bench(args) -> int:
     from staticattn.bench.replay import run_bench
     from staticattn.graphs.sizes import default_capture_sizes
 
+    if args.dcp:
+        from staticattn.distributed.bench import run_dcp_bench
+
+        return run_dcp_bench(args.dcp, batches=args.batch or (1, 8, 16), reps=args.reps,
+                             seed=args.seed, preset=args.preset, json_path=args.json)
     if not torch.cuda.is_available():
         print("bench: no CUDA device; replay latency is a GPU measurement")
         return 2
@@ -192,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--breakdown", action="store_true",
                            help="host time per phase of the captured and eager paths, next "
                            "to the one-kernel launch floor")
+            c.add_argument("--dcp", type=int, default=0, metavar="WORLD",
+                           help="decode context parallelism over WORLD ranks, one process "
+                           "each: torchrun --nproc-per-node WORLD -m staticattn bench --dcp "
+                           "WORLD (per-rank host and GPU time, the collectives' share, host "
+                           "jitter across ranks, the same step on one GPU)")
             c.add_argument("--json", default=None)
             c.add_argument("--plot", default=None, help="PNG of latency vs batch size")
     args = p.parse_args(argv)

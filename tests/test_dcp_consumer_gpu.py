@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from staticattn.checks import check_graph_safety
-from staticattn.demo_dcp import dcp_config, dcp_world, random_decode_step, write_decode_step
+from staticattn.distributed.world import (
+    dcp_config,
+    dcp_world,
+    random_decode_step,
+    write_decode_step,
+)
 from staticattn.graphs import GraphManager
 
 pytestmark = pytest.mark.gpu

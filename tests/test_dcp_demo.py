@@ -1,10 +1,12 @@
-"""The decode-context-parallel demo as a user starts it: torchrun, two processes, one rank
-each. On CPU the ranks join over gloo and run every step eagerly; on two GPUs over NCCL,
-every step replaying a captured graph. Either way every step of every rank must equal the
-single-GPU step."""
+"""The decode-context-parallel demo and bench as a user starts them: torchrun, two
+processes, one rank each. On CPU the ranks join over gloo and run every step eagerly; on two
+GPUs over NCCL, every step replaying a captured graph. Either way every step of every rank
+must equal the single-GPU step, and the bench reports every rank and the spread between
+them."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -42,6 +44,31 @@ def test_two_ranks_under_torchrun_equal_the_single_gpu_step(preset):
     assert ("graphs (NCCL)" if cuda else "eager (gloo, no CUDA)") in out
     for _, replayed, steps in ranks:
         assert int(steps) == STEPS and int(replayed) == (STEPS if cuda else 0)
+
+
+@pytest.mark.multigpu
+def test_the_bench_reports_every_rank_and_the_spread(tmp_path):
+    _needs_two_gpus_or_none()
+    out_json = tmp_path / "dcp.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", "-m", "staticattn", "bench", "--dcp", "2", "--reps", "10", "--batch", "1", "4",
+         "--json", str(out_json)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    report = json.loads(out_json.read_text())
+    ranks = [(r["batch"], r["rank"]) for r in report["rows"]]
+    assert ranks == [(1, 0), (1, 1), (1, "spread"), (4, 0), (4, 1), (4, "spread")]
+    cuda = torch.cuda.is_available()
+    for row in report["rows"]:
+        if row["rank"] == "spread":
+            assert row["host_spread_50"] >= 0
+            continue
+        assert row["host_50"] > 0 and row["collectives_50"] > 0 and row["host_1gpu_50"] > 0
+        assert (row["gpu_50"] > 0) if cuda else (row["gpu_50"] is None)
+    assert "host spread across ranks per step" in out
 
 
 def test_the_demo_says_how_to_launch_it_without_torchrun():

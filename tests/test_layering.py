@@ -28,6 +28,7 @@ ALLOWED = {
     "consumers": {"errors", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "arena", "staging", "builders", "graphs"},
     "checks": {"errors", "arena", "staging", "builders", "graphs", "bench"},
+    "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers"},
 }
 MAX_LINES = 400
 

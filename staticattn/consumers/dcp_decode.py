@@ -148,6 +148,13 @@ class DCPDecodeAttention:
         self._gather(self._part, n)
         return ids, self._merge(n)
 
+    def exchange(self, num_entries: int) -> None:
+        """The step's collectives alone, over ``num_entries`` entries: the candidates'
+        all-gathers and the partial outputs' (what a bench times for their share of a step).
+        """
+        for buffer in (self._cand_scores, self._cand_ids, self._lse, self._part):
+            self._gather(buffer, num_entries)
+
     def _slots(self, j: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """Slots of local entries ``j`` (int64 ``(n, m)``, non-negative) of each token's
         request through its block-table row ``table`` int32 ``(n, blocks)``."""

@@ -1,0 +1,180 @@
+"""The decode-context-parallel bench: one process per rank, started by torchrun.
+
+    torchrun --nproc-per-node 2 -m staticattn bench --dcp 2 [--batch 1 8 16] [--reps 200]
+             [--preset deepseek-v4 | deepseek-v3.2] [--json dcp.json]
+
+Per batch size (a uniform decode step of that many requests, lengths drawn once), every rank
+replays its graph (staging + the rank's indexer build + the reference DCP consumer with its
+NCCL all-gathers) ``reps`` times, each step started on an idle device, and measures:
+
+* host µs of ``GraphManager.run`` and GPU µs of the step (CUDA events), p50 and p99;
+* the collectives alone: the consumer's four all-gathers of the same extent captured in a
+  graph of their own and replayed (GPU µs), and their share of the step's GPU time;
+* host jitter across ranks: per step, the spread (max - min over the ranks) of the host
+  time, p50 and p99;
+* the same step on one GPU: a one-rank arena over every key, its graph replayed the same way.
+
+Without CUDA the ranks join over gloo and every step runs eagerly: host times only, which
+say nothing of a GPU run (the plumbing is what runs there). Rank 0 prints the table and
+writes the JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from staticattn.distributed.world import (
+    dcp_config,
+    dcp_world,
+    join,
+    random_decode_step,
+    write_decode_step,
+)
+from staticattn.graphs import GraphManager
+
+__all__ = ["run_dcp_bench"]
+
+WARMUP = 10
+
+
+def _time_steps(gm: GraphManager, lengths, reps: int, cuda: bool) -> tuple[list, list]:
+    """Host µs of ``run`` and GPU µs of the step, per step, each from an idle device."""
+    for _ in range(WARMUP):
+        gm.run(*lengths)
+    host, gpu = [], []
+    for _ in range(reps):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        res = gm.run(*lengths)
+        host.append((time.perf_counter() - t0) * 1e6)
+        gpu.append(res.gpu_us() if cuda else float("nan"))
+    return host, gpu
+
+
+def _time_collectives(consumer, entries: int, reps: int, cuda: bool) -> list[float]:
+    """GPU µs (CUDA) or host µs (gloo) of the consumer's all-gathers over ``entries``."""
+    consumer.exchange(entries)  # warm-up: the communicator is ready before a capture
+    if not cuda:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            consumer.exchange(entries)
+            times.append((time.perf_counter() - t0) * 1e6)
+        return times
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        consumer.exchange(entries)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return times
+
+
+def _p(values, q: float) -> float:
+    return float(np.percentile(values, q)) if len(values) else float("nan")
+
+
+def _plain(value):
+    """NaN (a figure not measured here) as null, which JSON has."""
+    return None if isinstance(value, float) and value != value else value
+
+
+def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0,
+                  preset: str = "deepseek-v4", json_path: str | None = None) -> int:
+    """Run the bench on this rank of a torchrun launch of ``world`` ranks (batch sizes in
+    requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status."""
+    me = join(world, "bench")
+    if me is None:
+        return 2
+    cfg = dcp_config(preset, world, me.rank, me.device)
+    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
+    single = dcp_world(dcp_config(preset, 1, 0, me.device), None)
+    n = cfg.next_n
+    sizes = [k * n for k in batches]
+    rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
+    rows = []
+    with GraphManager(arena, inputs, [builder], consumer, progress=False,
+                      time_gpu=me.cuda) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], progress=False,
+                         time_gpu=me.cuda) as one:
+        if me.cuda:
+            gm.capture(sizes, buckets=())  # every rank captures the same sizes, in one order
+            one.capture(sizes, buckets=())
+        for k in batches:
+            step = random_decode_step(cfg, rng, num_reqs=k)
+            write_decode_step(inputs, consumer, step)
+            write_decode_step(single[1], single[3], step)
+            lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
+            host, gpu = _time_steps(gm, lengths, reps, me.cuda)
+            coll = _time_collectives(consumer, k * n, reps, me.cuda)
+            host1, gpu1 = _time_steps(one, lengths, reps, me.cuda)
+            rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, host_1gpu=host1,
+                             gpu_1gpu=gpu1))
+    every = [None] * world
+    dist.all_gather_object(every, rows, group=me.check_group)
+    dist.destroy_process_group()
+    if me.rank == 0:
+        report = _report(every, preset, cfg, world, reps, me.cuda)
+        print(report["text"])
+        if json_path:
+            rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
+            with open(json_path, "w") as f:
+                json.dump({**{k: v for k, v in report.items() if k != "text"}, "rows": rows},
+                          f, indent=1)
+    return 0
+
+
+def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
+            cuda: bool) -> dict:
+    """The table (medians and p99 per rank and batch) and its raw figures."""
+    mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA: host times of eager steps only)"
+    lines = [f"DCP bench ({preset}, next_n {cfg.next_n}, R {cfg.index_compress_ratio}): "
+             f"{world} ranks, {reps} steps per batch, {mode}",
+             f"{'batch':>5} {'rank':>4} | {'host p50':>8} {'p99':>7} | {'GPU p50':>7} "
+             f"{'p99':>7} | {'collectives':>11} {'share':>6} | {'1 GPU host':>10} "
+             f"{'GPU':>7}"]
+    out = {"preset": preset, "world": world, "reps": reps, "mode": mode, "rows": [],
+           "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    for b, first in enumerate(every[0]):
+        hosts = np.array([ranks[b]["host"] for ranks in every])  # (world, reps)
+        spread = hosts.max(axis=0) - hosts.min(axis=0)
+        for r, ranks in enumerate(every):
+            row = ranks[b]
+            gpu, coll = _p(row["gpu"], 50), _p(row["collectives"], 50)
+            share = coll / gpu if cuda and gpu > 0 else float("nan")
+            lines.append(
+                f"{first['batch']:>5} {r:>4} | {_p(row['host'], 50):>8.1f} "
+                f"{_p(row['host'], 99):>7.1f} | {gpu:>7.1f} {_p(row['gpu'], 99):>7.1f} | "
+                f"{coll:>11.1f} {share:>6.0%} | {_p(row['host_1gpu'], 50):>10.1f} "
+                f"{_p(row['gpu_1gpu'], 50):>7.1f}")
+            out["rows"].append({
+                "batch": first["batch"], "rank": r,
+                **{f"{key}_{q}": _p(row[key], q) for key in ("host", "gpu", "collectives",
+                                                             "host_1gpu", "gpu_1gpu")
+                   for q in (50, 99)},
+                "host_min": float(np.min(row["host"])), "host_max": float(np.max(row["host"])),
+            })
+        lines.append(f"{'':>5} {'all':>4} | host spread across ranks per step: p50 "
+                     f"{_p(spread, 50):.1f} us, p99 {_p(spread, 99):.1f} us")
+        out["rows"].append({"batch": first["batch"], "rank": "spread",
+                            "host_spread_50": _p(spread, 50), "host_spread_99": _p(spread, 99)})
+    lines.append("(microseconds; collectives = the step's all-gathers "
+                 + ("replayed alone, share = of the step's GPU time" if cuda
+                    else "run alone, host time") + "; 1 GPU = the same step on a one-rank arena)")
+    out["text"] = "\n".join(lines)
+    return out

@@ -1,0 +1,116 @@
+"""What every rank of a decode-context-parallel run sets up: the process group, its arena,
+the indexer builder and the reference DCP consumer, and random decode steps with the keys
+and queries the consumer reads (the same on every rank: one seed)."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.builders import make_arena
+from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.consumers.dcp_decode import DCPDecodeAttention
+
+__all__ = ["Rank", "dcp_config", "dcp_world", "join", "random_decode_step",
+           "write_decode_step"]
+
+
+class Rank:
+    """This process's place in a torchrun launch: ``rank``, ``world``, ``cuda`` (NCCL on
+    the local GPU, else gloo on CPU), ``device``, and ``check_group`` (gloo: the host-side
+    step check and result exchange)."""
+
+    def __init__(self, rank: int, world: int, cuda: bool, device: str, check_group) -> None:
+        self.rank, self.world, self.cuda = rank, world, cuda
+        self.device, self.check_group = device, check_group
+
+
+def join(world: int, what: str) -> Rank | None:
+    """Join the torchrun launch of ``world`` ranks (NCCL with a GPU per rank, gloo without
+    CUDA); None, after saying how to launch ``what``, when this process was not started by
+    such a launch."""
+    if int(os.environ.get("WORLD_SIZE", "1")) != world:
+        print(f"{what} --dcp {world}: start it with torchrun --nproc-per-node {world} "
+              f"-m staticattn {what} --dcp {world} (WORLD_SIZE is "
+              f"{os.environ.get('WORLD_SIZE', 'unset')})")
+        return None
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
+    # Host values are exchanged over gloo beside NCCL (builders/dcp_check.py says why).
+    check_group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
+    device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
+    return Rank(dist.get_rank(), world, cuda, device, check_group)
+
+
+#: The consumer's shapes: top-k, indexer heads and width, attention heads and width.
+TOPK, INDEX_HEADS, INDEX_DIM, HEADS, HEAD_DIM = 64, 4, 16, 4, 16
+
+
+def dcp_config(preset: str, world: int, rank: int, device: str) -> ArenaConfig:
+    """The preset's arena, small enough for a demo: 16 requests, 16K context; V4: next_n 2,
+    R = 4, interleave 4; V3.2: next_n 1, R = 1, interleave 1."""
+    interleave = 4 if preset == "deepseek-v4" else 1
+    return ArenaConfig.preset(
+        preset, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=16384,
+        dcp_world_size=world, dcp_rank=rank, cp_kv_cache_interleave_size=interleave,
+        device=device)
+
+
+def dcp_world(cfg: ArenaConfig, group) -> tuple:
+    """``(arena, inputs, builder, consumer)`` of one config: its arena, the indexer builder
+    and the DCP consumer over caches for ``max_num_seqs`` requests of unique blocks."""
+    builder = IndexerMetadataBuilder()
+    arena, inputs = make_arena(cfg, [builder])
+    blocks = cfg.max_num_seqs * cdiv(cfg.max_model_len, cfg.block_size) + 1
+    consumer = DCPDecodeAttention(
+        cfg, group, num_slots=blocks * (cfg.block_size // cfg.index_compress_ratio),
+        topk=TOPK, index_heads=INDEX_HEADS, index_dim=INDEX_DIM, heads=HEADS,
+        head_dim=HEAD_DIM)
+    return arena, inputs, builder, consumer
+
+
+def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
+                       num_reqs: int | None = None) -> dict:
+    """A uniform decode step of ``k`` requests (``num_reqs``, random when None), ``next_n``
+    tokens each at random lengths, and what the DCP consumer reads: ``query_lens``,
+    ``seq_lens`` host ints ``(k,)``, ``slot_mapping`` host ints ``(k * next_n,)``;
+    ``table`` int32 ``(k, blocks)``, unique block-table rows with as many columns as one GPU
+    needs (a rank uses the first); per request ``keys`` float32 ``(entries, INDEX_DIM)`` and
+    ``kv`` float32 ``(entries, 2, HEAD_DIM)``, its global compressed entries; per token
+    ``q`` float32 ``(k * next_n, INDEX_HEADS, INDEX_DIM)``, ``weights`` float32
+    ``(k * next_n, INDEX_HEADS)``, ``q_att`` float32 ``(k * next_n, HEADS, HEAD_DIM)``."""
+    n, ratio = cfg.next_n, cfg.index_compress_ratio
+    k = int(rng.integers(1, cfg.max_num_seqs + 1)) if num_reqs is None else num_reqs
+    seq = rng.integers(n, cfg.max_model_len + 1, size=k)
+    columns = cdiv(cfg.max_model_len, cfg.block_size)
+    pos = np.concatenate([np.arange(L - n, L) for L in seq])
+    return dict(
+        query_lens=np.full(k, n), seq_lens=seq, slot_mapping=pos,
+        table=torch.from_numpy(1 + np.arange(k * columns, dtype=np.int32).reshape(k, -1)),
+        keys=[torch.from_numpy(rng.standard_normal((int(L) // ratio, INDEX_DIM), np.float32))
+              for L in seq],
+        kv=[torch.from_numpy(rng.standard_normal((int(L) // ratio, 2, HEAD_DIM), np.float32))
+            for L in seq],
+        q=torch.from_numpy(rng.standard_normal((k * n, INDEX_HEADS, INDEX_DIM), np.float32)),
+        weights=torch.from_numpy(rng.random((k * n, INDEX_HEADS), np.float32)),
+        q_att=torch.from_numpy(rng.standard_normal((k * n, HEADS, HEAD_DIM), np.float32)),
+    )
+
+
+def write_decode_step(inputs, consumer: DCPDecodeAttention, step: dict) -> None:
+    """What the engine has done before a :func:`random_decode_step`: the block-table rows
+    (cut to this arena's columns), the rank's share of the caches, the queries."""
+    table = step["table"][:, : inputs.block_table.shape[1]]
+    inputs.block_table[: table.shape[0]].copy_(table)
+    for b, (keys, kv) in enumerate(zip(step["keys"], step["kv"])):
+        consumer.write_keys(table[b], keys, kv)
+    t = step["q"].shape[0]
+    for name in ("q", "weights", "q_att"):
+        getattr(consumer, name)[:t].copy_(step[name])
