@@ -20,14 +20,14 @@ STEPS = 40
 CONSUMER_STEPS = 30
 
 
-def config(rank: int):
+def config(rank: int, world: int = WORLD):
     from staticattn.arena import ArenaConfig
 
     return ArenaConfig(
         max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048, block_size=256,
         num_speculative_tokens=1, index_compress_ratio=4, compress_ratios=(1, 4, 128),
         sliding_window=16, swa_block_size=16, num_sms=5, max_prefill_workspace=600,
-        max_logits_bytes=4 * 6_000, dcp_world_size=WORLD, dcp_rank=rank,
+        max_logits_bytes=4 * 6_000, dcp_world_size=world, dcp_rank=rank,
         cp_kv_cache_interleave_size=4, device="cpu", kernel_backend="torch",
     )
 
@@ -52,9 +52,9 @@ def random_step(cfg, rng: np.random.Generator, num_reqs: int | None = None):
     return make_step(cfg, q, seq, rng=rng)
 
 
-def _join(rank: int, out: str) -> None:
+def _join(rank: int, out: str, world: int = WORLD) -> None:
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
-                            world_size=WORLD, timeout=timedelta(seconds=60))
+                            world_size=world, timeout=timedelta(seconds=60))
 
 
 def _write(out: str, rank: int, record: dict) -> None:
@@ -62,7 +62,7 @@ def _write(out: str, rank: int, record: dict) -> None:
         json.dump(record, f)
 
 
-def consistent_steps(rank: int, out: str) -> None:
+def consistent_steps(rank: int, out: str, world: int = WORLD, steps: int = STEPS) -> None:
     """Every rank builds the same random steps; rank r's decode and slot outputs, gathered
     to every rank, go to the parent, which checks them against the oracle."""
     from support import stage
@@ -72,13 +72,13 @@ def consistent_steps(rank: int, out: str) -> None:
     from staticattn.builders.indexer import IndexerMetadataBuilder
     from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
 
-    _join(rank, out)
-    cfg = config(rank)
+    _join(rank, out, world)
+    cfg = config(rank, world)
     indexer, swa = IndexerMetadataBuilder(), SparseSWAMetadataBuilder()
     _, inputs = make_arena(cfg, [indexer, swa])
     rng = np.random.default_rng(1234)  # the same seed on every rank: the same steps
     record = {"steps": []}
-    for _ in range(STEPS):
+    for _ in range(steps):
         step = random_step(cfg, rng)
         check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=20))
         batch = stage(inputs, step)
@@ -95,7 +95,7 @@ def consistent_steps(rank: int, out: str) -> None:
                        for c in (meta.prefill.chunks if meta.prefill else [])],
             "swa": swa_meta.decode_swa_indices.tolist(),
         }
-        every = [None] * WORLD
+        every = [None] * world
         dist.all_gather_object(every, mine)
         record["steps"].append({"query_lens": step.query_lens.tolist(),
                                 "seq_lens": step.seq_lens.tolist(),

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from types import SimpleNamespace
@@ -32,17 +33,16 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 SPAWN_TIMEOUT_S = 300
 
 
-def _spawn(target, tmp_path) -> list[dict]:
-    context = mp.spawn(workers.run, args=(target, str(tmp_path)), nprocs=workers.WORLD,
-                       join=False)
+def _spawn(target, tmp_path, world: int = workers.WORLD) -> list[dict]:
+    context = mp.spawn(workers.run, args=(target, str(tmp_path)), nprocs=world, join=False)
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail(f"the {workers.WORLD} ranks did not finish in {SPAWN_TIMEOUT_S} s")
+            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s")
     records = [json.loads((tmp_path / f"rank{r}.json").read_text())
-               for r in range(workers.WORLD)]
+               for r in range(world)]
     for r, record in enumerate(records):
         assert "crash" not in record, f"rank {r}:\n{record['crash']}"
     return records
@@ -59,14 +59,17 @@ def _host_step(cfg, s) -> SimpleNamespace:
     )
 
 
-def test_ranks_build_consistent_metadata(tmp_path):
-    records = _spawn(workers.consistent_steps, tmp_path)
-    assert records[0] == records[1]  # every rank gathered the same outputs
+@pytest.mark.parametrize(("world", "steps"), [(2, 1000), (4, 500)])
+def test_ranks_build_consistent_metadata(tmp_path, world, steps):
+    """``world * steps`` = 2,000 rank-batches per world, each against the per-rank oracle."""
+    records = _spawn(functools.partial(workers.consistent_steps, world=world, steps=steps),
+                     tmp_path, world)
+    assert all(r == records[0] for r in records)  # every rank gathered the same outputs
     checked = 0
     for s in records[0]["steps"]:
         every = s["ranks"]
         for rank, got in enumerate(every):
-            cfg = workers.config(rank)
+            cfg = workers.config(rank, world)
             want = oracle.indexer_metadata(cfg, _host_step(cfg, s), rank)
             assert got["slot_mapping"] == want["slot_mapping"]
             if want["decode"] is None:
@@ -83,7 +86,7 @@ def test_ranks_build_consistent_metadata(tmp_path):
             summed = np.sum([r["decode_seq_lens"] for r in every], axis=0).tolist()
             assert summed == every[0]["decode_global"]
         assert all(r["swa"] == every[0]["swa"] for r in every)
-    assert checked == workers.STEPS * workers.WORLD
+    assert checked == steps * world == 2000
 
 
 def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
