@@ -28,7 +28,8 @@ ALLOWED = {
     "consumers": {"errors", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "arena", "staging", "builders", "graphs"},
     "checks": {"errors", "arena", "staging", "builders", "graphs", "bench"},
-    "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers"},
+    "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers",
+                    "bench"},
 }
 MAX_LINES = 400
 

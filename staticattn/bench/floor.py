@@ -16,7 +16,8 @@ from staticattn.bench.report import Stat
 from staticattn.graphs.capture import capture, warm_up
 from staticattn.graphs.launch import make_launcher
 
-__all__ = ["host_times_us", "launch_floor", "launch_host_us", "replay_gpu_us"]
+__all__ = ["host_times_us", "launch_floor", "launch_host_us", "replay_gpu_times_us",
+           "replay_gpu_us"]
 
 
 def _one_kernel_graph() -> torch.cuda.CUDAGraph:
@@ -28,9 +29,9 @@ def _one_kernel_graph() -> torch.cuda.CUDAGraph:
     return graph
 
 
-def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
-    """GPU time of one replay (CUDA events around it, us), each on an idle device, after
-    20 replays of warm-up."""
+def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> list[float]:
+    """GPU time of each of ``reps`` replays (CUDA events around it, us), each on an idle
+    device, after 20 replays of warm-up."""
     for _ in range(20):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -42,14 +43,22 @@ def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
         end.record()
         end.synchronize()
         gpu.append(start.elapsed_time(end) * 1e3)
-    return Stat.of(gpu)
+    return gpu
+
+
+def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
+    """:func:`replay_gpu_times_us` as median, min and max."""
+    return Stat.of(replay_gpu_times_us(graph, reps))
 
 
 def host_times_us(fn, reps: int) -> list[float]:
-    """Host wall time of each of ``reps`` calls of ``fn()`` (us), each on an idle device."""
+    """Host wall time of each of ``reps`` calls of ``fn()`` (us), each on an idle device
+    (without CUDA: back to back)."""
+    cuda = torch.cuda.is_available()
     host = []
     for _ in range(reps):
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         fn()
         host.append((time.perf_counter() - t0) * 1e6)

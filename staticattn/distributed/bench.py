@@ -21,6 +21,7 @@ writes the JSON.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -28,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from staticattn.bench.floor import host_times_us, replay_gpu_times_us
 from staticattn.distributed.world import (
     dcp_config,
     dcp_world,
@@ -36,6 +38,7 @@ from staticattn.distributed.world import (
     write_decode_step,
 )
 from staticattn.graphs import GraphManager
+from staticattn.graphs.capture import capture, warm_up
 
 __all__ = ["run_dcp_bench"]
 
@@ -58,31 +61,16 @@ def _time_steps(gm: GraphManager, lengths, reps: int, cuda: bool) -> tuple[list,
 
 
 def _time_collectives(consumer, entries: int, reps: int, cuda: bool) -> list[float]:
-    """GPU µs (CUDA) or host µs (gloo) of the consumer's all-gathers over ``entries``."""
-    consumer.exchange(entries)  # warm-up: the communicator is ready before a capture
+    """GPU µs (CUDA: replays of a graph of them alone) or host µs (gloo) of the consumer's
+    all-gathers over ``entries``."""
+    exchange = functools.partial(consumer.exchange, entries)
     if not cuda:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            consumer.exchange(entries)
-            times.append((time.perf_counter() - t0) * 1e6)
-        return times
+        exchange()
+        return host_times_us(exchange, reps)
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        consumer.exchange(entries)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        torch.cuda.synchronize()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return times
+    warm_up(exchange, stream)  # the communicator is ready before the capture
+    graph, _ = capture(exchange, stream)
+    return replay_gpu_times_us(graph, reps)
 
 
 def _p(values, q: float) -> float:
