@@ -100,11 +100,15 @@ class DCPDecodeAttention:
         self.weights = torch.zeros(n, index_heads, **f32)
         self.q_att = torch.zeros(n, heads, head_dim, **f32)
         self.scale = 1.0 / math.sqrt(head_dim)
-        w = self.world
-        self._cand_scores = torch.zeros(w, n, self.local_k, **f32)
-        self._cand_ids = torch.zeros(w, n, self.local_k, dtype=torch.int64, device=dev)
-        self._lse = torch.zeros(w, n, heads, **f32)
-        self._part = torch.zeros(w, n, heads, head_dim, **f32)
+        # What the ranks exchange, packed so that a step needs two all-gathers, in flat
+        # buffers laid out rank-major for every extent (rank r's part of a step of ``n``
+        # entries is one contiguous block, gathered in place): per candidate (score, global
+        # id) in float64 (ids are exact there), per head the partial output and its
+        # log-sum-exp in float32.
+        self._cand = torch.zeros(self.world * n * self.local_k * 2, dtype=torch.float64,
+                                 device=dev)
+        self._att = torch.zeros(self.world * n * heads * (head_dim + 1), **f32)
+        self.heads, self.head_dim = heads, head_dim
         self._ids = torch.full((n, topk), -1, dtype=torch.int64, device=dev)
         self._out = torch.zeros(n, heads, head_dim, **f32)
         self._j = torch.arange(self.width, device=dev)
@@ -139,21 +143,27 @@ class DCPDecodeAttention:
         n = rows * width
         lens = decode.seq_lens.reshape(n).to(torch.int64)  # (n,) this rank's keys
         table = decode.block_table.repeat_interleave(width, dim=0)  # (n, blocks)
-        self._local_candidates(n, lens, table)
-        self._gather(self._cand_scores, n)
-        self._gather(self._cand_ids, n)
-        ids = self._global_topk(n)
-        self._attend(n, ids, table)
-        self._gather(self._lse, n)
-        self._gather(self._part, n)
-        return ids, self._merge(n)
+        cand, att = self._exchanged(n)
+        self._local_candidates(n, lens, table, cand[self.rank])
+        self._gather(cand)
+        ids = self._global_topk(n, cand)
+        self._attend(n, ids, table, att[self.rank])
+        self._gather(att)
+        return ids, self._merge(n, att)
 
     def exchange(self, num_entries: int) -> None:
         """The step's collectives alone, over ``num_entries`` entries: the candidates'
-        all-gathers and the partial outputs' (what a bench times for their share of a step).
+        all-gather and the partial outputs' (what a bench times for their share of a step).
         """
-        for buffer in (self._cand_scores, self._cand_ids, self._lse, self._part):
-            self._gather(buffer, num_entries)
+        for buffer in self._exchanged(num_entries):
+            self._gather(buffer)
+
+    def _exchanged(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of the packed exchange buffers for ``n`` entries: candidates float64
+        ``(world, n, local_k, 2)`` and attention float32 ``(world, n, heads, head_dim + 1)``."""
+        w, k, h, d = self.world, self.local_k, self.heads, self.head_dim
+        return (self._cand[: w * n * k * 2].view(w, n, k, 2),
+                self._att[: w * n * h * (d + 1)].view(w, n, h, d + 1))
 
     def _slots(self, j: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """Slots of local entries ``j`` (int64 ``(n, m)``, non-negative) of each token's
@@ -161,32 +171,36 @@ class DCPDecodeAttention:
         column = torch.div(j, self.per_block, rounding_mode="floor").clamp(max=table.shape[1] - 1)
         return table.gather(1, column).to(torch.int64) * self.per_block + j % self.per_block
 
-    def _local_candidates(self, n: int, lens: torch.Tensor, table: torch.Tensor) -> None:
+    def _local_candidates(self, n: int, lens: torch.Tensor, table: torch.Tensor,
+                          mine: torch.Tensor) -> None:
+        """This rank's candidates into ``mine`` float64 ``(n, local_k, 2)``."""
         j = self._j.expand(n, -1)
         keys = self.index_cache[self._slots(j, table)]  # (n, width, dim)
         logits = torch.einsum("thd,tjd->thj", self.q[:n], keys).relu()
         scores = (logits * self.weights[:n, :, None]).sum(1)  # (n, width)
-        visible = j < lens[:, None]
-        scores = scores.masked_fill(~visible, float("-inf"))
+        # Keys past the length, and any non-finite score (a NaN would sort first), rank last.
+        usable = (j < lens[:, None]) & torch.isfinite(scores)
+        scores = scores.masked_fill(~usable, float("-inf"))
         # A stable sort, not topk: among equal scores the smaller local index, which is
         # the smaller global id, so the selection agrees with the global order below
         # (ties are common: relu makes a key's score exactly 0 when every head is negative).
         best, local = torch.sort(scores, dim=1, descending=True, stable=True)
         best, local = best[:, : self.local_k], local[:, : self.local_k]
         ids = dcp_global_index(local, self.world, self.rank, self.interleave)
-        self._cand_scores[self.rank, :n] = best
-        self._cand_ids[self.rank, :n] = torch.where(torch.isfinite(best), ids, -1)
+        mine[..., 0] = best
+        mine[..., 1] = torch.where(torch.isfinite(best), ids, -1)
 
-    def _gather(self, buffer: torch.Tensor, n: int) -> None:
-        """Every rank's ``buffer[rank, :n]`` into ``buffer[r, :n]`` of every rank."""
+    def _gather(self, buffer: torch.Tensor) -> None:
+        """Every rank's ``buffer[rank]`` into ``buffer[r]`` of every rank, in place (one
+        contiguous block per rank)."""
         if self.world == 1:
             return
-        mine = buffer[self.rank, :n].clone()
-        dist.all_gather([buffer[r, :n] for r in range(self.world)], mine, group=self.group)
+        whole = buffer.view(self.world * buffer.shape[1], *buffer.shape[2:])
+        _all_gather(whole, buffer[self.rank], group=self.group)
 
-    def _global_topk(self, n: int) -> torch.Tensor:
-        scores = self._cand_scores[:, :n].permute(1, 0, 2).reshape(n, -1)
-        ids = self._cand_ids[:, :n].permute(1, 0, 2).reshape(n, -1)
+    def _global_topk(self, n: int, cand: torch.Tensor) -> torch.Tensor:
+        pairs = cand.permute(1, 0, 2, 3).reshape(n, -1, 2)
+        scores, ids = pairs[..., 0], pairs[..., 1].to(torch.int64)
         # By score, best first; among equal scores the smaller id (empty ones, -1, last).
         by_id = torch.sort(torch.where(ids < 0, torch.iinfo(torch.int64).max, ids), dim=1,
                            stable=True).indices
@@ -198,23 +212,30 @@ class DCPDecodeAttention:
         out[:, k:] = -1
         return out
 
-    def _attend(self, n: int, ids: torch.Tensor, table: torch.Tensor) -> None:
-        """This rank's partial attention over the selected entries it holds."""
+    def _attend(self, n: int, ids: torch.Tensor, table: torch.Tensor,
+                mine: torch.Tensor) -> None:
+        """This rank's partial attention over the selected entries it holds, into ``mine``
+        float32 ``(n, heads, head_dim + 1)``: the output, then its log-sum-exp."""
         e = ids.clamp(min=0)
-        mine = (ids >= 0) & (dcp_owner(e, self.world, self.interleave) == self.rank)
+        held = (ids >= 0) & (dcp_owner(e, self.world, self.interleave) == self.rank)
         slots = self._slots(dcp_local_index(e, self.world, self.interleave), table)
         kv = self.kv_cache[slots]  # (n, topk, 2, dim)
         scores = torch.einsum("thd,tkd->thk", self.q_att[:n], kv[:, :, 0]) * self.scale
-        scores = scores.masked_fill(~mine[:, None, :], float("-inf"))
+        scores = scores.masked_fill(~held[:, None, :], float("-inf"))
         lse = torch.logsumexp(scores, dim=2)  # (n, heads); -inf without a key here
         p = torch.exp(scores - torch.where(torch.isfinite(lse), lse, 0.0)[..., None])
-        self._lse[self.rank, :n] = lse
-        self._part[self.rank, :n] = torch.einsum("thk,tkd->thd", p, kv[:, :, 1])
+        mine[..., self.head_dim] = lse
+        mine[..., : self.head_dim] = torch.einsum("thk,tkd->thd", p, kv[:, :, 1])
 
-    def _merge(self, n: int) -> torch.Tensor:
-        lse = self._lse[:, :n]  # (world, n, heads)
+    def _merge(self, n: int, att: torch.Tensor) -> torch.Tensor:
+        lse = att[..., self.head_dim]  # (world, n, heads)
         total = torch.logsumexp(lse, dim=0)
         weight = torch.exp(lse - torch.where(torch.isfinite(total), total, 0.0))
         out = self._out[:n]
-        torch.sum(weight[..., None] * self._part[:, :n], dim=0, out=out)
+        torch.sum(weight[..., None] * att[..., : self.head_dim], dim=0, out=out)
         return out
+
+
+#: ``(output, input, group=)``: the in-place all-gather into one tensor (its newer name
+#: where this torch has it).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
