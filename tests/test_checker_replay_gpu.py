@@ -73,6 +73,19 @@ def test_staging_rewritten_under_an_in_flight_replay(writer, racy):
         passes(report)
 
 
+def _stalled_racing_writer(inputs, seq_lens, slot_mapping):
+    """A racing writer whose host stalls past every hold the probe tries (20, 40, 80 ms)."""
+    time.sleep(0.3)
+    _racing_writer(inputs, seq_lens, slot_mapping)
+
+
+def test_a_race_probe_that_cannot_tell_says_so():
+    report, _ = run_check(lambda cfg, dev, inputs: ToyStep(cfg, dev),
+                          write_staging=_stalled_racing_writer)
+    assert "staging_race" not in report.kinds()
+    assert "race_probe_inconclusive" in report.kinds("note")
+
+
 def test_random_numbers_from_a_private_generator_are_an_error():
     report, _ = run_check(lambda cfg, dev, inputs: NoisyStep(cfg, dev, private=True))
     fails_with(report, "rng_generator")

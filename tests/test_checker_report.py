@@ -15,7 +15,7 @@ from staticattn.errors import GraphError
 #: numbers and an optional extra of the report that could not be made are notes; everything
 #: that makes replay differ from eager is an error.
 EXPECTED_NOTES = {"pool_allocation", "library_allocation", "graph_safe_rng",
-                  "extra_unavailable"}
+                  "extra_unavailable", "race_probe_inconclusive"}
 EXPECTED_ERRORS = {
     "sync", "host_read", "replay_mismatch", "output_not_rewritten", "repointed",
     "stale_pointer", "arena_write", "staging_race", "rng_generator", "pool_reuse",

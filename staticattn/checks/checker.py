@@ -222,16 +222,27 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
     if report.mismatches or stale:
         return  # the race probe needs replay == eager to tell a race apart
     race = _race_probe(manager, c, rng, num_kv_blocks, write_staging, seed)
-    if race:
+    if race is _INCONCLUSIVE:
+        report.add("race_probe_inconclusive",
+                   f"{RACE_ATTEMPTS} attempts, the longest holding the replay "
+                   f"{RACE_SLEEP_CYCLES << (RACE_ATTEMPTS - 1)} GPU cycles")
+    elif race:
         report.add("staging_race", race)
+
+
+#: What :func:`_race_probe` returns when no attempt could tell.
+_INCONCLUSIVE = "inconclusive"
 
 
 def _race_probe(manager: GraphManager, c: Captured, rng, num_kv_blocks: int,
                 write_staging: StagingWriter, seed: int) -> str | None:
     """One step replayed behind a GPU sleep while the writer stages the next (a minimal
     one: every sequence ``next_n`` long, no slot written; no device work on the host).
-    Retried with a longer hold while inconclusive (the host finished writing only after the
-    GPU had woken: a writer that waits, or a host starved by other work)."""
+
+    Returns the finding, None, or :data:`_INCONCLUSIVE`. An attempt decides when the host
+    finished writing while the GPU was still held, or when the writer waited for the
+    staging event (``inputs.wait_staging_free``, watched here); otherwise the host may
+    have been starved by other work past the hold, and the next attempt doubles it."""
     cfg, inputs = manager.config, manager.inputs
     num_reqs = c.size // cfg.next_n
     s = random_uniform_decode(inputs, num_reqs, rng, num_kv_blocks=num_kv_blocks)
@@ -241,16 +252,27 @@ def _race_probe(manager: GraphManager, c: Captured, rng, num_kv_blocks: int,
     expected = snapshot_outputs(_eager(manager, num_reqs, c.size), n_tok)
     short = np.full(num_reqs, cfg.next_n, dtype=np.int32)
     none = np.full(n_tok, -1, dtype=np.int64)
-    for attempt in range(RACE_ATTEMPTS):
-        write_staging(inputs, s.seq_lens, s.slot_mapping)
-        torch.cuda.synchronize()
-        torch.cuda.manual_seed(seed)
-        finding, conclusive = staging_race(
-            lambda: write_staging(inputs, short, none), c.graph.replay, c.outputs, expected,
-            n_tok, cycles=RACE_SLEEP_CYCLES << attempt)
-        if conclusive:
-            return finding
-    return None
+    waited: list[bool] = []
+
+    def watched_wait() -> None:
+        waited.append(True)
+        type(inputs).wait_staging_free(inputs)
+
+    inputs.wait_staging_free = watched_wait  # this instance only, for the probe
+    try:
+        for attempt in range(RACE_ATTEMPTS):
+            write_staging(inputs, s.seq_lens, s.slot_mapping)
+            torch.cuda.synchronize()
+            torch.cuda.manual_seed(seed)
+            waited.clear()
+            finding, in_time = staging_race(
+                lambda: write_staging(inputs, short, none), c.graph.replay, c.outputs,
+                expected, n_tok, cycles=RACE_SLEEP_CYCLES << attempt)
+            if finding or in_time or waited:
+                return finding
+    finally:
+        del inputs.wait_staging_free
+    return _INCONCLUSIVE
 
 
 def _eager(manager: GraphManager, num_reqs: int, size: int) -> Any:

@@ -54,6 +54,11 @@ FAULT_KINDS: dict[str, FaultKind] = {
         NOTE, "allocation inside the capture (graph pool)",
         "a dispatch mode around the capture: an op's output owns storage none of its "
         "inputs had; the storage is held alive and every output is rewritten by replay"),
+    "race_probe_inconclusive": FaultKind(
+        NOTE, "the staging-race probe could not tell: the host started writing the next step "
+        "only after the GPU had woken, at every hold",
+        "a GPU sleep holds the replay back while the host writes; each attempt doubles the "
+        "hold"),
     "extra_unavailable": FaultKind(
         NOTE, "an optional extra of the report could not be produced (e.g. the DOT dump)",
         "the extra raised; the check itself is unaffected"),

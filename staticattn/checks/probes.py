@@ -88,11 +88,11 @@ def staging_race(write_next: Callable[[], None], replay: Callable[[], None], out
     writer that does not wait for the staging event overwrites the staging before the
     replay reads it.
 
-    Returns ``(finding, conclusive)``: the finding when the replay computed another step;
-    ``conclusive`` when it did, or when the host had finished writing while the GPU was
-    still held (so a racing writer would have been seen). A writer that waits for the
-    event, and a host slowed down past the hold, are both inconclusive: the caller retries
-    with a longer hold."""
+    Returns ``(finding, in_time)``: the finding when the replay computed another step;
+    ``in_time`` when the host had finished writing while the GPU was still held, so that a
+    racing write could not have been missed. Otherwise (a writer that waited, or a host
+    starved by other work) the attempt alone proves nothing: the caller tells the two
+    apart or retries with a longer hold."""
     torch.cuda._sleep(cycles)
     held = torch.cuda.Event()
     held.record()
