@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,14 +30,17 @@ def _one_kernel_graph() -> torch.cuda.CUDAGraph:
     return graph
 
 
-def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> list[float]:
+def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
+                        before: Callable[[], None] | None = None) -> list[float]:
     """GPU time of each of ``reps`` replays (CUDA events around it, us), each on an idle
-    device, after 20 replays of warm-up."""
+    device, after 20 replays of warm-up; ``before()``, untimed, ahead of each."""
     for _ in range(20):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gpu = []
     for _ in range(reps):
+        if before is not None:
+            before()
         torch.cuda.synchronize()
         start.record()
         graph.replay()
@@ -51,12 +55,14 @@ def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:
     return Stat.of(replay_gpu_times_us(graph, reps))
 
 
-def host_times_us(fn, reps: int) -> list[float]:
+def host_times_us(fn, reps: int, before: Callable[[], None] | None = None) -> list[float]:
     """Host wall time of each of ``reps`` calls of ``fn()`` (us), each on an idle device
-    (without CUDA: back to back)."""
+    (without CUDA: back to back); ``before()``, untimed, ahead of each."""
     cuda = torch.cuda.is_available()
     host = []
     for _ in range(reps):
+        if before is not None:
+            before()
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()

@@ -8,11 +8,14 @@ replays its graph (staging + the rank's indexer build + the reference DCP consum
 NCCL all-gathers) ``reps`` times, each step started on an idle device, and measures:
 
 * host µs of ``GraphManager.run`` and GPU µs of the step (CUDA events), p50 and p99;
-* the collectives alone: the consumer's four all-gathers of the same extent captured in a
+* the collectives alone: the consumer's two all-gathers of the same extent captured in a
   graph of their own and replayed (GPU µs), and their share of the step's GPU time;
 * host jitter across ranks: per step, the spread (max - min over the ranks) of the host
   time, p50 and p99;
 * the same step on one GPU: a one-rank arena over every key, its graph replayed the same way.
+
+Before each timed repetition the ranks line up (an untimed one-element all-reduce), so that
+a collective does not time the other rank's launch delay.
 
 Without CUDA the ranks join over gloo and every step runs eagerly: host times only, which
 say nothing of a GPU run (the plumbing is what runs there). Rank 0 prints the table and
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -45,12 +49,30 @@ __all__ = ["run_dcp_bench"]
 WARMUP = 10
 
 
-def _time_steps(gm: GraphManager, lengths, reps: int, cuda: bool) -> tuple[list, list]:
-    """Host µs of ``run`` and GPU µs of the step, per step, each from an idle device."""
+def _aligner(cuda: bool, group) -> Callable[[], None]:
+    """An untimed rendezvous of the ranks before each timed repetition, so that a step's
+    collectives do not time the other rank's launch delay: a one-element NCCL all-reduce
+    and a device sync on GPUs, a barrier of ``group`` (gloo) on CPU."""
+    if not cuda:
+        return functools.partial(dist.barrier, group=group)
+    one = torch.ones(1, device="cuda")
+
+    def align() -> None:
+        dist.all_reduce(one)
+        torch.cuda.synchronize()
+
+    return align
+
+
+def _time_steps(gm: GraphManager, lengths, reps: int, cuda: bool,
+                align: Callable[[], None]) -> tuple[list, list]:
+    """Host µs of ``run`` and GPU µs of the step, per step, each from an idle device with
+    the ranks lined up."""
     for _ in range(WARMUP):
         gm.run(*lengths)
     host, gpu = [], []
     for _ in range(reps):
+        align()
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -60,17 +82,18 @@ def _time_steps(gm: GraphManager, lengths, reps: int, cuda: bool) -> tuple[list,
     return host, gpu
 
 
-def _time_collectives(consumer, entries: int, reps: int, cuda: bool) -> list[float]:
+def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
+                      align: Callable[[], None]) -> list[float]:
     """GPU µs (CUDA: replays of a graph of them alone) or host µs (gloo) of the consumer's
-    all-gathers over ``entries``."""
+    all-gathers over ``entries``, the ranks lined up before each."""
     exchange = functools.partial(consumer.exchange, entries)
     if not cuda:
         exchange()
-        return host_times_us(exchange, reps)
+        return host_times_us(exchange, reps, before=align)
     stream = torch.cuda.Stream()
     warm_up(exchange, stream)  # the communicator is ready before the capture
     graph, _ = capture(exchange, stream)
-    return replay_gpu_times_us(graph, reps)
+    return replay_gpu_times_us(graph, reps, before=align)
 
 
 def _p(values, q: float) -> float:
@@ -95,6 +118,7 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     n = cfg.next_n
     sizes = [k * n for k in batches]
     rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
+    align = _aligner(me.cuda, me.check_group)
     rows = []
     with GraphManager(arena, inputs, [builder], consumer, progress=False,
                       time_gpu=me.cuda) as gm, \
@@ -108,9 +132,9 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)
             lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
-            host, gpu = _time_steps(gm, lengths, reps, me.cuda)
-            coll = _time_collectives(consumer, k * n, reps, me.cuda)
-            host1, gpu1 = _time_steps(one, lengths, reps, me.cuda)
+            host, gpu = _time_steps(gm, lengths, reps, me.cuda, align)
+            coll = _time_collectives(consumer, k * n, reps, me.cuda, align)
+            host1, gpu1 = _time_steps(one, lengths, reps, me.cuda, align)
             rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, host_1gpu=host1,
                              gpu_1gpu=gpu1))
     every = [None] * world
