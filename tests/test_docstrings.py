@@ -35,10 +35,15 @@ def test_every_public_name_has_a_docstring():
     assert not missing, missing
 
 
-#: A dtype named: int32, "host ints", bf16, "any dtype" ...
-DTYPE = re.compile(r"\b(u?int(8|16|32|64)?s?|float\w*|bool|bf16|bfloat16|fp8|fp32|dtype)\b", re.I)
-#: A shape named: ``(num_reqs + 1,)``, ``(rows, width)``, "any shape", ``[:k]`` ...
-SHAPE = re.compile(r"\([\w.+\-* ]*,[\w.+\-* ,]*\)|\bshape\b|\[[^\]]*:[^\]]*\]")
+#: A dtype named: int32, float32, bool, bf16, "host ints", "int array" or "int ``(k,)``"
+#: (any integer dtype), "any dtype", "its shape and dtype" ...
+DTYPE = re.compile(r"\b(u?int(8|16|32|64)|float(16|32|64)|bool|bf16|bfloat16|fp8|e4m3|ints"
+                   r"|int\s+(array|tensor)s?|int(?=\s+``\()|(any|its|same)\s+(shape\s+and\s+)?dtype"
+                   r"|dtype\s+and\s+shape|shape\s+and\s+dtype)\b")
+#: A shape named in code: ``(num_reqs + 1,)``, ``(rows, width)``; or "any shape", "its
+#: shape", "dtype and shape" ...
+SHAPE = re.compile(r"``\([^`]*\)``|\b((any|its|same)\s+(dtype\s+and\s+)?shape"
+                   r"|dtype\s+and\s+shape|shape\s+and\s+dtype)\b")
 ARRAY = re.compile(r"\bTensor\b|\bndarray\b")
 
 
