@@ -197,7 +197,7 @@ def decode_step_data(cfg, rng: np.random.Generator) -> dict:
         index_keys=[rng.standard_normal((int(L) // ratio, INDEX_DIM), np.float32) for L in seq],
         kv=[rng.standard_normal((int(L) // ratio, 2, HEAD_DIM), np.float32) for L in seq],
         q=rng.standard_normal((tokens, INDEX_HEADS, INDEX_DIM), np.float32),
-        weights=rng.random((tokens, INDEX_HEADS), np.float32),
+        weights=rng.standard_normal((tokens, INDEX_HEADS), np.float32),  # signed: scores < 0 too
         q_att=rng.standard_normal((tokens, HEADS, HEAD_DIM), np.float32),
     )
 
