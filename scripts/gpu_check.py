@@ -18,7 +18,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 STAGES = {
-    "tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+    # -rfEs: every failure, error and skip reason in the summary; a test past 300 s has its
+    # stack dumped (still running), so a hang is named in the log.
+    "tests": [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
+              "-o", "faulthandler_timeout=300"],
     "demo": [sys.executable, "-m", "staticattn", "demo", "--no-progress"],
     "check": [sys.executable, "-m", "staticattn", "check"],
     "bench": [sys.executable, "-m", "staticattn", "bench", "--batch", "1", "32", "--reps", "50",
@@ -55,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--log-dir", type=Path, default=None)
     parser.add_argument("--skip", nargs="*", default=[], choices=sorted(STAGES))
+    parser.add_argument("--workers", type=int, default=0,
+                        help="run the tests in N processes (pytest-xdist, work stealing: the "
+                        "long GPU differential tests spread over the workers); 0: one")
     args = parser.parse_args(argv)
     import torch
 
@@ -67,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, cmd in STAGES.items():
         if name in args.skip:
             continue
+        if name == "tests" and args.workers:
+            cmd = [*cmd, "-n", str(args.workers), "--dist", "worksteal"]
         rc, out, seconds = _run(name, cmd, args.log_dir)
         what = _test_counts(out) if name == "tests" else ("ok" if rc == 0 else f"exit {rc}")
         results.append((name, rc, what, seconds))
