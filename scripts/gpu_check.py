@@ -54,6 +54,16 @@ def _test_counts(out: str) -> str:
     return re.sub(r"^=+ | in [\d.]+s.*$|=+$", "", tail[-1]).strip()
 
 
+def _xdist_mode() -> str:
+    """``worksteal`` where pytest-xdist has it (3.2+), else ``load``."""
+    try:
+        import xdist
+    except ImportError:
+        sys.exit("gpu-check --workers needs pytest-xdist (pip install pytest-xdist)")
+    version = tuple(int(p) for p in re.findall(r"\d+", xdist.__version__)[:2])
+    return "worksteal" if version >= (3, 2) else "load"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--log-dir", type=Path, default=None)
@@ -74,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         if name in args.skip:
             continue
         if name == "tests" and args.workers:
-            cmd = [*cmd, "-n", str(args.workers), "--dist", "worksteal"]
+            cmd = [*cmd, "-n", str(args.workers), "--dist", _xdist_mode()]
         rc, out, seconds = _run(name, cmd, args.log_dir)
         what = _test_counts(out) if name == "tests" else ("ok" if rc == 0 else f"exit {rc}")
         results.append((name, rc, what, seconds))
