@@ -114,20 +114,17 @@ def cmd_bench(args) -> int:
                                 progress=not args.no_progress)
         print(mixed.table())
         return _save_report(mixed, args)
+    step, name = _bench_step(args)
+    if args.context:
+        from staticattn.bench.context import run_context_bench
+
+        report = run_context_bench(args.preset, args.context, cfg.max_model_len,
+                                   lambda: _builders(cfg), step, batches=args.batch or (32,),
+                                   reps=args.reps, seed=args.seed, consumer_name=name)
+        print(report.table())
+        return _save_report(report, args)
     n = cfg.next_n
     sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
-    if args.step:
-        step, name = _step_factory(args.step), args.step
-    elif args.consumer == "gather":
-        step, name = _step_factory(None), "built-in gather consumer"
-    elif args.consumer == "real":
-        from staticattn.consumers.real import real_consumer_step, real_consumers_available
-
-        have = real_consumers_available()
-        step = real_consumer_step
-        name = "real kernels (" + " + ".join(k for k, v in sorted(have.items()) if v) + ")"
-    else:
-        step, name = None, "metadata only"
     report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
                        preset=args.preset, consumer_name=name, seed=args.seed,
                        progress=not args.no_progress)
@@ -136,13 +133,31 @@ def cmd_bench(args) -> int:
     return _save_report(report, args)
 
 
+def _bench_step(args) -> tuple:
+    """``(step factory or None, its name)`` of the bench's ``--step`` / ``--consumer``."""
+    if args.step:
+        return _step_factory(args.step), args.step
+    if args.consumer == "gather":
+        return _step_factory(None), "built-in gather consumer"
+    if args.consumer == "real":
+        from staticattn.consumers.real import real_consumer_step, real_consumers_available
+
+        have = real_consumers_available()
+        names = " + ".join(k for k, v in sorted(have.items()) if v)
+        return real_consumer_step, f"real kernels ({names})"
+    return None, "metadata only"
+
+
 def _save_report(report, args: argparse.Namespace) -> int:
     """Write ``--json`` and ``--plot`` where asked; the exit status of ``bench``."""
     if args.json:
         with open(args.json, "w") as f:
             f.write(report.to_json())
     if args.plot:
-        report.plot(args.plot)
+        if hasattr(report, "plot"):
+            report.plot(args.plot)
+        else:
+            print(f"bench: this report has no plot; --plot {args.plot} ignored")
     return 0
 
 
@@ -197,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--breakdown", action="store_true",
                            help="host time per phase of the captured and eager paths, next "
                            "to the one-kernel launch floor")
+            c.add_argument("--context", type=int, nargs="+", default=None, metavar="C",
+                           help="contexts (tokens): the decode step with every context <= C "
+                           "replayed through a graph captured for --max-model-len and one "
+                           "captured for C (what a context bucket of C would hold)")
             c.add_argument("--dcp", type=int, default=0, metavar="WORLD",
                            help="decode context parallelism over WORLD ranks, one process "
                            "each: torchrun --nproc-per-node WORLD -m staticattn bench --dcp "
