@@ -81,6 +81,34 @@ def test_indexer_step_emulated(make_cfg, sizes):
             assert indexer_problems(step, inputs, s, out, keys) == []
 
 
+def test_indexer_step_in_a_context_bucket_equals_the_capacity_wide_step():
+    """A graph captured for a context bucket (``max_seq_len`` = 1024 here, capacity 4096)
+    scans 1024 // R keys per token, not 4096 // R, and selects the same keys for steps whose
+    sequences fit the bucket."""
+    cfg = _v4(index_topk=512)
+    builders = [IndexerMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    step = IndexerTopKStep(cfg, num_kv_blocks=BLOCKS, logits_fn=emulated_paged_mqa_logits)
+    assert step.context_width(cfg.max_model_len) == 1024 and step.context_width(1024) == 256
+    keys = fill_indexer_cache(step)
+    rng = np.random.default_rng(3)
+    n, size = cfg.next_n, 8
+    for i in range(8):
+        new_indexer_inputs(step, i)
+        k = int(rng.integers(1, size // n + 1))
+        s = random_uniform_decode(inputs, k, rng, num_kv_blocks=BLOCKS, max_seq_len=1024)
+        outs = []
+        for bound in (None, 1024):
+            inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping,
+                         num_reqs_padded=size // n, num_tokens_padded=size)
+            inputs.copy_to_device(size // n, size, uniform=True)
+            batch = Batch.for_decode_capture(inputs, size // n, max_seq_len=bound)
+            md = {b.name: b.build_decode(batch) for b in builders}
+            outs.append(step(batch, md).clone())
+        assert outs[0].tolist() == outs[1].tolist()
+        assert indexer_problems(step, inputs, s, outs[1], keys) == []
+
+
 def test_attention_step_emulated():
     cfg = _v4()
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]

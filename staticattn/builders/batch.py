@@ -131,12 +131,16 @@ class Batch:
         )
 
     @classmethod
-    def for_decode_capture(cls, inputs: StepInputs, num_reqs: int) -> Batch:
+    def for_decode_capture(cls, inputs: StepInputs, num_reqs: int,
+                           max_seq_len: int | None = None) -> Batch:
         """The static uniform-decode batch a graph of ``num_reqs`` requests is captured for:
-        ``next_n`` tokens per request, maxima at their capacities (never read from data)."""
+        ``next_n`` tokens per request, maxima at their capacities (never read from data).
+        ``max_seq_len``: the longest sequence the graph will serve (a context bucket's
+        bound, default ``max_model_len``); a consumer may size its work by it."""
         cfg = inputs.config
         return cls.from_inputs(
-            inputs, num_reqs, num_reqs * cfg.next_n, cfg.next_n, cfg.max_model_len
+            inputs, num_reqs, num_reqs * cfg.next_n, cfg.next_n,
+            cfg.max_model_len if max_seq_len is None else max_seq_len,
         )
 
     @classmethod

@@ -5,10 +5,12 @@ Per step, for the decode part of ``md["indexer"]`` (``rows x width`` entries, on
 token):
 
 1. ``logits = deep_gemm.fp8_paged_mqa_logits(q, kv_cache, weights, decode.seq_lens,
-   decode.block_table, decode.schedule_metadata, max_context_len, clean_logits=False)``:
-   fp32 ``(entries, max_context_len)``, ``logits[e, j] = sum_h relu(q[e, h] . k_j) * w[e, h] *
+   decode.block_table, decode.schedule_metadata, W, clean_logits=False)``:
+   fp32 ``(entries, W)``, ``logits[e, j] = sum_h relu(q[e, h] . k_j) * w[e, h] *
    scale_j`` on every 256-key split the schedule covers. Columns past the entry's length hold
-   garbage (pages past its table read block 0) or were never written;
+   garbage (pages past its table read block 0) or were never written. ``W`` follows the
+   metadata's ``max_seq_len`` (:meth:`IndexerTopKStep.context_width`): a graph captured for a
+   context bucket scans that bucket's keys, not ``max_model_len``'s;
 2. ``masked = where(j < seq_lens[e], logits, -inf)`` into an owned fp32 buffer;
 3. ``torch.topk(masked, K, sorted=True, out=(values, indices))`` into owned buffers;
 4. ``out[e] = indices`` as int32, ``-1`` where ``index >= seq_lens[e]`` (rows shorter than
@@ -47,6 +49,10 @@ __all__ = ["IndexerTopKStep", "LogitsFn"]
 #: ``(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len) -> logits``,
 #: DeepGEMM's ``fp8_paged_mqa_logits`` signature (keyword ``clean_logits`` dropped).
 LogitsFn = Callable[..., torch.Tensor]
+
+#: Keys per split of the logits kernel's schedule: a step's logits width is a whole number
+#: of them.
+_SPLIT = 256
 
 #: Query heads / head dim the sm90 kernel takes (H in {32, 64}, D in {32, 64, 128}).
 _HEADS = (32, 64)
@@ -123,13 +129,14 @@ class IndexerTopKStep:
         self.kv_cache = alloc_indexer_cache(num_kv_blocks, head_dim, dev)
         self.out = torch.full((config.max_num_batched_tokens, k), -1, dtype=torch.int32,
                               device=dev)
-        # Work buffers: fixed addresses, so no op of the step allocates a result.
+        # Work buffers: fixed addresses, so no op of the step allocates a result; flat, so
+        # that a narrower step (a context bucket's graph) takes contiguous views of them.
         self._cols = torch.arange(ctx, dtype=torch.int32, device=dev).view(1, ctx)
-        self._mask = torch.empty(rows, ctx, dtype=torch.bool, device=dev)
-        self._masked = torch.empty(rows, ctx, dtype=torch.float32, device=dev)
-        self._values = torch.empty(rows, k, dtype=torch.float32, device=dev)
-        self._indices = torch.empty(rows, k, dtype=torch.int64, device=dev)
-        self._invalid = torch.empty(rows, k, dtype=torch.bool, device=dev)
+        self._mask = torch.empty(rows * ctx, dtype=torch.bool, device=dev)
+        self._masked = torch.empty(rows * ctx, dtype=torch.float32, device=dev)
+        self._values = torch.empty(rows * k, dtype=torch.float32, device=dev)
+        self._indices = torch.empty(rows * k, dtype=torch.int64, device=dev)
+        self._invalid = torch.empty(rows * k, dtype=torch.bool, device=dev)
         self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
 
     def __call__(self, batch: Batch, md: dict[str, Any]) -> torch.Tensor:
@@ -158,20 +165,34 @@ class IndexerTopKStep:
             out[td:].fill_(-1)
         if dec is None or td == 0:
             return
+        ctx = self.context_width(idx_md.max_seq_len)
+        k = min(self.topk, ctx)
         q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)
         logits = self.logits_fn(q, self.kv_cache, self.weights[:entries], dec.seq_lens,
-                                dec.block_table, dec.schedule_metadata, self.max_context_len)
+                                dec.block_table, dec.schedule_metadata, ctx)
         lens = dec.seq_lens.view(entries, 1)
-        mask, masked = self._mask[:entries], self._masked[:entries]
-        torch.lt(self._cols, lens, out=mask)
+        mask = self._mask[: entries * ctx].view(entries, ctx)
+        masked = self._masked[: entries * ctx].view(entries, ctx)
+        torch.lt(self._cols[:, :ctx], lens, out=mask)
         torch.where(mask, logits, self._neg_inf, out=masked)
-        values, indices = self._values[:entries], self._indices[:entries]
-        torch.topk(masked, self.topk, dim=1, largest=True, sorted=True, out=(values, indices))
-        invalid = self._invalid[:entries]
+        values = self._values[: entries * k].view(entries, k)
+        indices = self._indices[: entries * k].view(entries, k)
+        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(values, indices))
+        invalid = self._invalid[: entries * k].view(entries, k)
         torch.ge(indices, lens, out=invalid)
         dst = out[:entries]
-        dst.copy_(indices)
-        dst.masked_fill_(invalid, -1)
+        dst[:, :k].copy_(indices)
+        dst[:, :k].masked_fill_(invalid, -1)
+        if k < dst.shape[1]:
+            dst[:, k:].fill_(-1)  # a step no wider than k keys: the rest is "no key"
+
+    def context_width(self, max_seq_len: int) -> int:
+        """Logits columns a step whose sequences are at most ``max_seq_len`` long needs: its
+        compressed length rounded up to whole 256-key splits, at most the capacity's. In a
+        graph ``max_seq_len`` is the bound it was captured for (a context bucket's, or
+        ``max_model_len``); eagerly, the step's own longest sequence."""
+        keys = cdiv(max(int(max_seq_len), 1), self.config.index_compress_ratio)
+        return min(self.max_context_len, cdiv(keys, _SPLIT) * _SPLIT)
 
 
 def _deep_gemm_logits(dg) -> LogitsFn:

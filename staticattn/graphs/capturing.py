@@ -3,7 +3,8 @@ uniform decode size and one per token bucket, largest first, into one shared poo
 
 :class:`GraphCapture` is the manager's capture half; it relies on the manager's ``arena``,
 ``inputs``, ``config``, ``builders``, ``step``, ``progress``, ``raw_launch``, ``graphs``,
-``mixed_graphs`` and ``stream``, and rebuilds its dispatch table (``_table``).
+``mixed_graphs``, ``stream`` and ``context_len``, and rebuilds its dispatch table
+(``_table``).
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ class GraphCapture:
         Returns ``(step outputs, {builder name: metadata})``."""
         if kind == DECODE:
             self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True)
-            batch = Batch.for_decode_capture(self.inputs, num_reqs)
+            batch = Batch.for_decode_capture(self.inputs, num_reqs, self.context_len)
             metadata = {b.name: b.build_decode(batch) for b in self.builders}
         else:
             self.inputs.copy_to_device(num_reqs, num_tokens)

@@ -1,0 +1,161 @@
+"""Decode graphs keyed by context as well as by batch size, so that a step's cost follows
+the contexts it serves rather than ``max_model_len``.
+
+A graph bakes in the widths its consumer sizes from the batch's ``max_seq_len`` (the
+indexer's logits row and top-k scan, for one): captured for a 1M-token limit, every replay
+pays for 1M even when every context is 2K. :class:`ContextGraphs` keeps one
+:class:`~staticattn.graphs.manager.GraphManager` per context bucket over the same arena,
+inputs, builders and step, each capturing its decode graphs with ``max_seq_len`` = its
+bucket, all in one memory pool; a uniform decode step goes to the smallest bucket that holds
+its longest sequence (the host has the lengths: a bisection over a dozen bounds), any other
+step to the capacity-wide manager, which also holds the token buckets. The arena is the one
+allocation, sized for the largest bucket; the buckets are views of it, not new buffers.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+
+from staticattn.arena import ArenaConfig
+from staticattn.errors import GraphError
+from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.records import CapturedGraph, RunResult, RunStats
+
+__all__ = ["ContextGraphs", "default_context_buckets", "normalize_context_buckets"]
+
+#: The smallest context bucket: below it a decode step costs about the same.
+MIN_CONTEXT = 2048
+
+
+def default_context_buckets(config: ArenaConfig) -> list[int]:
+    """Powers of two from :data:`MIN_CONTEXT` below ``max_model_len``, then
+    ``max_model_len`` itself (1M: 2K, 4K, ..., 512K, 1M; 4K: 2K, 4K)."""
+    top = config.max_model_len
+    out, c = [], MIN_CONTEXT
+    while c < top:
+        out.append(c)
+        c *= 2
+    return [*out, top]
+
+
+def normalize_context_buckets(config: ArenaConfig, contexts: Sequence[int]) -> list[int]:
+    """A user's buckets, sorted and deduplicated, ending at ``max_model_len`` (added when
+    missing, so every step has a bucket); each a positive int no larger."""
+    out = sorted({int(c) for c in contexts})
+    for c in out:
+        if c < 1 or c > config.max_model_len:
+            raise GraphError(f"context bucket {c} must be in [1, max_model_len="
+                             f"{config.max_model_len}]")
+    if not out or out[-1] != config.max_model_len:
+        out.append(config.max_model_len)
+    return out
+
+
+class ContextGraphs:
+    """Graph managers per context bucket; the same calls as a :class:`GraphManager`.
+
+    Parameters
+    ----------
+    arena, inputs, builders, step
+        As for :class:`GraphManager` (shared by every bucket).
+    contexts : sequence of int, optional
+        Context buckets in tokens (default :func:`default_context_buckets`); the last is
+        ``max_model_len``.
+    **manager_options
+        ``validate``, ``progress``, ``time_gpu``, ``num_kv_blocks``, ``raw_launch``, given
+        to every bucket's manager.
+    """
+
+    def __init__(self, arena, inputs, builders, step, *, contexts: Sequence[int] | None = None,
+                 **manager_options) -> None:
+        cfg = arena.config
+        self.config, self.inputs = cfg, inputs
+        self.contexts = (default_context_buckets(cfg) if contexts is None
+                         else normalize_context_buckets(cfg, contexts))
+        self.managers = []
+        for c in self.contexts:
+            m = GraphManager(arena, inputs, builders, step, **manager_options)
+            m.context_len = c
+            self.managers.append(m)
+        self._n = cfg.next_n
+        #: Per bucket, the most tokens one of its decode graphs holds (0: none yet).
+        self._top = [0] * len(self.managers)
+
+    # ------------------------------------------------------------------ capture
+    def capture(self, sizes: Sequence[int] | None = None,
+                buckets: Sequence[int] | None = None) -> list[CapturedGraph]:
+        """Capture the decode ``sizes`` for every context bucket and the token ``buckets``
+        (steps of any composition) for the capacity-wide one, largest context first, in
+        one pool. Defaults as for :meth:`GraphManager.capture`."""
+        widest = self.managers[-1]
+        captured = widest.capture(sizes, buckets)
+        widest.open_pool()
+        for m in reversed(self.managers[:-1]):
+            # One pool, one capture stream, one replay stream for every bucket.
+            m._pool, m._capture_stream, m.stream = (widest._pool, widest._capture_stream,
+                                                    widest.stream)
+            captured += m.capture(sizes, buckets=())
+        self._top = [max(m.graphs, default=0) for m in self.managers]
+        return captured
+
+    # ------------------------------------------------------------------ dispatch
+    def manager_for(self, longest: int, num_tokens: int = 0) -> GraphManager:
+        """The manager of the smallest context bucket holding a sequence of ``longest``
+        tokens and a decode graph of ``num_tokens`` (the capacity-wide one otherwise: past
+        every bucket, or past its decode graphs, where its token buckets take over)."""
+        i = bisect.bisect_left(self.contexts, longest)
+        if i >= len(self.managers) - 1 or num_tokens > self._top[i]:
+            return self.managers[-1]
+        return self.managers[i]
+
+    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool = False) -> RunResult:
+        """:meth:`GraphManager.run` on the manager of the step's context bucket: a uniform
+        decode step by its longest sequence, any other step the capacity-wide manager."""
+        q, s = np.asarray(query_lens), np.asarray(seq_lens)
+        uniform = q.ndim == 1 and q.size > 0 and s.size == q.size and bool((q == self._n).all())
+        m = self.manager_for(int(s.max()), q.size * self._n) if uniform else self.managers[-1]
+        return m.run(q, s, slot_mapping, eager=eager)
+
+    def begin_step(self):
+        """The pinned staging views (shared by every bucket), once the last step read them."""
+        return self.managers[-1].begin_step()
+
+    def launch(self, num_reqs: int, num_tokens: int | None = None):
+        """:meth:`GraphManager.launch` on the bucket of the longest sequence written into
+        the views (a uniform decode step, ``num_tokens`` None), else on the capacity-wide
+        manager."""
+        if num_tokens is None and num_reqs > 0:
+            longest = int(self.inputs.host.seq_lens[:num_reqs].max())
+            return self.manager_for(longest, num_reqs * self._n).launch(num_reqs)
+        return self.managers[-1].launch(num_reqs, num_tokens)
+
+    # ------------------------------------------------------------------ reports
+    @property
+    def stats(self) -> RunStats:
+        """The step counts of every bucket together."""
+        total = RunStats()
+        for m in self.managers:
+            total.replays += m.stats.replays
+            total.mixed_replays += m.stats.mixed_replays
+            total.eager.update(m.stats.eager)
+        return total
+
+    def describe(self) -> str:
+        """Per context bucket: its graphs (as :meth:`GraphManager.describe`) and the
+        replays it served."""
+        return "\n\n".join(f"context bucket {c:,} tokens:\n{m.describe()}"
+                           for c, m in zip(self.contexts, self.managers))
+
+    def close(self) -> None:
+        """Close every bucket's manager (the pool goes with the last)."""
+        for m in self.managers:
+            m.close()
+
+    def __enter__(self) -> ContextGraphs:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
