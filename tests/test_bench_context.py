@@ -26,6 +26,9 @@ def test_the_report_gives_the_ratio_per_context():
     table = report.table()
     assert "max_model_len 1,048,576" in table and "    2,048    32 |" in table
     assert json.loads(report.to_json())["gpu_ratios"] == [1.5, 1.1]
+    report.rows[0].bucketed_gpu_us = _stat(21.0)
+    assert report.rows[0].bucketed_ratio == pytest.approx(1.05)
+    assert json.loads(report.to_json())["bucketed_ratios"][0] == pytest.approx(1.05)
 
 
 @pytest.mark.gpu
@@ -37,4 +40,5 @@ def test_a_small_run_times_both_graphs():
     assert [(r.context, r.num_reqs) for r in report.rows] == [(1024, 4), (4096, 4)]
     for r in report.rows:
         assert r.capacity_gpu_us.median > 0 and r.context_gpu_us.median > 0
+        assert r.bucketed_gpu_us.median > 0 and r.bucketed_ratio > 0
     assert torch.cuda.get_device_name() in report.table()

@@ -134,6 +134,16 @@ class ContextGraphs:
 
     # ------------------------------------------------------------------ reports
     @property
+    def time_gpu(self) -> bool:
+        """Whether every bucket's ``run`` records CUDA events (``RunResult.gpu_us()``)."""
+        return all(m.time_gpu for m in self.managers)
+
+    @time_gpu.setter
+    def time_gpu(self, on: bool) -> None:
+        for m in self.managers:
+            m.time_gpu = on and m.arena.device.type == "cuda"
+
+    @property
     def stats(self) -> RunStats:
         """The step counts of every bucket together."""
         total = RunStats()
