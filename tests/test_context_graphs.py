@@ -1,6 +1,7 @@
 """Graphs keyed by context bucket (``ContextGraphs``): the bucket ladder, the routing of a
-step to the smallest bucket that holds its longest sequence, and on CPU the same results
-whichever bucket runs the step (eagerly here; the GPU test replays)."""
+step (through ``run`` and through the in-place ``launch``) to the smallest bucket that holds
+its longest sequence, a bucket refusing a longer step, and every bucket computing the step
+right (eagerly on CPU; the GPU test replays)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.errors import GraphError
+from staticattn.errors import CapacityError, GraphError
 from staticattn.graphs import ContextGraphs, default_context_buckets
 from staticattn.graphs.contexts import normalize_context_buckets
 
@@ -21,41 +22,79 @@ def _cfg(max_model_len=16384):
                                    max_model_len=max_model_len, device=DEVICE)
 
 
+def _graphs(cfg):
+    b = ToyBuilder()
+    arena, inputs = make_arena(cfg, [b])
+    cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device), progress=False)
+    # As after capturing decode graphs of up to 64 tokens in every bucket: on CPU nothing
+    # is captured, so each bucket's manager then runs the step eagerly, and counts it.
+    cg._top = [64] * len(cg.managers)
+    return cg, inputs
+
+
+def _served(cg) -> list[int]:
+    return [m.stats.eager_total for m in cg.managers]
+
+
 def test_the_default_ladder_doubles_up_to_the_context_limit():
     assert default_context_buckets(_cfg(16384)) == [2048, 4096, 8192, 16384]
     assert default_context_buckets(_cfg(1 << 20))[-3:] == [262144, 524288, 1 << 20]
     assert default_context_buckets(_cfg(1024)) == [1024]
     assert normalize_context_buckets(_cfg(), [4096, 2048, 4096]) == [2048, 4096, 16384]
-    with pytest.raises(GraphError, match="must be in"):
-        normalize_context_buckets(_cfg(), [0])
-    with pytest.raises(GraphError, match="must be in"):
-        normalize_context_buckets(_cfg(), [32768])
+    for bad in ([0], [32768]):
+        with pytest.raises(GraphError, match="must be in"):
+            normalize_context_buckets(_cfg(), bad)
+    with pytest.raises(TypeError):
+        normalize_context_buckets(_cfg(), [2048.5])
 
 
-def test_a_step_goes_to_the_smallest_bucket_that_holds_it():
+@pytest.mark.parametrize(("longest", "bucket"), [
+    (2, 0), (2048, 0), (2049, 1), (4096, 1), (4097, 2), (8192, 2), (8193, 3), (16384, 3),
+])
+def test_run_sends_a_decode_step_to_the_smallest_bucket_holding_it(longest, bucket):
     cfg = _cfg()
-    b = ToyBuilder()
-    arena, inputs = make_arena(cfg, [b])
-    cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device), progress=False)
-    assert [m.context_len for m in cg.managers] == [2048, 4096, 8192, 16384]
-    cg._top = [64, 64, 64, 64]  # as after capturing decode graphs of up to 64 tokens
-    assert cg.manager_for(2048, 8) is cg.managers[0]
-    assert cg.manager_for(2049, 8) is cg.managers[1]
-    assert cg.manager_for(16384, 8) is cg.managers[3]
-    assert cg.manager_for(100, 128) is cg.managers[3]  # past the decode graphs: the widest
+    cg, _ = _graphs(cfg)
+    n = cfg.next_n
+    s = np.array([n, longest, max(n, longest // 3)])
+    res = cg.run(np.full(3, n), s, np.arange(3 * n))
+    assert res.outputs.tolist() == toy_expected(np.full(3, n), s)
+    assert _served(cg) == [int(i == bucket) for i in range(4)]
+    assert cg.managers[bucket].context_len >= longest
 
 
-def test_every_bucket_computes_the_same_step():
+def test_other_steps_and_steps_past_the_decode_graphs_go_to_the_widest():
     cfg = _cfg()
-    b = ToyBuilder()
-    arena, inputs = make_arena(cfg, [b])
-    rng = np.random.default_rng(0)
-    with ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device), progress=False) as cg:
-        for _ in range(20):
-            k = int(rng.integers(1, 9))
-            q = np.full(k, cfg.next_n)
-            s = rng.integers(cfg.next_n, cfg.max_model_len + 1, size=k)
-            res = cg.run(q, s, np.arange(k * cfg.next_n))
-            assert res.outputs.tolist() == toy_expected(q, s)
-        assert cg.stats.eager_total == 20
-        assert "context bucket 2,048 tokens" in cg.describe()
+    cg, _ = _graphs(cfg)
+    n = cfg.next_n
+    cg.run([n, 5], [100, 100], np.arange(n + 5))  # not a uniform decode
+    cg._top = [4] * 4  # decode graphs of 4 tokens at most
+    cg.run(np.full(3, n), [100, 100, 100], np.arange(3 * n))
+    assert _served(cg) == [0, 0, 0, 2]
+    with pytest.raises(CapacityError):  # past max_model_len: the validation says why
+        cg.run([n], [cfg.max_model_len + 1], np.arange(n))
+
+
+def test_launch_routes_by_the_lengths_written_into_the_views():
+    cfg = _cfg()
+    cg, _ = _graphs(cfg)
+    n = cfg.next_n
+    for longest, bucket in ((3000, 1), (100, 0), (9000, 3)):
+        views = cg.begin_step()
+        views.seq_lens[:2] = [longest, n]
+        views.slot_mapping[: 2 * n] = np.arange(2 * n)
+        out = cg.launch(2)
+        assert out[: 2 * n].tolist() == toy_expected([n, n], [longest, n])
+        assert cg.managers[bucket].stats.eager_total == 1, (longest, _served(cg))
+
+
+def test_a_bucket_refuses_a_longer_step():
+    cfg = _cfg()
+    cg, _ = _graphs(cfg)
+    n = cfg.next_n
+    with pytest.raises(GraphError, match="past this context bucket"):
+        cg.managers[0].run([n], [2049], np.arange(n))
+    views = cg.begin_step()
+    views.seq_lens[:1] = [5000]
+    with pytest.raises(GraphError, match="past this context bucket"):
+        cg.managers[1].launch(1)
+    assert _served(cg) == [0, 0, 0, 0]

@@ -84,7 +84,8 @@ def test_indexer_step_emulated(make_cfg, sizes):
 def test_indexer_step_in_a_context_bucket_equals_the_capacity_wide_step():
     """A graph captured for a context bucket (``max_seq_len`` = 1024 here, capacity 4096)
     scans 1024 // R keys per token, not 4096 // R, and selects the same keys for steps whose
-    sequences fit the bucket."""
+    sequences fit the bucket; its columns past the bucket's width say "no key" even right
+    after a capacity-wide step over long sequences filled them."""
     cfg = _v4(index_topk=512)
     builders = [IndexerMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
@@ -93,20 +94,28 @@ def test_indexer_step_in_a_context_bucket_equals_the_capacity_wide_step():
     keys = fill_indexer_cache(step)
     rng = np.random.default_rng(3)
     n, size = cfg.next_n, 8
+
+    def run(s, bound):
+        inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping,
+                     num_reqs_padded=size // n, num_tokens_padded=size)
+        inputs.copy_to_device(size // n, size, uniform=True)
+        batch = Batch.for_decode_capture(inputs, size // n, max_seq_len=bound)
+        md = {b.name: b.build_decode(batch) for b in builders}
+        return step(batch, md).clone()
+
+    filled = 0
     for i in range(8):
         new_indexer_inputs(step, i)
         k = int(rng.integers(1, size // n + 1))
+        long = random_uniform_decode(inputs, k, rng, num_kv_blocks=BLOCKS,
+                                     short_fraction=0.0)
+        filled += int((run(long, None)[:, 256:] >= 0).any())  # columns past 256 in use
         s = random_uniform_decode(inputs, k, rng, num_kv_blocks=BLOCKS, max_seq_len=1024)
-        outs = []
-        for bound in (None, 1024):
-            inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping,
-                         num_reqs_padded=size // n, num_tokens_padded=size)
-            inputs.copy_to_device(size // n, size, uniform=True)
-            batch = Batch.for_decode_capture(inputs, size // n, max_seq_len=bound)
-            md = {b.name: b.build_decode(batch) for b in builders}
-            outs.append(step(batch, md).clone())
-        assert outs[0].tolist() == outs[1].tolist()
-        assert indexer_problems(step, inputs, s, outs[1], keys) == []
+        bucket = run(s, 1024)
+        assert (bucket[:, 256:] == -1).all()
+        assert bucket.tolist() == run(s, None).tolist()
+        assert indexer_problems(step, inputs, s, bucket, keys) == []
+    assert filled >= 4
 
 
 def test_attention_step_emulated():

@@ -3,7 +3,7 @@ uniform decode size and one per token bucket, largest first, into one shared poo
 
 :class:`GraphCapture` is the manager's capture half; it relies on the manager's ``arena``,
 ``inputs``, ``config``, ``builders``, ``step``, ``progress``, ``raw_launch``, ``graphs``,
-``mixed_graphs``, ``stream`` and ``context_len``, and rebuilds its dispatch table
+``mixed_graphs``, ``stream`` and ``_context_len``, and rebuilds its dispatch table
 (``_table``).
 """
 
@@ -127,7 +127,7 @@ class GraphCapture:
         Returns ``(step outputs, {builder name: metadata})``."""
         if kind == DECODE:
             self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True)
-            batch = Batch.for_decode_capture(self.inputs, num_reqs, self.context_len)
+            batch = Batch.for_decode_capture(self.inputs, num_reqs, self._context_len)
             metadata = {b.name: b.build_decode(batch) for b in self.builders}
         else:
             self.inputs.copy_to_device(num_reqs, num_tokens)

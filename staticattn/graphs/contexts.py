@@ -15,6 +15,7 @@ allocation, sized for the largest bucket; the buckets are views of it, not new b
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,7 +25,8 @@ from staticattn.errors import GraphError
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.records import CapturedGraph, RunResult, RunStats
 
-__all__ = ["ContextGraphs", "default_context_buckets", "normalize_context_buckets"]
+__all__ = ["BucketManager", "ContextGraphs", "default_context_buckets",
+           "normalize_context_buckets"]
 
 #: The smallest context bucket: below it a decode step costs about the same.
 MIN_CONTEXT = 2048
@@ -44,7 +46,7 @@ def default_context_buckets(config: ArenaConfig) -> list[int]:
 def normalize_context_buckets(config: ArenaConfig, contexts: Sequence[int]) -> list[int]:
     """A user's buckets, sorted and deduplicated, ending at ``max_model_len`` (added when
     missing, so every step has a bucket); each a positive int no larger."""
-    out = sorted({int(c) for c in contexts})
+    out = sorted({operator.index(c) for c in contexts})
     for c in out:
         if c < 1 or c > config.max_model_len:
             raise GraphError(f"context bucket {c} must be in [1, max_model_len="
@@ -52,6 +54,44 @@ def normalize_context_buckets(config: ArenaConfig, contexts: Sequence[int]) -> l
     if not out or out[-1] != config.max_model_len:
         out.append(config.max_model_len)
     return out
+
+
+class BucketManager(GraphManager):
+    """The graph manager of one context bucket: its decode graphs are captured for
+    sequences of at most ``context_len`` tokens, and it refuses a longer step (whose
+    consumer would scan too few keys) with a :class:`GraphError` before anything runs.
+    :class:`ContextGraphs` never routes one here."""
+
+    def __init__(self, arena, inputs, builders, step, *, context_len: int,
+                 **manager_options) -> None:
+        super().__init__(arena, inputs, builders, step, **manager_options)
+        if not 1 <= context_len <= self.config.max_model_len:
+            raise GraphError(f"context_len={context_len} must be in [1, max_model_len="
+                             f"{self.config.max_model_len}]")
+        self._context_len = context_len
+
+    @property
+    def context_len(self) -> int:
+        """The longest sequence this bucket serves."""
+        return self._context_len
+
+    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool = False) -> RunResult:
+        """:meth:`GraphManager.run`, for steps whose sequences fit the bucket."""
+        s = np.asarray(seq_lens)
+        self._fits(int(s.max()) if s.size else 0)
+        return super().run(query_lens, s, slot_mapping, eager=eager)
+
+    def launch(self, num_reqs: int, num_tokens: int | None = None):
+        """:meth:`GraphManager.launch`, for steps whose sequences fit the bucket."""
+        if num_reqs > 0:
+            self._fits(int(self.inputs.host.seq_lens[:num_reqs].max()))
+        return super().launch(num_reqs, num_tokens)
+
+    def _fits(self, longest: int) -> None:
+        # The widest bucket is the capacity: past it, the step's validation says why.
+        if longest > self._context_len < self.config.max_model_len:
+            raise GraphError(f"a sequence of {longest} tokens is past this context bucket "
+                             f"({self._context_len}); route it to a wider one")
 
 
 class ContextGraphs:
@@ -75,11 +115,8 @@ class ContextGraphs:
         self.config, self.inputs = cfg, inputs
         self.contexts = (default_context_buckets(cfg) if contexts is None
                          else normalize_context_buckets(cfg, contexts))
-        self.managers = []
-        for c in self.contexts:
-            m = GraphManager(arena, inputs, builders, step, **manager_options)
-            m.context_len = c
-            self.managers.append(m)
+        self.managers = [BucketManager(arena, inputs, builders, step, context_len=c,
+                                       **manager_options) for c in self.contexts]
         self._n = cfg.next_n
         #: Per bucket, the most tokens one of its decode graphs holds (0: none yet).
         self._top = [0] * len(self.managers)

@@ -141,10 +141,9 @@ class GraphManager(GraphCapture):
         self._pool = None
         self._capture_stream: torch.cuda.Stream | None = None
         self._closed = False
-        #: The longest sequence the decode graphs are captured for (None: ``max_model_len``);
-        #: set by :class:`~staticattn.graphs.contexts.ContextGraphs`, which routes a step
-        #: here only when it fits.
-        self.context_len: int | None = None
+        # The longest sequence the decode graphs are captured for (None: max_model_len);
+        # only graphs.contexts' bucket managers set it, and they refuse longer steps.
+        self._context_len: int | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> GraphManager:
