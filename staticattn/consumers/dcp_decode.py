@@ -128,9 +128,7 @@ class DCPDecodeAttention:
         held = int(dcp_local_count(entries, self.world, self.rank, self.interleave))
         j = torch.arange(held, device=self.index_cache.device)
         e = dcp_global_index(j, self.world, self.rank, self.interleave)
-        row = block_row.to(self.index_cache.device, torch.int64)
-        slots = row[torch.div(j, self.per_block, rounding_mode="floor")] * self.per_block + (
-            j % self.per_block)
+        slots = self._slots(j[None], block_row.to(self.index_cache.device)[None])[0]
         self.index_cache[slots] = index_keys.to(self.index_cache)[e]
         self.kv_cache[slots] = kv.to(self.kv_cache)[e]
 
@@ -167,7 +165,7 @@ class DCPDecodeAttention:
 
     def _slots(self, j: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         """Slots of local entries ``j`` (int64 ``(n, m)``, non-negative) of each token's
-        request through its block-table row ``table`` int32 ``(n, blocks)``."""
+        request through its block-table row ``table`` int ``(n, blocks)``."""
         column = torch.div(j, self.per_block, rounding_mode="floor").clamp(max=table.shape[1] - 1)
         return table.gather(1, column).to(torch.int64) * self.per_block + j % self.per_block
 
