@@ -32,16 +32,23 @@ from staticattn.graphs.manager import GraphManager
 __all__ = ["in_place_host_us", "run_bench", "step_times_us"]
 
 
-def step_times_us(gm: GraphManager, args, eager: bool, reps: int) -> tuple[list, list]:
+def step_times_us(gm: GraphManager, args, eager: bool, reps: int,
+                  before: Callable[[], None] | None = None) -> tuple[list, list]:
     """Per step: host wall time of ``GraphManager.run`` (validation, staging and launch, us)
     and the GPU time of what it launched (CUDA events around the replay or the eager
     kernels, us). Each step starts on an idle device, so neither includes waiting for
-    earlier work; host times are taken in a pass without the timing events."""
+    earlier work; host times are taken in a pass without the timing events. ``before()``,
+    untimed, runs ahead of each step (ranks lining up); without CUDA the GPU times are NaN.
+    """
     gm.time_gpu = False
-    host = host_times_us(lambda: gm.run(*args, eager=eager), reps)
+    host = host_times_us(lambda: gm.run(*args, eager=eager), reps, before=before)
+    if not torch.cuda.is_available():
+        return host, [float("nan")] * reps
     gm.time_gpu = True
     gpu = []
     for _ in range(reps):
+        if before is not None:
+            before()
         torch.cuda.synchronize()
         gpu.append(gm.run(*args, eager=eager).gpu_us())
     return host, gpu

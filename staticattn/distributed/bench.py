@@ -7,7 +7,8 @@ Per batch size (a uniform decode step of that many requests, lengths drawn once)
 replays its graph (staging + the rank's indexer build + the reference DCP consumer with its
 NCCL all-gathers) ``reps`` times, each step started on an idle device, and measures:
 
-* host µs of ``GraphManager.run`` and GPU µs of the step (CUDA events), p50 and p99;
+* host µs of ``GraphManager.run`` and GPU µs of the step (CUDA events, in a second pass),
+  p50 and p99;
 * the collectives alone: the consumer's two all-gathers of the same extent captured in a
   graph of their own and replayed (GPU µs), and their share of the step's GPU time;
 * host jitter across ranks: per step, the spread (max - min over the ranks) of the host
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 from collections.abc import Callable
 
 import numpy as np
@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from staticattn.bench.floor import host_times_us, replay_gpu_times_us
+from staticattn.bench.replay import step_times_us
 from staticattn.distributed.world import (
     dcp_config,
     dcp_world,
@@ -64,22 +65,13 @@ def _aligner(cuda: bool, group) -> Callable[[], None]:
     return align
 
 
-def _time_steps(gm: GraphManager, lengths, reps: int, cuda: bool,
+def _time_steps(gm: GraphManager, lengths, reps: int,
                 align: Callable[[], None]) -> tuple[list, list]:
     """Host µs of ``run`` and GPU µs of the step, per step, each from an idle device with
-    the ranks lined up."""
+    the ranks lined up, after a warm-up."""
     for _ in range(WARMUP):
         gm.run(*lengths)
-    host, gpu = [], []
-    for _ in range(reps):
-        align()
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        res = gm.run(*lengths)
-        host.append((time.perf_counter() - t0) * 1e6)
-        gpu.append(res.gpu_us() if cuda else float("nan"))
-    return host, gpu
+    return step_times_us(gm, lengths, False, reps, before=align)
 
 
 def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
@@ -132,9 +124,9 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)
             lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
-            host, gpu = _time_steps(gm, lengths, reps, me.cuda, align)
+            host, gpu = _time_steps(gm, lengths, reps, align)
             coll = _time_collectives(consumer, k * n, reps, me.cuda, align)
-            host1, gpu1 = _time_steps(one, lengths, reps, me.cuda, align)
+            host1, gpu1 = _time_steps(one, lengths, reps, align)
             rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, host_1gpu=host1,
                              gpu_1gpu=gpu1))
     every = [None] * world
