@@ -5,7 +5,9 @@ and queries the consumer reads (the same on every rank: one seed)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -20,14 +22,17 @@ __all__ = ["Rank", "dcp_config", "dcp_world", "join", "random_decode_step",
            "write_decode_step"]
 
 
+@dataclass(frozen=True)
 class Rank:
     """This process's place in a torchrun launch: ``rank``, ``world``, ``cuda`` (NCCL on
     the local GPU, else gloo on CPU), ``device``, and ``check_group`` (gloo: the host-side
     step check and result exchange)."""
 
-    def __init__(self, rank: int, world: int, cuda: bool, device: str, check_group) -> None:
-        self.rank, self.world, self.cuda = rank, world, cuda
-        self.device, self.check_group = device, check_group
+    rank: int
+    world: int
+    cuda: bool
+    device: str
+    check_group: Any
 
 
 def join(world: int, what: str) -> Rank | None:

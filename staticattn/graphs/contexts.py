@@ -154,7 +154,8 @@ class ContextGraphs:
         q, s = np.asarray(query_lens), np.asarray(seq_lens)
         uniform = q.ndim == 1 and q.size > 0 and s.size == q.size and bool((q == self._n).all())
         m = self.manager_for(int(s.max()), q.size * self._n) if uniform else self.managers[-1]
-        return m.run(q, s, slot_mapping, eager=eager)
+        # The routing has proved the step fits m's bucket: skip BucketManager's own check.
+        return GraphManager.run(m, q, s, slot_mapping, eager=eager)
 
     def begin_step(self):
         """The pinned staging views (shared by every bucket), once the last step read them."""
@@ -166,8 +167,9 @@ class ContextGraphs:
         manager."""
         if num_tokens is None and num_reqs > 0:
             longest = int(self.inputs.host.seq_lens[:num_reqs].max())
-            return self.manager_for(longest, num_reqs * self._n).launch(num_reqs)
-        return self.managers[-1].launch(num_reqs, num_tokens)
+            # As in run: the step fits the bucket chosen, no second scan of the lengths.
+            return GraphManager.launch(self.manager_for(longest, num_reqs * self._n), num_reqs)
+        return GraphManager.launch(self.managers[-1], num_reqs, num_tokens)
 
     # ------------------------------------------------------------------ reports
     @property
