@@ -4,7 +4,6 @@ its own process, joined to a gloo group over a file store, and writes what it sa
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -173,85 +172,29 @@ def silent_rank(rank: int, out: str) -> None:
     os._exit(0)  # the group is broken on purpose: skip its teardown
 
 
-#: The DCP consumer's shapes in the tests: top-k, indexer heads and width, attention heads
-#: and width.
-TOPK, INDEX_HEADS, INDEX_DIM, HEADS, HEAD_DIM = 24, 3, 8, 2, 8
-
-
-def decode_step_data(cfg, rng: np.random.Generator) -> dict:
-    """A uniform decode step (every request ``next_n`` tokens) with unique block-table rows
-    and the global data of the DCP consumer: per request its compressed indexer keys and
-    (key, value) pairs, per token its queries and head weights (float32 host arrays)."""
-    from support import make_step
-
-    n, ratio = cfg.next_n, cfg.index_compress_ratio
-    num_reqs = int(rng.integers(1, cfg.max_num_seqs + 1))
-    seq = rng.integers(n, cfg.max_model_len + 1, size=num_reqs)
-    step = make_step(cfg, [n] * num_reqs, seq, rng=rng)
-    # Unique blocks, as many columns as one GPU needs (a rank uses the first of them).
-    blocks = -(-cfg.max_model_len // cfg.block_size)
-    step.block_table = 1 + np.arange(num_reqs * blocks, dtype=np.int32).reshape(num_reqs, -1)
-    tokens = num_reqs * n
-    return dict(
-        step=step,
-        index_keys=[rng.standard_normal((int(L) // ratio, INDEX_DIM), np.float32) for L in seq],
-        kv=[rng.standard_normal((int(L) // ratio, 2, HEAD_DIM), np.float32) for L in seq],
-        q=rng.standard_normal((tokens, INDEX_HEADS, INDEX_DIM), np.float32),
-        weights=rng.standard_normal((tokens, INDEX_HEADS), np.float32),  # signed: scores < 0 too
-        q_att=rng.standard_normal((tokens, HEADS, HEAD_DIM), np.float32),
-    )
-
-
-def _consumer(cfg, group=None):
-    from staticattn.consumers.dcp_decode import DCPDecodeAttention
-
-    slots = (1 + cfg.max_num_seqs * -(-cfg.max_model_len // cfg.block_size)) * (
-        cfg.block_size // cfg.index_compress_ratio)
-    return DCPDecodeAttention(cfg, group, num_slots=slots, topk=TOPK, index_heads=INDEX_HEADS,
-                              index_dim=INDEX_DIM, heads=HEADS, head_dim=HEAD_DIM)
-
-
-def _fill(consumer, data) -> None:
-    """Write the rank's share of every request's keys into the consumer's caches and the
-    step's queries into its inputs."""
-    table = torch.from_numpy(data["step"].block_table)
-    for b, (keys, kv) in enumerate(zip(data["index_keys"], data["kv"])):
-        consumer.write_keys(table[b], torch.from_numpy(keys), torch.from_numpy(kv))
-    t = data["q"].shape[0]
-    consumer.q[:t] = torch.from_numpy(data["q"])
-    consumer.weights[:t] = torch.from_numpy(data["weights"])
-    consumer.q_att[:t] = torch.from_numpy(data["q_att"])
-
-
 def consumer_steps(rank: int, out: str) -> None:
-    """Every rank runs the same random decode steps through its own metadata build and the
-    DCP consumer (gloo collectives); rank 0 also runs them at world 1 (the single-GPU
-    step). Each records its top-k ids and outputs."""
-    from support import stage
-
-    from staticattn.builders import make_arena
-    from staticattn.builders.indexer import IndexerMetadataBuilder
+    """Every rank runs the same random decode steps (the DCP demo's,
+    ``distributed.world.random_decode_step``) through its own metadata build and the DCP
+    consumer (gloo collectives); rank 0 also runs them at world 1 (the single-GPU step).
+    Each records its top-k ids and outputs."""
+    from staticattn.distributed.world import dcp_world, random_decode_step, write_decode_step
+    from staticattn.graphs import GraphManager
 
     _join(rank, out)
     runs = [(config(rank), dist.group.WORLD)]
     if rank == 0:
         runs.append((config(0).replace(dcp_world_size=1), None))
+    worlds = [dcp_world(cfg, group) for cfg, group in runs]
+    managers = [GraphManager(arena, inputs, [builder], consumer, progress=False)
+                for arena, inputs, builder, consumer in worlds]
     record = {"steps": []}
-    built = []
-    for cfg, group in runs:
-        builder = IndexerMetadataBuilder()
-        _, inputs = make_arena(cfg, [builder])
-        built.append((cfg, builder, inputs, _consumer(cfg, group)))
     rng = np.random.default_rng(4321)  # the same seed on every rank: the same steps
     for _ in range(CONSUMER_STEPS):
-        data = decode_step_data(config(rank), rng)
+        step = random_decode_step(config(rank), rng)
         results = []
-        for cfg, builder, inputs, consumer in built:
-            _fill(consumer, data)
-            step = dataclasses.replace(data["step"], block_table=data["step"].block_table[
-                :, : cfg.max_blocks_per_req])
-            batch = stage(inputs, step)
-            ids, att = consumer(batch, {"indexer": builder.build(batch)})
+        for (_, inputs, _, consumer), gm in zip(worlds, managers):
+            write_decode_step(inputs, consumer, step)
+            ids, att = gm.run(step["query_lens"], step["seq_lens"], step["slot_mapping"]).outputs
             results.append({"ids": ids.tolist(), "out": att.tolist()})
         record["steps"].append(results)
     dist.destroy_process_group()

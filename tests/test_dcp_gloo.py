@@ -93,24 +93,26 @@ def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
     """Each rank scores its keys, the candidates and partial outputs are all-gathered and
     merged: every rank ends with the single-GPU step's top-k (exactly) and output (float32
     rounding), and both equal the oracle over the global keys."""
+    from staticattn.distributed.world import TOPK, random_decode_step
+
     records = _spawn(workers.consumer_steps, tmp_path)
     rng = np.random.default_rng(4321)
     cfg = workers.config(0)
     tokens = 0
     for rank0, rank1 in zip(records[0]["steps"], records[1]["steps"]):
-        data = workers.decode_step_data(cfg, rng)
+        data = random_decode_step(cfg, rng)
         (dcp, single), (dcp1,) = rank0, rank1
         assert dcp == dcp1  # every rank holds the merged result
         assert dcp["ids"] == single["ids"]
         np.testing.assert_allclose(dcp["out"], single["out"], rtol=1e-5, atol=1e-6)
-        step, n, ratio = data["step"], cfg.next_n, cfg.index_compress_ratio
-        for t in range(step.num_reqs * n):
+        n, ratio = cfg.next_n, cfg.index_compress_ratio
+        for t in range(len(data["seq_lens"]) * n):
             b, c = divmod(t, n)
-            visible = (int(step.seq_lens[b]) - n + 1 + c) // ratio
+            visible = (int(data["seq_lens"][b]) - n + 1 + c) // ratio
             ids, out = dcp_attention.decode_token(
-                data["q"][t], data["weights"][t], data["q_att"][t], data["index_keys"][b],
-                data["kv"][b], visible, workers.TOPK)
-            assert dcp["ids"][t] == ids + [-1] * (workers.TOPK - len(ids))
+                data["q"][t].numpy(), data["weights"][t].numpy(), data["q_att"][t].numpy(),
+                data["keys"][b].numpy(), data["kv"][b].numpy(), visible, TOPK)
+            assert dcp["ids"][t] == ids + [-1] * (TOPK - len(ids))
             np.testing.assert_allclose(dcp["out"][t], out, rtol=1e-4, atol=1e-5)
             tokens += 1
     assert len(records[0]["steps"]) == workers.CONSUMER_STEPS and tokens > 0

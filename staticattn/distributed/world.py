@@ -104,7 +104,8 @@ def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
         kv=[torch.from_numpy(rng.standard_normal((int(L) // ratio, 2, HEAD_DIM), np.float32))
             for L in seq],
         q=torch.from_numpy(rng.standard_normal((k * n, INDEX_HEADS, INDEX_DIM), np.float32)),
-        weights=torch.from_numpy(rng.random((k * n, INDEX_HEADS), np.float32)),
+        # Signed head weights: negative scores (and their ties) are drawn too.
+        weights=torch.from_numpy(rng.standard_normal((k * n, INDEX_HEADS), np.float32)),
         q_att=torch.from_numpy(rng.standard_normal((k * n, HEADS, HEAD_DIM), np.float32)),
     )
 
