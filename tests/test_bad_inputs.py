@@ -176,8 +176,12 @@ def test_step_that_breaks_capture_is_a_graph_error_and_leaves_the_rest_usable(wo
         return out
 
     bad = GraphManager(arena, inputs, gm.builders, syncing_step, progress=False)
+    current = torch.cuda.current_stream()
     _after_bad(world, lambda: bad.capture([4], buckets=()), GraphError,
                "capturing the decode graph of 4 tokens failed")
+    # The failed capture gives the current stream back: reading a replay's outputs on the
+    # capture stream would race the replay stream.
+    assert torch.cuda.current_stream() == current
     bad.close()
 
 

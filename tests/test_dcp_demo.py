@@ -68,7 +68,7 @@ def test_the_bench_reports_every_rank_and_the_spread(tmp_path):
             continue
         assert row["host_50"] > 0 and row["collectives_50"] > 0 and row["host_1gpu_50"] > 0
         if cuda:
-            assert 0 < row["collectives_50"] <= row["gpu_50"]  # a part of the step
+            assert row["gpu_50"] > 0  # no order asserted between two timings
         else:
             assert row["gpu_50"] is None
     assert "host spread across ranks per step" in out

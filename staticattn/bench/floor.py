@@ -31,9 +31,13 @@ def _one_kernel_graph() -> torch.cuda.CUDAGraph:
 
 
 def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
-                        before: Callable[[], None] | None = None) -> list[float]:
+                        before: Callable[[], None] | None = None,
+                        inner: int = 1) -> list[float]:
     """GPU time of each of ``reps`` replays (CUDA events around it, us), each on an idle
-    device, after 20 replays of warm-up; ``before()``, untimed, ahead of each."""
+    device, after 20 replays of warm-up; ``before()``, untimed, ahead of each. With
+    ``inner`` > 1 a sample is the mean of that many back-to-back replays between one pair
+    of events: a delay at the start (a peer rank arriving late at a collective) is then
+    spread over them."""
     for _ in range(20):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -43,10 +47,11 @@ def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
             before()
         torch.cuda.synchronize()
         start.record()
-        graph.replay()
+        for _ in range(inner):
+            graph.replay()
         end.record()
         end.synchronize()
-        gpu.append(start.elapsed_time(end) * 1e3)
+        gpu.append(start.elapsed_time(end) * 1e3 / inner)
     return gpu
 
 

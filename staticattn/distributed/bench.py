@@ -10,7 +10,8 @@ NCCL all-gathers) ``reps`` times, each step started on an idle device, and measu
 * host µs of ``GraphManager.run`` and GPU µs of the step (CUDA events, in a second pass),
   p50 and p99;
 * the collectives alone: the consumer's two all-gathers of the same extent captured in a
-  graph of their own and replayed (GPU µs), and their share of the step's GPU time;
+  graph of their own and replayed back to back (GPU µs per replay), and their share of the
+  step's GPU time (which, timed one step at a time, also holds the ranks' skew);
 * host jitter across ranks: per step, the spread (max - min over the ranks) of the host
   time, p50 and p99;
 * the same step on one GPU: a one-rank arena over every key, its graph replayed the same way.
@@ -48,6 +49,7 @@ from staticattn.graphs.capture import capture, warm_up
 __all__ = ["run_dcp_bench"]
 
 WARMUP = 10
+COLLECTIVE_INNER = 20
 
 
 def _aligner(cuda: bool, group) -> Callable[[], None]:
@@ -77,7 +79,10 @@ def _time_steps(gm: GraphManager, lengths, reps: int,
 def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
                       align: Callable[[], None]) -> list[float]:
     """GPU µs (CUDA: replays of a graph of them alone) or host µs (gloo) of the consumer's
-    all-gathers over ``entries``, the ranks lined up before each."""
+    all-gathers over ``entries``, the ranks lined up before each sample. On GPUs a sample is
+    the mean of ``COLLECTIVE_INNER`` back-to-back replays: what the ranks' host skew adds to
+    the first (tens of µs, as much as the all-gathers themselves) is spread over them, so
+    the figure is the all-gathers' own cost."""
     exchange = functools.partial(consumer.exchange, entries)
     if not cuda:
         exchange()
@@ -85,7 +90,7 @@ def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
     stream = torch.cuda.Stream()
     warm_up(exchange, stream)  # the communicator is ready before the capture
     graph, _ = capture(exchange, stream)
-    return replay_gpu_times_us(graph, reps, before=align)
+    return replay_gpu_times_us(graph, reps, before=align, inner=COLLECTIVE_INNER)
 
 
 def _p(values, q: float) -> float:

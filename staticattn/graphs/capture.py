@@ -43,8 +43,16 @@ def capture(
     instantiate it now rather than at its first replay. Returns ``(graph, fn's result)``;
     an exception from ``fn`` ends the capture and propagates."""
     graph = new_graph()
-    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
-        result = fn()
+    current = torch.cuda.current_stream(stream.device)
+    try:
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
+            result = fn()
+    except BaseException:
+        # When the capture fails, torch's graph context raises from capture_end before it
+        # restores the stream it made current: every later op of this thread would then run
+        # on the capture stream, unordered with the graphs replayed on the replay stream.
+        torch.cuda.set_stream(current)
+        raise
     if getattr(graph, "raw_cuda_graph", None) is not None and hasattr(graph, "instantiate"):
         try:
             graph.instantiate()
