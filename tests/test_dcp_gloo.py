@@ -59,9 +59,10 @@ def _host_step(cfg, s) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize(("world", "steps"), [(2, 1000), (4, 500)])
+@pytest.mark.parametrize(("world", "steps"), [(2, 1200), (4, 800)])
 def test_ranks_build_consistent_metadata(tmp_path, world, steps):
-    """``world * steps`` = 2,000 rank-batches per world, each against the per-rank oracle."""
+    """2,000 random steps over both worlds, each rank's metadata of each (5,600 in all)
+    against the per-rank oracle."""
     records = _spawn(functools.partial(workers.consistent_steps, world=world, steps=steps),
                      tmp_path, world)
     assert all(r == records[0] for r in records)  # every rank gathered the same outputs
@@ -86,7 +87,7 @@ def test_ranks_build_consistent_metadata(tmp_path, world, steps):
             summed = np.sum([r["decode_seq_lens"] for r in every], axis=0).tolist()
             assert summed == every[0]["decode_global"]
         assert all(r["swa"] == every[0]["swa"] for r in every)
-    assert checked == steps * world == 2000
+    assert checked == steps * world
 
 
 def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
