@@ -29,6 +29,8 @@ def test_the_report_gives_the_ratio_per_context():
     report.rows[0].bucketed_gpu_us = _stat(21.0)
     assert report.rows[0].bucketed_ratio == pytest.approx(1.05)
     assert json.loads(report.to_json())["bucketed_ratios"][0] == pytest.approx(1.05)
+    report.rows[0].capacity_pool_bytes, report.rows[0].bucketed_pool_bytes = 3 << 20, 5 << 20
+    assert "1.05 |     3.0     5.0" in report.table()
 
 
 @pytest.mark.gpu
@@ -41,4 +43,5 @@ def test_a_small_run_times_both_graphs():
     for r in report.rows:
         assert r.capacity_gpu_us.median > 0 and r.context_gpu_us.median > 0
         assert r.bucketed_gpu_us.median > 0 and r.bucketed_ratio > 0
+        assert r.capacity_pool_bytes > 0 and r.bucketed_pool_bytes > 0
     assert torch.cuda.get_device_name() in report.table()

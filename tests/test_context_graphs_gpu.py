@@ -111,6 +111,40 @@ def test_every_replay_equals_the_eager_step_across_context_buckets():
         assert arena.fingerprint() == fingerprint
 
 
+def test_ten_thousand_steps_across_buckets_grow_no_memory():
+    """A soak: 10^4 replays moving between the buckets (half through the in-place views),
+    with the pool of every bucket reported and the device's memory, allocated and
+    reserved, the same at the end as after the first pass."""
+    cfg = _cfg()
+    arena, inputs, builders, consumer, _ = gather_world(cfg)
+    rng = np.random.default_rng(3)
+    n = cfg.next_n
+    with ContextGraphs(arena, inputs, builders, consumer, progress=False) as cg:
+        cg.capture([2, 8, 32, 64], buckets=())
+        assert cg.pool_bytes > 0
+        assert f"pool {cg.pool_bytes / 2**20:.2f} MiB" in cg.describe()
+        fingerprint = arena.fingerprint()
+        s = random_uniform_decode(inputs, 32, rng, max_seq_len=cfg.max_model_len)
+        for step in range(10_000 + 32):
+            if step == 32:  # every extent has run once: the baseline
+                torch.cuda.synchronize()
+                allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            k = 1 + step % 32
+            seq = _lengths(rng, k, cg.contexts, n, step).astype(np.int32)
+            if step % 2:
+                views = cg.begin_step()
+                views.seq_lens[:k], views.slot_mapping[: k * n] = seq, s.slot_mapping[: k * n]
+                cg.launch(k)
+            else:
+                assert cg.run(s.query_lens[:k], seq, s.slot_mapping[: k * n]).mode == "graph"
+        torch.cuda.synchronize()
+        assert torch.cuda.memory_allocated() == allocated
+        assert torch.cuda.memory_reserved() == reserved
+        assert arena.fingerprint() == fingerprint
+        served = [m.stats.replays for m in cg.managers]
+        assert sum(served) == 10_000 + 32 and min(served) > 100, served  # every bucket served
+
+
 @pytest.mark.skipif(bool(import_error(DEEP_GEMM)), reason=import_error(DEEP_GEMM) or "")
 def test_the_indexer_step_in_a_bucket_graph_matches_the_reference():
     from dsa_reference import fill_indexer_cache, indexer_problems, new_indexer_inputs

@@ -45,6 +45,9 @@ class ContextRow:
     context_host_us: Stat
     bucketed_gpu_us: Stat | None = None
     bucketed_host_us: Stat | None = None
+    #: Graph pool memory (bytes) of the capacity-wide graph and of every context bucket's.
+    capacity_pool_bytes: int = 0
+    bucketed_pool_bytes: int | None = None
 
     @property
     def gpu_ratio(self) -> float:
@@ -73,7 +76,7 @@ class ContextReport:
                  f"the context, {self.consumer}, on {self.env['device']}",
                  f"{'context':>9} {'reqs':>5} | {'capacity GPU':>12} {'host':>6} | "
                  f"{'bucketed GPU':>12} {'host':>6} | {'ideal GPU':>9} {'host':>6} | "
-                 f"{'cap x':>6} {'bkt x':>6}"]
+                 f"{'cap x':>6} {'bkt x':>6} | {'pool MiB':>7} {'bkt':>7}"]
         for r in self.rows:
             b_gpu = r.bucketed_gpu_us.median if r.bucketed_gpu_us else float("nan")
             b_host = r.bucketed_host_us.median if r.bucketed_host_us else float("nan")
@@ -81,9 +84,12 @@ class ContextReport:
                 f"{r.context:>9,} {r.num_reqs:>5} | {r.capacity_gpu_us.median:>12.1f} "
                 f"{r.capacity_host_us.median:>6.1f} | {b_gpu:>12.1f} {b_host:>6.1f} | "
                 f"{r.context_gpu_us.median:>9.1f} {r.context_host_us.median:>6.1f} | "
-                f"{r.gpu_ratio:>6.2f} {r.bucketed_ratio or float('nan'):>6.2f}")
+                f"{r.gpu_ratio:>6.2f} {r.bucketed_ratio or float('nan'):>6.2f} | "
+                f"{r.capacity_pool_bytes / 2**20:>7.1f} "
+                f"{(r.bucketed_pool_bytes or float('nan')) / 2**20:>7.1f}")
         lines.append("(microseconds, medians; ideal = a graph of an arena whose max_model_len "
-                     "is the context; cap x, bkt x = capacity-wide, bucketed GPU time / ideal)")
+                     "is the context; cap x, bkt x = capacity-wide, bucketed GPU time / ideal; "
+                     "pool MiB: graph pool memory, capacity-wide and all buckets together)")
         return "\n".join(lines)
 
     def to_json(self) -> str:
@@ -95,10 +101,10 @@ class ContextReport:
 def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
                  step_factory: Callable[[ArenaConfig], Callable] | None, num_reqs: int,
                  context: int, reps: int, seed: int,
-                 buckets: Sequence[int] | None = None) -> tuple[list, list]:
+                 buckets: Sequence[int] | None = None) -> tuple[list, list, int]:
     """Host and GPU µs per replayed step of ``num_reqs`` decodes, contexts ``<= context``,
     through a graph captured in a new arena of ``config`` (with ``buckets``: through its
-    context-bucketed graphs)."""
+    context-bucketed graphs), and the graph pool's bytes."""
     builders = builders_factory()
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
@@ -113,7 +119,10 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
         args = (batch.query_lens, batch.seq_lens, batch.slot_mapping)
         for _ in range(10):
             assert runner.run(*args).mode == "graph"
-        return step_times_us(runner, args, False, reps)
+        host, gpu = step_times_us(runner, args, False, reps)
+        pool = (runner.pool_bytes if buckets is not None
+                else sum(g.pool_bytes for g in runner.graphs.values()))
+        return host, gpu, pool
 
 
 def run_context_bench(preset: str, contexts: Sequence[int], capacity: int,
@@ -129,13 +138,15 @@ def run_context_bench(preset: str, contexts: Sequence[int], capacity: int,
     for context in sorted(contexts):
         for k in batches:
             same = (builders_factory, step_factory, k, context, reps, seed)
-            ch, cg = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity), *same)
-            xh, xg = _graph_times(ArenaConfig.preset(preset, max_model_len=context), *same)
-            bh = bg = None
+            ch, cg, cpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
+                                         *same)
+            xh, xg, _ = _graph_times(ArenaConfig.preset(preset, max_model_len=context), *same)
+            bh = bg = bpool = None
             if context < capacity:
-                bh, bg = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity), *same,
-                                      buckets=[context])
+                bh, bg, bpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
+                                             *same, buckets=[context])
             report.rows.append(ContextRow(
                 context, k, Stat.of(cg), Stat.of(ch), Stat.of(xg), Stat.of(xh),
-                None if bg is None else Stat.of(bg), None if bh is None else Stat.of(bh)))
+                None if bg is None else Stat.of(bg), None if bh is None else Stat.of(bh),
+                cpool, bpool))
     return report

@@ -192,11 +192,21 @@ class ContextGraphs:
             total.eager.update(m.stats.eager)
         return total
 
+    @property
+    def pool_bytes(self) -> int:
+        """The graph pool's memory, all buckets together: what each capture added to the
+        device's reserved memory, summed (bytes)."""
+        return sum(g.pool_bytes for m in self.managers
+                   for g in (*m.graphs.values(), *m.mixed_graphs.values()))
+
     def describe(self) -> str:
         """Per context bucket: its graphs (as :meth:`GraphManager.describe`) and the
-        replays it served."""
-        return "\n\n".join(f"context bucket {c:,} tokens:\n{m.describe()}"
-                           for c, m in zip(self.contexts, self.managers))
+        replays it served; then the pool memory of every bucket together."""
+        graphs = sum(len(m.graphs) + len(m.mixed_graphs) for m in self.managers)
+        return "\n\n".join([*(f"context bucket {c:,} tokens:\n{m.describe()}"
+                               for c, m in zip(self.contexts, self.managers)),
+                             f"all {len(self.managers)} context buckets: {graphs} graphs, "
+                             f"pool {self.pool_bytes / 2**20:.2f} MiB"])
 
     def close(self) -> None:
         """Close every bucket's manager (the pool goes with the last)."""
