@@ -17,7 +17,7 @@ from staticattn.graphs.launch import draws_random_numbers, make_launcher
 from staticattn.graphs.records import CapturedGraph
 
 __all__ = ["arena_contents_kept", "capture", "capture_failed", "capture_record", "frozen_gc",
-           "progress", "warm_up"]
+           "pool_bytes", "progress", "warm_up"]
 
 
 def warm_up(fn: Callable[[], Any], stream: torch.cuda.Stream) -> Any:
@@ -81,7 +81,7 @@ def capture_record(kind: str, size: int, num_reqs: int, stage: Callable[[], None
     make its launcher (raw unless ``raw_launch`` is off or the body draws random numbers,
     which only ``replay()`` advances). ``body`` returns ``(outputs, metadata)``."""
     device = capture_stream.device
-    mem0 = torch.cuda.memory_reserved(device)
+    mem0 = pool_bytes(pool, device)
     t0 = time.perf_counter()
     stage()
     _, draws = warm_up(lambda: draws_random_numbers(body, device), capture_stream)
@@ -90,9 +90,23 @@ def capture_record(kind: str, size: int, num_reqs: int, stage: Callable[[], None
     return CapturedGraph(
         kind=kind, size=size, num_reqs=num_reqs, graph=graph, outputs=outputs,
         metadata=metadata, capture_s=time.perf_counter() - t0,
-        pool_bytes=torch.cuda.memory_reserved(device) - mem0,
+        pool_bytes=pool_bytes(pool, device) - mem0,
         nodes=node_census(graph), launch=launch, how=how,
     )
+
+
+def pool_bytes(pool, device: torch.device) -> int:
+    """Bytes the caching allocator holds on ``device`` for the graph pool ``pool`` (a
+    ``torch.cuda.graph_pool_handle()``; 0 for None): the sizes of the segments it owns.
+    The device's reserved memory cannot tell: ``torch.cuda.graph`` empties the cache before
+    each capture, so the pool grows while the total may shrink."""
+    if pool is None:
+        return 0
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    want = tuple(pool)
+    return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
+               if s["device"] == index and tuple(s.get("segment_pool_id", ())) == want)
 
 
 @contextmanager

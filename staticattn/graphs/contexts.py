@@ -195,7 +195,7 @@ class ContextGraphs:
     @property
     def pool_bytes(self) -> int:
         """The graph pool's memory, all buckets together: what each capture added to the
-        device's reserved memory, summed (bytes)."""
+        one pool they share, summed (bytes)."""
         return sum(g.pool_bytes for m in self.managers
                    for g in (*m.graphs.values(), *m.mixed_graphs.values()))
 

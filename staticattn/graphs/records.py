@@ -22,7 +22,9 @@ class CapturedGraph:
     ``kind`` is "decode" (a uniform decode step of up to ``num_reqs`` requests, ``size =
     num_reqs * next_n`` tokens) or "mixed" (any step of up to ``num_reqs`` requests and
     ``size`` tokens). ``launch()`` replays it on the manager's stream (``how`` says through
-    what: "cudaGraphLaunch" or "replay").
+    what: "cudaGraphLaunch" or "replay"). ``pool_bytes`` is what its capture added to the
+    graph pool it shares (the largest graph, captured first, holds most of it; those
+    after reuse that memory), so the graphs' sum is the pool's size.
     """
 
     kind: str
