@@ -43,5 +43,5 @@ def test_a_small_run_times_both_graphs():
     for r in report.rows:
         assert r.capacity_gpu_us.median > 0 and r.context_gpu_us.median > 0
         assert r.bucketed_gpu_us.median > 0 and r.bucketed_ratio > 0
-        assert r.capacity_pool_bytes > 0 and r.bucketed_pool_bytes > 0
+        assert r.capacity_pool_bytes == r.bucketed_pool_bytes == 0  # builds write the arena
     assert torch.cuda.get_device_name() in report.table()

@@ -147,3 +147,28 @@ def test_a_step_drawing_random_numbers_replays_through_replay():
             assert res.mode == "graph" and res.outputs.tolist() == toy_expected([2, 2], [9, 40])
             draws.append(step.noise[:4].clone())
         assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[1], draws[2])
+
+
+def test_pool_memory_is_what_the_captures_allocate():
+    """A step that allocates its output inside the capture puts it in the graph pool; the
+    graphs' ``pool_bytes`` add up to the pool's segments, and builds that write only into
+    the arena add nothing."""
+    from staticattn.graphs.capture import pool_bytes
+
+    cfg, arena, inputs, gm = _setup()
+    toy = gm.step
+
+    def allocating(batch, md):
+        return toy(batch, md) + torch.zeros(4 << 20, dtype=torch.uint8, device="cuda").sum()
+
+    with gm:
+        gm.capture([2], buckets=())  # the toy step writes its own buffer: no pool memory
+        assert gm.graphs[2].pool_bytes == pool_bytes(gm._pool, "cuda") == 0
+    cfg, arena, inputs, gm = _setup()
+    gm.step = allocating
+    with gm:
+        gm.capture([2, 8], buckets=())
+        total = pool_bytes(gm._pool, "cuda")
+        assert total >= 4 << 20
+        assert sum(g.pool_bytes for g in gm.graphs.values()) == total
+        assert f"pool {total / 2**20:.2f} MiB" in gm.describe()
