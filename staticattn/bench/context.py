@@ -120,9 +120,7 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
         for _ in range(10):
             assert runner.run(*args).mode == "graph"
         host, gpu = step_times_us(runner, args, False, reps)
-        pool = (runner.pool_bytes if buckets is not None
-                else sum(g.pool_bytes for g in runner.graphs.values()))
-        return host, gpu, pool
+        return host, gpu, runner.pool_bytes
 
 
 def run_context_bench(preset: str, contexts: Sequence[int], capacity: int,

@@ -28,6 +28,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from staticattn.graphs.launch import cuda_index
+
 __all__ = ["ArenaIndex", "CaptureWatch", "TensorRef"]
 
 _COLLECTIVE_NAMESPACES = ("c10d", "_c10d_functional")
@@ -208,5 +210,4 @@ def _mutated(func, args, kwargs) -> list[torch.Tensor]:
 def _is_default_generator(gen) -> bool:
     if gen.device.type != "cuda":
         return False
-    index = gen.device.index if gen.device.index is not None else torch.cuda.current_device()
-    return gen is torch.cuda.default_generators[index]
+    return gen is torch.cuda.default_generators[cuda_index(gen.device)]

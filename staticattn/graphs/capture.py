@@ -13,7 +13,7 @@ import torch
 from staticattn.arena import Arena
 from staticattn.errors import GraphError
 from staticattn.graphs.introspect import new_graph, node_census
-from staticattn.graphs.launch import draws_random_numbers, make_launcher
+from staticattn.graphs.launch import cuda_index, draws_random_numbers, make_launcher
 from staticattn.graphs.records import CapturedGraph
 
 __all__ = ["arena_contents_kept", "capture", "capture_failed", "capture_record", "frozen_gc",
@@ -102,9 +102,7 @@ def pool_bytes(pool, device: torch.device) -> int:
     each capture, so the pool grows while the total may shrink."""
     if pool is None:
         return 0
-    index = torch.device(device).index
-    index = torch.cuda.current_device() if index is None else index
-    want = tuple(pool)
+    index, want = cuda_index(device), tuple(pool)
     return sum(s["total_size"] for s in torch.cuda.memory_snapshot()
                if s["device"] == index and tuple(s.get("segment_pool_id", ())) == want)
 

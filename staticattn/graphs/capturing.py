@@ -88,6 +88,12 @@ class GraphCapture:
             self._capture_stream = torch.cuda.Stream(self.arena.device)
             self.stream = torch.cuda.current_stream(self.arena.device)
 
+    @property
+    def pool_bytes(self) -> int:
+        """What this manager's captures added to the graph pool (bytes): the pool's size when
+        the pool is its own."""
+        return sum(g.pool_bytes for g in (*self.graphs.values(), *self.mixed_graphs.values()))
+
     def graph_for(self, size: int, kind: str = DECODE) -> CapturedGraph:
         """The graph captured for ``size`` tokens (``kind`` "decode" or "mixed")."""
         self._check_open()

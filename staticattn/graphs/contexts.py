@@ -196,8 +196,7 @@ class ContextGraphs:
     def pool_bytes(self) -> int:
         """The graph pool's memory, all buckets together: what each capture added to the
         one pool they share, summed (bytes)."""
-        return sum(g.pool_bytes for m in self.managers
-                   for g in (*m.graphs.values(), *m.mixed_graphs.values()))
+        return sum(m.pool_bytes for m in self.managers)
 
     def describe(self) -> str:
         """Per context bucket: its graphs (as :meth:`GraphManager.describe`) and the

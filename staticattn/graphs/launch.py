@@ -26,7 +26,7 @@ import torch
 from staticattn.errors import GraphError
 from staticattn.graphs.introspect import cudart_or_none
 
-__all__ = ["draws_random_numbers", "make_launcher"]
+__all__ = ["cuda_index", "draws_random_numbers", "make_launcher"]
 
 
 def make_launcher(graph: torch.cuda.CUDAGraph, stream: torch.cuda.Stream, *,
@@ -70,12 +70,13 @@ def draws_random_numbers(fn: Callable[[], Any], device: torch.device) -> tuple[A
     the one generator a capture registers, so the one ``replay()`` advances. Reading the
     offset costs nothing, where watching every op through a dispatch mode would slow the
     warm-up and, the first time, import torch's compiler stack (seconds)."""
-    generator = torch.cuda.default_generators[_index(device)]
+    generator = torch.cuda.default_generators[cuda_index(device)]
     before = generator.get_offset()
     result = fn()
     return result, generator.get_offset() != before
 
 
-def _index(device: torch.device) -> int:
+def cuda_index(device: torch.device | str) -> int:
+    """The index of the CUDA ``device`` ("cuda" alone: the current device's)."""
     device = torch.device(device)
     return device.index if device.index is not None else torch.cuda.current_device()
