@@ -50,11 +50,7 @@ class GraphCapture:
         """
         self._check_open()
         cfg = self.config
-        if self.arena.device.type != "cuda":
-            raise GraphError(
-                f"CUDA graphs need a CUDA arena; this one is on {self.arena.device} "
-                "(run() still works: every step runs eagerly)"
-            )
+        self.require_cuda("run() still works: every step runs eagerly")
         sizes = default_capture_sizes(cfg) if sizes is None else (
             normalize_capture_sizes(cfg, sizes) if len(sizes) else [])
         buckets = (default_mixed_buckets(cfg) if buckets is None
@@ -79,6 +75,13 @@ class GraphCapture:
             finally:
                 self._table = self._new_table()
         return captured
+
+    def require_cuda(self, fallback: str) -> None:
+        """Raise :class:`GraphError` unless the arena is on a CUDA device; ``fallback`` says
+        what still works without graphs."""
+        if self.arena.device.type != "cuda":
+            raise GraphError(f"CUDA graphs need a CUDA arena; this one is on "
+                             f"{self.arena.device} ({fallback})")
 
     def open_pool(self) -> None:
         """Make, on first use, the memory pool every graph shares, the side stream captures

@@ -90,9 +90,7 @@ class DeviceLengthSteps:
         first, in the manager's pool; already-captured buckets are kept."""
         gm = self.manager
         gm._check_open()
-        if gm.arena.device.type != "cuda":
-            raise GraphError(f"CUDA graphs need a CUDA arena; this one is on "
-                             f"{gm.arena.device} (launch() still runs every step eagerly)")
+        gm.require_cuda("launch() still runs every step eagerly")
         gm.open_pool()
         buckets = (default_mixed_buckets(self.config) if buckets is None
                    else normalize_mixed_buckets(self.config, buckets))
