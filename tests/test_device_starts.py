@@ -27,7 +27,7 @@ from staticattn.builders import (
 )
 from staticattn.builders.indexer_prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
-from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.errors import CapacityError, GraphError, InvalidBatchError
 from staticattn.graphs import DeviceLengthSteps, GraphManager
 
 
@@ -141,6 +141,9 @@ def test_without_graphs_every_step_runs_eagerly_on_the_producers_lengths():
                            ((2, 10_000), CapacityError)):
             with pytest.raises(error):
                 steps.launch(*bad)
+        if not torch.cuda.is_available():
+            with pytest.raises(GraphError, match="launch\\(\\) still runs every step eagerly"):
+                steps.capture()
 
 
 def _positions_step(batch, metadata):
