@@ -1,18 +1,23 @@
 """On the GPU: decode graphs per context bucket (``ContextGraphs``), replayed across bucket
 boundaries -- lengths at and one past each edge, a request growing across a bucket between
 steps, the longest request setting the bucket -- each replay equal, bit for bit through the
-gather consumer, to the same step run eagerly; and the DeepGEMM indexer step in a bucket's
-graph equal to the torch reference (when DeepGEMM is installed)."""
+gather consumer, to the same step run eagerly and to the step-alone oracle
+(``oracle.checksums``: what every token must read, from the lengths and block tables
+alone); and the DeepGEMM indexer step in a bucket's graph equal to the torch reference (when
+DeepGEMM is installed)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
+from oracle import checksums
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.bench.random_batches import random_uniform_decode, write_block_rows
 from staticattn.graphs import ContextGraphs
 from staticattn.graphs.capture import pool_bytes
 from staticattn.kernels.dsa_libs import DEEP_GEMM, import_error
@@ -82,7 +87,7 @@ def test_each_step_replays_the_graph_of_its_bucket():
 
 def test_every_replay_equals_the_eager_step_across_context_buckets():
     cfg = _cfg()
-    arena, inputs, builders, consumer, _ = gather_world(cfg)
+    arena, inputs, builders, consumer, caches = gather_world(cfg)
     rng = np.random.default_rng(0)
     n = cfg.next_n
     with ContextGraphs(arena, inputs, builders, consumer, progress=False) as cg:
@@ -99,11 +104,18 @@ def test_every_replay_equals_the_eager_step_across_context_buckets():
             k = int(rng.integers(1, 33))
             s = random_uniform_decode(inputs, k, rng, max_seq_len=cfg.max_model_len)
             seq = _lengths(rng, k, cg.contexts, n, step).astype(np.int32)
+            # The block rows these lengths read (the oracle reads them from the host).
+            main, swa = write_block_rows(inputs, seq, rng, 4096)
             res = cg.run(s.query_lens, seq, s.slot_mapping)
             assert res.mode == "graph", res.reason
             got = res.outputs.clone()
             want = cg.run(s.query_lens, seq, s.slot_mapping, eager=True).outputs
             assert torch.equal(got, want), f"step {step}: lengths {seq.tolist()}"
+            alone = SimpleNamespace(query_lens=s.query_lens, seq_lens=seq,
+                                    slot_mapping=s.slot_mapping, block_table=main,
+                                    swa_block_table=swa)
+            assert got.tolist() == checksums.expected(cfg, alone, *caches, k * n), (
+                f"step {step}: lengths {seq.tolist()}")
             del got, want, res
         assert all(m.stats.replays > 0 for m in cg.managers), [
             m.stats.replays for m in cg.managers]
