@@ -12,6 +12,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs import GraphManager, default_capture_sizes, normalize_capture_sizes
+from staticattn.graphs.records import RunResult
 
 
 def cfg(**kw) -> ArenaConfig:
@@ -80,7 +81,9 @@ def _launchable(kind, size, num_reqs, launched):
     """A captured graph as far as run() and launch() see it; launching records its key."""
     return SimpleNamespace(kind=kind, size=size, num_reqs=num_reqs, outputs=(kind, size),
                            launch=lambda: launched.append((kind, size)),
-                           outputs_for=lambda t: (kind, size))
+                           outputs_for=lambda t: (kind, size),
+                           result_for=lambda t: RunResult((kind, size), "graph", size, None, t,
+                                                          None, kind))
 
 
 def test_launch_picks_the_graph_run_picks_and_counts_the_same_reasons():

@@ -1,16 +1,26 @@
-"""The replay path's shortcuts agree with the general ones: the pre-screen never clears a
-step the full validator rejects, and uniform staging writes what stage() writes."""
+"""The replay path's shortcuts agree with the general ones: the pre-screens never clear a
+step the full validator rejects (and the in-place view checks reject exactly the steps a
+plain check from the definition rejects), and uniform staging writes what stage()
+writes."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.builders.validate_host import uniform_decode_passes, validate_host_step
+from staticattn.builders.validate_host import (
+    screen_step,
+    uniform_decode_passes,
+    validate_host_step,
+)
+from staticattn.builders.validate_views import ViewChecks
+from staticattn.builders.value_checks import slot_bound
+from staticattn.errors import CapacityError, InvalidBatchError
 
 CFG = ArenaConfig.deepseek_v4(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
                               device="cpu")
@@ -30,6 +40,105 @@ def test_prescreen_implies_full_validation(k, seq, slots, dtype):
     if uniform_decode_passes(k, s, sl, CFG):  # must imply: the full check passes
         validate_host_step(q, s, sl, CFG, require_decode_first=True,
                            decode_threshold=CFG.decode_threshold)
+
+
+INT32 = (-(2**31), 2**31 - 1)
+
+
+@settings(max_examples=2000)
+@given(
+    q=st.lists(st.integers(1, 6), min_size=1, max_size=8),
+    extra=st.lists(st.integers(0, 60), min_size=8, max_size=8),
+    slot_values=st.lists(st.integers(-1, 499), min_size=48, max_size=48),
+    ordered=st.booleans(),
+    plants=st.lists(st.tuples(st.sampled_from(("q", "s", "slots")), st.integers(0, 47),
+                              st.one_of(st.integers(-3, 80), st.sampled_from(INT32))),
+                    max_size=2),
+    dtypes=st.sampled_from([(np.int32, np.int32), (np.int64, np.int32), (np.uint32, np.int64),
+                            (np.int32, np.uint32)]),
+    blocks=st.sampled_from([None, 2, 7]),
+)
+def test_step_screen_implies_full_validation(q, extra, slot_values, ordered, plants, dtypes,
+                                             blocks):
+    """Steps that start valid-looking, with up to two planted values (int32 extremes,
+    where a subtraction wraps around, included), as signed and unsigned arrays: a step the
+    screen clears passes the full check, and the screen's lengths are the step's shortest
+    and longest query."""
+    if ordered:  # decode-first
+        q = sorted(q, key=lambda x: x > CFG.decode_threshold)
+    fields = {"q": q, "s": [a + b for a, b in zip(q, extra)],
+              "slots": slot_values[: sum(q)]}
+    for field, index, value in plants:
+        values = fields[field]
+        if values:
+            values[index % len(values)] = value
+    qa = np.asarray(fields["q"], dtype=np.int64).astype(dtypes[0])
+    sa = np.asarray(fields["s"], dtype=np.int64).astype(dtypes[1])
+    sl = np.asarray(fields["slots"], dtype=np.int64)
+    lengths = screen_step(qa, sa, sl, CFG, slot_bound(CFG, blocks, None))
+    if lengths is not None:
+        validate_host_step(qa, sa, sl, CFG, require_decode_first=True,
+                           decode_threshold=CFG.decode_threshold, num_kv_blocks=blocks)
+        assert lengths == (int(qa.min()), int(qa.max()))
+
+
+def _views_valid(qsl, seq, slots, k, t, bound) -> bool:
+    """The in-place contract, from its definition: counts within capacity, query starts
+    from 0 to ``t``, each query within ``[0, L]``, ``0 <= L <= max_model_len``, slots in
+    ``[-1, bound)``."""
+    if not (0 < k <= CFG.max_num_seqs and 0 <= t <= CFG.max_num_batched_tokens):
+        return False
+    if qsl[0] != 0 or qsl[k] != t:
+        return False
+    for i in range(k):
+        q = qsl[i + 1] - qsl[i]
+        if not (0 <= q <= seq[i] and seq[i] <= CFG.max_model_len):
+            return False
+    return all(-1 <= x and (bound is None or x < bound) for x in slots[:t])
+
+
+FIELDS = ("starts", "seq", "slots")
+
+
+@settings(max_examples=2000)
+@given(
+    k=st.integers(1, 8),
+    steps=st.lists(st.integers(0, 4), min_size=8, max_size=8),
+    seq=st.lists(st.integers(0, 70), min_size=8, max_size=8),
+    slots=st.lists(st.integers(-1, 499), min_size=16, max_size=16),
+    plants=st.lists(st.tuples(st.sampled_from(FIELDS), st.integers(0, 15),
+                              st.one_of(st.integers(-3, 80), st.sampled_from(INT32))),
+                    max_size=2),
+    bound=st.sampled_from([None, 500]),
+)
+def test_view_checks_reject_exactly_the_invalid_steps(k, steps, seq, slots, plants, bound):
+    """``ViewChecks`` on views an engine wrote: a typed error exactly when the plain check
+    from the definition fails. Steps start valid-looking and get up to two planted values
+    (int32 extremes, where a difference wraps around, included)."""
+    _, inputs = make_arena(CFG, [])
+    host = inputs.host
+    fields = {"starts": [0, *np.cumsum(steps).tolist()], "seq": seq, "slots": slots}
+    for field, index, value in plants:
+        values = fields[field]
+        values[index % len(values)] = value
+    qsl, seq, slots = fields["starts"], fields["seq"], fields["slots"]
+    t = qsl[k] if 0 <= qsl[k] <= 16 else 16
+    host.query_start_loc[:9] = qsl
+    host.seq_lens[:8] = seq
+    host.slot_mapping[:16] = slots
+    checks = ViewChecks(host, CFG, bound)
+    if _views_valid(qsl, seq, slots, k, t, bound):
+        checks.step(k, t)
+    else:
+        with pytest.raises((InvalidBatchError, CapacityError)):
+            checks.step(k, t)
+    decode_ok = all(0 <= x <= CFG.max_model_len for x in seq[:k]) and all(
+        -1 <= x and (bound is None or x < bound) for x in slots[: k * CFG.next_n])
+    if decode_ok:
+        checks.decode(k)
+    else:
+        with pytest.raises((InvalidBatchError, CapacityError)):
+            checks.decode(k)
 
 
 def test_uniform_staging_equals_general_staging():

@@ -44,7 +44,6 @@ Example (on a CUDA machine; ``step`` reads metadata views and writes buffers it 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -54,11 +53,16 @@ import torch
 from staticattn.arena import Arena
 from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate_host import step_passes, uniform_decode_passes, validate_host_step
+from staticattn.builders.validate_host import (
+    screen_step,
+    uniform_decode_passes,
+    validate_host_step,
+)
 from staticattn.builders.validate_views import ViewChecks
-from staticattn.builders.value_checks import check_seq_lens, slot_bound
+from staticattn.builders.value_checks import slot_bound
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.capturing import GraphCapture
+from staticattn.graphs.in_place import InPlaceSteps
 from staticattn.graphs.records import (
     DECODE,
     CapturedGraph,
@@ -68,14 +72,17 @@ from staticattn.graphs.records import (
     describe_graphs,
     slice_outputs,
 )
-from staticattn.staging import COUNT_REQS, COUNT_TOKENS, HostViews, StagedCounts, StepInputs
+from staticattn.staging import StagedCounts, StepInputs
 
 __all__ = ["GraphManager", "StepFn"]
+
+#: ``arr.all()`` without its Python wrapper (0.3 us a call on the replay path).
+_all = np.logical_and.reduce
 
 StepFn = Callable[[Batch, dict[str, Any]], Any]
 
 
-class GraphManager(GraphCapture):
+class GraphManager(GraphCapture, InPlaceSteps):
     """Captures and replays the graphs of every step (see the module docstring).
 
     Parameters
@@ -185,86 +192,6 @@ class GraphManager(GraphCapture):
         return GraphTable(self.graphs, self.mixed_graphs, cfg.max_num_seqs,
                           cfg.max_num_batched_tokens)
 
-    # ------------------------------------------------------------- in place
-    @property
-    def host(self) -> HostViews:
-        """The pinned staging as numpy views; write them after :meth:`begin_step`."""
-        return self.inputs.host
-
-    def begin_step(self) -> HostViews:
-        """Wait until the previous step has read the staging (nearly always already true),
-        then hand out its views to write the next step into."""
-        self.inputs.wait_staging_free()
-        return self.inputs.host
-
-    def launch(self, num_reqs: int, num_tokens: int | None = None) -> Any:
-        """Launch the step written into :meth:`begin_step`'s views.
-
-        ``launch(k)``: a uniform decode step of ``k`` requests (``next_n`` tokens each;
-        ``seq_lens[:k]`` and ``slot_mapping[: k * next_n]`` written). ``launch(k, t)``: a step
-        of any composition (``query_start_loc[: k + 1]`` written too, ending at ``t``).
-
-        The step goes to the graph :meth:`run` would pick: a uniform decode step beyond the
-        decode graphs to the token bucket that holds it (its query starts are then written
-        here, and with ``validate`` on it is checked as a step of any composition: every
-        sequence at least ``next_n`` long).
-
-        Returns the graph's outputs at their captured extent (the first ``t`` rows are the
-        step's; valid until the next step), or, when no captured graph holds the step, the
-        eager step's outputs. Raises a typed error before launching anything when
-        ``validate`` is on and a bound is broken.
-        """
-        if num_tokens is None:
-            num_reqs = operator.index(num_reqs)
-            if self.validate:
-                self._checks.decode(num_reqs)
-            table = self._table.decode
-            g = table[num_reqs] if num_reqs < len(table) else None
-            if g is None:
-                return self._launch_miss(num_reqs, num_reqs * self._n, True)
-            self._host_counts[COUNT_REQS] = num_reqs
-            g.launch()
-            self.stats.replays += 1
-            return g.outputs
-        num_reqs, num_tokens = operator.index(num_reqs), operator.index(num_tokens)
-        if self.validate:
-            self._checks.step(num_reqs, num_tokens)
-        table = self._table.mixed
-        g = table[num_tokens] if num_tokens < len(table) else None
-        counts = self._host_counts
-        counts[COUNT_REQS], counts[COUNT_TOKENS] = num_reqs, num_tokens
-        if g is None or g.num_reqs < num_reqs:
-            return self._launch_miss(num_reqs, num_tokens, False)
-        g.launch()
-        self.stats.mixed_replays += 1
-        return g.outputs
-
-    def _launch_miss(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
-        """A step of the in-place views that the fast path's table entry does not hold:
-        the graph :meth:`_graph_for_step` picks, else the eager step under its reason."""
-        self._check_open()
-        host, n = self.inputs.host, self._n
-        if uniform:
-            g, reason = self._graph_for_step(num_reqs, num_tokens, True, n)
-            seq = host.seq_lens[:num_reqs]
-            if g is not None and self.validate and seq.min() < n:  # a bucket needs q <= L
-                check_seq_lens(np.full(num_reqs, n), seq.astype(np.int64), self.config)
-            host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * n
-            host.counts[COUNT_REQS], host.counts[COUNT_TOKENS] = num_reqs, num_tokens
-        query_lens = np.diff(host.query_start_loc[: num_reqs + 1])
-        longest = int(query_lens.max())
-        if not uniform:
-            g, reason = self._graph_for_step(
-                num_reqs, num_tokens, int(query_lens.min()) == longest == n, longest)
-        if g is None:
-            counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens, longest,
-                                  int(host.seq_lens[:num_reqs].max()))
-            self.stats.eager[reason] += 1
-            return self.launch_eager(counts)
-        g.launch()
-        self.stats.count_replay(g.kind)
-        return g.outputs
-
     # ---------------------------------------------------------------------- run
     def run(
         self,
@@ -302,7 +229,7 @@ class GraphManager(GraphCapture):
         table = self._table.decode
         # O(1) tests first: a step whose token count is not k * next_n is not uniform.
         g = (table[k] if not eager and 0 < k < len(table) and slots.shape[0] == k * n
-             and q.dtype.kind in "iu" and (q == n).all() else None)
+             and q.dtype.kind in "iu" and _all(q == n) else None)
         if g is not None and (not self.validate or uniform_decode_passes(
                 k, s, slots, self.config, self._slot_bound)):
             self.inputs.stage_uniform_decode(s, slots)
@@ -314,17 +241,20 @@ class GraphManager(GraphCapture):
         that holds it, or run eagerly."""
         if q.ndim == 1 and q.shape[0] == 0:
             raise InvalidBatchError("a step needs at least one request; got none")
-        if self.validate and not step_passes(q, s, slots, self.config, self._slot_bound):
-            validate_host_step(q, s, slots, self.config, require_decode_first=True,
-                               num_kv_blocks=self.num_kv_blocks,
-                               decode_threshold=self.config.decode_threshold)
+        lengths = screen_step(q, s, slots, self.config, self._slot_bound) if self.validate else None
+        if lengths is None:
+            if self.validate:
+                validate_host_step(q, s, slots, self.config, require_decode_first=True,
+                                   num_kv_blocks=self.num_kv_blocks,
+                                   decode_threshold=self.config.decode_threshold)
+            lengths = int(q.min()), int(q.max())
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
         if eager:
             g, reason = None, "forced"
         else:
-            longest = int(q.max())
+            shortest, longest = lengths
             g, reason = self._graph_for_step(
-                k, num_tokens, longest == self._n and int(q.min()) == longest, longest)
+                k, num_tokens, longest == self._n == shortest, longest)
         if g is not None:
             if g.kind == DECODE:
                 self.inputs.stage_uniform_decode(s, slots)
@@ -359,12 +289,16 @@ class GraphManager(GraphCapture):
         return bool(self.graphs or self.mixed_graphs)
 
     def _replay(self, g: CapturedGraph, num_tokens: int) -> RunResult:
-        events = self._record_start()
+        if self.time_gpu:
+            events = self._record_start()
+            g.launch()
+            self._record_end(events)
+            self.stats.count_replay(g.kind)
+            return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens,
+                             events, g.kind)
         g.launch()
-        self._record_end(events)
         self.stats.count_replay(g.kind)
-        return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens, events,
-                         g.kind)
+        return g.result_for(num_tokens)
 
     def _record_start(self):
         if not self.time_gpu:

@@ -39,6 +39,7 @@ class CapturedGraph:
     launch: Callable[[], None]
     how: str
     sliced: dict[int, Any] = field(default_factory=dict)
+    results: dict[int, RunResult] = field(default_factory=dict)
 
     def outputs_for(self, num_tokens: int) -> Any:
         """The outputs sliced to the first ``num_tokens`` rows (views made once per count:
@@ -47,6 +48,17 @@ class CapturedGraph:
         if out is None:
             out = self.sliced[num_tokens] = slice_outputs(self.outputs, num_tokens)
         return out
+
+    def result_for(self, num_tokens: int) -> RunResult:
+        """The :class:`RunResult` of an untimed replay of a ``num_tokens``-token step, made
+        once per count: it holds only views and this graph's figures, the same every
+        replay (like the outputs, it describes the latest step)."""
+        res = self.results.get(num_tokens)
+        if res is None:
+            res = self.results[num_tokens] = RunResult(
+                self.outputs_for(num_tokens), "graph", self.size, None, num_tokens, None,
+                self.kind)
+        return res
 
 
 class GraphTable:

@@ -23,19 +23,24 @@ from staticattn.kernels.backend import triton_interpreted
 
 __all__ = ["grid_size", "launch", "pow2_at_least"]
 
-#: Specialisation key -> (compiled kernel, constexpr values in signature order), or None
-#: where the fast path does not apply (constexprs interleaved with runtime arguments).
+#: Specialisation key -> (compiled kernel, constexpr values in signature order, the JIT
+#: function), or None where the fast path does not apply (constexprs interleaved with
+#: runtime arguments).
 _compiled: dict[tuple, tuple[Any, tuple[Any, ...]] | None] = {}
 
 
 def _arg_key(arg: Any) -> Any:
-    if isinstance(arg, torch.Tensor):
+    kind = type(arg)
+    # Exact types first (the common cases; ``type(True) is bool``, not int).
+    if kind is int:
+        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
+    if kind is torch.Tensor or isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, bool):
+    if kind is bool:
         return "b", arg
     if isinstance(arg, int):
         return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
-    return type(arg).__name__
+    return kind.__name__
 
 
 def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None:
@@ -45,7 +50,9 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None
     if triton_interpreted():
         kernel[grid](*args, **constexprs)
         return
-    key = (kernel, tuple(constexprs.items()), *map(_arg_key, args))
+    # The kernel by identity: hashing a JIT function hashes its source key (a microsecond).
+    # The entry holds the kernel, so the identity is never reused while it is cached.
+    key = (id(kernel), tuple(constexprs.items()), *map(_arg_key, args))
     hit = _compiled.get(key, False)
     if not hit:
         compiled = kernel[grid](*args, **constexprs)
@@ -53,12 +60,13 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None
         if hit is False and names is not None:
             # The launcher takes every parameter in signature order, constexprs included.
             tail = names[len(args):]
-            _compiled[key] = ((compiled, tuple(constexprs[name] for name in tail))
+            _compiled[key] = ((compiled, tuple(constexprs[name] for name in tail), kernel)
                               if sorted(tail) == sorted(constexprs) else None)
         return
-    compiled, constexpr_values = hit
-    device = torch.cuda.current_device()
-    stream = torch._C._cuda_getCurrentRawStream(device)
+    compiled, constexpr_values, _ = hit
+    # The current device without ``torch.cuda.current_device``'s initialisation checks:
+    # a cached kernel means CUDA is initialised.
+    stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
     values = [a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args]
     g0 = grid[0]
     g1 = grid[1] if len(grid) > 1 else 1

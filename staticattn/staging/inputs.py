@@ -229,7 +229,8 @@ class StepInputs:
         self.wait_staging_free()
         host = self.host
         host.query_start_loc[0] = 0
-        np.cumsum(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
+        # The ufunc itself: ``np.cumsum`` adds a wrapper that costs about 1 us here.
+        np.add.accumulate(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
         host.seq_lens[:num_reqs] = seq_lens
         host.slot_mapping[:num_tokens] = slot_mapping
         host.counts[COUNT_REQS] = num_reqs
