@@ -8,8 +8,13 @@ read between them (each step started on an idle device):
   count into the pinned staging), launch, bookkeeping (the result object);
 * in-place, decode replay: wait (``begin_step``), validate (the view checks), launch (count,
   lookup, ``cudaGraphLaunch``); the engine's writes into the views are not counted;
+* ``run(eager="graph")``, the eager path of a step no graph holds: validate, stage, the
+  builds a graph holds launched eagerly (staging kernels, every ``build_decode`` or
+  ``build_mixed``, the step), bookkeeping;
 * ``run(eager=True)``: validate, stage, staging kernels, one phase per builder's ``build``,
-  the step, bookkeeping -- for a uniform decode step and for the reference mixed batch.
+  the step, bookkeeping -- the reference builds.
+
+Each eager path is timed for a uniform decode step and for the reference mixed batch.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from staticattn.bench.random_batches import RandomStep, fixed_step
 from staticattn.bench.report import environment, floor_lines
 from staticattn.builders.base import make_arena
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate_host import step_passes, uniform_decode_passes
+from staticattn.builders.validate_host import screen_step, step_passes, uniform_decode_passes
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.records import RunResult, slice_outputs
 
@@ -119,6 +124,26 @@ def _run_eager(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
     return phases
 
 
+def _run_graph_build(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+    q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
+    k, t, n = q.shape[0], slots.shape[0], gm.config.next_n
+    uniform = bool((q == n).all())
+
+    def stage() -> None:
+        if uniform:
+            gm.inputs.stage_uniform_decode(s, slots)
+        else:
+            gm.inputs.stage_step(q, s, slots)
+
+    def phases() -> Phases:
+        return [("validate", lambda: screen_step(q, s, slots, gm.config, gm._slot_bound)),
+                ("stage", stage),
+                ("graph builds + step", lambda: gm.launch_graph_build(k, t, uniform)),
+                ("bookkeeping", lambda: RunResult(None, "eager", None, "forced", t))]
+
+    return phases
+
+
 def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig], list],
                   num_reqs: int = 32, reps: int = 300, seed: int = 0) -> str:
     """The per-phase table (text) for ``config``, metadata only."""
@@ -136,6 +161,9 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
         mixed = reference_mixed_batch(inputs, rng)
         for label, phases in (("run(), decode replay", _run_decode(gm, decode)),
                               ("in-place, decode replay", _in_place_decode(gm, decode)),
+                              ('run(eager="graph"), decode', _run_graph_build(gm, decode)),
+                              ('run(eager="graph"), reference mixed batch',
+                               _run_graph_build(gm, mixed)),
                               ("run(eager=True), decode", _run_eager(gm, decode)),
                               ("run(eager=True), reference mixed batch", _run_eager(gm, mixed))):
             medians = _phase_medians(phases, reps)

@@ -10,8 +10,10 @@ Scenarios (each on its own config, graphs captured for every token bucket):
 
 Per scenario: host wall time of ``GraphManager.run`` (validation, staging, launch) and of the
 in-place API (``begin_step`` + ``launch(k, t)``, the engine's writes not counted), the GPU
-time of the replay, and the same for ``run(eager=True)`` (the reference builds, one kernel
-at a time); medians with min and max, each step started on an idle device.
+time of the replay, and the same for the two eager paths: ``run(eager="graph")`` (the
+builds a graph holds, launched eagerly: what a step no graph holds runs) and
+``run(eager=True)`` (the reference builds); medians with min and max, each step started on
+an idle device.
 """
 
 from __future__ import annotations
@@ -51,6 +53,8 @@ class MixedRow:
     graph_gpu_us: Stat
     eager_host_us: Stat
     eager_gpu_us: Stat
+    fallback_host_us: Stat
+    fallback_gpu_us: Stat
 
     @property
     def host_ratio(self) -> float:
@@ -66,17 +70,19 @@ class MixedReport:
     def table(self) -> str:
         """The scenarios as a fixed-width text table (microsecond medians), then the floor."""
         head = (f"{'scenario':<24} {'model':<9} {'toks':>5} {'bucket':>6} | "
-                f"{'in-place':>8} {'run()':>7} {'GPU':>6} | {'eager':>7} {'GPU':>6} | "
-                f"{'host x':>6}")
+                f"{'in-place':>8} {'run()':>7} {'GPU':>6} | {'fallbk':>6} {'GPU':>6} | "
+                f"{'eager':>7} {'GPU':>6} | {'host x':>6}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             lines.append(
                 f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<9} {r.num_tokens:>5} "
                 f"{r.bucket:>6} | {r.in_place_host_us.median:>8.1f} "
                 f"{r.graph_host_us.median:>7.1f} {r.graph_gpu_us.median:>6.1f} | "
+                f"{r.fallback_host_us.median:>6.1f} {r.fallback_gpu_us.median:>6.1f} | "
                 f"{r.eager_host_us.median:>7.1f} {r.eager_gpu_us.median:>6.1f} | "
                 f"{r.host_ratio:>6.1f}")
-        lines.append("(microseconds, medians; eager = the reference builds run eagerly)")
+        lines.append("(microseconds, medians; fallbk = the graph builds run eagerly, what a "
+                     "step no graph holds runs; eager = the reference builds)")
         return "\n".join(lines + floor_lines(self.floor))
 
     def to_json(self) -> str:
@@ -109,14 +115,15 @@ class MixedReport:
 
 def _measure(gm: GraphManager, steps: list[RandomStep], reps: int) -> dict[str, list[float]]:
     out = {"graph_host": [], "in_place": [], "graph_gpu": [], "eager_host": [],
-           "eager_gpu": []}
+           "eager_gpu": [], "fallback_host": [], "fallback_gpu": []}
     per_step = max(1, reps // len(steps))
     for step in steps:
         args = (step.query_lens, step.seq_lens, step.slot_mapping)
         for _ in range(3):  # warm both paths
             assert gm.run(*args).mode == "graph"
             gm.run(*args, eager=True)
-        for path, eager in (("graph", False), ("eager", True)):
+            gm.run(*args, eager="graph")
+        for path, eager in (("graph", False), ("eager", True), ("fallback", "graph")):
             host, gpu = step_times_us(gm, args, eager, per_step)
             out[f"{path}_host"] += host
             out[f"{path}_gpu"] += gpu
@@ -154,7 +161,8 @@ def run_mixed_bench(
                 scenario, model, n, first.query_lens.shape[0],
                 int(first.slot_mapping.shape[0]), bucket,
                 *(Stat.of(timings[k]) for k in ("graph_host", "in_place", "graph_gpu",
-                                                "eager_host", "eager_gpu")),
+                                                "eager_host", "eager_gpu", "fallback_host",
+                                                "fallback_gpu")),
             ))
     return report
 

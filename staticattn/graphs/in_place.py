@@ -82,7 +82,8 @@ class InPlaceSteps:
 
     def _launch_miss(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
         """A step of the in-place views that the fast path's table entry does not hold:
-        the graph :meth:`_graph_for_step` picks, else the eager step under its reason."""
+        the graph :meth:`_graph_for_step` picks, else the eager step (``eager_build``) under
+        its reason."""
         self._check_open()
         host, n = self.inputs.host, self._n
         if uniform:
@@ -94,13 +95,15 @@ class InPlaceSteps:
             host.counts[COUNT_REQS], host.counts[COUNT_TOKENS] = num_reqs, num_tokens
         query_lens = np.diff(host.query_start_loc[: num_reqs + 1])
         longest = int(query_lens.max())
+        all_n = int(query_lens.min()) == longest == n
         if not uniform:
-            g, reason = self._graph_for_step(
-                num_reqs, num_tokens, int(query_lens.min()) == longest == n, longest)
+            g, reason = self._graph_for_step(num_reqs, num_tokens, all_n, longest)
         if g is None:
+            self.stats.eager[reason] += 1
+            if self.eager_build == "graph":
+                return self.launch_graph_build(num_reqs, num_tokens, all_n)
             counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens, longest,
                                   int(host.seq_lens[:num_reqs].max()))
-            self.stats.eager[reason] += 1
             return self.launch_eager(counts)
         g.launch()
         self.stats.count_replay(g.kind)

@@ -65,6 +65,7 @@ from staticattn.graphs.capturing import GraphCapture
 from staticattn.graphs.in_place import InPlaceSteps
 from staticattn.graphs.records import (
     DECODE,
+    MIXED,
     CapturedGraph,
     GraphTable,
     RunResult,
@@ -111,6 +112,13 @@ class GraphManager(GraphCapture, InPlaceSteps):
         Blocks of the KV pool the slot mapping addresses; slots are then checked against it.
     raw_launch : bool
         Launch graphs through ``cudaGraphLaunch`` when cuda-bindings is there (default).
+    eager_build : {"auto", "graph", "reference"}
+        What a step no captured graph holds runs: "graph", the builds a graph holds
+        (``build_decode`` / ``build_mixed`` after the staging kernels), launched eagerly at
+        the step's own extents -- a few kernels and no host planning, and the metadata a
+        replay would give; "reference", every builder's ``build`` (host planning, exact
+        extents). "auto" (default): "graph" when every builder has both graph builds.
+        ``run(..., eager=True)`` always runs the reference, for A/B checks.
     """
 
     def __init__(
@@ -125,7 +133,11 @@ class GraphManager(GraphCapture, InPlaceSteps):
         time_gpu: bool = False,
         num_kv_blocks: int | None = None,
         raw_launch: bool = True,
+        eager_build: str = "auto",
     ) -> None:
+        if eager_build not in ("auto", "graph", "reference"):
+            raise GraphError(f"eager_build must be 'auto', 'graph' or 'reference'; got "
+                             f"{eager_build!r}")
         self.arena = arena
         self.inputs = inputs
         self.config = arena.config
@@ -136,6 +148,13 @@ class GraphManager(GraphCapture, InPlaceSteps):
         self.time_gpu = time_gpu and arena.device.type == "cuda"
         self.num_kv_blocks = num_kv_blocks
         self.raw_launch = raw_launch
+        graph_builds = all(hasattr(b, "build_decode") and hasattr(b, "build_mixed")
+                           for b in builders)
+        if eager_build == "graph" and not graph_builds:
+            raise GraphError("eager_build='graph' needs build_decode and build_mixed on every "
+                             "builder")
+        self.eager_build = "graph" if eager_build == "auto" and graph_builds else (
+            "reference" if eager_build == "auto" else eager_build)
         self.graphs: dict[int, CapturedGraph] = {}
         self.mixed_graphs: dict[int, CapturedGraph] = {}
         self.stats = RunStats()
@@ -199,7 +218,7 @@ class GraphManager(GraphCapture, InPlaceSteps):
         seq_lens: Sequence[int] | np.ndarray,
         slot_mapping: Sequence[int] | np.ndarray,
         *,
-        eager: bool = False,
+        eager: bool | str = False,
     ) -> RunResult:
         """Run one step: replay the graph that holds it, else eagerly.
 
@@ -209,9 +228,10 @@ class GraphManager(GraphCapture, InPlaceSteps):
             Decodes first (the batch is reordered decode -> extend -> prefill).
         slot_mapping : int64 ``(num_tokens,)``
             -1 = do not write.
-        eager : bool
-            Run the reference builds eagerly even if a graph could replay the step (A/B
-            checks, benchmarks); counted under the reason "forced".
+        eager : bool or {"reference", "graph"}
+            Run eagerly even if a graph could replay the step (A/B checks, benchmarks),
+            counted under the reason "forced": True or "reference", the reference builds;
+            "graph", the builds a graph holds (see ``eager_build``).
 
         Returns
         -------
@@ -236,9 +256,11 @@ class GraphManager(GraphCapture, InPlaceSteps):
             return self._replay(g, k * n)
         return self._run_general(q, s, slots, eager)
 
-    def _run_general(self, q, s, slots, eager: bool) -> RunResult:
+    def _run_general(self, q, s, slots, eager: bool | str) -> RunResult:
         """Every step the decode replay path did not take: check, then replay the graph
         that holds it, or run eagerly."""
+        if eager not in (False, True, "reference", "graph"):
+            raise GraphError(f"eager must be a bool, 'reference' or 'graph'; got {eager!r}")
         if q.ndim == 1 and q.shape[0] == 0:
             raise InvalidBatchError("a step needs at least one request; got none")
         lengths = screen_step(q, s, slots, self.config, self._slot_bound) if self.validate else None
@@ -249,21 +271,31 @@ class GraphManager(GraphCapture, InPlaceSteps):
                                    decode_threshold=self.config.decode_threshold)
             lengths = int(q.min()), int(q.max())
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
+        shortest, longest = lengths
+        uniform = longest == self._n == shortest
         if eager:
             g, reason = None, "forced"
         else:
-            shortest, longest = lengths
-            g, reason = self._graph_for_step(
-                k, num_tokens, longest == self._n == shortest, longest)
+            g, reason = self._graph_for_step(k, num_tokens, uniform, longest)
         if g is not None:
             if g.kind == DECODE:
                 self.inputs.stage_uniform_decode(s, slots)
             else:
                 self.inputs.stage_step(q, s, slots)
             return self._replay(g, num_tokens)
-        counts = self.inputs.stage(q, s, slots, checked=self.validate)
-        events = self._record_start()
-        outputs = self.launch_eager(counts)
+        if eager == "graph" or (not eager and self.eager_build == "graph"):
+            if not self.validate:  # the extents still bound every kernel
+                self.inputs.check_extents(q, s, slots, k, num_tokens)
+            if uniform:
+                self.inputs.stage_uniform_decode(s, slots)
+            else:
+                self.inputs.stage_step(q, s, slots)
+            events = self._record_start()
+            outputs = self.launch_graph_build(k, num_tokens, uniform)
+        else:
+            counts = self.inputs.stage(q, s, slots, checked=self.validate)
+            events = self._record_start()
+            outputs = self.launch_eager(counts)
         self._record_end(events)
         self.stats.eager[reason] += 1
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
@@ -314,6 +346,14 @@ class GraphManager(GraphCapture, InPlaceSteps):
     def run_eager(self, q, s, slots) -> Any:
         """Stage, build every builder eagerly, run the step; outputs for the real tokens."""
         return self.launch_eager(self.inputs.stage(q, s, slots))
+
+    def launch_graph_build(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
+        """The device half of an eager step whose host values are already staged (counts
+        included): what a graph holds -- staging kernels, every builder's ``build_decode``
+        (``uniform``: ``num_reqs`` requests of ``next_n`` tokens) or ``build_mixed``, the
+        step -- launched eagerly at the step's own extents. Outputs for the real tokens."""
+        outputs, _ = self.body(DECODE if uniform else MIXED, num_reqs, num_tokens)
+        return slice_outputs(outputs, num_tokens)
 
     def launch_eager(self, counts: StagedCounts) -> Any:
         """The device half of an eager step whose host values are already staged: the

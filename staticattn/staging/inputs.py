@@ -204,7 +204,7 @@ class StepInputs:
         pr = num_reqs if num_reqs_padded is None else int(num_reqs_padded)
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
         if not checked:
-            self._check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
+            self.check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
         self.stage_step(query_lens, seq_lens, slot_mapping)
         host = self.host
         if pr > num_reqs:
@@ -264,7 +264,12 @@ class StepInputs:
         if self._consumed is not None and not self._consumed.query():
             self._consumed.synchronize()
 
-    def _check_extents(self, query_lens, seq_lens, slot_mapping, pr: int, pt: int) -> None:
+    def check_extents(self, query_lens: np.ndarray, seq_lens: np.ndarray,
+                      slot_mapping: np.ndarray, pr: int, pt: int) -> None:
+        """Raise before anything is written unless the host arrays are 1-D integers of
+        consistent lengths, padded to ``pr`` requests and ``pt`` tokens within the staging
+        block's capacity. Host ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``,
+        ``slot_mapping`` ``(num_tokens,)``."""
         cfg = self.config
         if query_lens.ndim != 1 or seq_lens.ndim != 1 or slot_mapping.ndim != 1:
             raise InvalidBatchError(
