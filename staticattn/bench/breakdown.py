@@ -129,15 +129,9 @@ def _run_graph_build(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]
     k, t, n = q.shape[0], slots.shape[0], gm.config.next_n
     uniform = bool((q == n).all())
 
-    def stage() -> None:
-        if uniform:
-            gm.inputs.stage_uniform_decode(s, slots)
-        else:
-            gm.inputs.stage_step(q, s, slots)
-
     def phases() -> Phases:
         return [("validate", lambda: screen_step(q, s, slots, gm.config, gm._slot_bound)),
-                ("stage", stage),
+                ("stage", lambda: gm.stage_for_graph(q, s, slots, uniform)),
                 ("graph builds + step", lambda: gm.launch_graph_build(k, t, uniform)),
                 ("bookkeeping", lambda: RunResult(None, "eager", None, "forced", t))]
 

@@ -75,7 +75,7 @@ class BucketManager(GraphManager):
         """The longest sequence this bucket serves."""
         return self._context_len
 
-    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool = False) -> RunResult:
+    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool | str = False) -> RunResult:
         """:meth:`GraphManager.run`, for steps whose sequences fit the bucket."""
         s = np.asarray(seq_lens)
         self._fits(int(s.max()) if s.size else 0)
@@ -105,8 +105,8 @@ class ContextGraphs:
         Context buckets in tokens (default :func:`default_context_buckets`); the last is
         ``max_model_len``.
     **manager_options
-        ``validate``, ``progress``, ``time_gpu``, ``num_kv_blocks``, ``raw_launch``, given
-        to every bucket's manager.
+        ``validate``, ``progress``, ``time_gpu``, ``num_kv_blocks``, ``raw_launch``,
+        ``eager_build``, given to every bucket's manager.
     """
 
     def __init__(self, arena, inputs, builders, step, *, contexts: Sequence[int] | None = None,
@@ -148,7 +148,7 @@ class ContextGraphs:
             return self.managers[-1]
         return self.managers[i]
 
-    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool = False) -> RunResult:
+    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool | str = False) -> RunResult:
         """:meth:`GraphManager.run` on the manager of the step's context bucket: a uniform
         decode step by its longest sequence, any other step the capacity-wide manager."""
         q, s = np.asarray(query_lens), np.asarray(seq_lens)

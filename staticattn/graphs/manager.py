@@ -278,18 +278,12 @@ class GraphManager(GraphCapture, InPlaceSteps):
         else:
             g, reason = self._graph_for_step(k, num_tokens, uniform, longest)
         if g is not None:
-            if g.kind == DECODE:
-                self.inputs.stage_uniform_decode(s, slots)
-            else:
-                self.inputs.stage_step(q, s, slots)
+            self.stage_for_graph(q, s, slots, g.kind == DECODE)
             return self._replay(g, num_tokens)
         if eager == "graph" or (not eager and self.eager_build == "graph"):
             if not self.validate:  # the extents still bound every kernel
                 self.inputs.check_extents(q, s, slots, k, num_tokens)
-            if uniform:
-                self.inputs.stage_uniform_decode(s, slots)
-            else:
-                self.inputs.stage_step(q, s, slots)
+            self.stage_for_graph(q, s, slots, uniform)
             events = self._record_start()
             outputs = self.launch_graph_build(k, num_tokens, uniform)
         else:
@@ -320,17 +314,26 @@ class GraphManager(GraphCapture, InPlaceSteps):
     def _has_graphs(self) -> bool:
         return bool(self.graphs or self.mixed_graphs)
 
+    def stage_for_graph(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
+                        uniform: bool) -> None:
+        """Write a checked step into the staging that a graph's staging kernels (or the
+        same builds run eagerly) read: for a uniform decode step (``uniform``) the lengths,
+        slots and request count only, else the query starts and token count too. Host
+        ints: ``q``, ``s`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``."""
+        if uniform:
+            self.inputs.stage_uniform_decode(s, slots)
+        else:
+            self.inputs.stage_step(q, s, slots)
+
     def _replay(self, g: CapturedGraph, num_tokens: int) -> RunResult:
-        if self.time_gpu:
-            events = self._record_start()
-            g.launch()
-            self._record_end(events)
-            self.stats.count_replay(g.kind)
-            return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens,
-                             events, g.kind)
+        events = self._record_start() if self.time_gpu else None
         g.launch()
         self.stats.count_replay(g.kind)
-        return g.result_for(num_tokens)
+        if events is None:  # untimed: the graph's one result object for this count
+            return g.result_for(num_tokens)
+        self._record_end(events)
+        return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens, events,
+                         g.kind)
 
     def _record_start(self):
         if not self.time_gpu:

@@ -31,15 +31,13 @@ _compiled: dict[tuple, tuple[Any, tuple[Any, ...]] | None] = {}
 
 def _arg_key(arg: Any) -> Any:
     kind = type(arg)
-    # Exact types first (the common cases; ``type(True) is bool``, not int).
-    if kind is int:
+    # The exact type first (the common case; bools are ints to isinstance, not to Triton).
+    if kind is int or (kind is not bool and isinstance(arg, int)):
         return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
-    if kind is torch.Tensor or isinstance(arg, torch.Tensor):
+    if isinstance(arg, torch.Tensor):
         return arg.dtype, arg.data_ptr() % 16 == 0
     if kind is bool:
         return "b", arg
-    if isinstance(arg, int):
-        return arg == 1, arg % 16 == 0, -(2**31) <= arg < 2**31
     return kind.__name__
 
 
