@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_loop.py
 
 Covers the staging kernel, both builders' decode builds (graph) and eager builds with
-prefills, and the gather consumer; small capacities so the sanitizer finishes quickly.
+prefills, the launch plans of eager steps (recorded and replayed), and the gather consumer;
+small capacities so the sanitizer finishes quickly.
 """
 
 from __future__ import annotations
@@ -38,8 +39,16 @@ def main() -> None:
                     mixed = random_mixed_step(inputs, rng, max_reqs=8, num_kv_blocks=512,
                                               max_prefill_tokens=100)
                     gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
-        torch.cuda.synchronize()
-        print(f"next_n {n}: {gm.stats.replays} replays, eager {dict(gm.stats.eager)}")
+            # Steps at extents no graph holds, three times each: the launch plans of a
+            # decode of 3 requests and of a mixed step are noted, recorded, then launched.
+            decode = stream.next(3)
+            for _ in range(3):
+                gm.run(decode.query_lens, decode.seq_lens, decode.slot_mapping)
+                gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
+            torch.cuda.synchronize()
+            plans = gm.plans.stats if gm.plans is not None else None
+            print(f"next_n {n}: {gm.stats.replays} replays, eager {dict(gm.stats.eager)}, "
+                  f"plans {plans}")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,14 @@ def test_the_eager_build_is_chosen_and_checked():
     assert isinstance(res, RunResult) and res.reason == "not-captured"
     with pytest.raises(GraphError, match="eager_build"):
         GraphManager(arena, inputs, [b], step, eager_build="fast")
+    for plans in (-1, 2.0, None):
+        with pytest.raises(GraphError, match="eager_plans"):
+            GraphManager(arena, inputs, [b], step, eager_plans=plans)
+    # Launch plans need CUDA, Triton kernels and the "graph" builds.
+    assert ref.plans is None
+    assert GraphManager(arena, inputs, [b], step, eager_plans=0).plans is None
+    if DEVICE == "cpu":
+        assert GraphManager(arena, inputs, [b], step).plans is None
     with pytest.raises(GraphError, match="eager must be"):
         ref.run([2, 2], [9, 40], np.arange(4), eager="fast")
     assert GraphManager(arena, inputs, [_Reference(b)], step,

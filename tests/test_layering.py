@@ -24,7 +24,7 @@ ALLOWED = {
     "kernels": {"errors"},
     "staging": {"errors", "arena", "kernels"},
     "builders": {"errors", "arena", "kernels", "staging"},
-    "graphs": {"errors", "arena", "staging", "builders"},
+    "graphs": {"errors", "arena", "kernels", "staging", "builders"},
     "consumers": {"errors", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "arena", "staging", "builders", "graphs"},
     "checks": {"errors", "arena", "staging", "builders", "graphs", "bench"},

@@ -10,7 +10,10 @@ read between them (each step started on an idle device):
   lookup, ``cudaGraphLaunch``); the engine's writes into the views are not counted;
 * ``run(eager="graph")``, the eager path of a step no graph holds: validate, stage, the
   builds a graph holds launched eagerly (staging kernels, every ``build_decode`` or
-  ``build_mixed``, the step), bookkeeping;
+  ``build_mixed``, the step), bookkeeping -- through the launch plan of the step's extents
+  (recorded by an earlier step), recording it (the second step at these extents: the
+  plans are dropped before each, the extents kept as seen), and with no plans (the builds
+  themselves, which is also what the first step at new extents runs);
 * ``run(eager=True)``: validate, stage, staging kernels, one phase per builder's ``build``,
   the step, bookkeeping -- the reference builds.
 
@@ -124,15 +127,33 @@ def _run_eager(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
     return phases
 
 
-def _run_graph_build(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+def _run_graph_build(gm: GraphManager, step: RandomStep,
+                     plans: str = "hit") -> Callable[[], Phases]:
+    """``run(eager="graph")``'s phases; ``plans``: "hit" (the step's launch plan was
+    recorded on an earlier step), "recorded" (dropped before each step, the extents kept as
+    seen, so each records it: the second step at these extents) or "off" (the builds themselves)."""
     q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
     k, t, n = q.shape[0], slots.shape[0], gm.config.next_n
     uniform = bool((q == n).all())
+    kept = gm.plans
+
+    def validate() -> None:
+        if uniform:  # the lean path run() takes for a uniform decode step
+            uniform_decode_passes(k, s, slots, gm.config, gm._slot_bound)
+        else:
+            screen_step(q, s, slots, gm.config, gm._slot_bound)
+
+    def builds() -> None:
+        gm.plans = None if plans == "off" else kept
+        gm.launch_graph_build(k, t, uniform)
+        gm.plans = kept
 
     def phases() -> Phases:
-        return [("validate", lambda: screen_step(q, s, slots, gm.config, gm._slot_bound)),
+        if plans == "recorded" and kept is not None:
+            kept.clear(keep_seen=True)
+        return [("validate", validate),
                 ("stage", lambda: gm.stage_for_graph(q, s, slots, uniform)),
-                ("graph builds + step", lambda: gm.launch_graph_build(k, t, uniform)),
+                ("graph builds + step", builds),
                 ("bookkeeping", lambda: RunResult(None, "eager", None, "forced", t))]
 
     return phases
@@ -153,13 +174,17 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
         decode = fixed_step(inputs, np.full(num_reqs, n),
                             rng.integers(n, 32_768, size=num_reqs), rng)
         mixed = reference_mixed_batch(inputs, rng)
-        for label, phases in (("run(), decode replay", _run_decode(gm, decode)),
-                              ("in-place, decode replay", _in_place_decode(gm, decode)),
-                              ('run(eager="graph"), decode', _run_graph_build(gm, decode)),
-                              ('run(eager="graph"), reference mixed batch',
-                               _run_graph_build(gm, mixed)),
-                              ("run(eager=True), decode", _run_eager(gm, decode)),
-                              ("run(eager=True), reference mixed batch", _run_eager(gm, mixed))):
+        paths = [("run(), decode replay", _run_decode(gm, decode)),
+                 ("in-place, decode replay", _in_place_decode(gm, decode))]
+        for what, step in (("decode", decode), ("reference mixed batch", mixed)):
+            paths += [(f'run(eager="graph"), {what}', _run_graph_build(gm, step)),
+                      (f'run(eager="graph"), {what}, plan recorded',
+                       _run_graph_build(gm, step, "recorded")),
+                      (f'run(eager="graph"), {what}, no plans',
+                       _run_graph_build(gm, step, "off"))]
+        paths += [("run(eager=True), decode", _run_eager(gm, decode)),
+                  ("run(eager=True), reference mixed batch", _run_eager(gm, mixed))]
+        for label, phases in paths:
             medians = _phase_medians(phases, reps)
             lines.append(f"{label}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
     return "\n".join(lines + floor_lines(floor))

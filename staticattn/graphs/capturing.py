@@ -134,12 +134,17 @@ class GraphCapture:
     def body(self, kind: str, num_reqs: int, num_tokens: int):
         """What one graph holds: the staging kernels, every builder's build, the step.
         Returns ``(step outputs, {builder name: metadata})``."""
+        batch, metadata = self.builds(kind, num_reqs, num_tokens)
+        return self.step(batch, metadata), metadata
+
+    def builds(self, kind: str, num_reqs: int, num_tokens: int):
+        """The staging kernels and every builder's graph build (``build_decode`` for
+        ``kind`` "decode", else ``build_mixed``) at these extents. Returns ``(batch,
+        {builder name: metadata})``."""
         if kind == DECODE:
             self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True)
             batch = Batch.for_decode_capture(self.inputs, num_reqs, self._context_len)
-            metadata = {b.name: b.build_decode(batch) for b in self.builders}
-        else:
-            self.inputs.copy_to_device(num_reqs, num_tokens)
-            batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
-            metadata = {b.name: b.build_mixed(batch) for b in self.builders}
-        return self.step(batch, metadata), metadata
+            return batch, {b.name: b.build_decode(batch) for b in self.builders}
+        self.inputs.copy_to_device(num_reqs, num_tokens)
+        batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
+        return batch, {b.name: b.build_mixed(batch) for b in self.builders}

@@ -14,7 +14,7 @@ import torch
 
 from staticattn.errors import BackendUnavailableError
 
-__all__ = ["node_census", "dump_dot", "cudart_or_none", "new_graph"]
+__all__ = ["node_census", "dump_dot", "cudart_or_none", "new_graph", "raw_node_census"]
 
 # cudaGraphNodeType values (CUDA runtime API), named as the census reports them.
 _NODE_TYPES = {
@@ -70,11 +70,17 @@ def node_census(graph: torch.cuda.CUDAGraph) -> dict[str, int] | None:
     if cudart is None:
         return None
     try:
-        handle = _raw_graph(graph, cudart)
-        _, count = _check(cudart.cudaGraphGetNodes(handle, 0))
-        nodes, _ = _check(cudart.cudaGraphGetNodes(handle, count))
+        return raw_node_census(_raw_graph(graph, cudart))
     except (BackendUnavailableError, RuntimeError):
         return None
+
+
+def raw_node_census(handle) -> dict[str, int]:
+    """:func:`node_census` of a raw ``cudaGraph_t`` (needs cuda-bindings; raises
+    RuntimeError on a runtime error)."""
+    cudart = cudart_or_none()
+    _, count = _check(cudart.cudaGraphGetNodes(handle, 0))
+    nodes, _ = _check(cudart.cudaGraphGetNodes(handle, count)) if count else ([], 0)
     census: Counter[str] = Counter()
     for node in nodes or []:
         kind = _check(cudart.cudaGraphNodeGetType(node))

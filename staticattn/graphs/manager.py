@@ -62,18 +62,17 @@ from staticattn.builders.validate_views import ViewChecks
 from staticattn.builders.value_checks import slot_bound
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.capturing import GraphCapture
+from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.in_place import InPlaceSteps
 from staticattn.graphs.records import (
     DECODE,
-    MIXED,
     CapturedGraph,
     GraphTable,
     RunResult,
     RunStats,
     describe_graphs,
-    slice_outputs,
 )
-from staticattn.staging import StagedCounts, StepInputs
+from staticattn.staging import StepInputs
 
 __all__ = ["GraphManager", "StepFn"]
 
@@ -83,7 +82,7 @@ _all = np.logical_and.reduce
 StepFn = Callable[[Batch, dict[str, Any]], Any]
 
 
-class GraphManager(GraphCapture, InPlaceSteps):
+class GraphManager(GraphCapture, InPlaceSteps, EagerSteps):
     """Captures and replays the graphs of every step (see the module docstring).
 
     Parameters
@@ -119,6 +118,11 @@ class GraphManager(GraphCapture, InPlaceSteps):
         replay would give; "reference", every builder's ``build`` (host planning, exact
         extents). "auto" (default): "graph" when every builder has both graph builds.
         ``run(..., eager=True)`` always runs the reference, for A/B checks.
+    eager_plans : int
+        With the "graph" eager builds on CUDA (Triton kernels, cuda-bindings), keep up to
+        this many launch plans (:mod:`~staticattn.graphs.launch_plans`): the builds' launches
+        at a step's extents, recorded once and issued again through the driver, without the
+        builders' Python. 0 turns them off. Default 256.
     """
 
     def __init__(
@@ -134,7 +138,10 @@ class GraphManager(GraphCapture, InPlaceSteps):
         num_kv_blocks: int | None = None,
         raw_launch: bool = True,
         eager_build: str = "auto",
+        eager_plans: int = 256,
     ) -> None:
+        if type(eager_plans) is not int or eager_plans < 0:
+            raise GraphError(f"eager_plans must be an int >= 0; got {eager_plans!r}")
         if eager_build not in ("auto", "graph", "reference"):
             raise GraphError(f"eager_build must be 'auto', 'graph' or 'reference'; got "
                              f"{eager_build!r}")
@@ -170,6 +177,7 @@ class GraphManager(GraphCapture, InPlaceSteps):
         # The longest sequence the decode graphs are captured for (None: max_model_len);
         # only graphs.contexts' bucket managers set it, and they refuse longer steps.
         self._context_len: int | None = None
+        self.plans = self._make_plans(eager_plans)
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> GraphManager:
@@ -188,6 +196,8 @@ class GraphManager(GraphCapture, InPlaceSteps):
         self.mixed_graphs.clear()
         self._table = self._new_table()
         self._pool = None
+        if self.plans is not None:
+            self.plans.clear()
         self._closed = True
 
     @property
@@ -248,13 +258,27 @@ class GraphManager(GraphCapture, InPlaceSteps):
         k = q.shape[0] if q.ndim == 1 else 0
         table = self._table.decode
         # O(1) tests first: a step whose token count is not k * next_n is not uniform.
-        g = (table[k] if not eager and 0 < k < len(table) and slots.shape[0] == k * n
-             and q.dtype.kind in "iu" and _all(q == n) else None)
-        if g is not None and (not self.validate or uniform_decode_passes(
-                k, s, slots, self.config, self._slot_bound)):
-            self.inputs.stage_uniform_decode(s, slots)
-            return self._replay(g, k * n)
+        if (eager in (False, "graph") and 0 < k < len(table) and slots.shape[0] == k * n
+                and q.dtype.kind in "iu" and _all(q == n) and (
+                    uniform_decode_passes(k, s, slots, self.config, self._slot_bound)
+                    if self.validate else self._uniform_extents(k, s))):
+            g = None if eager else table[k]
+            if g is not None:
+                self.inputs.stage_uniform_decode(s, slots)
+                return self._replay(g, k * n)
+            if eager or self.eager_build == "graph":  # no decode graph: the lean eager path
+                g, reason = (None, "forced") if eager else self._graph_for_step(k, k * n,
+                                                                                True, n)
+                if g is None:
+                    self.inputs.stage_uniform_decode(s, slots)
+                    return self._eager_graph_build(k, k * n, True, reason)
         return self._run_general(q, s, slots, eager)
+
+    def _uniform_extents(self, num_reqs: int, s: np.ndarray) -> bool:
+        """Without validation, what still bounds every kernel of a uniform decode step:
+        ``seq_lens`` as long as the query lengths and ``k * next_n`` tokens in capacity."""
+        return (s.ndim == 1 and s.shape[0] == num_reqs
+                and num_reqs * self._n <= self.config.max_num_batched_tokens)
 
     def _run_general(self, q, s, slots, eager: bool | str) -> RunResult:
         """Every step the decode replay path did not take: check, then replay the graph
@@ -284,12 +308,10 @@ class GraphManager(GraphCapture, InPlaceSteps):
             if not self.validate:  # the extents still bound every kernel
                 self.inputs.check_extents(q, s, slots, k, num_tokens)
             self.stage_for_graph(q, s, slots, uniform)
-            events = self._record_start()
-            outputs = self.launch_graph_build(k, num_tokens, uniform)
-        else:
-            counts = self.inputs.stage(q, s, slots, checked=self.validate)
-            events = self._record_start()
-            outputs = self.launch_eager(counts)
+            return self._eager_graph_build(k, num_tokens, uniform, reason)
+        counts = self.inputs.stage(q, s, slots, checked=self.validate)
+        events = self._record_start()
+        outputs = self.launch_eager(counts)
         self._record_end(events)
         self.stats.eager[reason] += 1
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
@@ -346,28 +368,13 @@ class GraphManager(GraphCapture, InPlaceSteps):
         if events is not None:
             events[1].record(self.stream)
 
-    def run_eager(self, q, s, slots) -> Any:
-        """Stage, build every builder eagerly, run the step; outputs for the real tokens."""
-        return self.launch_eager(self.inputs.stage(q, s, slots))
-
-    def launch_graph_build(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
-        """The device half of an eager step whose host values are already staged (counts
-        included): what a graph holds -- staging kernels, every builder's ``build_decode``
-        (``uniform``: ``num_reqs`` requests of ``next_n`` tokens) or ``build_mixed``, the
-        step -- launched eagerly at the step's own extents. Outputs for the real tokens."""
-        outputs, _ = self.body(DECODE if uniform else MIXED, num_reqs, num_tokens)
-        return slice_outputs(outputs, num_tokens)
-
-    def launch_eager(self, counts: StagedCounts) -> Any:
-        """The device half of an eager step whose host values are already staged: the
-        reference builds (``build``), launched one kernel at a time."""
-        self.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
-        batch = Batch.from_staged(self.inputs, counts)
-        metadata = {b.name: b.build(batch) for b in self.builders}
-        return slice_outputs(self.step(batch, metadata), counts.num_tokens)
-
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:
         """A table per captured graph (kind, tokens, requests, capture time, nodes, pool
-        memory, how it is launched), the totals and the step counts."""
-        return describe_graphs(self.graphs, self.mixed_graphs, self.stats)
+        memory, how it is launched), the totals, the step counts and the launch plans."""
+        text = describe_graphs(self.graphs, self.mixed_graphs, self.stats)
+        if self.plans is None:
+            return text
+        st = self.plans.stats
+        return (f"{text}\neager launch plans: {len(self.plans)} kept, {st.hits} steps through "
+                f"them, {st.recorded} recorded, {st.unplannable} extents unplannable")

@@ -11,17 +11,59 @@ tensor's dtype and 16-byte alignment, each int's value class (1, a multiple of 1
 the constexprs, the kernel -- a superset of what Triton keys a compilation on, so a cached
 kernel is only ever launched with arguments it was compiled for. Interpreted Triton (CPU)
 always takes the ordinary path.
+
+While a recorder is installed (:func:`recording`), every launch is also handed to it with
+the compiled kernel, and :func:`record_event` hands it the events the launches are ordered
+with: that is how launch plans learn what a step's builds launch.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Protocol
 
 import torch
 
 from staticattn.kernels.backend import triton_interpreted
 
-__all__ = ["grid_size", "launch", "pow2_at_least"]
+__all__ = ["LaunchRecorder", "grid_size", "launch", "pow2_at_least", "record_event",
+           "recording"]
+
+
+class LaunchRecorder(Protocol):
+    """What :func:`recording` installs: told of every kernel launch and event record."""
+
+    def kernel(self, compiled: Any, kernel: Any, grid: tuple[int, ...],
+               args: tuple[Any, ...]) -> None:
+        """``compiled`` (what ``kernel[grid](*args, ...)`` returned) was launched on
+        ``grid`` with the runtime arguments ``args``."""
+
+    def event(self, event: torch.cuda.Event) -> None:
+        """``event`` was recorded on the current stream."""
+
+
+_recorder: LaunchRecorder | None = None
+
+
+@contextmanager
+def recording(recorder: LaunchRecorder) -> Iterator[LaunchRecorder]:
+    """Hand ``recorder`` every launch and event record made inside the block."""
+    global _recorder
+    if _recorder is not None:
+        raise RuntimeError("launches are already being recorded")
+    _recorder = recorder
+    try:
+        yield recorder
+    finally:
+        _recorder = None
+
+
+def record_event(event: torch.cuda.Event) -> None:
+    """``event.record()`` on the current stream, told to the recorder if there is one."""
+    event.record()
+    if _recorder is not None:
+        _recorder.event(event)
 
 #: Specialisation key -> (compiled kernel, constexpr values in signature order, the JIT
 #: function), or None where the fast path does not apply (constexprs interleaved with
@@ -54,6 +96,8 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None
     hit = _compiled.get(key, False)
     if not hit:
         compiled = kernel[grid](*args, **constexprs)
+        if _recorder is not None:
+            _recorder.kernel(compiled, kernel, grid, args)
         names = getattr(kernel, "arg_names", None)  # a JIT function (not a wrapper of one)
         if hit is False and names is not None:
             # The launcher takes every parameter in signature order, constexprs included.
@@ -62,6 +106,8 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None
                               if sorted(tail) == sorted(constexprs) else None)
         return
     compiled, constexpr_values, _ = hit
+    if _recorder is not None:
+        _recorder.kernel(compiled, kernel, grid, args)
     # The current device without ``torch.cuda.current_device``'s initialisation checks:
     # a cached kernel means CUDA is initialised.
     stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())

@@ -26,6 +26,7 @@ import torch
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
+from staticattn.kernels.launch import record_event
 from staticattn.kernels.staging import (
     COUNT_REQS,
     COUNT_TOKENS,
@@ -328,4 +329,4 @@ class StepInputs:
             stage_general(self.backend, self._views, num_reqs, num_tokens,
                           self.config.decode_threshold)
         if self._consumed is not None:
-            self._consumed.record()
+            record_event(self._consumed)

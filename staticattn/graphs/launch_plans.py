@@ -1,0 +1,215 @@
+"""Launch plans: a step no graph holds, run eagerly at the cost of its kernel launches.
+
+The graph builds (staging kernels, every builder's ``build_decode`` / ``build_mixed``) are
+graph-safe: at given extents -- kind, requests, tokens -- they launch the same kernels with
+the same arguments (arena views at fixed addresses, ints derived from the extents) whatever
+the step's values, which the kernels read on the device. That is what lets a graph replay
+them; it also lets the host record them once per extents and launch them again through the
+driver, without the builders' Python and Triton's argument binding: 20-25 us per kernel on
+an H200 machine against about 4 us for the driver call (docs/results).
+
+Extents are recorded at their second step (the first runs the builds plainly and is only
+noted): recording costs a few times a plain run, which a step whose extents never come back
+should not pay. Recording runs the builds under stream capture (relaxed mode, on a side stream; the
+graph is inspected, never instantiated) with every launch handed to a recorder and frozen
+(:func:`~staticattn.kernels.frozen_launch.freeze`). The captured graph's node census is the
+proof that the record is complete: as many kernel nodes as frozen launches, and nothing else
+but event records. Device work that does not go through the recorded launch path (a torch
+op, a library kernel), a launch that cannot be frozen, or a capture that fails marks the
+extents unplannable, and their steps keep the ordinary eager builds. A plan holds the
+``Batch`` and metadata the builds returned -- the views a replay at these extents uses --
+and plans are dropped least recently used past ``capacity`` (extents seen once past four
+times that).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from staticattn.graphs.introspect import cudart_or_none, raw_node_census
+from staticattn.kernels.frozen_launch import FrozenLaunch, driver_or_none, freeze
+from staticattn.kernels.launch import recording
+
+__all__ = ["LaunchPlan", "LaunchPlans", "PlanStats"]
+
+Builds = Callable[[str, int, int], tuple[Any, dict[str, Any]]]
+
+
+class _EventRecord:
+    """An event record in a plan, issued on the plan's stream like its kernels."""
+
+    __slots__ = ("_event", "_record", "_success")
+
+    def __init__(self, event: torch.cuda.Event) -> None:
+        driver = driver_or_none()
+        self._event = event  # kept alive with the plan
+        self._record = lambda stream, handle=event.cuda_event: driver.cuEventRecord(handle,
+                                                                                    stream)
+        self._success = driver.CUresult.CUDA_SUCCESS
+
+    def launch(self, stream: int) -> None:
+        err, = self._record(stream)
+        if err != self._success:
+            raise RuntimeError(f"cuEventRecord failed: {err}")
+
+
+class _Recorder:
+    """Collects a step's launches and event records, frozen, in order."""
+
+    def __init__(self) -> None:
+        self.actions: list[FrozenLaunch | _EventRecord] = []
+        self.kernels = 0
+        self.frozen = True
+
+    def kernel(self, compiled, kernel, grid, args) -> None:
+        frozen = freeze(compiled, kernel, grid, args)
+        self.kernels += 1
+        if frozen is None:
+            self.frozen = False
+        else:
+            self.actions.append(frozen)
+
+    def event(self, event: torch.cuda.Event) -> None:
+        self.actions.append(_EventRecord(event))
+
+
+@dataclass
+class LaunchPlan:
+    """The frozen launches of one extents' graph builds, and what the builds returned."""
+
+    actions: list[FrozenLaunch | _EventRecord]
+    batch: Any
+    metadata: dict[str, Any]
+
+    def launch(self) -> None:
+        """Issue every launch and event record, in order, on the current stream."""
+        stream = torch._C._cuda_getCurrentRawStream(torch._C._cuda_getDevice())
+        for action in self.actions:
+            action.launch(stream)
+
+
+@dataclass
+class PlanStats:
+    """Steps run through a plan, plans recorded, extents found unplannable."""
+
+    hits: int = 0
+    recorded: int = 0
+    unplannable: int = 0
+
+
+class LaunchPlans:
+    """Plans by extents ``(kind, num_reqs, num_tokens)`` for ``builds``, which launches the
+    graph builds at those extents and returns ``(batch, metadata)``."""
+
+    def __init__(self, builds: Builds, capacity: int = 256) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self._builds = builds
+        self.capacity = capacity
+        self._plans: OrderedDict[tuple[str, int, int], LaunchPlan | None] = OrderedDict()
+        self._seen: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        self._side: torch.cuda.Stream | None = None
+        self._failures: dict[tuple[str, int, int], int] = {}
+        self.stats = PlanStats()
+
+    @staticmethod
+    def available() -> bool:
+        """Plans need CUDA and cuda-bindings (driver and runtime)."""
+        return (torch.cuda.is_available() and driver_or_none() is not None
+                and cudart_or_none() is not None)
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def clear(self, *, keep_seen: bool = False) -> None:
+        """Drop every plan (the manager closes); with ``keep_seen`` the extents stay noted,
+        so their next step records its plan again."""
+        if keep_seen:
+            self._seen.update(dict.fromkeys(self._plans))
+            while len(self._seen) > 4 * self.capacity:
+                self._seen.popitem(last=False)
+        else:
+            self._seen.clear()
+        self._plans.clear()
+
+    def run(self, kind: str, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
+        """Launch the graph builds at these extents -- plainly the first time, recording
+        their plan the second, through it after -- and return ``(batch, metadata)``."""
+        key = (kind, num_reqs, num_tokens)
+        plans = self._plans
+        plan = plans.get(key, False)
+        if plan is False:
+            if key not in self._seen:  # the first step at these extents: noted only
+                self._seen[key] = None
+                if len(self._seen) > 4 * self.capacity:
+                    self._seen.popitem(last=False)
+                return self._builds(kind, num_reqs, num_tokens)
+            del self._seen[key]
+            plan = self._record(key)
+        else:
+            plans.move_to_end(key)
+            if plan is not None:
+                self.stats.hits += 1
+        if plan is None:
+            return self._builds(kind, num_reqs, num_tokens)
+        plan.launch()
+        return plan.batch, plan.metadata
+
+    def _record(self, key: tuple[str, int, int]) -> LaunchPlan | None:
+        """Record the plan for ``key`` and keep it (None: unplannable, kept too). A capture
+        that raises keeps nothing the first time: the ordinary builds then run (and raise
+        again if the step itself is at fault)."""
+        try:
+            recorder, census, built = self._capture(key)
+        except Exception:
+            self._failures[key] = failures = self._failures.get(key, 0) + 1
+            if failures < 2:
+                return None
+            recorder, census, built = _Recorder(), None, None
+        complete = (built is not None and recorder.frozen and census is not None
+                    and census.get("kernel", 0) == recorder.kernels
+                    and set(census) <= {"kernel", "event_record", "empty"})
+        plan = LaunchPlan(recorder.actions, *built) if complete else None
+        if plan is None:
+            self.stats.unplannable += 1
+        else:
+            self.stats.recorded += 1
+        self._plans[key] = plan
+        if len(self._plans) > self.capacity:
+            self._plans.popitem(last=False)
+        return plan
+
+    def _capture(self, key: tuple[str, int, int]):
+        """Run the builds under a relaxed stream capture on a side stream, recording every
+        launch: ``(recorder, node census or None, (batch, metadata) or None)``. Nothing runs
+        on the device; the captured graph is destroyed."""
+        cudart = cudart_or_none()
+        success = cudart.cudaError_t.cudaSuccess
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
+        recorder = _Recorder()
+        relaxed = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
+        with torch.cuda.stream(side):
+            err, = cudart.cudaStreamBeginCapture(side.cuda_stream, relaxed)
+            if err != success:
+                return recorder, None, None
+            try:
+                with recording(recorder):
+                    built = self._builds(*key)
+            finally:
+                err, graph = cudart.cudaStreamEndCapture(side.cuda_stream)
+                if err == success and graph is not None:
+                    try:
+                        census = raw_node_census(graph)
+                    except RuntimeError:
+                        census = None
+                    cudart.cudaGraphDestroy(graph)
+                else:
+                    census = None
+        return recorder, census, built

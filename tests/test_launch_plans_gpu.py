@@ -1,0 +1,146 @@
+"""On the GPU: launch plans (``graphs/launch_plans.py``) run a step's graph builds exactly as
+the builds themselves do.
+
+* View for view: per config, random steps of every composition; each step's graph builds
+  run plainly, then a different step's, then the first step's through the plans three times
+  (noted, recorded, a hit): every metadata view equals the plain builds' bit for bit, so a
+  plan that launched nothing, or launched with stale arguments, shows the other step's
+  values. Through ``GraphManager.run`` the same steps equal the step-alone oracle.
+* A build that does device work outside the recorded launches (a torch op) is found
+  unplannable by the capture census, and its steps keep the ordinary builds.
+* Plans are bounded (least recently used dropped); a rejected step leaves them usable.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gather_world import gather_world
+from hypothesis import given, settings
+from oracle import checksums
+from support import _t, host_steps
+from test_mixed_builds import CONFIGS
+
+from staticattn.builders import IndexerMetadataBuilder
+from staticattn.checks.views import tensors_in
+from staticattn.errors import InvalidBatchError
+from staticattn.graphs import GraphManager
+
+pytestmark = pytest.mark.gpu
+
+
+def _write_tables(inputs, step) -> None:
+    r = step.num_reqs
+    inputs.block_table[:r].copy_(_t(step.block_table))
+    if step.swa_block_table is not None:
+        inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+
+
+def _views(metadata) -> list[torch.Tensor]:
+    torch.cuda.synchronize()
+    return [t.clone() for _, t in tensors_in(metadata)]
+
+
+def _extents(gm, step) -> tuple[str, int, int, bool]:
+    uniform = bool((step.query_lens == gm.config.next_n).all())
+    return ("decode" if uniform else "mixed"), step.num_reqs, step.num_tokens, uniform
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_a_plan_writes_what_the_builds_write(name):
+    cfg = CONFIGS[name](device="cuda")
+    arena, inputs, builders, consumer, caches = gather_world(cfg)
+    plain = GraphManager(arena, inputs, builders, consumer, progress=False, eager_plans=0)
+    gm = GraphManager(arena, inputs, builders, consumer, progress=False)
+    assert plain.plans is None and gm.plans is not None
+    fingerprint = arena.fingerprint()
+    previous = []
+
+    @settings(max_examples=150, deadline=None)
+    @given(host_steps(cfg, max_seq_len=4096))
+    def check(step):
+        _write_tables(inputs, step)
+        kind, k, t, uniform = _extents(gm, step)
+        args = (step.query_lens, step.seq_lens, step.slot_mapping)
+        plain.stage_for_graph(*args, uniform)
+        expected = _views(plain.builds(kind, k, t)[1])
+        if previous:  # another step's values in every view
+            other = previous[-1]
+            _write_tables(inputs, other)
+            okind, ok, ot, ouniform = _extents(gm, other)
+            plain.stage_for_graph(other.query_lens, other.seq_lens, other.slot_mapping,
+                                  ouniform)
+            plain.builds(okind, ok, ot)
+            _write_tables(inputs, step)
+        for _ in range(3):  # extents noted, then the plan recorded, then a hit
+            gm.stage_for_graph(*args, uniform)
+            got = _views(gm.plans.run(kind, k, t)[1])
+            assert len(got) == len(expected)
+            for a, b in zip(got, expected):
+                assert torch.equal(a, b)
+        res = gm.run(*args)
+        assert res.mode == "eager"
+        assert res.outputs.tolist() == checksums.expected(cfg, step, *caches, step.num_tokens)
+        previous.append(step)
+
+    check()
+    assert arena.fingerprint() == fingerprint
+    stats = gm.plans.stats
+    assert stats.recorded > 0 and stats.hits > stats.recorded and stats.unplannable == 0
+
+
+class _TorchOpIndexer(IndexerMetadataBuilder):
+    """The indexer builder with one torch op in each graph build: device work that does not
+    go through the recorded launches."""
+
+    def bind(self, arena) -> None:
+        super().bind(arena)
+        self.calls = torch.zeros(1, dtype=torch.int64, device=arena.device)
+
+    def build_decode(self, batch):
+        self.calls.add_(1)
+        return super().build_decode(batch)
+
+    def build_mixed(self, batch):
+        self.calls.add_(1)
+        return super().build_mixed(batch)
+
+
+def test_device_work_outside_the_launches_is_unplannable():
+    cfg = CONFIGS["v3.2-n1"](device="cuda")
+    arena, inputs, _, consumer, caches = gather_world(cfg)
+    builder = _TorchOpIndexer()
+    builder.bind(arena)
+    gm = GraphManager(arena, inputs, [builder], consumer, progress=False)
+    rng = np.random.default_rng(3)
+    for q in ([1, 1, 1], [1, 7, 30]):
+        k, t = len(q), sum(q)
+        s = np.array(q) + rng.integers(0, 900, size=k)
+        before = int(builder.calls.item())
+        for _ in range(4):  # noted, recording found it unplannable, then plain twice
+            gm.run(q, s, np.arange(t))
+        # The torch op ran on every step: the ordinary builds ran, not a plan.
+        assert int(builder.calls.item()) == before + 4
+    assert gm.plans.stats.unplannable == 2 and gm.plans.stats.hits == 0
+    assert gm.plans.stats.recorded == 0
+
+
+def test_plans_are_bounded_and_survive_a_rejected_step():
+    cfg = CONFIGS["v4-n2"](device="cuda")
+    arena, inputs, builders, consumer, caches = gather_world(cfg)
+    gm = GraphManager(arena, inputs, builders, consumer, progress=False, eager_plans=2)
+    n = cfg.next_n
+    steps = [([n] * k, [100 * (i + 1)] * k) for i, k in enumerate((1, 2, 3))]
+    outs = []
+    for q, s in steps * 3:
+        outs.append(gm.run(q, s, np.arange(sum(q))).outputs.clone())
+        assert len(gm.plans) <= 2
+    for a, b in zip(outs[:6], outs[3:]):
+        assert torch.equal(a, b)
+    assert gm.plans.stats.recorded == 3
+    assert "eager launch plans: 2 kept" in gm.describe()
+    with pytest.raises(InvalidBatchError):
+        gm.run([n, n], [100, -5], np.arange(2 * n))
+    q, s = steps[2]
+    assert torch.equal(gm.run(q, s, np.arange(sum(q))).outputs, outs[2])
