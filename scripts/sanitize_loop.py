@@ -39,12 +39,13 @@ def main() -> None:
                     mixed = random_mixed_step(inputs, rng, max_reqs=8, num_kv_blocks=512,
                                               max_prefill_tokens=100)
                     gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
-            # Steps at extents no graph holds, three times each: the launch plans of a
-            # decode of 3 requests and of a mixed step are noted, recorded, then launched.
+            # The graph builds run eagerly (what a step no graph holds runs), three times per
+            # step: the launch plans of a decode step and of a mixed step are noted,
+            # recorded, then launched.
             decode = stream.next(3)
             for _ in range(3):
-                gm.run(decode.query_lens, decode.seq_lens, decode.slot_mapping)
-                gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
+                gm.run(decode.query_lens, decode.seq_lens, decode.slot_mapping, eager="graph")
+                gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping, eager="graph")
             torch.cuda.synchronize()
             plans = gm.plans.stats if gm.plans is not None else None
             print(f"next_n {n}: {gm.stats.replays} replays, eager {dict(gm.stats.eager)}, "

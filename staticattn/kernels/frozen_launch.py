@@ -14,6 +14,9 @@ A launch is frozen only when the parameters provably line up: every runtime argu
 Triton type has a fixed-size packing, the sizes match the driver's report one for one,
 and the only parameters left are Triton's scratch pointers, which the kernel does not use
 (no global or profile scratch). Cooperative, PDL and cluster launches are not frozen.
+
+The parameters are asked of the driver once per function, up to the count Triton's own
+launcher passes and never past it.
 Otherwise :func:`freeze` returns None and the caller keeps the ordinary launch.
 """
 
@@ -51,25 +54,28 @@ def driver_or_none():
 _layouts: dict[int, list[tuple[int, int]] | None] = {}
 
 
-def _param_layout(function: int) -> list[tuple[int, int]] | None:
-    """``[(offset, size)]`` of every parameter of ``function``, or None if the driver cannot
-    say (``cuFuncGetParamInfo`` needs CUDA 12.4). Asked once per function."""
+def _param_layout(function: int, count: int) -> list[tuple[int, int]] | None:
+    """``[(offset, size)]`` of the ``count`` parameters of ``function``, or None if the
+    driver cannot say (``cuFuncGetParamInfo`` needs CUDA 12.4) or the function has fewer.
+    Asked once per function, and never past ``count``: asking past the last parameter is
+    an API error that sanitizers report."""
     if function not in _layouts:
-        _layouts[function] = _ask_layout(function)
-    return _layouts[function]
+        _layouts[function] = _ask_layout(function, count)
+    layout = _layouts[function]
+    return layout if layout is not None and len(layout) == count else None
 
 
-def _ask_layout(function: int) -> list[tuple[int, int]] | None:
+def _ask_layout(function: int, count: int) -> list[tuple[int, int]] | None:
     driver = driver_or_none()
     if driver is None or not hasattr(driver, "cuFuncGetParamInfo"):
         return None
     layout = []
-    for index in range(4096):
+    for index in range(count):
         err, offset, size = driver.cuFuncGetParamInfo(function, index)
-        if err != driver.CUresult.CUDA_SUCCESS:  # past the last parameter
-            break
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return None
         layout.append((int(offset), int(size)))
-    return layout or None
+    return layout
 
 
 class FrozenLaunch:
@@ -140,15 +146,18 @@ def freeze(compiled: Any, kernel: Any, grid: tuple[int, ...],
             return None
         packed.append((code, arg.data_ptr() if isinstance(arg, torch.Tensor) else arg))
     runtime = sum(1 for kind in signature.values() if kind != "constexpr")
-    layout = _param_layout(compiled.function)
-    if runtime != len(packed) or layout is None or len(layout) < len(packed):
+    if runtime != len(packed):
         return None
-    scratch = layout[len(packed):]  # Triton's trailing scratch pointers, unused here
-    if len(scratch) > 2 or any(size != 8 for _, size in scratch):
+    # Triton appends a scratch pointer per kind of scratch its version has (global, and
+    # profile since 3.5), each reported in the metadata: what its own launcher passes.
+    metadata = compiled.metadata
+    scratch = sum(hasattr(metadata, f"{kind}_scratch_size") for kind in ("global", "profile"))
+    layout = _param_layout(compiled.function, len(packed) + scratch)
+    if layout is None or any(size != 8 for _, size in layout[len(packed):]):
         return None
     if any(struct.calcsize(code) != size for (_, size), (code, _) in zip(layout, packed)):
         return None
-    buffer = ctypes.create_string_buffer(max(offset + size for offset, size in layout))
+    buffer = ctypes.create_string_buffer(max((o + size for o, size in layout), default=1))
     try:
         for (offset, _), (code, value) in zip(layout, packed):
             struct.pack_into("<" + code, buffer, offset, value)
