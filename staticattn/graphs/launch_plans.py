@@ -5,21 +5,22 @@ graph-safe: at given extents -- kind, requests, tokens -- they launch the same k
 the same arguments (arena views at fixed addresses, ints derived from the extents) whatever
 the step's values, which the kernels read on the device. That is what lets a graph replay
 them; it also lets the host record them once per extents and launch them again through the
-driver, without the builders' Python and Triton's argument binding: 20-25 us per kernel on
-an H200 machine against about 4 us for the driver call (docs/results).
+driver, without the builders' Python and Triton's argument binding: 14-19 us per Triton
+launch from Python on an H200 machine against about 4 us for the driver call
+(``docs/results/launch_costs_h200.txt``).
 
 Extents are recorded at their second step (the first runs the builds plainly and is only
 noted): recording costs a few times a plain run, which a step whose extents never come back
-should not pay. Recording runs the builds under stream capture (relaxed mode, on a side stream; the
-graph is inspected, never instantiated) with every launch handed to a recorder and frozen
-(:func:`~staticattn.kernels.frozen_launch.freeze`). The captured graph's node census is the
-proof that the record is complete: as many kernel nodes as frozen launches, and nothing else
-but event records. Device work that does not go through the recorded launch path (a torch
-op, a library kernel), a launch that cannot be frozen, or a capture that fails marks the
-extents unplannable, and their steps keep the ordinary eager builds. A plan holds the
-``Batch`` and metadata the builds returned -- the views a replay at these extents uses --
-and plans are dropped least recently used past ``capacity`` (extents seen once past four
-times that).
+should not pay. Recording runs the builds under stream capture (relaxed mode, on a side
+stream; the graph is inspected, never instantiated) with every launch handed to a recorder
+and frozen (:func:`~staticattn.kernels.frozen_launch.freeze`). The captured graph's node
+census is the proof that the record is complete: as many kernel nodes as frozen launches,
+as many event record nodes as recorded events, and nothing else. Device work that does not
+go through the recorded launch path (a torch op, a library kernel), a launch that cannot be
+frozen, or a capture that fails marks the extents unplannable, and their steps keep the
+ordinary eager builds. A plan holds the ``Batch`` and metadata the builds returned -- the
+views a replay at these extents uses -- and plans are dropped least recently used past
+``capacity`` (extents seen once past four times that).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class _Recorder:
     def __init__(self) -> None:
         self.actions: list[FrozenLaunch | _EventRecord] = []
         self.kernels = 0
+        self.events = 0
         self.frozen = True
 
     def kernel(self, compiled, kernel, grid, args) -> None:
@@ -75,6 +77,7 @@ class _Recorder:
             self.actions.append(frozen)
 
     def event(self, event: torch.cuda.Event) -> None:
+        self.events += 1
         self.actions.append(_EventRecord(event))
 
 
@@ -173,6 +176,7 @@ class LaunchPlans:
             recorder, census, built = _Recorder(), None, None
         complete = (built is not None and recorder.frozen and census is not None
                     and census.get("kernel", 0) == recorder.kernels
+                    and census.get("event_record", 0) == recorder.events
                     and set(census) <= {"kernel", "event_record", "empty"})
         plan = LaunchPlan(recorder.actions, *built) if complete else None
         if plan is None:

@@ -48,7 +48,12 @@ _recorder: LaunchRecorder | None = None
 
 @contextmanager
 def recording(recorder: LaunchRecorder) -> Iterator[LaunchRecorder]:
-    """Hand ``recorder`` every launch and event record made inside the block."""
+    """Hand ``recorder`` every launch and event record made inside the block.
+
+    The recorder is one per process, like a stream capture's effect on the thread that
+    runs it: a launch by another thread meanwhile is handed to it too. Launch plans count
+    their capture's kernel nodes against what they were handed, so such a record comes out
+    incomplete, never wrong."""
     global _recorder
     if _recorder is not None:
         raise RuntimeError("launches are already being recorded")
