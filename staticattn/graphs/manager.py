@@ -266,12 +266,14 @@ class GraphManager(GraphCapture, InPlaceSteps, EagerSteps):
             if g is not None:
                 self.inputs.stage_uniform_decode(s, slots)
                 return self._replay(g, k * n)
-            if eager or self.eager_build == "graph":  # no decode graph: the lean eager path
+            if eager or self.eager_build == "graph":  # no decode graph: a bucket, or eager
                 g, reason = (None, "forced") if eager else self._graph_for_step(k, k * n,
                                                                                 True, n)
-                if g is None:
-                    self.inputs.stage_uniform_decode(s, slots)
-                    return self._eager_graph_build(k, k * n, True, reason)
+                if g is not None:  # every sequence >= next_n: a bucket holds the step
+                    self.stage_for_graph(q, s, slots, False)
+                    return self._replay(g, k * n)
+                self.inputs.stage_uniform_decode(s, slots)
+                return self._eager_graph_build(k, k * n, True, reason)
         return self._run_general(q, s, slots, eager)
 
     def _uniform_extents(self, num_reqs: int, s: np.ndarray) -> bool:
