@@ -5,6 +5,8 @@ writes."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -162,3 +164,36 @@ def test_uniform_staging_equals_general_staging():
             extent = {"query_start_loc": pad + 1, "seq_lens": pad, "step_counts": 4}.get(
                 name, 2 * pad)
             assert torch.equal(getattr(a, name)[:extent], getattr(b, name)[:extent]), name
+
+
+@functools.cache
+def _manager():
+    from staticattn.graphs import GraphManager
+
+    arena, inputs = make_arena(CFG, [])
+    return GraphManager(arena, inputs, [], lambda batch, md: None, progress=False)
+
+
+_INT_DTYPES = [np.dtype(t).newbyteorder(order) for t in
+               (np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                np.uint64) for order in ("<", ">")]
+
+
+@settings(max_examples=2000)
+@given(
+    k=st.integers(1, 8),
+    plants=st.lists(st.tuples(st.integers(0, 7), st.integers(-(2**63), 2**64 - 1)),
+                    max_size=2),
+    dtype=st.sampled_from(_INT_DTYPES),
+)
+def test_the_uniform_decode_test_is_exactly_all_queries_next_n(k, plants, dtype):
+    """run() tells a uniform decode step by comparing the query lengths' bytes with those
+    of ``k`` times ``next_n`` in their dtype: true exactly when every length is
+    ``next_n``, in either byte order, whatever the planted values."""
+    gm = _manager()
+    info = np.iinfo(dtype)
+    values = [CFG.next_n] * k
+    for i, v in plants:
+        values[i % k] = min(max(v, info.min), info.max)
+    q = np.array(values, dtype=dtype)
+    assert (q.tobytes() == gm._decode_query(k, q.dtype)) == bool((q == CFG.next_n).all())
