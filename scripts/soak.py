@@ -78,6 +78,8 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=1 << 20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mix", action="store_true", help="steps of any composition")
+    ap.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
+                    help="where the graphs record the staging event (GraphManager)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -89,7 +91,9 @@ def main() -> int:
     report = {"replays": 0, "mixed_replays": 0, "eager_compared": 0,
               "length_mismatches": 0, "eager_mismatches": 0}
     replayed = eager = None
-    with GraphManager(arena, inputs, builders, consumer, progress=False) as gm:
+    report["staging_guard"] = args.staging_guard
+    with GraphManager(arena, inputs, builders, consumer, progress=False,
+                      staging_guard=args.staging_guard) as gm:
         gm.capture(buckets=None if args.mix else ())
         sizes = gm.capture_sizes
         stream = DecodeStream(inputs, rng, max_seq_len=args.max_model_len)

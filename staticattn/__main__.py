@@ -105,7 +105,8 @@ def cmd_bench(args) -> int:
     if args.breakdown:
         from staticattn.bench.breakdown import run_breakdown
 
-        print(run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed))
+        print(run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed,
+                            staging_guard=args.staging_guard))
         return 0
     if args.mix:
         from staticattn.bench.mixed import run_mixed_bench
@@ -127,7 +128,7 @@ def cmd_bench(args) -> int:
     sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
     report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
                        preset=args.preset, consumer_name=name, seed=args.seed,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, staging_guard=args.staging_guard)
     print(report.header())
     print(report.table())
     return _save_report(report, args)
@@ -221,6 +222,10 @@ def main(argv: list[str] | None = None) -> int:
                            "each: torchrun --nproc-per-node WORLD -m staticattn bench --dcp "
                            "WORLD (per-rank host and GPU time, the collectives' share, host "
                            "jitter across ranks, the same step on one GPU)")
+            c.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
+                           help="where the graphs record the event the host waits for before "
+                           "rewriting the staging (GraphManager's staging_guard; batch sizes "
+                           "and --breakdown)")
             c.add_argument("--json", default=None)
             c.add_argument("--plot", default=None, help="PNG of latency vs batch size")
     args = p.parse_args(argv)

@@ -66,7 +66,7 @@ def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, n
 
 
 def test_the_eager_build_is_chosen_and_checked():
-    from toy import ToyBuilder, ToyStep
+    from toy import ToyBuilder, ToyStep, toy_expected
 
     from staticattn.arena import ArenaConfig
     from staticattn.builders import make_arena
@@ -87,6 +87,15 @@ def test_the_eager_build_is_chosen_and_checked():
     for plans in (-1, 2.0, None):
         with pytest.raises(GraphError, match="eager_plans"):
             GraphManager(arena, inputs, [b], step, eager_plans=plans)
+    for guard in ("end", None, True):
+        with pytest.raises(GraphError, match="staging_guard"):
+            GraphManager(arena, inputs, [b], step, staging_guard=guard)
+    # Either guard runs the same eager step (the event only moves inside captured graphs).
+    q, lens, slots = [2, 2], [9, 40], np.arange(4)
+    at_end = GraphManager(arena, inputs, [b], step, staging_guard="step", progress=False)
+    first = at_end.run(q, lens, slots, eager="graph").outputs.tolist()
+    assert first == toy_expected(q, lens)
+    assert ref.run(q, lens, slots, eager="graph").outputs.tolist() == first
     # Launch plans need CUDA, Triton kernels and the "graph" builds.
     assert ref.plans is None
     assert GraphManager(arena, inputs, [b], step, eager_plans=0).plans is None

@@ -160,16 +160,19 @@ def _run_graph_build(gm: GraphManager, step: RandomStep,
 
 
 def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig], list],
-                  num_reqs: int = 32, reps: int = 300, seed: int = 0) -> str:
-    """The per-phase table (text) for ``config``, metadata only."""
+                  num_reqs: int = 32, reps: int = 300, seed: int = 0,
+                  staging_guard: str = "staging") -> str:
+    """The per-phase table (text) for ``config``, metadata only; ``staging_guard`` as for
+    :class:`~staticattn.graphs.GraphManager`."""
     rng = np.random.default_rng(seed)
     floor = launch_floor()
     builders = builders_factory(config)
     arena, inputs = make_arena(config, builders)
     n = config.next_n
     lines = [f"host time per phase, us (medians of {reps}) | device {environment()['device']}"
-             f" | next_n {n}, {num_reqs} requests"]
-    with GraphManager(arena, inputs, builders, lambda batch, md: None, progress=False) as gm:
+             f" | next_n {n}, {num_reqs} requests | staging guard after the {staging_guard}"]
+    with GraphManager(arena, inputs, builders, lambda batch, md: None, progress=False,
+                      staging_guard=staging_guard) as gm:
         gm.capture([num_reqs * n], buckets=())
         decode = fixed_step(inputs, np.full(num_reqs, n),
                             rng.integers(n, 32_768, size=num_reqs), rng)

@@ -65,14 +65,18 @@ def run_bench(
     consumer_name: str = "metadata only",
     seed: int = 0,
     progress: bool = True,
+    staging_guard: str = "staging",
 ) -> BenchReport:
-    """Capture ``sizes`` and time graph replay vs the eager path for each."""
+    """Capture ``sizes`` and time graph replay vs the eager path for each (``staging_guard``
+    as for :class:`~staticattn.graphs.GraphManager`)."""
     builders = builders_factory()
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
-    report = BenchReport(environment(), preset, config.next_n, consumer_name, launch_floor())
+    report = BenchReport(environment(), preset, config.next_n, consumer_name, launch_floor(),
+                         staging_guard=staging_guard)
     rng = np.random.default_rng(seed)
-    with GraphManager(arena, inputs, builders, step, progress=progress, time_gpu=True) as gm:
+    with GraphManager(arena, inputs, builders, step, progress=progress, time_gpu=True,
+                      staging_guard=staging_guard) as gm:
         gm.capture(sizes, buckets=())
         for size in sorted(gm.graphs):
             g = gm.graphs[size]
@@ -89,33 +93,46 @@ def run_bench(
                 size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,
                 Stat.of(gh), Stat.of(gg), Stat.of(eh), Stat.of(eg),
                 Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps)),
+                Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps,
+                                         validate=False)),
             ))
     return report
 
 
 def in_place_host_us(gm: GraphManager, seq_lens: np.ndarray, slot_mapping: np.ndarray,
-                     reps: int, query_lens: np.ndarray | None = None) -> list[float]:
+                     reps: int, query_lens: np.ndarray | None = None, *,
+                     validate: bool = True) -> list[float]:
     """Host time of a step through the in-place API: ``begin_step()`` and ``launch(k)`` for
     a uniform decode step, ``launch(k, t)`` for a step of any composition (``query_lens``
     given; its query starts are written too); the engine's own writes into the views
-    (between the two) are not counted. Each step starts on an idle device.
+    (between the two) are not counted. Each step starts on an idle device. ``validate``:
+    the manager's checks on (its default) or off, for these steps only.
     ``seq_lens``, ``query_lens``: host ints ``(k,)``; ``slot_mapping``: host ints ``(t,)``;
     returns ``reps`` host times in microseconds."""
     k, num_tokens = seq_lens.shape[0], slot_mapping.shape[0]
     qsl = None if query_lens is None else np.concatenate(([0], np.cumsum(query_lens)))
     counts = (k,) if qsl is None else (k, num_tokens)
     host = []
-    for _ in range(reps + 20):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        views = gm.begin_step()
-        t1 = time.perf_counter()
-        views.seq_lens[:k] = seq_lens
-        views.slot_mapping[:num_tokens] = slot_mapping
-        if qsl is not None:
-            views.query_start_loc[: k + 1] = qsl
-        t2 = time.perf_counter()
-        gm.launch(*counts)
-        t3 = time.perf_counter()
-        host.append((t1 - t0 + t3 - t2) * 1e6)
+    kept, gm.validate = gm.validate, validate
+    try:
+        for _ in range(reps + 20):
+            host.append(_in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts))
+    finally:
+        gm.validate = kept
     return host[20:]
+
+
+def _in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts) -> float:
+    """One timed in-place step (us): ``begin_step()`` and ``launch(*counts)``."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    views = gm.begin_step()
+    t1 = time.perf_counter()
+    views.seq_lens[:k] = seq_lens
+    views.slot_mapping[:num_tokens] = slot_mapping
+    if qsl is not None:
+        views.query_start_loc[: k + 1] = qsl
+    t2 = time.perf_counter()
+    gm.launch(*counts)
+    t3 = time.perf_counter()
+    return (t1 - t0 + t3 - t2) * 1e6

@@ -37,6 +37,8 @@ class BenchRow:
     eager_gpu_us: Stat
     #: ``begin_step()`` + ``launch(k)`` (the in-place API), the engine's writes excluded.
     in_place_host_us: Stat | None = None
+    #: The same with the manager's ``validate`` off (the engine vouches for the views).
+    in_place_unchecked_host_us: Stat | None = None
 
     @property
     def host_ratio(self) -> float:
@@ -56,18 +58,23 @@ class BenchReport:
     #: The one-kernel graph of :func:`staticattn.bench.floor.launch_floor`, same run.
     floor: dict[str, Stat] | None
     rows: list[BenchRow] = field(default_factory=list)
+    #: The graph manager's ``staging_guard``: where the graphs record the staging event.
+    staging_guard: str = "staging"
 
     def table(self) -> str:
         """The rows as a fixed-width text table (microsecond medians), then the floor."""
-        head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'in-place host':>13} "
+        head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'in-place host':>13} {'unchecked':>9} "
                 f"{'run() host':>10} {'graph GPU':>9} | {'eager host':>10} {'eager GPU':>9} | "
                 f"{'host x':>7} {'GPU x':>6}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             in_place = f"{r.in_place_host_us.median:.1f}" if r.in_place_host_us else "-"
+            unchecked = (f"{r.in_place_unchecked_host_us.median:.1f}"
+                         if r.in_place_unchecked_host_us else "-")
             lines.append(
                 f"{r.size:>5} {r.num_reqs:>5} {r.kernels if r.kernels is not None else '-':>5} | "
-                f"{in_place:>13} {r.graph_host_us.median:>10.1f} {r.graph_gpu_us.median:>9.1f}"
+                f"{in_place:>13} {unchecked:>9} {r.graph_host_us.median:>10.1f} "
+                f"{r.graph_gpu_us.median:>9.1f}"
                 f" | {r.eager_host_us.median:>10.1f} {r.eager_gpu_us.median:>9.1f} | "
                 f"{r.host_ratio:>7.1f} {r.gpu_ratio:>6.1f}"
             )
@@ -80,7 +87,8 @@ class BenchReport:
         e = self.env
         return (f"device {e['device']} | driver {e['driver']} | CUDA {e['cuda']} | torch "
                 f"{e['torch']} | triton {e['triton']} | preset {self.preset}, next_n "
-                f"{self.next_n}, step: {self.consumer}")
+                f"{self.next_n}, step: {self.consumer} | staging guard after the "
+                f"{self.staging_guard}")
 
     def to_json(self) -> str:
         """The report as JSON: env, floor and rows with their medians, minima and maxima

@@ -27,7 +27,9 @@ from staticattn.staging.inputs import HostViews
 
 __all__ = ["ViewChecks"]
 
-_min, _max = np.minimum.reduce, np.maximum.reduce
+_min = np.minimum.reduce
+# An extreme is ``a.item(a.argmax())``, a third of a ufunc reduction's cost on a step's
+# small prefixes (see staticattn.builders.validate_host).
 
 
 class ViewChecks:
@@ -55,21 +57,28 @@ class ViewChecks:
         # Negative lengths read as uint32 exceed max_model_len: one pass checks both bounds.
         self._seq_u32 = host.seq_lens.view(np.uint32)
         # The written prefixes as views, made once per count (slicing costs 0.2 us a view).
-        self._seq_views: dict[int, np.ndarray] = {}
+        self._decode_views: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_views: dict[int, np.ndarray] = {}
         self._start_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def decode(self, num_reqs: int) -> None:
-        """A uniform decode step of ``num_reqs`` requests (``next_n`` tokens each)."""
-        if not 0 < num_reqs <= self.max_decode_reqs:
-            self._bad_count(num_reqs)
-        seq = self._seq_views.get(num_reqs)
-        if seq is None:
-            seq = self._seq_views[num_reqs] = self._seq_u32[:num_reqs]
-        if _max(seq) > self.max_model_len:
+        """A uniform decode step of ``num_reqs`` requests (``next_n`` tokens each; an int:
+        :meth:`~staticattn.graphs.GraphManager.launch` makes sure)."""
+        views = self._decode_views.get(num_reqs)
+        if views is None:  # a count not seen yet: check it, then keep its prefixes
+            if not 0 < num_reqs <= self.max_decode_reqs:
+                self._bad_count(num_reqs)
+            views = self._decode_views[num_reqs] = (
+                self._seq_u32[:num_reqs], self.host.slot_mapping[: num_reqs * self.next_n])
+        seq, slots = views
+        if seq.item(seq.argmax()) > self.max_model_len:
             lens = self.host.seq_lens[:num_reqs].astype(np.int64)
             check_seq_lens(np.zeros_like(lens), lens, self.config)
-        self._slots(num_reqs * self.next_n)
+        # Inline rather than through _slots: this runs on every in-place decode launch.
+        bound = self.slot_bound
+        if slots.item(slots.argmin()) < -1 or (
+                bound is not None and slots.item(slots.argmax()) >= bound):
+            check_slots(slots, bound)
 
     def step(self, num_reqs: int, num_tokens: int) -> None:
         """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written."""
@@ -93,7 +102,8 @@ class ViewChecks:
                 f"[{int(qsl[0])}, ..., {int(qsl[num_reqs])}] over {num_reqs} requests")
         # 0 <= q <= L as one unsigned comparison: a negative q reads as above any length; a
         # negative L fails the bound after it.
-        if not _min((ends - starts).view(np.uint32) <= seq) or _max(seq) > self.max_model_len:
+        if (not _min((ends - starts).view(np.uint32) <= seq)
+                or seq.item(seq.argmax()) > self.max_model_len):
             query_lens = check_non_decreasing("query_start_loc",
                                               qsl[: num_reqs + 1].astype(np.int64))
             check_seq_lens(query_lens, self.host.seq_lens[:num_reqs].astype(np.int64), cfg)
@@ -103,8 +113,8 @@ class ViewChecks:
         slots = self._slot_views.get(num_tokens)
         if slots is None:
             slots = self._slot_views[num_tokens] = self.host.slot_mapping[:num_tokens]
-        if num_tokens and (_min(slots) < -1 or (
-                self.slot_bound is not None and _max(slots) >= self.slot_bound)):
+        if num_tokens and (slots.item(slots.argmin()) < -1 or (
+                self.slot_bound is not None and slots.item(slots.argmax()) >= self.slot_bound)):
             check_slots(slots, self.slot_bound)
 
     def _bad_count(self, num_reqs: int) -> None:

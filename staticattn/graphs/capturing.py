@@ -132,19 +132,25 @@ class GraphCapture:
         warm_up(lambda: self.body(DECODE, num_reqs, num_tokens), stream)
 
     def body(self, kind: str, num_reqs: int, num_tokens: int):
-        """What one graph holds: the staging kernels, every builder's build, the step.
-        Returns ``(step outputs, {builder name: metadata})``."""
-        batch, metadata = self.builds(kind, num_reqs, num_tokens)
-        return self.step(batch, metadata), metadata
-
-    def builds(self, kind: str, num_reqs: int, num_tokens: int):
-        """The staging kernels and every builder's graph build (``build_decode`` for
-        ``kind`` "decode", else ``build_mixed``) at these extents. Returns ``(batch,
+        """What one graph holds: the staging kernels, every builder's build, the step, and
+        the staging guard's event where ``staging_guard`` puts it. Returns ``(step outputs,
         {builder name: metadata})``."""
+        after_staging = self.staging_guard == "staging"
+        batch, metadata = self.builds(kind, num_reqs, num_tokens, mark=after_staging)
+        outputs = self.step(batch, metadata)
+        if not after_staging:
+            self.inputs.mark_staging_read()
+        return outputs, metadata
+
+    def builds(self, kind: str, num_reqs: int, num_tokens: int, mark: bool = True):
+        """The staging kernels and every builder's graph build (``build_decode`` for
+        ``kind`` "decode", else ``build_mixed``) at these extents; ``mark``: record the
+        staging guard's event after the staging kernels. Returns ``(batch, {builder name:
+        metadata})``."""
         if kind == DECODE:
-            self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True)
+            self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True, mark=mark)
             batch = Batch.for_decode_capture(self.inputs, num_reqs, self._context_len)
             return batch, {b.name: b.build_decode(batch) for b in self.builders}
-        self.inputs.copy_to_device(num_reqs, num_tokens)
+        self.inputs.copy_to_device(num_reqs, num_tokens, mark=mark)
         batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
         return batch, {b.name: b.build_mixed(batch) for b in self.builders}

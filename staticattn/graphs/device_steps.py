@@ -118,12 +118,18 @@ class DeviceLengthSteps:
 
     def body(self, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
         """What one graph holds: the producer, the device-starts staging, every builder's
-        mixed build, the step. Returns ``(step outputs, {builder name: metadata})``."""
+        mixed build, the step, and the staging guard's event where the manager's
+        ``staging_guard`` puts it. Returns ``(step outputs, {builder name: metadata})``."""
         self.producer(self.inputs, num_reqs, num_tokens)
-        self.inputs.copy_to_device(num_reqs, num_tokens, device_starts=True)
+        after_staging = self.manager.staging_guard == "staging"
+        self.inputs.copy_to_device(num_reqs, num_tokens, device_starts=True,
+                                   mark=after_staging)
         batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
         metadata = {b.name: b.build_mixed(batch) for b in self.manager.builders}
-        return self.manager.step(batch, metadata), metadata
+        outputs = self.manager.step(batch, metadata)
+        if not after_staging:
+            self.inputs.mark_staging_read()
+        return outputs, metadata
 
     # ------------------------------------------------------------------ launch
     def graph_for(self, num_reqs: int, num_tokens: int) -> CapturedGraph | None:

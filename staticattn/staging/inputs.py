@@ -259,6 +259,11 @@ class StepInputs:
         self.wait_staging_free()
         self.host.counts[COUNT_REQS] = num_reqs
 
+    @property
+    def staging_events(self) -> tuple[torch.cuda.Event, ...]:
+        """The event the writers wait for (:meth:`wait_staging_free`), none on CPU."""
+        return () if self._consumed is None else (self._consumed,)
+
     def wait_staging_free(self) -> None:
         """Block until the last staging kernel has read the staging block. A query first:
         the event has nearly always fired, and asking is cheaper than synchronising."""
@@ -307,8 +312,9 @@ class StepInputs:
 
     # --------------------------------------------------------------- device side
     def copy_to_device(self, num_reqs: int, num_tokens: int, *, uniform: bool = False,
-                       device_starts: bool = False) -> None:
-        """Launch the staging kernels over a static extent, then mark the staging free.
+                       device_starts: bool = False, mark: bool = True) -> None:
+        """Launch the staging kernels over a static extent, then mark the staging free
+        (unless ``mark`` is False: the caller marks it later, :meth:`mark_staging_read`).
 
         Graph-safe: the extent is static, the real counts are read by the kernels from the
         staging, and inside a capture the event becomes an event-record node that fires on
@@ -328,5 +334,12 @@ class StepInputs:
         else:
             stage_general(self.backend, self._views, num_reqs, num_tokens,
                           self.config.decode_threshold)
+        if mark:
+            self.mark_staging_read()
+
+    def mark_staging_read(self) -> None:
+        """Record the guard's event on the current stream (an event-record node inside a
+        capture): once it fires, every staging kernel launched before it has read the
+        staging, and :meth:`wait_staging_free` returns."""
         if self._consumed is not None:
             record_event(self._consumed)
