@@ -106,7 +106,7 @@ class ContextGraphs:
         ``max_model_len``.
     **manager_options
         ``validate``, ``progress``, ``time_gpu``, ``num_kv_blocks``, ``raw_launch``,
-        ``eager_build``, ``eager_plans``, given to every bucket's manager.
+        ``eager_build``, ``eager_plans``, ``staging_guard``, given to every bucket's manager.
     """
 
     def __init__(self, arena, inputs, builders, step, *, contexts: Sequence[int] | None = None,
