@@ -7,7 +7,8 @@ the builds themselves do.
   plan that launched nothing, or launched with stale arguments, shows the other step's
   values. Through ``GraphManager.run`` the same steps equal the step-alone oracle.
 * A build that does device work outside the recorded launches (a torch op) is found
-  unplannable by the capture census, and its steps keep the ordinary builds.
+  unplannable by the capture census, and one that allocates by the allocator's count; their
+  steps keep the ordinary builds.
 * Plans are bounded (least recently used dropped); a rejected step leaves them usable.
 """
 
@@ -124,6 +125,31 @@ def test_device_work_outside_the_launches_is_unplannable():
         assert int(builder.calls.item()) == before + 4
     assert gm.plans.stats.unplannable == 2 and gm.plans.stats.hits == 0
     assert gm.plans.stats.recorded == 0
+
+
+class _AllocatingIndexer(IndexerMetadataBuilder):
+    """The indexer builder allocating a scratch tensor in each graph build: no device work
+    outside the recorded launches, but an address a frozen launch could outlive."""
+
+    def build_decode(self, batch):
+        self.scratch = torch.empty(64, dtype=torch.int32, device=batch.seq_lens.device)
+        return super().build_decode(batch)
+
+    def build_mixed(self, batch):
+        self.scratch = torch.empty(64, dtype=torch.int32, device=batch.seq_lens.device)
+        return super().build_mixed(batch)
+
+
+def test_a_build_that_allocates_is_unplannable():
+    cfg = CONFIGS["v3.2-n1"](device="cuda")
+    arena, inputs, _, consumer, caches = gather_world(cfg)
+    builder = _AllocatingIndexer()
+    builder.bind(arena)
+    gm = GraphManager(arena, inputs, [builder], consumer, progress=False)
+    for q in ([1, 1, 1], [1, 7, 30]):
+        for _ in range(4):  # noted, recording found it unplannable, then plain twice
+            gm.run(q, np.array(q) + 100, np.arange(sum(q)))
+    assert gm.plans.stats.unplannable == 2 and gm.plans.stats.hits == 0
 
 
 def test_plans_are_bounded_and_survive_a_rejected_step():

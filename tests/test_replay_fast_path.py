@@ -44,6 +44,21 @@ def test_prescreen_implies_full_validation(k, seq, slots, dtype):
                            decode_threshold=CFG.decode_threshold)
 
 
+@pytest.mark.parametrize("slot", [2**63, 2**64 - 2])
+def test_unsigned_slots_past_int64_never_pass_a_screen(slot):
+    """Without a pool size the screens still bound unsigned slots by int64, the staging's
+    dtype: staged, ``2**64 - 2`` would read as -2."""
+    k, n = 2, CFG.next_n
+    q, s = np.full(k, n), np.full(k, 10)
+    slots = np.arange(k * n, dtype=np.uint64)
+    slots[1] = slot
+    assert not uniform_decode_passes(k, s, slots, CFG)
+    assert screen_step(q, s, slots, CFG) is None
+    with pytest.raises(InvalidBatchError):
+        validate_host_step(q, s, slots, CFG, require_decode_first=True,
+                           decode_threshold=CFG.decode_threshold)
+
+
 INT32 = (-(2**31), 2**31 - 1)
 
 

@@ -81,6 +81,7 @@ def test_staging_is_not_overwritten_while_a_replay_may_read_it(guarded):
     n = cfg.next_n
     out = torch.zeros(S * n, dtype=torch.int64, device="cuda")
     graph = _capture(inputs, out)
+    graph.staging_event = inputs._consumed  # the graph records it either way: keep it alive
     if not guarded:
         inputs._consumed = None
     qa, la = np.full(S, n), np.full(S, 1000)

@@ -96,6 +96,9 @@ def test_the_host_waits_for_an_in_flight_replay(staging_guard, guarded):
     cfg, inputs, gm = _manager(staging_guard)
     n, size = cfg.next_n, S * cfg.next_n
     try:
+        # The negative control: no wait. The graph still records the event (kept alive
+        # here: a replay must not record into a destroyed event).
+        event = inputs._consumed
         if not guarded:
             inputs._consumed = None
         la, lb = [1000 + i for i in range(S)], [5000 + i for i in range(S)]
@@ -126,6 +129,7 @@ def test_the_host_waits_for_an_in_flight_replay(staging_guard, guarded):
                 "negative control: without the guard step A should have read B's lengths")
     finally:
         gm.close()
+        del event
 
 
 def test_replays_with_the_guard_at_the_end_compute_their_steps():

@@ -135,6 +135,17 @@ def validate_host_step(
 #: a ufunc reduction parses its keywords and sets up an iterator first -- about a third of
 #: the cost on a step's small arrays (exact: the first index of the extreme).
 _min, _sum = np.minimum.reduce, np.add.reduce
+#: Without a pool size, slots still have to fit the staging's int64: an unsigned slot past
+#: it would be staged as a negative one.
+_INT64_END = 1 << 63
+
+
+def _slot_limit(slots: np.ndarray, slot_bound: int | None) -> int | None:
+    """What every slot must stay below: the pool's slot count, else the end of int64 for
+    unsigned slots, else nothing (signed slots fit)."""
+    if slot_bound is not None:
+        return slot_bound
+    return None if slots.dtype.kind == "i" else _INT64_END
 
 
 def uniform_decode_passes(
@@ -160,11 +171,12 @@ def uniform_decode_passes(
         and slot_mapping.shape[0] == num_reqs * n <= config.max_num_batched_tokens
     ):
         return False
+    limit = _slot_limit(slot_mapping, slot_bound)
     return bool(
         seq_lens.item(seq_lens.argmin()) >= n
         and seq_lens.item(seq_lens.argmax()) <= config.max_model_len
         and slot_mapping.item(slot_mapping.argmin()) >= PAD_SLOT_ID
-        and (slot_bound is None or slot_mapping.item(slot_mapping.argmax()) < slot_bound)
+        and (limit is None or slot_mapping.item(slot_mapping.argmax()) < limit)
     )
 
 
@@ -200,10 +212,11 @@ def screen_step(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
         if _min(q[q.shape[0] - np.count_nonzero(longer):]) <= threshold:
             return None
     # ``q <= s`` as a comparison, not ``s - q >= 0``: a subtraction can wrap around.
+    limit = _slot_limit(slots, slot_bound)
     if (_sum(q) == slots.shape[0] and _min(q <= s)
             and s.item(s.argmax()) <= config.max_model_len
             and slots.item(slots.argmin()) >= PAD_SLOT_ID
-            and (slot_bound is None or slots.item(slots.argmax()) < slot_bound)):
+            and (limit is None or slots.item(slots.argmax()) < limit)):
         return shortest, longest
     return None
 

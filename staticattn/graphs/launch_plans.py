@@ -204,8 +204,13 @@ class LaunchPlans:
             if err != success:
                 return recorder, None, None
             try:
+                allocations = _allocations(side.device)
                 with recording(recorder):
                     built = self._builds(*key)
+                if _allocations(side.device) != allocations:
+                    # A build allocated: a frozen launch could keep the address of a tensor
+                    # freed since (the capture is the runtime's, unknown to the allocator).
+                    built = None
             finally:
                 err, graph = cudart.cudaStreamEndCapture(side.cuda_stream)
                 if err == success and graph is not None:
@@ -217,3 +222,8 @@ class LaunchPlans:
                 else:
                     census = None
         return recorder, census, built
+
+
+def _allocations(device: torch.device) -> int:
+    """How many allocations the caching allocator has made on ``device`` so far."""
+    return torch.cuda.memory_stats(device).get("allocation.all.allocated", 0)
