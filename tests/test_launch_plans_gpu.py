@@ -91,65 +91,54 @@ def test_a_plan_writes_what_the_builds_write(name):
     assert stats.recorded > 0 and stats.hits > stats.recorded and stats.unplannable == 0
 
 
-class _TorchOpIndexer(IndexerMetadataBuilder):
-    """The indexer builder with one torch op in each graph build: device work that does not
-    go through the recorded launches."""
+class _SideEffectIndexer(IndexerMetadataBuilder):
+    """The indexer builder with something a launch plan cannot replay in each graph build:
+    a torch op ("torch op": device work that does not go through the recorded launches) or
+    a scratch allocation ("allocation": an address a frozen launch could outlive). Counts
+    its graph builds' Python calls: a step through a plan makes none."""
+
+    def __init__(self, side_effect: str) -> None:
+        super().__init__()
+        self.side_effect, self.calls = side_effect, 0
 
     def bind(self, arena) -> None:
         super().bind(arena)
-        self.calls = torch.zeros(1, dtype=torch.int64, device=arena.device)
+        self.ops = torch.zeros(1, dtype=torch.int64, device=arena.device)
+
+    def _side(self) -> None:
+        self.calls += 1
+        if self.side_effect == "torch op":
+            self.ops.add_(1)
+        else:
+            self.scratch = torch.empty(64, dtype=torch.int32, device=self.ops.device)
 
     def build_decode(self, batch):
-        self.calls.add_(1)
+        self._side()
         return super().build_decode(batch)
 
     def build_mixed(self, batch):
-        self.calls.add_(1)
+        self._side()
         return super().build_mixed(batch)
 
 
-def test_device_work_outside_the_launches_is_unplannable():
+@pytest.mark.parametrize("side_effect", ["torch op", "allocation"])
+def test_a_build_a_plan_cannot_replay_is_unplannable(side_effect):
     cfg = CONFIGS["v3.2-n1"](device="cuda")
     arena, inputs, _, consumer, caches = gather_world(cfg)
-    builder = _TorchOpIndexer()
+    builder = _SideEffectIndexer(side_effect)
     builder.bind(arena)
     gm = GraphManager(arena, inputs, [builder], consumer, progress=False)
     rng = np.random.default_rng(3)
     for q in ([1, 1, 1], [1, 7, 30]):
         k, t = len(q), sum(q)
         s = np.array(q) + rng.integers(0, 900, size=k)
-        before = int(builder.calls.item())
+        before = builder.calls
         for _ in range(4):  # noted, recording found it unplannable, then plain twice
             gm.run(q, s, np.arange(t))
-        # The torch op ran on every step: the ordinary builds ran, not a plan.
-        assert int(builder.calls.item()) == before + 4
+        # The build's Python ran on every step (once more to record): no plan ran.
+        assert builder.calls == before + 5
     assert gm.plans.stats.unplannable == 2 and gm.plans.stats.hits == 0
     assert gm.plans.stats.recorded == 0
-
-
-class _AllocatingIndexer(IndexerMetadataBuilder):
-    """The indexer builder allocating a scratch tensor in each graph build: no device work
-    outside the recorded launches, but an address a frozen launch could outlive."""
-
-    def build_decode(self, batch):
-        self.scratch = torch.empty(64, dtype=torch.int32, device=batch.seq_lens.device)
-        return super().build_decode(batch)
-
-    def build_mixed(self, batch):
-        self.scratch = torch.empty(64, dtype=torch.int32, device=batch.seq_lens.device)
-        return super().build_mixed(batch)
-
-
-def test_a_build_that_allocates_is_unplannable():
-    cfg = CONFIGS["v3.2-n1"](device="cuda")
-    arena, inputs, _, consumer, caches = gather_world(cfg)
-    builder = _AllocatingIndexer()
-    builder.bind(arena)
-    gm = GraphManager(arena, inputs, [builder], consumer, progress=False)
-    for q in ([1, 1, 1], [1, 7, 30]):
-        for _ in range(4):  # noted, recording found it unplannable, then plain twice
-            gm.run(q, np.array(q) + 100, np.arange(sum(q)))
-    assert gm.plans.stats.unplannable == 2 and gm.plans.stats.hits == 0
 
 
 def test_plans_are_bounded_and_survive_a_rejected_step():
