@@ -18,7 +18,7 @@ ensure_deps() {
     "$PY" -c "import triton, sys; v=tuple(map(int, triton.__version__.split('.')[:2])); sys.exit(v < (3, 8))" \
       2>/dev/null || "$PY" -m pip install -q "triton>=3.8"
   fi
-  "$PY" -c "import staticattn, pytest, hypothesis, pytest_benchmark" 2>/dev/null || \
+  "$PY" -c "import staticattn, pytest, hypothesis, pytest_benchmark, xdist" 2>/dev/null || \
     "$PY" -m pip install -q -e ".[test]"
 }
 
@@ -26,7 +26,8 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
   demo) ensure_deps; exec "$PY" -m staticattn demo "$@" ;;
-  test) ensure_deps; exec "$PY" -m pytest "$@" ;;
+  # One process per core, at most 8: the interpreted Triton tests dominate a CPU run.
+  test) ensure_deps; exec "$PY" -m pytest -n auto --maxprocesses=8 --dist worksteal "$@" ;;
   gpu-check) ensure_deps; exec "$PY" scripts/gpu_check.py "$@" ;;
   docs)
     ensure_deps
