@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.floor import launch_floor
+from staticattn.bench.floor import host_times_us, launch_floor
 from staticattn.bench.random_batches import fixed_step
 from staticattn.builders.base import make_arena
 from staticattn.builders.indexer import IndexerMetadataBuilder
@@ -62,11 +61,12 @@ def _describe(rt, drv, node) -> str:
             f"{p.blockDimX} smem {p.sharedMemBytes}")
 
 
-def _add_edge(rt, graph, a, b) -> None:
+def _edge(change, graph, a, b) -> None:
+    """Add or remove (``change``: cudaGraphAdd/RemoveDependencies) the edge ``a -> b``."""
     try:  # CUDA 13: (graph, from, to, edge data, count)
-        _ok(rt.cudaGraphAddDependencies(graph, [a], [b], None, 1))
+        _ok(change(graph, [a], [b], None, 1))
     except TypeError:
-        _ok(rt.cudaGraphAddDependencies(graph, [a], [b], 1))
+        _ok(change(graph, [a], [b], 1))
 
 
 def _chain(rt, graph, kernels, events, event_after, blocking):
@@ -80,7 +80,7 @@ def _chain(rt, graph, kernels, events, event_after, blocking):
     mine = [_ok(rt.cudaGraphNodeFindInClone(node, clone)) for node in kernels]
     for a, b in zip(mine, mine[1:]):
         try:
-            _add_edge(rt, clone, a, b)
+            _edge(rt.cudaGraphAddDependencies, clone, a, b)
         except RuntimeError:  # the edge is there already
             pass
     spare = None
@@ -91,11 +91,8 @@ def _chain(rt, graph, kernels, events, event_after, blocking):
         node = _ok(rt.cudaGraphAddEventRecordNode(clone, [mine[event_after]], 1, ev))
         if blocking and event_after + 1 < len(mine):
             nxt = mine[event_after + 1]
-            try:
-                _ok(rt.cudaGraphRemoveDependencies(clone, [mine[event_after]], [nxt], None, 1))
-            except TypeError:
-                _ok(rt.cudaGraphRemoveDependencies(clone, [mine[event_after]], [nxt], 1))
-            _add_edge(rt, clone, node, nxt)
+            _edge(rt.cudaGraphRemoveDependencies, clone, mine[event_after], nxt)
+            _edge(rt.cudaGraphAddDependencies, clone, node, nxt)
     return _ok(rt.cudaGraphInstantiateWithFlags(clone, AUTO_FREE)), clone, spare
 
 
@@ -104,18 +101,11 @@ def _stat(xs) -> str:
 
 
 def _host_us(fn, reps: int, before=None) -> list[float]:
-    """Host time of ``fn()`` (us), each after ``before()`` (untimed) and a synchronize."""
+    """Host time of ``fn()`` (us) after 20 calls of warm-up, each after ``before()``
+    (untimed) on an idle device."""
     for _ in range(20):
         fn()
-    out = []
-    for _ in range(reps):
-        if before is not None:
-            before()
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6)
-    return out
+    return host_times_us(fn, reps, before=before)
 
 
 def main() -> None:

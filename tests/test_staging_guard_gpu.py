@@ -8,6 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_staging_gpu import S
+from test_staging_gpu import _expected as staging_step_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
@@ -16,18 +18,15 @@ from staticattn.graphs.introspect import cudart_or_none
 
 pytestmark = pytest.mark.gpu
 
-S = 32  # requests of the decode graph
 KERNEL, EVENT_RECORD = 0, 7
 GUARDS = ["staging", "step"]
 
 
 def _expected(seq_lens, n, size):
-    """What the step below computes: each token's position plus its sequence length;
-    padded tokens belong to request 0 at position 0."""
-    out = []
-    for L in seq_lens:
-        out += [L - n + j + L for j in range(n)]
-    return out + [seq_lens[0]] * (size - len(out))
+    """What the step below computes (the staging test's step): each token's position plus
+    its sequence length; padded tokens belong to request 0 at position 0."""
+    assert size == S * n
+    return staging_step_expected([n] * len(seq_lens), [int(x) for x in seq_lens], n)
 
 
 def _manager(staging_guard, buckets=()):

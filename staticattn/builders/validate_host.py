@@ -22,10 +22,10 @@ from staticattn.builders.value_checks import (
     host_ints,
     resolve_threshold,
     slot_bound,
+    slots_within,
     tokens_per_block,
 )
 from staticattn.errors import InvalidBatchError
-from staticattn.staging.buffers import PAD_SLOT_ID
 
 __all__ = ["screen_step", "step_passes", "uniform_decode_passes", "validate_host_step"]
 
@@ -175,8 +175,7 @@ def uniform_decode_passes(
     return bool(
         seq_lens.item(seq_lens.argmin()) >= n
         and seq_lens.item(seq_lens.argmax()) <= config.max_model_len
-        and slot_mapping.item(slot_mapping.argmin()) >= PAD_SLOT_ID
-        and (limit is None or slot_mapping.item(slot_mapping.argmax()) < limit)
+        and slots_within(slot_mapping, limit)
     )
 
 
@@ -215,8 +214,7 @@ def screen_step(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
     limit = _slot_limit(slots, slot_bound)
     if (_sum(q) == slots.shape[0] and _min(q <= s)
             and s.item(s.argmax()) <= config.max_model_len
-            and slots.item(slots.argmin()) >= PAD_SLOT_ID
-            and (limit is None or slots.item(slots.argmax()) < limit)):
+            and slots_within(slots, limit)):
         return shortest, longest
     return None
 

@@ -21,7 +21,12 @@ from __future__ import annotations
 import numpy as np
 
 from staticattn.arena.config import ArenaConfig
-from staticattn.builders.value_checks import check_non_decreasing, check_seq_lens, check_slots
+from staticattn.builders.value_checks import (
+    check_non_decreasing,
+    check_seq_lens,
+    check_slots,
+    slots_within,
+)
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.staging.inputs import HostViews
 
@@ -74,11 +79,8 @@ class ViewChecks:
         if seq.item(seq.argmax()) > self.max_model_len:
             lens = self.host.seq_lens[:num_reqs].astype(np.int64)
             check_seq_lens(np.zeros_like(lens), lens, self.config)
-        # Inline rather than through _slots: this runs on every in-place decode launch.
-        bound = self.slot_bound
-        if slots.item(slots.argmin()) < -1 or (
-                bound is not None and slots.item(slots.argmax()) >= bound):
-            check_slots(slots, bound)
+        if not slots_within(slots, self.slot_bound):
+            check_slots(slots, self.slot_bound)
 
     def step(self, num_reqs: int, num_tokens: int) -> None:
         """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written."""
@@ -113,8 +115,7 @@ class ViewChecks:
         slots = self._slot_views.get(num_tokens)
         if slots is None:
             slots = self._slot_views[num_tokens] = self.host.slot_mapping[:num_tokens]
-        if num_tokens and (slots.item(slots.argmin()) < -1 or (
-                self.slot_bound is not None and slots.item(slots.argmax()) >= self.slot_bound)):
+        if num_tokens and not slots_within(slots, self.slot_bound):
             check_slots(slots, self.slot_bound)
 
     def _bad_count(self, num_reqs: int) -> None:

@@ -28,6 +28,7 @@ __all__ = [
     "host_ints",
     "resolve_threshold",
     "slot_bound",
+    "slots_within",
     "tokens_per_block",
 ]
 
@@ -177,6 +178,16 @@ def check_slots(slots: np.ndarray, bound: int | None) -> None:
         raise InvalidBatchError(
             f"slot_mapping[{t}]={int(slots[t])} is out of range; the KV pool has {bound} slots"
         )
+
+
+def slots_within(slots: np.ndarray, limit: int | None) -> bool:
+    """Whether every slot of ``slots`` (host ints ``(num_tokens,)``, not empty) is ``>= -1``
+    and below ``limit`` (None: no upper bound): the screens' yes/no form of
+    :func:`check_slots`.
+    Extremes through argmin / argmax, a third of a ufunc reduction's cost on a step's small
+    arrays (see :mod:`staticattn.builders.validate_host`)."""
+    return (slots.item(slots.argmin()) >= PAD_SLOT_ID
+            and (limit is None or slots.item(slots.argmax()) < limit))
 
 
 def host_ints(name: str, values: object, *, ndim: int) -> np.ndarray:
