@@ -13,7 +13,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 
 pytestmark = [
     pytest.mark.gpu,

@@ -15,7 +15,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
 pytestmark = [
     pytest.mark.gpu,

@@ -16,7 +16,7 @@ napoleon_use_ivar = True
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"
 autodoc_default_options = {"members": True, "undoc-members": False, "ignore-module-all": True}
-exclude_patterns = ["_build", "results"]
+exclude_patterns = ["_build", "results", "spec"]
 myst_heading_anchors = 3
 # Field names repeat across dataclasses (seq_lens, positions, ...): a bare name in a
 # docstring is ambiguous by design, not a broken link.

@@ -23,9 +23,9 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import host_times_us, launch_floor
 from staticattn.bench.random_batches import fixed_step
-from staticattn.builders.base import make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.contract import make_arena
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.graphs.introspect import cudart_or_none
 from staticattn.graphs.manager import GraphManager
 from staticattn.kernels.frozen_launch import driver_or_none

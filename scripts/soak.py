@@ -25,8 +25,8 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import DecodeStream
 from staticattn.builders import make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs import GraphManager
 

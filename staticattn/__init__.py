@@ -5,6 +5,9 @@ manager captures input staging + metadata build + the user's step and replays it
 
 The public names below are imported on first use (PEP 562), so ``import staticattn.arena``
 loads the arena alone: each package pulls in only the layers beneath it.
+
+Docstrings cite the semantics the code implements as "spec §N": a section of
+``docs/spec/vllm-semantics.md``; the other files of ``docs/spec/`` are named where cited.
 """
 
 from __future__ import annotations

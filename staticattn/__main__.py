@@ -22,8 +22,8 @@ def _config(args):
 
 
 def _builders(config):
-    from staticattn.builders.indexer import IndexerMetadataBuilder
-    from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+    from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+    from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
     return [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if config.has_swa else [])
 

@@ -23,8 +23,8 @@ import torch
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.manager import GraphManager

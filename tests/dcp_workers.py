@@ -67,9 +67,9 @@ def consistent_steps(rank: int, out: str, world: int = WORLD, steps: int = STEPS
     from support import stage
 
     from staticattn.builders import make_arena
-    from staticattn.builders.dcp_check import check_dcp_step
-    from staticattn.builders.indexer import IndexerMetadataBuilder
-    from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+    from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+    from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+    from staticattn.builders.validation.dcp_step import check_dcp_step
 
     _join(rank, out, world)
     cfg = config(rank, world)
@@ -105,7 +105,7 @@ def consistent_steps(rank: int, out: str, world: int = WORLD, steps: int = STEPS
 
 def _check_step(rank: int, out: str, cfg, query_lens, seq_lens) -> None:
     """Join, run the cross-rank step check on this rank's step, record what happened."""
-    from staticattn.builders.dcp_check import check_dcp_step
+    from staticattn.builders.validation.dcp_step import check_dcp_step
 
     _join(rank, out)
     record = {"staged": False}
@@ -153,7 +153,7 @@ def wrong_world(rank: int, out: str) -> None:
 def silent_rank(rank: int, out: str) -> None:
     """Rank 1 never joins the check (it failed earlier); rank 0 must get the typed error
     within its timeout, not hang."""
-    from staticattn.builders.dcp_check import check_dcp_step
+    from staticattn.builders.validation.dcp_step import check_dcp_step
 
     _join(rank, out)
     cfg = config(rank)

@@ -14,8 +14,8 @@ from support import DEVICE
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders import make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.errors import (
     ArenaError,

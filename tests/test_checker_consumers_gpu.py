@@ -7,8 +7,8 @@ import pytest
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks import check_graph_safety
 from staticattn.consumers import GatherConsumer
 from staticattn.kernels.dsa_libs import DEEP_GEMM, FLASH_MLA, import_error

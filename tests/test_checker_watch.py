@@ -10,7 +10,7 @@ from toy import ToyBuilder, ToyMetadata
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.checks.guarded import PhasedStep
+from staticattn.checks.guarded_capture import PhasedStep
 from staticattn.checks.probes import stale_reads
 from staticattn.checks.views import moved_views, tensors_in
 from staticattn.checks.watch import ArenaIndex, CaptureWatch

@@ -165,7 +165,7 @@ def test_the_indexer_step_in_a_bucket_graph_matches_the_reference():
     from dsa_reference import fill_indexer_cache, indexer_problems, new_indexer_inputs
 
     from staticattn.builders import make_arena
-    from staticattn.builders.indexer import IndexerMetadataBuilder
+    from staticattn.builders.indexer.builder import IndexerMetadataBuilder
     from staticattn.consumers.indexer_topk import IndexerTopKStep
 
     blocks = 2048

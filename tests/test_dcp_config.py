@@ -53,7 +53,7 @@ def test_step_fingerprint_tells_configs_and_steps_apart():
     any other config field, or the step, changes it; mismatched arrays are refused."""
     import numpy as np
 
-    from staticattn.builders.dcp_check import FINGERPRINT_FIELDS, step_fingerprint
+    from staticattn.builders.validation.dcp_step import FINGERPRINT_FIELDS, step_fingerprint
     from staticattn.errors import InvalidBatchError
 
     base = dict(**V4, dcp_world_size=2, cp_kv_cache_interleave_size=4)

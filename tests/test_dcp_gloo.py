@@ -139,7 +139,7 @@ def test_every_rank_refuses_a_step_the_group_does_not_agree_on(tmp_path, target,
 
 
 def test_the_check_needs_torch_distributed():
-    from staticattn.builders.dcp_check import check_dcp_step
+    from staticattn.builders.validation.dcp_step import check_dcp_step
     from staticattn.errors import ConfigError
 
     assert not dist.is_initialized()

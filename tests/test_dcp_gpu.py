@@ -15,8 +15,8 @@ from test_mixed_builds import stage_mixed
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.indexer_prefill import max_chunks
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.indexer.prefill import max_chunks
 
 pytestmark = pytest.mark.gpu
 

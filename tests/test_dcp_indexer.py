@@ -22,8 +22,8 @@ from test_mixed_builds import bucket_for, stage_mixed
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.indexer_prefill import max_chunks
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.indexer.prefill import max_chunks
 
 # (world, index compress ratio, interleave, block size, next_n)
 GRID = [

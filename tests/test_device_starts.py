@@ -25,7 +25,7 @@ from staticattn.builders import (
     SparseSWAMetadataBuilder,
     make_arena,
 )
-from staticattn.builders.indexer_prefill import max_chunks
+from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.errors import CapacityError, GraphError, InvalidBatchError
 from staticattn.graphs import DeviceLengthSteps, GraphManager

@@ -1,7 +1,7 @@
 """FlashMLA's sparse FP8 decode captured in the graph behind the V4 builders (indexer + SWA):
-SWA-only and C128A layers, two of each sharing their type's tile plan (planned inside the
-capture), replayed on randomized batches with fresh queries, each replay's output compared
-with a torch sparse-attention reference built from the host truth."""
+SWA-only and C128A layers, two of each sharing their type's tile-scheduler metadata
+(filled inside the capture), replayed on randomized batches with fresh queries, each replay's
+output compared with a torch sparse-attention reference built from the host truth."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from dsa_reference import (  # noqa: E402
 
 from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
-from staticattn.builders.indexer import IndexerMetadataBuilder  # noqa: E402
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder  # noqa: E402
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder  # noqa: E402
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder  # noqa: E402
 from staticattn.consumers.sparse_decode import SparseDecodeStep  # noqa: E402
 from staticattn.graphs import GraphManager  # noqa: E402
 

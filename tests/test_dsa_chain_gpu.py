@@ -29,8 +29,8 @@ from dsa_reference import (  # noqa: E402
 
 from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
-from staticattn.builders.indexer import IndexerMetadataBuilder  # noqa: E402
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder  # noqa: E402
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder  # noqa: E402
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder  # noqa: E402
 from staticattn.consumers.real import (  # noqa: E402
     DSADecodeStep,
     real_consumer_step,

@@ -21,8 +21,8 @@ from dsa_reference import (
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.consumers.indexer_topk import IndexerTopKStep
 from staticattn.consumers.real import (
     DSADecodeStep,

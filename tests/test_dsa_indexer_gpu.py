@@ -26,7 +26,7 @@ from dsa_reference import (  # noqa: E402
 
 from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
-from staticattn.builders.indexer import IndexerMetadataBuilder  # noqa: E402
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder  # noqa: E402
 from staticattn.consumers.indexer_topk import IndexerTopKStep  # noqa: E402
 from staticattn.graphs import GraphManager  # noqa: E402
 

@@ -13,7 +13,7 @@ from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, MetadataBuilder, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 
 

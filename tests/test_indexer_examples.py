@@ -10,7 +10,7 @@ from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 
 
 def _setup(backend, legacy=False, **overrides):

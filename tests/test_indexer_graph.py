@@ -14,7 +14,7 @@ from support import host_steps, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 
 pytestmark = pytest.mark.gpu

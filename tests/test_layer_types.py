@@ -1,4 +1,5 @@
-"""Layer types from compress ratios (spec §6.1) and the per-type tile-plan holders (§6.8)."""
+"""Layer types from compress ratios (spec §6.1) and the per-type tile-scheduler metadata
+holders (§6.8)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from staticattn.builders.layer_types import (
     layer_type_for,
     layer_types_for,
 )
-from staticattn.builders.tile_plan import TilePlanHolder, new_tile_plan, tile_plans
+from staticattn.builders.swa.tile_scheduler import (
+    TileSchedulerMeta,
+    new_tile_scheduler_meta,
+    tile_scheduler_metas,
+)
 from staticattn.errors import ConfigError
 from staticattn.kernels import dsa_libs
 
@@ -49,7 +54,7 @@ def test_layer_types_for_rejects_any_unknown_ratio():
         layer_types_for((1, 4, 16))
 
 
-# ---------------------------------------------------------------------------- tile plans
+# ------------------------------------------------------------ tile-scheduler metadata
 @pytest.fixture
 def no_flash_mla():
     with dsa_libs.hidden(dsa_libs.FLASH_MLA):
@@ -57,25 +62,25 @@ def no_flash_mla():
 
 
 def test_holder_has_flash_mla_fields(no_flash_mla):
-    plan = new_tile_plan()
-    assert isinstance(plan, TilePlanHolder)
+    plan = new_tile_scheduler_meta()
+    assert isinstance(plan, TileSchedulerMeta)
     assert (plan.have_initialized, plan.config, plan.tile_scheduler_metadata,
             plan.num_splits) == (False, None, None, None)
 
 
 def test_tile_plans_fresh_per_present_type(no_flash_mla):
-    first = tile_plans((SWA_ONLY, C128A), num_decode_tokens=3)
-    second = tile_plans((SWA_ONLY, C128A), num_decode_tokens=3)
+    first = tile_scheduler_metas((SWA_ONLY, C128A), num_decode_tokens=3)
+    second = tile_scheduler_metas((SWA_ONLY, C128A), num_decode_tokens=3)
     assert set(first) == set(LAYER_TYPES)
     assert first[C4A] is None
     for t in (SWA_ONLY, C128A):
-        assert isinstance(first[t], TilePlanHolder)
+        assert isinstance(first[t], TileSchedulerMeta)
         assert first[t] is not second[t]  # one plan per step, never reused across steps
     assert first[SWA_ONLY] is not first[C128A]  # types never share a plan
 
 
 def test_tile_plans_all_none_without_decode_tokens(no_flash_mla):
-    assert tile_plans(LAYER_TYPES, num_decode_tokens=0) == dict.fromkeys(LAYER_TYPES)
+    assert tile_scheduler_metas(LAYER_TYPES, num_decode_tokens=0) == dict.fromkeys(LAYER_TYPES)
 
 
 @dataclass
@@ -115,9 +120,9 @@ def test_uses_flash_mla_when_importable(fake_flash_mla):
         return _FakeSchedMeta(), None
 
     fake_flash_mla(get_mla_metadata)
-    plans = tile_plans((SWA_ONLY, C4A, C128A), num_decode_tokens=1)
-    assert all(isinstance(p, _FakeSchedMeta) for p in plans.values())
-    assert len({id(p) for p in plans.values()}) == 3
+    scheds = tile_scheduler_metas((SWA_ONLY, C4A, C128A), num_decode_tokens=1)
+    assert all(isinstance(p, _FakeSchedMeta) for p in scheds.values())
+    assert len({id(p) for p in scheds.values()}) == 3
     assert all(c == ((), {}) for c in calls)
 
 
@@ -126,4 +131,4 @@ def test_old_flash_mla_api_falls_back(fake_flash_mla):
         raise AssertionError("never called with arguments")
 
     fake_flash_mla(get_mla_metadata)
-    assert isinstance(new_tile_plan(), TilePlanHolder)
+    assert isinstance(new_tile_scheduler_meta(), TileSchedulerMeta)

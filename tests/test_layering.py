@@ -31,6 +31,16 @@ ALLOWED = {
     "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers",
                     "bench"},
 }
+#: Rooms inside ``builders``, by concern -> the rooms of ``builders`` each may import. The
+#: core (``builders``: the contract, the batch) imports none of them; the package's
+#: ``__init__`` re-exports them all. The indexer and the SWA builder never import each other.
+BUILDER_ROOMS = {
+    "builders": set(),
+    "builders.validation": {"builders"},
+    "builders.attention_utils": {"builders", "builders.validation"},
+    "builders.indexer": {"builders", "builders.validation", "builders.attention_utils"},
+    "builders.swa": {"builders", "builders.validation", "builders.attention_utils"},
+}
 MAX_LINES = 400
 
 
@@ -57,6 +67,15 @@ def _module_name(path: Path) -> str:
 def _room(module: str) -> str:
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _builder_room(module: str) -> str | None:
+    """The room of a ``builders`` module (None for the package's ``__init__``)."""
+    parts = module.split(".")
+    if len(parts) == 2:
+        return None
+    sub = f"builders.{parts[2]}"
+    return sub if sub in BUILDER_ROOMS else "builders"
 
 
 def _imports(path: Path) -> set[str]:
@@ -90,6 +109,21 @@ def test_rooms_import_only_rooms_beneath():
             if dep_room != room and dep_room not in ALLOWED[room]:
                 bad.append(f"{module} imports {dep} ({room} -> {dep_room})")
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
+
+
+def test_builder_rooms_import_only_their_neighbours():
+    graph = _graph()
+    rooms = {m: r for m in graph if _room(m) == "builders" and (r := _builder_room(m))}
+    assert set(rooms.values()) == set(BUILDER_ROOMS), "a room of builders/ has no module"
+    bad = []
+    for module, room in rooms.items():
+        for dep in graph[module]:
+            dep_room = _builder_room(dep) if _room(dep) == "builders" else None
+            if dep_room and dep_room != room and dep_room not in BUILDER_ROOMS[room]:
+                bad.append(f"{module} imports {dep} ({room} -> {dep_room})")
+            if _room(dep) == "builders" and dep_room is None:
+                bad.append(f"{module} imports the builders package itself")
+    assert not bad, "imports against the builders' rooms:\n" + "\n".join(sorted(bad))
 
 
 def test_no_import_cycle():

@@ -22,7 +22,7 @@ from staticattn.builders import (
     SparseSWAMetadataBuilder,
     make_arena,
 )
-from staticattn.builders.indexer_prefill import max_chunks
+from staticattn.builders.indexer.prefill import max_chunks
 
 SMALL = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096,
              max_prefill_workspace=3000, max_logits_bytes=200_000)

@@ -28,7 +28,7 @@ from support import _t, host_steps
 from test_mixed_builds import CONFIGS
 
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.builders.indexer_prefill import max_chunks
+from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.checks.views import tensors_in
 from staticattn.consumers import GatherConsumer

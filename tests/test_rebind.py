@@ -11,8 +11,8 @@ from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
 
 def _tensors(obj):

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.builders.validate_host import (
+from staticattn.builders.validation.host import (
     screen_step,
     uniform_decode_passes,
     validate_host_step,
 )
-from staticattn.builders.validate_views import ViewChecks
-from staticattn.builders.value_checks import slot_bound
+from staticattn.builders.validation.values import slot_bound
+from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import CapacityError, InvalidBatchError
 
 CFG = ArenaConfig.deepseek_v4(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,

@@ -13,7 +13,7 @@ from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels import swa_decode, swa_prefill
 
@@ -114,7 +114,7 @@ def test_build_decode_returns_the_same_views(backend):
     assert seen[0][0] == seen[1][0] == seen[2][0]
     assert seen[0][0]["decode_swa_indices"][0] == arena["swa.decode_swa_indices"].data_ptr()
     assert seen[0][0]["c128a_decode_indices"][2] == (cfg.c128a_max_compressed,) * 2 + (1,)
-    assert seen[0][1] is not seen[1][1]  # a fresh tile plan per build
+    assert seen[0][1] is not seen[1][1]  # a fresh tile-scheduler metadata per build
 
 
 def test_invalid_rows_are_rewritten_not_stale(backend):

@@ -13,7 +13,7 @@ from support import DEVICE, HostStep, slots_for, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
 BASE = dict(
     device=DEVICE, block_size=256, compress_ratios=(1, 4, 128), index_compress_ratio=4,

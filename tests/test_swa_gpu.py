@@ -14,9 +14,9 @@ from support import make_step
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks import check_graph_safety
-from staticattn.checks.guards import sync_guard
+from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import CaptureWatch
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.introspect import new_graph, node_census

@@ -11,7 +11,7 @@ from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.errors import ArenaError
 from staticattn.kernels.swa_decode import SWADecodeOutputs, build_swa_decode
 from staticattn.kernels.swa_prefill import prefill_gather_lens

@@ -17,7 +17,7 @@ from support import DEVICE, host_steps, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
 BASE = dict(device=DEVICE, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048)
 

@@ -73,7 +73,7 @@ class ArenaConfig:
         Decode-context-parallel ranks the main cache group's KV is sharded over (1: none).
         Each rank owns its arena; its main block table holds the rank's local blocks, one
         column per ``block_size * dcp_world_size`` tokens. The SWA group and the C128A
-        entries are replicated on every rank (see :mod:`staticattn.builders.sparse_swa`).
+        entries are replicated on every rank (see :mod:`staticattn.builders.swa.builder`).
     dcp_rank : int
         This arena's rank in ``[0, dcp_world_size)``: a static int of the rank's arena and
         graphs, never read from the device.

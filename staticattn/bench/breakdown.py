@@ -34,9 +34,9 @@ from staticattn.bench.floor import launch_floor
 from staticattn.bench.mixed import reference_mixed_batch
 from staticattn.bench.random_batches import RandomStep, fixed_step
 from staticattn.bench.report import environment, floor_lines
-from staticattn.builders.base import make_arena
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate_host import screen_step, step_passes, uniform_decode_passes
+from staticattn.builders.contract import make_arena
+from staticattn.builders.validation.host import screen_step, step_passes, uniform_decode_passes
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.records import RunResult, slice_outputs
 

@@ -26,7 +26,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.bench.replay import step_times_us
 from staticattn.bench.report import Stat, environment
-from staticattn.builders.base import make_arena
+from staticattn.builders.contract import make_arena
 from staticattn.graphs.contexts import ContextGraphs
 from staticattn.graphs.manager import GraphManager
 

@@ -29,7 +29,7 @@ from staticattn.bench.floor import launch_floor
 from staticattn.bench.random_batches import RandomStep, fixed_step, write_block_rows
 from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.bench.report import Stat, environment, floor_lines
-from staticattn.builders.base import make_arena
+from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
 
 __all__ = ["MIXED_SCENARIOS", "MixedReport", "MixedRow", "reference_mixed_batch",

@@ -26,7 +26,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import host_times_us, launch_floor
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
-from staticattn.builders.base import make_arena
+from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
 
 __all__ = ["in_place_host_us", "run_bench", "step_times_us"]

@@ -1,42 +1,45 @@
 """Batch description, validation, host-side planning and the metadata builders."""
 
-from staticattn.builders.base import MetadataBuilder, make_arena
-from staticattn.builders.batch import Batch
-from staticattn.builders.chunking import split_indexer_prefill_chunks, split_prefill_chunks
-from staticattn.builders.context_parallel import get_dcp_local_seq_lens
-from staticattn.builders.conv1d import (
+from staticattn.builders.attention_utils.chunking import (
+    split_indexer_prefill_chunks,
+    split_prefill_chunks,
+)
+from staticattn.builders.attention_utils.context_parallel import get_dcp_local_seq_lens
+from staticattn.builders.attention_utils.conv1d import (
     CONV1D_BLOCK_M,
     compute_causal_conv1d_metadata,
     conv1d_buffers,
     max_conv1d_programs,
 )
-from staticattn.builders.fast_prefill import make_kv_sharing_fast_prefill_batch
-from staticattn.builders.indexer import IndexerMetadataBuilder
-from staticattn.builders.kv_layout import (
+from staticattn.builders.attention_utils.fast_prefill import make_kv_sharing_fast_prefill_batch
+from staticattn.builders.attention_utils.kv_layout import (
     KV_CACHE_LAYOUT_ENV,
     KVCacheLayout,
     get_kv_cache_layout,
     is_valid_kv_cache_layout,
     set_kv_cache_layout,
 )
-from staticattn.builders.local_attention import make_local_attention_virtual_batches
-from staticattn.builders.reorder import (
+from staticattn.builders.attention_utils.local_attention import make_local_attention_virtual_batches
+from staticattn.builders.attention_utils.reorder import (
     ListReorderState,
     ReorderState,
     reorder_batch_to_split_decodes_and_prefills,
     reorder_region,
 )
-from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
-from staticattn.builders.spec_decode import (
+from staticattn.builders.attention_utils.spec_decode import (
     reshape_attn_output_for_spec_decode,
     reshape_query_for_spec_decode,
 )
-from staticattn.builders.split import (
+from staticattn.builders.attention_utils.split import (
     split_decodes_and_prefills,
     split_decodes_prefills_and_extends,
 )
-from staticattn.builders.validate import validate
-from staticattn.builders.validate_host import validate_host_step
+from staticattn.builders.batch import Batch
+from staticattn.builders.contract import MetadataBuilder, make_arena
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.builders.validation.batch_checks import validate
+from staticattn.builders.validation.host import validate_host_step
 
 __all__ = [
     "Batch", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",

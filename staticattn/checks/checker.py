@@ -2,7 +2,7 @@
 
 The checker captures one decode graph per size, largest first, into one shared pool, as the
 graph manager does (staging + builders + the user's step), under guards
-(:mod:`staticattn.checks.guarded`), then replays each against eager runs:
+(:mod:`staticattn.checks.guarded_capture`), then replays each against eager runs:
 
 1. what the guards saw while capturing: host synchronisation (the op named), host reads,
    writes of the step into the arena, random numbers, work on another stream, allocations
@@ -37,10 +37,10 @@ import torch
 
 from staticattn.arena import Arena
 from staticattn.bench.random_batches import random_uniform_decode
-from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import MetadataBuilder
 from staticattn.checks.findings import Finding, finding
-from staticattn.checks.guarded import Captured, PhasedStep, guarded_capture
+from staticattn.checks.guarded_capture import Captured, PhasedStep, guarded_capture
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.checks.probes import (
     RACE_ATTEMPTS,

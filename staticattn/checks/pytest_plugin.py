@@ -102,8 +102,8 @@ def _arena_for(config, builders):
     from staticattn.builders import make_arena
 
     if builders is None:
-        from staticattn.builders.indexer import IndexerMetadataBuilder
-        from staticattn.builders.sparse_swa import SparseSWAMetadataBuilder
+        from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+        from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
         builders = [IndexerMetadataBuilder()]
         if config.has_swa:

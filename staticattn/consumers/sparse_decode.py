@@ -24,9 +24,10 @@ buffer. The extra keys:
   (``compute_global_topk_indices_and_lens``): ``slot = block_table[b, k // S] * S + k % S``,
   length = ``count(k >= 0)``, 0 for invalid tokens; written into owned buffers.
 
-The tile plan: the SWA builder makes one fresh holder per layer type inside ``build_decode``,
-so the first layer of a type plans (inside a capture: the planner is recorded and re-plans from
-the current lengths at every replay) and the other layers of that type reuse the plan.
+Tile-scheduler metadata: the SWA builder makes one fresh holder per layer type inside
+``build_decode``, so the first layer of a type runs FlashMLA's tile scheduler (inside a
+capture: the scheduler kernel is recorded and runs again from the current lengths at every
+replay) and the other layers of that type reuse its result.
 
 Caches (owned, MODEL1 layout, :mod:`staticattn.consumers.caches`): one SWA cache
 (``swa_block_size`` tokens per page) shared by all layers, one per compressed type. A real
@@ -66,7 +67,7 @@ class SparseDecodeStep:
     config : ArenaConfig
         DeepSeek V4-like: ``sliding_window`` set (a multiple of 64), ``swa_block_size``.
     layers_per_type : int
-        Layers run per layer type (all share the type's tile plan).
+        Layers run per layer type (all share the type's tile-scheduler metadata).
     layer_types : sequence of str, optional
         Default: the config's types, C4A only when ``with_c4a``.
     with_c4a : bool
@@ -177,11 +178,11 @@ class SparseDecodeStep:
             extra[C4A] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,
                               extra_topk_length=lens)
         for layer, layer_type in self.layers:
-            plan = swa.tile_sched(layer_type)
+            sched = swa.tile_sched(layer_type)
             if self._real:
-                _check_plan(plan, layer_type)
+                _check_sched(sched, layer_type)
             o, _ = self.decode_fn(
-                self.q[layer, :td], self.swa_cache, None, None, MODEL1_DIM, plan,
+                self.q[layer, :td], self.swa_cache, None, None, MODEL1_DIM, sched,
                 softmax_scale=self.scale, is_fp8_kvcache=True,
                 indices=swa.decode_swa_indices, attn_sink=self.attn_sink[layer],
                 topk_length=swa.decode_swa_lens, **extra[layer_type],
@@ -217,10 +218,10 @@ def _check_config(config: ArenaConfig, num_heads: int) -> None:
         raise ConfigError(f"num_heads={num_heads}: FlashMLA's sparse decode takes {_HEADS}")
 
 
-def _check_plan(plan: Any, layer_type: str) -> None:
-    if plan is None or type(plan).__name__ != "FlashMLASchedMeta":
+def _check_sched(sched: Any, layer_type: str) -> None:
+    if sched is None or type(sched).__name__ != "FlashMLASchedMeta":
         raise GraphError(
-            f"md['swa'].tile_sched({layer_type!r}) is {type(plan).__name__}, not FlashMLA's "
-            "FlashMLASchedMeta: the SWA builder made stand-in plans (flash_mla was not "
-            "importable when staticattn.builders.tile_plan first probed it)"
+            f"md['swa'].tile_sched({layer_type!r}) is {type(sched).__name__}, not FlashMLA's "
+            "FlashMLASchedMeta: the SWA builder made stand-in holders (flash_mla was not "
+            "importable when staticattn.builders.swa.tile_scheduler first probed it)"
         )

@@ -8,7 +8,7 @@ the reference DCP consumer (:mod:`staticattn.consumers.dcp_decode`); on GPUs it 
 graph per decode size holding the staging, the rank's build and the consumer with its NCCL
 all-gathers (without CUDA: gloo, every step eager). Every rank draws the same random decode
 steps (one seed), writes its share of each request's keys, checks the step against the group
-(:func:`~staticattn.builders.dcp_check.check_dcp_step`, over gloo) and runs it. Each rank
+(:func:`~staticattn.builders.validation.dcp_step.check_dcp_step`, over gloo) and runs it. Each rank
 also runs the step on a one-rank arena holding every key (the single-GPU step) and compares:
 the top-k exactly, the merged output within float32 rounding (``rtol 1e-4, atol 1e-5``).
 Rank 0 prints the totals and the host time per step of every rank (p50, p99).
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from staticattn.builders.dcp_check import check_dcp_step
+from staticattn.builders.validation.dcp_step import check_dcp_step
 from staticattn.distributed.world import (
     dcp_config,
     dcp_world,

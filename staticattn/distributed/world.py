@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
-from staticattn.builders.indexer import IndexerMetadataBuilder
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.dcp_decode import DCPDecodeAttention
 
 __all__ = ["Rank", "dcp_config", "dcp_world", "join", "random_decode_step",
@@ -48,7 +48,7 @@ def join(world: int, what: str) -> Rank | None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
-    # Host values are exchanged over gloo beside NCCL (builders/dcp_check.py says why).
+    # Host values are exchanged over gloo beside NCCL (builders/validation/dcp_step.py says why).
     check_group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
     return Rank(dist.get_rank(), world, cuda, device, check_group)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from staticattn.builders.batch import Batch
-from staticattn.builders.value_checks import check_capacity
+from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.capture import (
     arena_contents_kept,

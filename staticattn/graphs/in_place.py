@@ -4,7 +4,7 @@ loop writes a step straight into the pinned staging views and launches it with o
 ``views = begin_step()`` waits until the previous replay has read the staging; the engine
 writes ``views.seq_lens[:k]``, ``views.slot_mapping[:t]`` (and ``views.query_start_loc[:
 k + 1]`` for a step of any composition); ``launch(k)`` or ``launch(k, t)`` checks the
-written prefixes in a few vectorized passes (:class:`~staticattn.builders.validate_views.
+written prefixes in a few vectorized passes (:class:`~staticattn.builders.validation.views.
 ViewChecks`) and launches the graph that holds the step. Nothing is converted or copied on
 the host.
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from staticattn.builders.value_checks import check_seq_lens
+from staticattn.builders.validation.values import check_seq_lens
 from staticattn.staging import COUNT_REQS, COUNT_TOKENS, HostViews, StagedCounts
 
 __all__ = ["InPlaceSteps"]

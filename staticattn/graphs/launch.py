@@ -1,10 +1,9 @@
 """Launching a captured graph at the cost of one driver call.
 
-``torch.cuda.CUDAGraph.replay()`` costs about 2.4 us of host time on an H200 machine, most
-of it bookkeeping that a graph without random-number ops does not need;
-``cudaGraphLaunch`` on the graph's exec handle, through cuda-bindings, costs about 1.7 us
-(both measured in one process, docs/results). :func:`make_launcher` returns the raw launch
-when it can, and ``replay()`` otherwise:
+Most of the host time of ``torch.cuda.CUDAGraph.replay()`` is bookkeeping that a graph
+without random-number ops does not need; ``cudaGraphLaunch`` on the graph's exec handle,
+through cuda-bindings, skips it (docs/results/launch_costs_h200.txt compares the two).
+:func:`make_launcher` returns the raw launch when it can, and ``replay()`` otherwise:
 
 * cuda-bindings is missing (it is the optional ``cuda`` extra), or this torch does not
   expose the exec handle (``CUDAGraph.raw_cuda_graph_exec``);
@@ -13,7 +12,8 @@ when it can, and ``replay()`` otherwise:
   (:func:`draws_random_numbers` tells, from an eager run of the same work).
 
 Either way the graph runs on ``stream``, which the caller fixes once (the stream current
-when the graphs were captured): looking the current stream up costs 4 us per call.
+when the graphs were captured): looking the current stream up would cost more than the
+launch itself.
 """
 
 from __future__ import annotations

@@ -5,9 +5,8 @@ graph-safe: at given extents -- kind, requests, tokens -- they launch the same k
 the same arguments (arena views at fixed addresses, ints derived from the extents) whatever
 the step's values, which the kernels read on the device. That is what lets a graph replay
 them; it also lets the host record them once per extents and launch them again through the
-driver, without the builders' Python and Triton's argument binding: 14-19 us per Triton
-launch from Python on an H200 machine against about 4 us for the driver call
-(``docs/results/launch_costs_h200.txt``).
+driver, without the builders' Python and Triton's argument binding, which cost several
+times the driver call (``docs/results/launch_costs_h200.txt``).
 
 Extents are recorded at their second step (the first runs the builds plainly and is only
 noted): recording costs a few times a plain run, which a step whose extents never come back

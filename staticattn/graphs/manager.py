@@ -51,15 +51,15 @@ import numpy as np
 import torch
 
 from staticattn.arena import Arena
-from staticattn.builders.base import MetadataBuilder
 from staticattn.builders.batch import Batch
-from staticattn.builders.validate_host import (
+from staticattn.builders.contract import MetadataBuilder
+from staticattn.builders.validation.host import (
     screen_step,
     uniform_decode_passes,
     validate_host_step,
 )
-from staticattn.builders.validate_views import ViewChecks
-from staticattn.builders.value_checks import slot_bound
+from staticattn.builders.validation.values import slot_bound
+from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs.capturing import GraphCapture
 from staticattn.graphs.eager import EagerSteps
@@ -96,7 +96,7 @@ class GraphManager(GraphCapture, InPlaceSteps, EagerSteps):
         by the next replay of any graph -- results are valid until the next step.
     validate : bool
         Check every step before anything is written or launched (default True). With
-        False the caller promises what :func:`~staticattn.builders.validate_host.
+        False the caller promises what :func:`~staticattn.builders.validation.host.
         validate_host_step` checks (``run``) or what :class:`~staticattn.builders.
         validate_views.ViewChecks` checks (``launch``); a step that breaks the promise may
         read or write out of bounds.
@@ -123,8 +123,9 @@ class GraphManager(GraphCapture, InPlaceSteps, EagerSteps):
     staging_guard : {"staging", "step"}
         Where a graph records the event the host waits for before rewriting the staging:
         "staging" (default), after the staging kernels (the next step may be staged while
-        this one still runs); "step", at the graph's end: about 0.65 us less host time per
-        launch and wait, for loops that never stage a step before the last one finished.
+        this one still runs); "step", at the graph's end, where the event costs the driver
+        less per launch and wait (docs/results/launch_costs_h200.txt), for loops that never
+        stage a step before the last one finished.
     """
 
     def __init__(
@@ -266,7 +267,7 @@ class GraphManager(GraphCapture, InPlaceSteps, EagerSteps):
         table = self._table.decode
         # O(1) tests first: a step whose token count is not k * next_n is not uniform. Then
         # the query lengths against k * [next_n] in their dtype, byte for byte: one memcmp,
-        # where ``(q == n).all()`` costs 1 us.
+        # cheaper than ``(q == n).all()``'s reduction.
         if (eager in (False, "graph") and 0 < k < len(table) and slots.shape[0] == k * n
                 and q.dtype.kind in "iu" and q.tobytes() == (
                     self._decode_queries.get((k, q.dtype)) or self._decode_query(k, q.dtype))

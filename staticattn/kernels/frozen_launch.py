@@ -4,10 +4,9 @@
 :class:`FrozenLaunch`: the ``CUfunction``, the grid and block, the dynamic shared memory
 and the parameters packed once into a buffer laid out as the driver reports the function's
 parameters (``cuFuncGetParamInfo``). Launching it again is one ``cuLaunchKernel`` through
-cuda-bindings, about 4 us of host time on an H200 machine, where Triton's compiled launcher
-with the arguments already bound costs 5.0-5.5 us and
-:func:`~staticattn.kernels.launch.launch`, which also binds them and keys their
-specialisation, 14-19 us (``docs/results/launch_costs_h200.txt``). Launch plans
+cuda-bindings, cheaper than Triton's compiled launcher with the arguments already bound, and
+much cheaper than :func:`~staticattn.kernels.launch.launch`, which also binds them and keys
+their specialisation (``docs/results/launch_costs_h200.txt``). Launch plans
 (:mod:`staticattn.graphs.launch_plans`) freeze the kernels a step's graph builds launch,
 which read and write arena views at fixed addresses and take ints that depend only on the
 step's extents.

@@ -1,8 +1,8 @@
 """Launching a Triton kernel at the cost of its compiled launcher.
 
-``kernel[grid](*args)`` costs 10-12 us of host time on an H200 machine (Triton 3.6): binding
-the arguments, computing their specialisation, looking the compiled kernel up; and each
-pinned host tensor among the arguments costs a driver query on top (the staging kernels
+Most of the host time of ``kernel[grid](*args)`` goes to binding the arguments, computing
+their specialisation and looking the compiled kernel up; and each pinned host tensor among
+the arguments costs a driver query on top (the staging kernels
 read two to four of them). :func:`launch` does that once per specialisation and then calls
 the compiled kernel's launcher directly with integer addresses, which it takes as they are.
 

@@ -178,7 +178,7 @@ class StepInputs:
         :class:`CapacityError` / :class:`InvalidBatchError` before writing anything when
         the extents do not fit the staging block; the checks of the values themselves
         (sequence vs query lengths, ``max_model_len``, slots, decode-first order) are
-        :func:`staticattn.builders.validate_host.validate_host_step`'s, which
+        :func:`staticattn.builders.validation.host.validate_host_step`'s, which
         :class:`~staticattn.graphs.GraphManager` runs first.
 
         Parameters
@@ -230,7 +230,7 @@ class StepInputs:
         self.wait_staging_free()
         host = self.host
         host.query_start_loc[0] = 0
-        # The ufunc itself: ``np.cumsum`` adds a wrapper that costs about 1 us here.
+        # The ufunc itself: ``np.cumsum`` adds a Python wrapper around it.
         np.add.accumulate(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
         host.seq_lens[:num_reqs] = seq_lens
         host.slot_mapping[:num_tokens] = slot_mapping

@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from staticattn.arena.config import ArenaConfig
-from staticattn.builders.value_checks import host_ints
+from staticattn.builders.validation.values import host_ints
 from staticattn.errors import ConfigError, InvalidBatchError, RankMismatchError
 
 __all__ = ["FINGERPRINT_FIELDS", "check_dcp_step", "step_fingerprint"]

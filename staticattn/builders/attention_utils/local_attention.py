@@ -1,4 +1,4 @@
-"""Chunked local attention as a batch of virtual requests (the seed page's
+"""Chunked local attention as a batch of virtual requests (vLLM v0.14's
 ``make_local_attention_virtual_batches``).
 
 With local attention of chunk size ``A`` a token at position ``p`` sees only the keys of its
@@ -63,11 +63,11 @@ def make_local_attention_virtual_batches(
 
     Notes
     -----
-    Differences from the seed (v0.14; the function is not in spec §2-§4): a graph-padding
+    Differences from vLLM v0.14's version (the function is not in spec §2-§4): a graph-padding
     row (query length 0, sequence length 0) becomes one virtual request with query and key
-    length 0 whose block row is column 0 of its table row, where the seed computes a key
+    length 0 whose block row is column 0 of its table row, where v0.14 computes a key
     length of ``A`` and a negative start block that wraps to the end of the row. Block
-    columns past the table are clamped to its last column (as the seed does) and never below
+    columns past the table are clamped to its last column (as v0.14 does) and never below
     column 0. The index tensors of the gather are moved to the table's device once, so the
     gather does not copy them per call.
 

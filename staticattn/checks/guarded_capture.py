@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from staticattn.checks.guards import sync_guard
 from staticattn.checks.report import SizeCheck
+from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import ArenaIndex, CaptureWatch
 from staticattn.graphs.capture import capture
 from staticattn.graphs.manager import GraphManager, StepFn

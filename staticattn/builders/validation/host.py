@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from staticattn.arena.config import ArenaConfig
-from staticattn.builders.value_checks import (
+from staticattn.builders.validation.values import (
     check_block_ids,
     check_capacity,
     check_decode_first,
@@ -130,10 +130,10 @@ def validate_host_step(
 
 
 #: The reductions the screens below still make as ufunc calls (``arr.min()`` goes through a
-#: Python wrapper that costs about 0.2 us more per call, and they run on every step). An
+#: Python wrapper that costs more per call, and they run on every step). An
 #: integer array's extreme is ``a.item(a.argmax())``: argmax is a plain array method, where
-#: a ufunc reduction parses its keywords and sets up an iterator first -- about a third of
-#: the cost on a step's small arrays (exact: the first index of the extreme).
+#: a ufunc reduction parses its keywords and sets up an iterator first, which dominates on
+#: a step's small arrays (exact: the first index of the extreme).
 _min, _sum = np.minimum.reduce, np.add.reduce
 #: Without a pool size, slots still have to fit the staging's int64: an unsigned slot past
 #: it would be staged as a negative one.
@@ -155,11 +155,11 @@ def uniform_decode_passes(
     """A cheap pre-screen for the replay path: True only if :func:`validate_host_step`
     would accept a step of ``num_reqs`` requests that all schedule ``next_n`` tokens
     (query lengths the caller has already checked), without block tables, with the pool's
-    slot count ``slot_bound`` (:func:`~staticattn.builders.value_checks.slot_bound`; None:
+    slot count ``slot_bound`` (:func:`~staticattn.builders.validation.values.slot_bound`; None:
     slots only ``>= -1``).
 
     False does not mean invalid: call :func:`validate_host_step` for the verdict and the
-    error message. About 3 us for 256 requests, against about 12 us for the full check.
+    error message; a fraction of the full check's cost.
     Host ints: ``seq_lens`` ``(num_reqs,)``, ``slot_mapping`` ``(num_reqs * next_n,)``.
     """
     n = config.next_n

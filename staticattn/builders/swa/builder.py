@@ -43,12 +43,12 @@ import functools
 import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
+from staticattn.builders.attention_utils.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.batch import Batch
 from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
-from staticattn.builders.split import DecodePrefillSplit, split_decodes_and_prefills
-from staticattn.builders.swa_metadata import SparseSWAMetadata
-from staticattn.builders.tile_plan import tile_plans
-from staticattn.builders.value_checks import check_capacity
+from staticattn.builders.swa.metadata import SparseSWAMetadata
+from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
+from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.swa_decode import C128A_RATIO, SWADecodeOutputs, build_swa_decode
@@ -275,7 +275,7 @@ class SparseSWAMetadataBuilder:
         num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
         views = self._output_views(batch.num_actual_tokens, num_decode_tokens, num_prefills,
                                    num_prefill_tokens)
-        plans = tile_plans(self.layer_types, num_decode_tokens)
+        scheds = tile_scheduler_metas(self.layer_types, num_decode_tokens)
         return SparseSWAMetadata(
             query_start_loc=batch.query_start_loc,
             query_start_loc_cpu=batch.query_start_loc_cpu,
@@ -290,9 +290,9 @@ class SparseSWAMetadataBuilder:
             num_decode_tokens=num_decode_tokens,
             num_prefill_tokens=num_prefill_tokens,
             prefill_seq_lens=prefill_seq_lens if num_prefills else None,
-            tile_sched_swaonly=plans[SWA_ONLY],
-            tile_sched_c4a=plans[C4A],
-            tile_sched_c128a=plans[C128A],
+            tile_sched_swaonly=scheds[SWA_ONLY],
+            tile_sched_c4a=scheds[C4A],
+            tile_sched_c128a=scheds[C128A],
             step_counts=batch.step_counts,
             **views,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from staticattn.checks.guarded import _capture_broke, add_watch_findings
+from staticattn.checks.guarded_capture import _capture_broke, add_watch_findings
 from staticattn.checks.report import SizeCheck
 from staticattn.checks.watch import CaptureWatch, TensorRef
 

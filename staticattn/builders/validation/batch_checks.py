@@ -1,11 +1,11 @@
 """Batch validation: every defect gets a typed error before anything is written.
 
 Two entry points share one implementation of each check
-(:mod:`staticattn.builders.value_checks`):
+(:mod:`staticattn.builders.validation.values`):
 
 * :func:`validate` (here) for a :class:`~staticattn.builders.batch.Batch` (tensors + static
   ints);
-* :func:`~staticattn.builders.validate_host.validate_host_step` for the plain host arrays an
+* :func:`~staticattn.builders.validation.host.validate_host_step` for the plain host arrays an
   engine stages (what the graph manager checks before
   :meth:`~staticattn.staging.StepInputs.stage` writes anything).
 
@@ -25,7 +25,7 @@ import torch
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.builders.batch import Batch
-from staticattn.builders.value_checks import (
+from staticattn.builders.validation.values import (
     check_block_ids,
     check_capacity,
     check_decode_first,

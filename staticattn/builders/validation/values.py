@@ -185,7 +185,7 @@ def slots_within(slots: np.ndarray, limit: int | None) -> bool:
     and below ``limit`` (None: no upper bound): the screens' yes/no form of
     :func:`check_slots`.
     Extremes through argmin / argmax, a third of a ufunc reduction's cost on a step's small
-    arrays (see :mod:`staticattn.builders.validate_host`)."""
+    arrays (see :mod:`staticattn.builders.validation.host`)."""
     return (slots.item(slots.argmin()) >= PAD_SLOT_ID
             and (limit is None or slots.item(slots.argmax()) < limit))
 

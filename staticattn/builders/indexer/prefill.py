@@ -2,7 +2,7 @@
 or on the device for builds of any composition, into the same arena views.
 
 :class:`IndexerPrefill` owns the prefill views of the ``indexer.*`` buffers;
-:class:`~staticattn.builders.indexer.IndexerMetadataBuilder` hands it the batch.
+:class:`~staticattn.builders.indexer.builder.IndexerMetadataBuilder` hands it the batch.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
+from staticattn.builders.attention_utils.chunking import split_indexer_prefill_chunks
 from staticattn.builders.batch import Batch
-from staticattn.builders.chunking import split_indexer_prefill_chunks
-from staticattn.builders.indexer_metadata import (
+from staticattn.builders.indexer.metadata import (
     IndexerPrefillChunkMetadata,
     IndexerPrefillMetadata,
     IndexerPrefillPlan,

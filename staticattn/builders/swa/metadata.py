@@ -63,9 +63,9 @@ class SparseSWAMetadata:
         ``c128a_prefill_topk_indices``). None without C128A layers or prefills.
     c128a_prefill_lens : int32 device ``(Tp,)`` or None
         ``n_c`` of each prefill row.
-    tile_sched_swaonly, tile_sched_c4a, tile_sched_c128a : FlashMLA tile-plan holder or None
+    tile_sched_swaonly, tile_sched_c4a, tile_sched_c128a : tile-scheduler metadata holder or None
         A fresh empty holder per layer type present in the model, None for absent types and
-        when ``Td == 0``; see :mod:`staticattn.builders.tile_plan`.
+        when ``Td == 0``; see :mod:`staticattn.builders.swa.tile_scheduler`.
     step_counts : int32 device ``(4,)`` or None
         ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, from
         the staging kernel.
@@ -98,7 +98,7 @@ class SparseSWAMetadata:
     step_counts: torch.Tensor | None = None
 
     def tile_sched(self, layer_type: str) -> Any:
-        """The tile-plan holder of ``layer_type`` ("swaonly", "c4a" or "c128a")."""
+        """The tile-scheduler metadata holder of ``layer_type`` ("swaonly", "c4a" or "c128a")."""
         attrs = {SWA_ONLY: "tile_sched_swaonly", C4A: "tile_sched_c4a",
                  C128A: "tile_sched_c128a"}
         if layer_type not in attrs:

@@ -1,4 +1,4 @@
-"""KV-sharing fast prefill: a batch of only the tokens whose logits are needed (seed:
+"""KV-sharing fast prefill: a batch of only the tokens whose logits are needed (vLLM's
 ``make_kv_sharing_fast_prefill_common_attn_metadata``).
 
 Layers that reuse another layer's KV cache need not run on every prompt token, only on the
@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from staticattn.builders.batch import Batch
-from staticattn.builders.value_checks import host_ints
+from staticattn.builders.validation.values import host_ints
 from staticattn.errors import InvalidBatchError
 
 __all__ = ["make_kv_sharing_fast_prefill_batch"]
@@ -56,7 +56,7 @@ def make_kv_sharing_fast_prefill_batch(
 
     Notes
     -----
-    The seed takes device indices and reads counts back with ``.item()`` (a host sync);
+    vLLM's version takes device indices and reads counts back with ``.item()`` (a host sync);
     here everything is computed from host values and the new query start locations are
     copied to the batch's device once.
 

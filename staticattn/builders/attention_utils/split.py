@@ -1,4 +1,4 @@
-"""Where the decodes end and the prefills begin (spec §3.2, §3 of the seed page), and the
+"""Where the decodes end and the prefills begin (spec §3.2), and the
 three-way decode / extend / prefill split.
 
 Pure host functions over the batch's host-side query start locations and sequence lengths;
@@ -58,7 +58,7 @@ def split_decodes_and_prefills(
 
     Notes
     -----
-    Follows the reference v0.20.2 behaviour. The seed page (v0.14) asserts
+    Follows the reference v0.20.2 behaviour. vLLM v0.14 asserts
     ``num_reqs * query_lens[0] == num_tokens`` for padded uniform batches and has no
     ``treat_short_extends_as_decodes``; v0.20.2 drops the assertion and adds the flag.
     The padded-uniform early return (all query lengths equal the first or are 0) happens
@@ -132,9 +132,9 @@ def split_decodes_prefills_and_extends(
 
     Notes
     -----
-    Seed semantics (this function is the same in v0.14 and v0.20.2), with one fix: when
+    The reference semantics (the same in vLLM v0.14 and v0.20.2), with one fix: when
     ``max_query_len`` exceeds the threshold but no query does (``max_query_len`` is only an
-    upper bound), the seed's ``argmax`` over an all-false mask returns
+    upper bound), the reference's ``argmax`` over an all-false mask returns
     ``(0, 0, 0, 0, 0, 0)``, dropping every request; here every request is then a decode.
 
     Examples

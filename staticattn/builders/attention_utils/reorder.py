@@ -128,7 +128,7 @@ def reorder_batch_to_split_decodes_and_prefills(
     its cycles, one ``swap_states`` per element of a cycle but one, so at most
     ``misplaced - 1`` swaps and no copy of the batch.
 
-    v0.20.2 has four regions; the seed page's v0.14 version has three (decode = short
+    v0.20.2 has four regions; vLLM v0.14's version has three (decode = short
     scheduled length with context, whether or not the prompt is done; extend; prefill). A
     short chunked-prefill continuation was a decode there and is a short extend here.
 

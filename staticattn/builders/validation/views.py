@@ -9,7 +9,7 @@ decode step is not checked for ``L >= next_n``: that would cost one more pass, a
 sequence only gives its first tokens negative positions, which every kernel clamps (no
 read or write leaves its buffer). Decode-first order is not required on this path either:
 the split is found on the device, and a decode behind a prefill is built as a prefill.
-:func:`~staticattn.builders.validate_host.validate_host_step` is the full check, and
+:func:`~staticattn.builders.validation.host.validate_host_step` is the full check, and
 :meth:`GraphManager.run` applies it.
 
 Every failure is a typed error that names the offending value, raised before anything is
@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from staticattn.arena.config import ArenaConfig
-from staticattn.builders.value_checks import (
+from staticattn.builders.validation.values import (
     check_non_decreasing,
     check_seq_lens,
     check_slots,
@@ -34,7 +34,7 @@ __all__ = ["ViewChecks"]
 
 _min = np.minimum.reduce
 # An extreme is ``a.item(a.argmax())``, a third of a ufunc reduction's cost on a step's
-# small prefixes (see staticattn.builders.validate_host).
+# small prefixes (see staticattn.builders.validation.host).
 
 
 class ViewChecks:
@@ -61,7 +61,8 @@ class ViewChecks:
                                    config.max_num_seqs)
         # Negative lengths read as uint32 exceed max_model_len: one pass checks both bounds.
         self._seq_u32 = host.seq_lens.view(np.uint32)
-        # The written prefixes as views, made once per count (slicing costs 0.2 us a view).
+        # The written prefixes as views, made once per count (slicing costs more than
+        # the check of a small prefix).
         self._decode_views: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_views: dict[int, np.ndarray] = {}
         self._start_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

@@ -1,7 +1,7 @@
 """The sparse-attention indexer's metadata builder (DeepSeek V3.2, and V4 with ``R = 4``),
 graph-safe, writing only into arena views (spec §4).
 
-Per step it produces (:mod:`staticattn.builders.indexer_metadata`):
+Per step it produces (:mod:`staticattn.builders.indexer.metadata`):
 
 * the slot mapping of the indexer's K cache -- compressed (spec §4.5) when ``R > 1``;
 * for the decodes: per-token visible lengths, query lengths, the block table (expanded per
@@ -9,7 +9,7 @@ Per step it produces (:mod:`staticattn.builders.indexer_metadata`):
 * for the prefills: chunks bounded by the gather workspace and the logits budget, each with its
   key prefix sums and per-token key ranges.
 
-Three entry points (the builder contract, :mod:`staticattn.builders.base`):
+Three entry points (the builder contract, :mod:`staticattn.builders.contract`):
 
 * :meth:`IndexerMetadataBuilder.build` -- any batch, eager; plans from the host lengths the
   batch carries (like the reference engine) and never reads the device;
@@ -40,8 +40,9 @@ import functools
 import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
+from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.indexer_layout import (
+from staticattn.builders.indexer.layout import (
     DecodeLayout,
     DecodeLens,
     eager_layout,
@@ -49,13 +50,12 @@ from staticattn.builders.indexer_layout import (
     host_query_start_loc,
     need_token_views,
 )
-from staticattn.builders.indexer_metadata import (
+from staticattn.builders.indexer.metadata import (
     IndexerDecodeMetadata,
     IndexerMetadata,
     IndexerPrefillChunkMetadata,
 )
-from staticattn.builders.indexer_prefill import IndexerPrefill
-from staticattn.builders.split import split_decodes_and_prefills
+from staticattn.builders.indexer.prefill import IndexerPrefill
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
@@ -86,7 +86,7 @@ class IndexerMetadataBuilder:
     - ``decode_global_seq_lens`` int32 ``(Tdec,)``: under decode context parallelism only;
     - ``prefill_chunks`` int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``,
       ``req_key_start`` int32 ``(max_num_seqs,)``: the device chunk plan of the mixed build
-      (``C`` from :func:`~staticattn.builders.indexer_prefill.max_chunks`).
+      (``C`` from :func:`~staticattn.builders.indexer.prefill.max_chunks`).
 
     The prefill chunk over requests ``[s, e)`` owns ``cu_seq_lens[2s : s + e + 1]``: disjoint
     for disjoint ranges, so every chunk of a step keeps its own view.

@@ -1,4 +1,5 @@
-"""Causal-conv1d launch metadata, in arena views (seed: ``compute_causal_conv1d_metadata``).
+"""Causal-conv1d launch metadata, in arena views (vLLM's
+``compute_causal_conv1d_metadata``).
 
 The causal-conv1d prefill kernel runs one program per ``BLOCK_M`` tokens of each request;
 program ``i`` reads its request from ``batch_ptr[i]`` and its block within the request from
@@ -18,7 +19,7 @@ import torch
 from staticattn.arena.arena import Arena
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig, cdiv
-from staticattn.builders.value_checks import check_non_decreasing, host_ints
+from staticattn.builders.validation.values import check_non_decreasing, host_ints
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.staging.inputs import PAD_SLOT_ID
 
@@ -87,8 +88,8 @@ def compute_causal_conv1d_metadata(
 
     Notes
     -----
-    Unlike the seed, the host values are taken as given (the seed copies device query
-    lengths to the host, a sync), ``mlist`` is int32 (the seed's is int64 before its copy
+    Unlike vLLM's version, the host values are taken as given (vLLM copies device query
+    lengths to the host, a sync), ``mlist`` is int32 (vLLM's is int64 before its copy
     into the int32 buffer), and the views are written in place, never re-allocated. Eager
     only: the host -> device copies have host-computed lengths.
 

@@ -55,9 +55,9 @@ def get_kv_cache_layout() -> KVCacheLayout:
 
     Notes
     -----
-    The seed caches its answer (``lru_cache``), so an override set after the first call is
+    vLLM caches its answer (``lru_cache``), so an override set after the first call is
     silently ignored; this one is read on every call (one dict lookup), so the override and
-    the environment always take effect. The seed falls back to a KV-connector's preference;
+    the environment always take effect. vLLM falls back to a KV-connector's preference;
     there is no connector here, so the fallback is "NHD".
 
     Examples
