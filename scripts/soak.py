@@ -41,7 +41,7 @@ def expected_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray, slots: np.n
     valid = slots >= 0
     pad = size - p.shape[0]
     swa = np.where(valid, np.minimum(p + 1, cfg.sliding_window), 0)
-    c128 = np.where(valid, np.minimum((p + 1) // 128, cfg.c128a_max_compressed), 0)
+    c128 = np.where(valid, np.minimum((p + 1) // 128, cfg.dense_width), 0)
     index = np.maximum(L - n + 1 + j, 0) // cfg.index_compress_ratio
     return {k: np.concatenate([v, np.zeros(pad, dtype=np.int64)])
             for k, v in (("swa", swa), ("c128a", c128), ("indexer", index))}
@@ -62,7 +62,7 @@ def expected_mixed_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray,
     def pad(values: np.ndarray, extent: int) -> np.ndarray:
         return np.concatenate([values, np.zeros(extent - values.shape[0], dtype=np.int64)])
 
-    c128 = np.minimum((p + 1) // 128, cfg.c128a_max_compressed)
+    c128 = np.minimum((p + 1) // 128, cfg.dense_width)
     return {
         "swa": pad(np.where(valid, np.minimum(p + 1, cfg.sliding_window), 0)[:td], rows),
         "c128a": pad(np.where(valid, c128, 0)[:td], rows),

@@ -24,7 +24,7 @@ def config(rank: int, world: int = WORLD):
 
     return ArenaConfig(
         max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048, block_size=256,
-        num_speculative_tokens=1, index_compress_ratio=4, compress_ratios=(1, 4, 128),
+        num_speculative_tokens=1, architecture="deepseek_v4", compress_ratios=(1, 4, 128),
         sliding_window=16, swa_block_size=16, num_sms=5, max_prefill_workspace=600,
         max_logits_bytes=4 * 6_000, dcp_world_size=world, dcp_rank=rank,
         cp_kv_cache_interleave_size=4, device="cpu", kernel_backend="torch",

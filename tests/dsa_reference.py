@@ -334,7 +334,7 @@ def attention_references(step, inputs, s, deq: dict[str, torch.Tensor],
     keys = {"swaonly": (sk, sv)}
     if "c128a" in deq:
         ck, cv = gather_keys(deq["c128a"], c128a_slots(tok_req, pos, valid, rows,
-                                                        cfg.c128a_max_compressed,
+                                                        cfg.dense_width,
                                                         cfg.block_size // 128))
         keys["c128a"] = (torch.cat([sk, ck], 1), torch.cat([sv, cv], 1))
     if "c4a" in deq:

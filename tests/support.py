@@ -20,6 +20,15 @@ from staticattn.staging import StepInputs
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def index_ratio_fields(ratio: int) -> dict:
+    """ArenaConfig fields of a model whose indexer K cache has compress ratio ``ratio``:
+    DeepSeek V3.2's sparse MLA layers (``R = 1``), or DeepSeek V4's C4A layers (``R = 4``,
+    which attend a window too)."""
+    if ratio == 1:
+        return dict(architecture="deepseek_v32", compress_ratios=(1,))
+    return dict(architecture="deepseek_v4", compress_ratios=(ratio,), sliding_window=128)
+
+
 @dataclass
 class HostStep:
     """One step as an engine knows it on the host.

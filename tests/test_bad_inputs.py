@@ -40,8 +40,9 @@ def _cfg(**kw):
 CONFIGS = [
     ("zero max_num_seqs", lambda: _cfg(max_num_seqs=0), ConfigError, "max_num_seqs=0"),
     ("block size vs ratio", lambda: _cfg(block_size=100), ConfigError, "multiple"),
-    ("unsupported ratio", lambda: _cfg(compress_ratios=(1, 8)), ConfigError, "(1, 4, 128)"),
-    ("index ratio 128", lambda: _cfg(index_compress_ratio=128), ConfigError, "1 or 4"),
+    ("unsupported ratio", lambda: _cfg(compress_ratios=(1, 8)), ConfigError,
+     "layer 1: compress ratio 8 is not a deepseek_v4 layer type"),
+    ("unknown architecture", lambda: _cfg(architecture="llama"), ConfigError, "deepseek_v4"),
     ("V4 ratios without window", lambda: _cfg(sliding_window=None), ConfigError, "sliding_window"),
     ("zero window", lambda: _cfg(sliding_window=0), ConfigError, ">= 1"),
     ("unknown device", lambda: _cfg(device="tpu"), ConfigError, "device"),

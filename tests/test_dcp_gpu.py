@@ -10,7 +10,7 @@ import pytest
 import torch
 from dcp_workers import random_step
 from oracle import dcp as oracle
-from support import make_step
+from support import index_ratio_fields, make_step
 from test_mixed_builds import stage_mixed
 
 from staticattn.arena import ArenaConfig
@@ -28,7 +28,7 @@ CASES = [(2, 1, 1, 64, 1), (2, 4, 4, 256, 2), (4, 4, 8, 256, 4)]  # world, R, I,
 def _setup(world, rank, ratio, interleave, block_size, n, backend):
     cfg = ArenaConfig(
         max_num_seqs=16, max_num_batched_tokens=256, max_model_len=8192,
-        block_size=block_size, num_speculative_tokens=n - 1, index_compress_ratio=ratio,
+        block_size=block_size, num_speculative_tokens=n - 1, **index_ratio_fields(ratio),
         max_prefill_workspace=3000, max_logits_bytes=4 * 50_000, dcp_world_size=world,
         dcp_rank=rank, cp_kv_cache_interleave_size=interleave, device="cuda",
         kernel_backend=backend,

@@ -17,7 +17,7 @@ import torch
 from hypothesis import given, settings
 from op_trace import HOST_READS, OpTrace
 from oracle import dcp as oracle
-from support import DEVICE, host_steps, make_step, stage
+from support import DEVICE, host_steps, index_ratio_fields, make_step, stage
 from test_mixed_builds import bucket_for, stage_mixed
 
 from staticattn.arena import ArenaConfig
@@ -42,7 +42,7 @@ MIXED_EXAMPLES = {"torch": 25, "triton": 6}
 def _config(backend, world, rank, ratio, interleave, block_size, n):
     return ArenaConfig(
         max_num_seqs=16, max_num_batched_tokens=256, max_model_len=2048,
-        block_size=block_size, num_speculative_tokens=n - 1, index_compress_ratio=ratio,
+        block_size=block_size, num_speculative_tokens=n - 1, **index_ratio_fields(ratio),
         num_sms=7, max_prefill_workspace=1500, max_logits_bytes=4 * 12_000,
         dcp_world_size=world, dcp_rank=rank, cp_kv_cache_interleave_size=interleave,
         device=DEVICE, kernel_backend=backend,

@@ -17,8 +17,8 @@ from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
 V4 = dict(device=DEVICE, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=4096,
-          sliding_window=16, swa_block_size=16, compress_ratios=(1, 4, 128),
-          index_compress_ratio=4, block_size=256, num_speculative_tokens=1)
+          sliding_window=16, swa_block_size=16, architecture="deepseek_v4",
+          compress_ratios=(1, 4, 128), block_size=256, num_speculative_tokens=1)
 GRID = [(2, 4), (4, 64)]  # (world, interleave)
 EXAMPLES = {"torch": 40, "triton": 8}
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from oracle import indexer as oracle
-from support import DEVICE, make_step, stage
+from support import DEVICE, index_ratio_fields, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, MetadataBuilder, make_arena
@@ -38,7 +38,7 @@ def _setup(backend="torch", **overrides):
 def test_declared_buffers(n, ratio, flatten, expected):
     cfg = ArenaConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=4096,
                       block_size=64 if ratio == 1 else 256, num_speculative_tokens=n - 1,
-                      index_compress_ratio=ratio, use_flattening=flatten, num_sms=6,
+                      **index_ratio_fields(ratio), use_flattening=flatten, num_sms=6,
                       device="cpu")
     decls = {d.name.removeprefix("indexer."): d for d in IndexerMetadataBuilder().buffers(cfg)}
     assert all(name.startswith("indexer.") for name in (d.name for d in decls.values()))
@@ -70,7 +70,7 @@ def _fingerprint(meta):
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_decode_build_returns_the_same_views_and_never_moves_the_arena(backend, n):
     cfg, builder, arena, inputs = _setup(backend, num_speculative_tokens=n - 1,
-                                         block_size=256, index_compress_ratio=4)
+                                         block_size=256, **index_ratio_fields(4))
     before = arena.fingerprint()
     seen = set()
     rng = np.random.default_rng(n)
@@ -125,7 +125,7 @@ def _no_device_reads(arena):
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_builds_never_read_the_device(n):
     cfg, builder, arena, inputs = _setup("torch", num_speculative_tokens=n - 1,
-                                         block_size=256, index_compress_ratio=4,
+                                         block_size=256, **index_ratio_fields(4),
                                          max_prefill_workspace=40, max_logits_bytes=400)
     mixed = stage(inputs, make_step(cfg, [n, 1, 30, 9], [80, 40, 300, 9]))
     with _no_device_reads(arena):
@@ -142,7 +142,7 @@ def test_builds_never_read_the_device(n):
 @pytest.mark.parametrize("n", [1, 2, 4])
 def test_padding_after_a_long_step_is_not_stale(backend, n):
     cfg, builder, arena, inputs = _setup(backend, num_speculative_tokens=n - 1,
-                                         block_size=256, index_compress_ratio=4)
+                                         block_size=256, **index_ratio_fields(4))
     stage(inputs, make_step(cfg, [n] * 8, [4000] * 8, num_reqs_padded=8,
                             num_tokens_padded=8 * n))
     builder.build_decode(Batch.for_decode_capture(inputs, 8))
@@ -182,7 +182,7 @@ def test_errors_are_typed_and_raised_before_writing():
 def test_empty_batch_builds_nothing(backend, n):
     """A batch of no request and no token: no decode, no prefill, an empty slot mapping."""
     cfg, builder, arena, inputs = _setup(backend, num_speculative_tokens=n - 1,
-                                         block_size=256, index_compress_ratio=4)
+                                         block_size=256, **index_ratio_fields(4))
     inputs.host.query_start_loc[0] = 0
     meta = builder.build(Batch.from_inputs(inputs, 0, 0, 0, 0))
     assert meta.decode is None and meta.prefill is None

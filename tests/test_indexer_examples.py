@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from oracle import indexer as oracle
-from support import DEVICE, make_step, stage
+from support import DEVICE, index_ratio_fields, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -49,7 +49,7 @@ def _chunks(meta):
 
 
 def test_a_compressed_slots_use_the_storage_block_size(backend):
-    meta = _build(backend, [40], [280], rows=[[5, 7]], block_size=256, index_compress_ratio=4)
+    meta = _build(backend, [40], [280], rows=[[5, 7]], block_size=256, **index_ratio_fields(4))
     slots = meta.slot_mapping.tolist()
     assert len(slots) == 40
     assert [s for s in slots if s >= 0] == [5 * 64 + k for k in range(60, 64)] + [
@@ -59,7 +59,7 @@ def test_a_compressed_slots_use_the_storage_block_size(backend):
 
 def test_b_compressed_slots_two_requests(backend):
     meta = _build(backend, [10, 3], [10, 9], rows=[[3], [8]], block_size=256,
-                  index_compress_ratio=4)
+                  **index_ratio_fields(4))
     assert meta.slot_mapping.tolist() == [-1, -1, -1, 192, -1, -1, -1, 193, -1, -1, -1, 513, -1]
 
 
@@ -93,7 +93,7 @@ def test_d_query_sub_chunks_after_decodes(backend):
 
 
 def test_e_prefill_chunk_metadata(backend):
-    cfg, builder, arena, inputs = _setup(backend, block_size=256, index_compress_ratio=4)
+    cfg, builder, arena, inputs = _setup(backend, block_size=256, **index_ratio_fields(4))
     batch = stage(inputs, make_step(cfg, [12, 3], [12, 10]))
     whole = builder.build_prefill_chunk(batch, 0, 2)
     assert whole.cu_seq_lens.tolist() == [0, 3, 5]
@@ -110,7 +110,7 @@ def test_e_prefill_chunk_metadata(backend):
 
 def test_e_through_the_builder_sub_chunks(backend):
     # E = 12 logits: request A (12 x 3) exceeds it alone -> 4-query sub-chunks; B fits.
-    meta = _build(backend, [12, 3], [12, 10], block_size=256, index_compress_ratio=4,
+    meta = _build(backend, [12, 3], [12, 10], block_size=256, **index_ratio_fields(4),
                   max_logits_bytes=48)
     assert _chunks(meta) == [(1, 0, 4, 3, False), (1, 4, 8, 3, True), (1, 8, 12, 3, True),
                              (1, 12, 15, 2, False)]
@@ -132,7 +132,7 @@ def test_f_flatten_variable_lengths(backend):
 ])
 def test_g_flatten_with_graph_padding(backend, graph, ratio, lens):
     meta = _build(backend, [4, 4, 4], [10, 7, 12], pad=4, graph=graph,
-                  num_speculative_tokens=3, block_size=256, index_compress_ratio=ratio)
+                  num_speculative_tokens=3, block_size=256, **index_ratio_fields(ratio))
     assert meta.decode.seq_lens.tolist() == [[x] for x in lens]
     table = meta.decode.block_table.tolist()
     assert table[12:] == [[0] * len(table[0])] * 4, "padded rows are the null block, whole"
@@ -146,7 +146,7 @@ def test_g_flatten_with_graph_padding(backend, graph, ratio, lens):
 ])
 def test_h_native_mtp_with_graph_padding(backend, graph, ratio, lens):
     meta = _build(backend, [2, 2, 2], [10, 7, 12], pad=4, graph=graph, legacy=True,
-                  num_speculative_tokens=1, block_size=256, index_compress_ratio=ratio)
+                  num_speculative_tokens=1, block_size=256, **index_ratio_fields(ratio))
     assert meta.decode.seq_lens.tolist() == lens
     assert meta.decode.decode_lens.tolist() == [2, 2, 2, 0]
     assert meta.decode.requires_padding is (not graph)
@@ -157,7 +157,7 @@ def test_h_native_mtp_with_graph_padding(backend, graph, ratio, lens):
 @pytest.mark.parametrize("graph", [False, True])
 def test_i_plain_decode_compressed(backend, graph):
     meta = _build(backend, [1, 1, 1], [10, 7, 12], pad=4, graph=graph, block_size=256,
-                  index_compress_ratio=4)
+                  **index_ratio_fields(4))
     assert meta.decode.seq_lens.tolist() == [[2], [1], [3], [0]]
     assert meta.decode.decode_lens.tolist() == [1, 1, 1, 0]
 

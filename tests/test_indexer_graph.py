@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from oracle import indexer as oracle
-from support import host_steps, make_step, stage
+from support import host_steps, index_ratio_fields, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -27,7 +27,7 @@ CASE_IDS = [f"n{n}-R{r}-bs{bs}" for n, r, bs in CASES]
 def _setup(n, ratio, block_size, backend="triton"):
     cfg = ArenaConfig(
         max_num_seqs=64, max_num_batched_tokens=512, max_model_len=16384,
-        block_size=block_size, num_speculative_tokens=n - 1, index_compress_ratio=ratio,
+        block_size=block_size, num_speculative_tokens=n - 1, **index_ratio_fields(ratio),
         max_prefill_workspace=3000, max_logits_bytes=4 * 50_000,
         device="cuda", kernel_backend=backend,
     )

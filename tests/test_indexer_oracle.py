@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from oracle import indexer as oracle
-from support import DEVICE, host_steps, stage
+from support import DEVICE, host_steps, index_ratio_fields, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -28,7 +28,7 @@ DECODE_EXAMPLES = {"torch": 30, "triton": 8}
 def _config(backend, n, ratio, block_size):
     return ArenaConfig(
         max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096,
-        block_size=block_size, num_speculative_tokens=n - 1, index_compress_ratio=ratio,
+        block_size=block_size, num_speculative_tokens=n - 1, **index_ratio_fields(ratio),
         num_sms=7 if ratio == 1 else 20,
         # Small budgets so prefills split into chunks and query sub-chunks.
         max_prefill_workspace=1500, max_logits_bytes=4 * 12_000,

@@ -20,16 +20,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "staticattn"
 #: ``__init__``) sit on top and may import anything.
 ALLOWED = {
     "errors": set(),
-    "arena": {"errors"},
+    "model": {"errors"},
+    "arena": {"errors", "model"},
     "kernels": {"errors"},
-    "staging": {"errors", "arena", "kernels"},
-    "builders": {"errors", "arena", "kernels", "staging"},
-    "graphs": {"errors", "arena", "kernels", "staging", "builders"},
-    "consumers": {"errors", "arena", "kernels", "staging", "builders"},
-    "bench": {"errors", "arena", "staging", "builders", "graphs"},
-    "checks": {"errors", "arena", "staging", "builders", "graphs", "bench"},
-    "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers",
-                    "bench"},
+    "staging": {"errors", "model", "arena", "kernels"},
+    "builders": {"errors", "model", "arena", "kernels", "staging"},
+    "graphs": {"errors", "model", "arena", "kernels", "staging", "builders"},
+    "consumers": {"errors", "model", "arena", "kernels", "staging", "builders"},
+    "bench": {"errors", "model", "arena", "staging", "builders", "graphs"},
+    "checks": {"errors", "model", "arena", "staging", "builders", "graphs", "bench"},
+    "distributed": {"errors", "model", "arena", "kernels", "staging", "builders", "graphs",
+                    "consumers", "bench"},
 }
 #: Rooms inside ``builders``, by concern -> the rooms of ``builders`` each may import. The
 #: core (``builders``: the contract, the batch) imports none of them; the package's

@@ -18,7 +18,7 @@ from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBat
 from staticattn.kernels import swa_decode, swa_prefill
 
 V4_SMALL = dict(
-    device=DEVICE, block_size=256, compress_ratios=(1, 4, 128), index_compress_ratio=4,
+    device=DEVICE, block_size=256, architecture="deepseek_v4", compress_ratios=(1, 4, 128),
     sliding_window=16, swa_block_size=16, max_model_len=4096, max_num_seqs=8,
     max_num_batched_tokens=256, num_speculative_tokens=1,
 )
@@ -46,7 +46,7 @@ def test_buffer_table(ratios):
         "swa.prefill_seq_lens": ((cfg.max_num_seqs,), torch.int32),
     }
     if 128 in ratios:
-        t, max_c = cfg.max_num_batched_tokens, cfg.c128a_max_compressed
+        t, max_c = cfg.max_num_batched_tokens, cfg.dense_width
         expected["swa.c128a_decode_indices"] = ((td, 1, max_c), torch.int32)
         expected["swa.c128a_decode_lens"] = ((td,), torch.int32)
         expected["swa.c128a_prefill_indices"] = ((t, max_c), torch.int32)
@@ -110,10 +110,10 @@ def test_build_decode_returns_the_same_views(backend):
         stage(inputs, step)
         meta = builder.build_decode(Batch.for_decode_capture(inputs, 5))
         assert_matches(meta, expected_for_step(cfg, step))
-        seen.append((_tensor_fields(meta), meta.tile_sched_c128a))
+        seen.append((_tensor_fields(meta), meta.tile_sched("c128a")))
     assert seen[0][0] == seen[1][0] == seen[2][0]
     assert seen[0][0]["decode_swa_indices"][0] == arena["swa.decode_swa_indices"].data_ptr()
-    assert seen[0][0]["c128a_decode_indices"][2] == (cfg.c128a_max_compressed,) * 2 + (1,)
+    assert seen[0][0]["c128a_decode_indices"][2] == (cfg.dense_width,) * 2 + (1,)
     assert seen[0][1] is not seen[1][1]  # a fresh tile-scheduler metadata per build
 
 

@@ -16,7 +16,7 @@ from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
 BASE = dict(
-    device=DEVICE, block_size=256, compress_ratios=(1, 4, 128), index_compress_ratio=4,
+    device=DEVICE, block_size=256, architecture="deepseek_v4", compress_ratios=(1, 4, 128),
     max_model_len=2048, max_num_seqs=4, max_num_batched_tokens=1024,
 )
 
@@ -91,7 +91,7 @@ def test_example_m_prefill_gather_lens(backend):
 
 def test_example_n_c128a_topk(backend):
     cfg, builder, inputs = _builder(backend, sliding_window=128, num_speculative_tokens=1)
-    assert cfg.c128a_max_compressed == 128 and cfg.block_size // 128 == 2
+    assert cfg.dense_width == 128 and cfg.block_size // 128 == 2
     # Decode tokens at p = 300 and p = 383, block row [11, 4, 6] (BS = 256, 2 entries/block).
     step = _step(cfg, [1, 1], [301, 384], main_rows=[[11, 4, 6], [11, 4, 6]])
     meta = builder.build(stage(inputs, step))

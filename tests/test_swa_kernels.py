@@ -17,7 +17,7 @@ from staticattn.kernels.swa_decode import SWADecodeOutputs, build_swa_decode
 from staticattn.kernels.swa_prefill import prefill_gather_lens
 
 WIDE = dict(
-    device=DEVICE, block_size=256, compress_ratios=(1, 4, 128), index_compress_ratio=4,
+    device=DEVICE, block_size=256, architecture="deepseek_v4", compress_ratios=(1, 4, 128),
     sliding_window=128, swa_block_size=64, max_model_len=150_000, max_num_seqs=6,
     max_num_batched_tokens=64, num_speculative_tokens=1,
 )
@@ -25,7 +25,7 @@ WIDE = dict(
 
 def test_wide_c128a_rows_span_several_column_blocks(backend):
     cfg = ArenaConfig(**WIDE, kernel_backend=backend)
-    assert cfg.c128a_max_compressed == 1280  # > the kernel's 1024-column block
+    assert cfg.dense_width == 1280  # > the kernel's 1024-column block
     builder = SparseSWAMetadataBuilder()
     _, inputs = make_arena(cfg, [builder])
     rng = np.random.default_rng(7)
@@ -74,7 +74,7 @@ def test_compiled_tile_shape_matches_torch(block_tokens):
         out = _outputs(num_tokens, num_decode_tokens, window, 256, np.random.default_rng(0))
         build_swa_decode(backend, out, args["slot_mapping"], args["positions"],
                          args["token_to_req"], args["swa_block_table"], swa_bs,
-                         args["block_table"], entries, num_tokens, num_decode_tokens,
+                         args["block_table"], 128, entries, num_tokens, num_decode_tokens,
                          block_tokens=tile)
         results.append(out)
     ref, got = results

@@ -19,26 +19,27 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 
-BASE = dict(device=DEVICE, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048)
+BASE = dict(device=DEVICE, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048,
+            architecture="deepseek_v4")
 
 # Windows 1, 7, 128; SWA blocks 16, 64; ratios [1], [1,4], [1,4,128]; next_n 1-4 and 8; C128A
 # with 1, 2 and 4 compressed entries per main block.
 CONFIGS = {
     "w1-bs16-swa-n1": dict(sliding_window=1, swa_block_size=16, compress_ratios=(1,)),
     "w7-bs16-c4a-n2": dict(sliding_window=7, swa_block_size=16, compress_ratios=(1, 4),
-                           index_compress_ratio=4, block_size=256, num_speculative_tokens=1),
+                           block_size=256, num_speculative_tokens=1),
     "w128-bs64-c128a-n4": dict(sliding_window=128, swa_block_size=64,
-                               compress_ratios=(1, 4, 128), index_compress_ratio=4,
+                               compress_ratios=(1, 4, 128),
                                block_size=256, num_speculative_tokens=3),
     "w7-bs64-c128a-n3": dict(sliding_window=7, swa_block_size=64, compress_ratios=(1, 4, 128),
-                             index_compress_ratio=4, block_size=512, num_speculative_tokens=2,
+                             block_size=512, num_speculative_tokens=2,
                              max_model_len=8192),
     "w128-bs16-swa-n2": dict(sliding_window=128, swa_block_size=16, compress_ratios=(1,),
                              num_speculative_tokens=1),
     "w1-bs64-c128a-n1": dict(sliding_window=1, swa_block_size=64, compress_ratios=(1, 128),
                              block_size=128, max_model_len=4096),
     "w128-bs64-c128a-n8": dict(sliding_window=128, swa_block_size=64,
-                               compress_ratios=(1, 4, 128), index_compress_ratio=4,
+                               compress_ratios=(1, 4, 128),
                                block_size=256, num_speculative_tokens=7),
 }
 

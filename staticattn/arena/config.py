@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 from staticattn.errors import ConfigError
+from staticattn.model import LayerType, Reads, architecture, layer_type, model_preset
+from staticattn.model.layer_types import LAYER_TYPES, Cache
 
-__all__ = ["ArenaConfig", "SUPPORTED_COMPRESS_RATIOS", "cdiv", "round_up"]
-
-#: Compress ratios of DeepSeek V4 layer types: 1 = sliding window only, 4 = C4A, 128 = C128A.
-SUPPORTED_COMPRESS_RATIOS = (1, 4, 128)
+__all__ = ["ArenaConfig", "cdiv", "round_up"]
 
 #: Query lengths the paged-MQA-logits kernels take natively on Hopper (larger next_n flattens).
 NATIVE_NEXT_N = (1, 2)
@@ -53,11 +52,14 @@ class ArenaConfig:
         caches): 64 for DeepSeek V3.2, 256 for DeepSeek V4.
     num_speculative_tokens : int
         MTP draft tokens per decode step; ``next_n = 1 + num_speculative_tokens``.
+    architecture : str
+        The model family, whose encoding maps ``compress_ratios`` to layer types
+        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32" or "deepseek_v4".
     compress_ratios : tuple of int
-        The model's per-layer compress ratios (``(1,)`` for V3.2, ``(1, 4, 128)`` for V4).
-    index_compress_ratio : int
-        Compress ratio of the indexer's K cache (1 for V3.2, 4 for V4); its storage block
-        holds ``block_size // index_compress_ratio`` entries.
+        One compress ratio per layer, in the family's encoding (``(1,)`` for V3.2; V4: 1 =
+        SWA-only, 4 = C4A, 128 = C128A). The layer types present
+        (:attr:`layer_types`) decide every per-type buffer and output; the indexer's K cache
+        has the ratio of the type that owns it (:attr:`index_compress_ratio`).
     sliding_window : int or None
         Window of the sparse sliding-window attention (128 for V4); None when the model has
         no SWA layers.
@@ -106,8 +108,8 @@ class ArenaConfig:
     max_model_len: int = 163840
     block_size: int = 64
     num_speculative_tokens: int = 0
+    architecture: str = "deepseek_v32"
     compress_ratios: tuple[int, ...] = (1,)
-    index_compress_ratio: int = 1
     sliding_window: int | None = None
     swa_block_size: int = 64
     index_topk: int = 2048
@@ -120,10 +122,13 @@ class ArenaConfig:
     num_sms: int | None = None
     use_flattening: bool | None = None
     kernel_backend: str = "auto"
+    #: The distinct layer types of ``compress_ratios`` (derived at construction).
+    _types: tuple[LayerType, ...] = field(init=False, repr=False, compare=False, default=())
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "compress_ratios", tuple(int(r) for r in self.compress_ratios))
+        object.__setattr__(self, "compress_ratios", tuple(self.compress_ratios))
         self._check_positive()
+        object.__setattr__(self, "_types", self._resolve_layer_types())
         self._check_ratios()
         self._check_dcp()
         self._check_device()
@@ -172,35 +177,43 @@ class ArenaConfig:
                 f"max_logits_bytes={self.max_logits_bytes} must hold at least one fp32 logit (4)"
             )
 
-    def _check_ratios(self) -> None:
+    def _resolve_layer_types(self) -> tuple[LayerType, ...]:
+        """The distinct layer types of ``compress_ratios``, in the table's order."""
         if not self.compress_ratios:
-            raise ConfigError("compress_ratios is empty; use (1,) for a model without compression")
-        for r in self.compress_ratios:
-            if r not in SUPPORTED_COMPRESS_RATIOS:
+            raise ConfigError("compress_ratios is empty: a model has at least one layer")
+        family = architecture(self.architecture)
+        names = {family.layer_type_name(r, i) for i, r in enumerate(self.compress_ratios)}
+        return tuple(layer_type(n) for n in LAYER_TYPES if n in names)
+
+    def _check_ratios(self) -> None:
+        for t in self._types:
+            if t.compress_ratio and self.block_size % t.compress_ratio:
                 raise ConfigError(
-                    f"compress ratio {r} is not supported; the layer types are "
-                    f"{SUPPORTED_COMPRESS_RATIOS} (SWA-only, C4A, C128A)"
+                    f"block_size={self.block_size} is not a multiple of the {t.name} compress "
+                    f"ratio {t.compress_ratio}: a compressed block must hold whole entries"
                 )
-            if self.block_size % r:
-                raise ConfigError(
-                    f"block_size={self.block_size} is not a multiple of compress ratio {r}: "
-                    "a compressed storage block must hold a whole number of entries"
-                )
-        if self.index_compress_ratio not in SUPPORTED_COMPRESS_RATIOS[:2]:
+        index_ratios = sorted({t.compress_ratio for t in self._types if Cache.INDEX_K in t.owns})
+        if len(index_ratios) > 1:
             raise ConfigError(
-                f"index_compress_ratio={self.index_compress_ratio} must be 1 or 4"
+                f"layer types {[t.name for t in self._types]} own index caches of ratios "
+                f"{index_ratios}; the indexer serves one ratio per model"
             )
-        if self.block_size % self.index_compress_ratio:
-            raise ConfigError(
-                f"block_size={self.block_size} is not a multiple of index_compress_ratio="
-                f"{self.index_compress_ratio}"
-            )
+        dense = [t.name for t in self._types if t.reads is Reads.ALL]
+        if len(dense) > 1:
+            raise ConfigError(f"layer types {dense} each read every compressed entry; the SWA "
+                              "builder serves one such type per model")
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ConfigError(f"sliding_window={self.sliding_window} must be >= 1 or None")
-        if self.sliding_window is None and any(r > 1 for r in self.compress_ratios):
+        windowed = [t.name for t in self._types if t.window]
+        if self.sliding_window is None and windowed:
             raise ConfigError(
-                f"compress_ratios={self.compress_ratios} describe DeepSeek V4 layers, which "
-                "attend a sliding window: set sliding_window"
+                f"layer types {windowed} attend a sliding window: set sliding_window"
+            )
+        if self.sliding_window is not None and not windowed:
+            raise ConfigError(
+                f"sliding_window={self.sliding_window}, but no layer type of "
+                f"{[t.name for t in self._types]} attends a window (architecture="
+                f"{self.architecture!r}, compress_ratios={self.compress_ratios})"
             )
 
     def _check_dcp(self) -> None:
@@ -257,6 +270,35 @@ class ArenaConfig:
         return self.next_n
 
     @property
+    def layer_types(self) -> tuple[LayerType, ...]:
+        """The distinct layer types of the model, rows of
+        :data:`staticattn.model.LAYER_TYPES`, in the table's order."""
+        return self._types
+
+    @property
+    def index_layer_type(self) -> LayerType | None:
+        """The layer type whose source layers own the indexer's K cache (None: no indexer)."""
+        return next((t for t in self._types if Cache.INDEX_K in t.owns), None)
+
+    @property
+    def index_compress_ratio(self) -> int:
+        """Compress ratio of the indexer's K cache: its owning type's (1 without one)."""
+        owner = self.index_layer_type
+        return owner.compress_ratio if owner is not None else 1
+
+    @property
+    def dense_layer_type(self) -> LayerType | None:
+        """The layer type that reads every complete compressed entry (C128A), or None."""
+        return next((t for t in self._types if t.reads is Reads.ALL), None)
+
+    @property
+    def dense_width(self) -> int:
+        """Width of the dense type's index rows (``maxC``): ``round_up(cdiv(max_model_len,
+        R), 128)``; 0 without such a type."""
+        dense = self.dense_layer_type
+        return dense.topk_width(self.index_topk, self.max_model_len) if dense else 0
+
+    @property
     def storage_block_size(self) -> int:
         """Compressed indexer-K entries per block: ``block_size // index_compress_ratio``."""
         return self.block_size // self.index_compress_ratio
@@ -275,9 +317,10 @@ class ArenaConfig:
     @property
     def dcp_sharded_ratios(self) -> tuple[int, ...]:
         """Compress ratios of the caches DCP shards, which the interleave must respect: the
-        indexer's and C4A's (C128A and the SWA window are replicated)."""
-        return tuple(sorted({self.index_compress_ratio} | {r for r in self.compress_ratios
-                                                           if 1 < r < 128}))
+        indexer's and those of the types the table marks sharded (C4A; C128A and the SWA
+        window are replicated)."""
+        return tuple(sorted({self.index_compress_ratio} | {
+            t.compress_ratio for t in self._types if t.dcp_sharded and t.compress_ratio}))
 
     @property
     def dcp_compressed_interleave(self) -> int:
@@ -291,13 +334,9 @@ class ArenaConfig:
         return min(self.max_num_batched_tokens, self.max_num_seqs * self.next_n)
 
     @property
-    def c128a_max_compressed(self) -> int:
-        """Width of a C128A top-k row: ``round_up(cdiv(max_model_len, 128), 128)``."""
-        return round_up(cdiv(self.max_model_len, 128), 128)
-
-    @property
     def has_swa(self) -> bool:
-        return self.sliding_window is not None
+        """Whether some layer type attends a sliding window."""
+        return any(t.window for t in self._types)
 
     def replace(self, **changes) -> ArenaConfig:
         """A copy with some fields changed (validated again)."""
@@ -306,32 +345,16 @@ class ArenaConfig:
     # ----------------------------------------------------------------------- presets
     @classmethod
     def deepseek_v32(cls, **overrides) -> ArenaConfig:
-        """DeepSeek-V3.2-like: 160K context, 64-token blocks, no compression, top-2048."""
-        base = dict(
-            max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=163840,
-            block_size=64, num_speculative_tokens=0, compress_ratios=(1,),
-            index_compress_ratio=1, sliding_window=None, index_topk=2048,
-        )
-        base.update(overrides)
-        return cls(**base)
+        """The "deepseek-v3.2" preset (:data:`staticattn.model.PRESETS`) with overrides."""
+        return cls.preset("deepseek-v3.2", **overrides)
 
     @classmethod
     def deepseek_v4(cls, **overrides) -> ArenaConfig:
-        """DeepSeek-V4-like: 1M context, 256-token compressed blocks (C4A indexer storage
-        64 entries per block), SWA window 128 on 64-token blocks, layer types SWA/C4A/C128A,
-        one MTP draft token (next_n = 2), top-512."""
-        base = dict(
-            max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1048576,
-            block_size=256, num_speculative_tokens=1, compress_ratios=(1, 4, 128),
-            index_compress_ratio=4, sliding_window=128, swa_block_size=64, index_topk=512,
-        )
-        base.update(overrides)
-        return cls(**base)
+        """The "deepseek-v4" preset (:data:`staticattn.model.PRESETS`) with overrides."""
+        return cls.preset("deepseek-v4", **overrides)
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ArenaConfig:
-        """A named preset: ``"deepseek-v3.2"`` or ``"deepseek-v4"``."""
-        presets = {"deepseek-v3.2": cls.deepseek_v32, "deepseek-v4": cls.deepseek_v4}
-        if name not in presets:
-            raise ConfigError(f"unknown preset {name!r}; known: {sorted(presets)}")
-        return presets[name](**overrides)
+        """A named preset of :data:`staticattn.model.PRESETS`, fields overridden by
+        ``overrides``: "deepseek-v3.2" or "deepseek-v4"."""
+        return cls(**{**model_preset(name).fields, **overrides})

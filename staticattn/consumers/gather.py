@@ -37,7 +37,6 @@ from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.consumers.gather_kernel import GatherArgs, gather_checksums
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.indexer_plan import CHUNK_FIELDS
-from staticattn.kernels.swa_decode import C128A_RATIO
 
 __all__ = ["GatherConsumer"]
 
@@ -63,7 +62,7 @@ class GatherConsumer:
             return torch.randint(0, 1 << 20, (entries,), generator=gen, dtype=torch.int32).to(dev)
 
         self.swa_cache = cache(num_kv_blocks * config.swa_block_size)
-        self.c128a_cache = cache(num_kv_blocks * max(config.block_size // C128A_RATIO, 1))
+        self.c128a_cache = cache(num_kv_blocks * _dense_entries_per_block(config))
         self.index_cache = cache(num_kv_blocks * config.storage_block_size)
         t, r = config.max_num_batched_tokens, config.max_num_seqs
         self.out = torch.zeros(t, 3, dtype=torch.int64, device=dev)
@@ -92,7 +91,7 @@ class GatherConsumer:
             step_counts=batch.step_counts, caches=(self.swa_cache, self.c128a_cache,
                                                    self.index_cache),
             window=cfg.sliding_window or 1, swa_block_size=cfg.swa_block_size,
-            c128a_entries=max(cfg.block_size // C128A_RATIO, 1),
+            c128a_entries=_dense_entries_per_block(cfg),
             storage_block_size=cfg.storage_block_size,
         )
         if swa is not None:
@@ -126,3 +125,9 @@ class GatherConsumer:
         count = torch.tensor([len(rows)], dtype=torch.int32, device=table.device)
         return table, count, self.cu_seq_lens, self.ks, self.ke
 
+
+def _dense_entries_per_block(config: ArenaConfig) -> int:
+    """Entries per main-group block of the type that reads every compressed entry (C128A);
+    1 without one (the cache then holds one unread entry per block)."""
+    dense = config.dense_layer_type
+    return dense.entries_per_block(config.block_size) if dense is not None else 1

@@ -30,11 +30,11 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
-from staticattn.builders.layer_types import C4A, layer_types_for
 from staticattn.consumers.indexer_topk import IndexerTopKStep
 from staticattn.consumers.sparse_decode import SparseDecodeStep
 from staticattn.errors import BackendUnavailableError, ConfigError
 from staticattn.kernels.dsa_libs import DEEP_GEMM, FLASH_MLA, available, import_error
+from staticattn.model import Reads
 
 __all__ = ["DSADecodeStep", "real_consumer_step", "real_consumers_available"]
 
@@ -65,7 +65,7 @@ class DSADecodeStep:
                  attention_kwargs: dict | None = None) -> None:
         self.indexer = IndexerTopKStep(config, num_kv_blocks=num_kv_blocks,
                                        **(indexer_kwargs or {}))
-        with_c4a = C4A in layer_types_for(config.compress_ratios)
+        with_c4a = any(t.window and t.reads is Reads.TOPK for t in config.layer_types)
         kw = dict(layers_per_type=layers_per_type, with_c4a=with_c4a,
                   num_kv_blocks=num_kv_blocks)
         kw.update(attention_kwargs or {})

@@ -43,11 +43,10 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
-from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
 from staticattn.consumers.caches import MODEL1_DIM, alloc_model1_cache
 from staticattn.errors import ConfigError, GraphError
 from staticattn.kernels.dsa_libs import FLASH_MLA, require
-from staticattn.kernels.swa_decode import C128A_RATIO
+from staticattn.model import Reads
 
 __all__ = ["SparseDecodeStep", "DecodeFn"]
 
@@ -103,15 +102,18 @@ class SparseDecodeStep:
         decode_fn: DecodeFn | None = None,
     ) -> None:
         _check_config(config, num_heads)
-        present = layer_types_for(config.compress_ratios)
+        present = {t.name: t for t in config.layer_types if t.window}
         if layer_types is None:
-            layer_types = [t for t in present if t != C4A or with_c4a]
-        unknown = [t for t in layer_types if t not in present]
-        if unknown or (C4A in layer_types and not with_c4a):
+            layer_types = [n for n, t in present.items() if t.reads is not Reads.TOPK or with_c4a]
+        unknown = [n for n in layer_types if n not in present]
+        topk = [n for n in layer_types if n in present and present[n].reads is Reads.TOPK]
+        if unknown or (topk and not with_c4a):
             raise ConfigError(
                 f"layer types {list(layer_types)}: the config has {list(present)}, and C4A "
                 "layers need with_c4a=True (their keys come from the indexer's top-k)"
             )
+        #: What each layer type reads beside its window, from the table.
+        self.reads = {n: present[n].reads for n in layer_types}
         self._real = decode_fn is None
         if decode_fn is None:
             decode_fn = require(FLASH_MLA).flash_mla_with_kvcache
@@ -131,10 +133,12 @@ class SparseDecodeStep:
                              device=dev)
         self.attn_sink = torch.zeros(n, num_heads, dtype=torch.float32, device=dev)
         self.swa_cache = alloc_model1_cache(num_kv_blocks, config.swa_block_size, dev)
-        self.c128a_cache = (alloc_model1_cache(num_kv_blocks, config.block_size // C128A_RATIO,
-                                               dev) if C128A in layer_types else None)
+        dense = config.dense_layer_type
+        self.c128a_cache = (alloc_model1_cache(num_kv_blocks,
+                                               dense.entries_per_block(config.block_size), dev)
+                            if dense is not None and dense.name in layer_types else None)
         self.c4a_cache = None
-        if C4A in layer_types:
+        if topk:
             k = config.index_topk
             if k % _TOPK_BLOCK:
                 raise ConfigError(f"index_topk={k} must be a multiple of {_TOPK_BLOCK} for "
@@ -168,15 +172,15 @@ class SparseDecodeStep:
             out[td:].zero_()
         if td == 0:
             return out
-        extra = {SWA_ONLY: {}}
+        extra = {Reads.NONE: {}}
         if self.c128a_cache is not None:
-            extra[C128A] = dict(extra_k_cache=self.c128a_cache,
-                                extra_indices_in_kvcache=swa.c128a_decode_indices,
-                                extra_topk_length=swa.c128a_decode_lens)
+            extra[Reads.ALL] = dict(extra_k_cache=self.c128a_cache,
+                                    extra_indices_in_kvcache=swa.c128a_decode_indices,
+                                    extra_topk_length=swa.c128a_decode_lens)
         if self.c4a_cache is not None:
             idx, lens = self._c4a_slots(batch, swa, c4a_topk[:td])
-            extra[C4A] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,
-                              extra_topk_length=lens)
+            extra[Reads.TOPK] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,
+                                     extra_topk_length=lens)
         for layer, layer_type in self.layers:
             sched = swa.tile_sched(layer_type)
             if self._real:
@@ -185,7 +189,7 @@ class SparseDecodeStep:
                 self.q[layer, :td], self.swa_cache, None, None, MODEL1_DIM, sched,
                 softmax_scale=self.scale, is_fp8_kvcache=True,
                 indices=swa.decode_swa_indices, attn_sink=self.attn_sink[layer],
-                topk_length=swa.decode_swa_lens, **extra[layer_type],
+                topk_length=swa.decode_swa_lens, **extra[self.reads[layer_type]],
             )
             out[:td, layer].copy_(o.view(td, self.num_heads, MODEL1_DIM))
         return out

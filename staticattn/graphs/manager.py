@@ -123,9 +123,8 @@ class GraphManager(GraphCapture, InPlaceSteps, EagerSteps):
     staging_guard : {"staging", "step"}
         Where a graph records the event the host waits for before rewriting the staging:
         "staging" (default), after the staging kernels (the next step may be staged while
-        this one still runs); "step", at the graph's end, where the event costs the driver
-        less per launch and wait (docs/results/launch_costs_h200.txt), for loops that never
-        stage a step before the last one finished.
+        this one still runs); "step", at the graph's end (cheaper per launch and wait, see
+        docs/results), for loops that never stage a step before the last one finished.
     """
 
     def __init__(

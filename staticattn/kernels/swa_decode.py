@@ -10,9 +10,10 @@ for every decode token ``t < Td`` (request ``b``, absolute position ``p``):
 * the SWA window (spec §6.6): the ``len = min(p + 1, W)`` most recent positions including
   ``p`` itself, ``pos = p + 1 - len + o`` for ``o < len``, as flat SWA slots
   ``swa_bt[b, pos // bs] * bs + pos % bs``; ``-1`` for ``o >= len``;
-* the C128A top-k (spec §7): the ``n_c = min((p + 1) // 128, maxC)`` complete compressed
-  groups, ``o < n_c`` as flat slots ``bt[b, o // cb] * cb + o % cb`` with ``cb = block_size //
-  128`` entries per main-group block; ``-1`` for ``o >= n_c``;
+* the C128A top-k (spec §7): the ``n_c = min((p + 1) // R, maxC)`` complete compressed
+  groups (``R = 128``, or the ratio of whichever layer type reads every compressed entry),
+  ``o < n_c`` as flat slots ``bt[b, o // cb] * cb + o % cb`` with ``cb = block_size // R``
+  entries per main-group block; ``-1`` for ``o >= n_c``;
 
 and for every prefill token ``t`` in ``[Td, nt)`` (``nt`` real tokens), C128A prefill row
 ``t - Td``: the local indices ``o`` for ``o < n_c``, -1 after (the reference's
@@ -44,10 +45,7 @@ from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_TOKENS
 
-__all__ = ["C128A_RATIO", "SWADecodeOutputs", "build_swa_decode"]
-
-#: Uncompressed tokens per C128A compressed entry.
-C128A_RATIO = 128
+__all__ = ["SWADecodeOutputs", "build_swa_decode"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +97,7 @@ def build_swa_decode(
     swa_block_table: torch.Tensor,
     swa_block_size: int,
     block_table: torch.Tensor | None,
+    c128a_ratio: int,
     c128a_block_entries: int,
     num_tokens: int,
     num_decode_tokens: int,
@@ -126,6 +125,8 @@ def build_swa_decode(
         SWA group, ``swa_block_size`` tokens per block.
     block_table : int32 ``(num_reqs, cols)`` or None
         Main group, read by the C128A part (``c128a_block_entries`` entries per block).
+    c128a_ratio : int
+        ``R`` of the C128A part: tokens per compressed entry (128 for C128A).
     num_tokens : int
         Static extent: tokens of the step, padding included.
     num_decode_tokens : int
@@ -147,8 +148,8 @@ def build_swa_decode(
     decode_rows = num_decode_tokens if decode_rows is None else decode_rows
     prefill_rows = prefill_rows and out.c128a_prefill_indices is not None
     args = (out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
-            block_table, c128a_block_entries, num_tokens, num_decode_tokens, decode_rows,
-            prefill_rows, step_counts)
+            block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
+            decode_rows, prefill_rows, step_counts)
     if backend == "triton":
         _build_triton(*args, block_tokens)
     else:
@@ -156,8 +157,8 @@ def build_swa_decode(
 
 
 def _build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
-                 block_table, c128a_block_entries, num_tokens, num_decode_tokens, decode_rows,
-                 prefill_rows, step_counts) -> None:
+                 block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
+                 decode_rows, prefill_rows, step_counts) -> None:
     dev = slot_mapping.device
     valid = slot_mapping[:num_tokens] >= 0
     out.is_valid_token[:num_tokens].copy_(valid)
@@ -179,7 +180,7 @@ def _build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, sw
             swa_block_table, req, pos + 1 - window_len, window_len, live, out.window,
             swa_block_size))
         if out.c128a_indices is not None:
-            n_c = _complete_groups(pos, out.c128a_width)
+            n_c = _complete_groups(pos, c128a_ratio, out.c128a_width)
             out.c128a_lens[:rows].copy_(torch.where(live, n_c, 0)[:, 0])
             out.c128a_indices[:rows, 0].copy_(_gather_slots(
                 block_table, req, torch.zeros_like(n_c), n_c, live, out.c128a_width,
@@ -188,15 +189,15 @@ def _build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, sw
         r = torch.arange(num_tokens, device=dev)
         t = (td + r).clamp(max=max(num_tokens - 1, 0))
         live = (td + r < nt)[:, None]
-        n_c = _complete_groups(positions[t, None].int(), out.c128a_width)
+        n_c = _complete_groups(positions[t, None].int(), c128a_ratio, out.c128a_width)
         o = torch.arange(out.c128a_width, device=dev, dtype=torch.int32)
         out.c128a_prefill_lens[:num_tokens].copy_(torch.where(live, n_c, 0)[:, 0])
         out.c128a_prefill_indices[:num_tokens].copy_(torch.where(live & (o < n_c), o, -1))
 
 
-def _complete_groups(pos: torch.Tensor, width: int) -> torch.Tensor:
-    """``n_c = min((p + 1) // 128, maxC)``, 0 for positions before the first group."""
-    return torch.clamp((pos + 1).clamp(min=0) // C128A_RATIO, max=width)
+def _complete_groups(pos: torch.Tensor, ratio: int, width: int) -> torch.Tensor:
+    """``n_c = min((p + 1) // R, maxC)``, 0 for positions before the first group."""
+    return torch.clamp((pos + 1).clamp(min=0) // ratio, max=width)
 
 
 def _gather_slots(table, req, first, count, live, width, entries_per_block) -> torch.Tensor:
@@ -299,8 +300,8 @@ def _swa_decode_kernel():
 
 
 def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
-                  block_table, c128a_block_entries, num_tokens, num_decode_tokens, decode_rows,
-                  prefill_rows, step_counts, block_tokens) -> None:
+                  block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
+                  decode_rows, prefill_rows, step_counts, block_tokens) -> None:
     has_c128a = out.c128a_indices is not None
     if block_tokens is None:
         block_tokens = 64 if triton_interpreted() else 2
@@ -324,7 +325,7 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         WINDOW=out.window, SWA_BLOCK=swa_block_size, HAS_C128A=has_c128a,
         PREFILL_ROWS=prefill_rows, DEVICE_COUNTS=step_counts is not None,
         C128A_WIDTH=max(c128a_width, 1), C128A_ENTRIES=max(c128a_block_entries, 1),
-        C128A_RATIO=C128A_RATIO, BLOCK_T=block_tokens,
+        C128A_RATIO=c128a_ratio, BLOCK_T=block_tokens,
         BLOCK_W=pow2_at_least(out.window, 16),
         BLOCK_C=block_c,
     )

@@ -2,8 +2,8 @@
 the cache entries attention would read, summed (see staticattn.consumers.gather).
 
 * SWA: positions ``max(p - W + 1, 0) .. p`` through the SWA block table;
-* C128A: the ``min((p + 1) // 128, maxC)`` complete compressed entries through the main
-  block table (``block_size // 128`` entries per block);
+* C128A: the ``min((p + 1) // R, maxC)`` complete compressed entries through the main
+  block table (``block_size // R`` entries per block, ``R = 128``);
 * indexer: the last ``min(n, 32)`` of the ``n = (p + 1) // R`` compressed keys through the
   main block table (``storage_block_size`` entries per block).
 
@@ -13,6 +13,8 @@ at slots.
 """
 
 from __future__ import annotations
+
+from oracle.swa import dense_ratio, dense_width
 
 TAIL = 32
 
@@ -31,7 +33,7 @@ def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) ->
             dead = t < td and int(step.slot_mapping[t]) < 0
             rows.append([
                 0 if dead or not cfg.has_swa else _swa(cfg, step, b, p, swa_cache),
-                0 if dead or 128 not in cfg.compress_ratios else _c128a(cfg, step, b, p,
+                0 if dead or cfg.dense_layer_type is None else _c128a(cfg, step, b, p,
                                                                          c128a_cache),
                 _index(cfg, step, b, p, index_cache),
             ])
@@ -47,9 +49,9 @@ def _swa(cfg, step, b, p, cache) -> int:
 
 
 def _c128a(cfg, step, b, p, cache) -> int:
-    per = cfg.block_size // 128
+    per = cfg.block_size // dense_ratio(cfg)
     row = step.block_table[b]
-    n = min(max(p + 1, 0) // 128, cfg.c128a_max_compressed)
+    n = min(max(p + 1, 0) // dense_ratio(cfg), dense_width(cfg))
     return sum(int(cache[int(row[o // per]) * per + o % per]) for o in range(n))
 
 

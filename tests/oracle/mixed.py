@@ -117,8 +117,8 @@ def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
                swa_rows=[], swa_lens=[], c_rows=[], c_lens=[], cp_rows=[], cp_lens=[])
     swa_table = [list(map(int, r)) for r in step.swa_block_table]
     table = [list(map(int, r)) for r in step.block_table]
-    has_c128a = 128 in cfg.compress_ratios
-    max_c = cfg.c128a_max_compressed
+    has_c128a = cfg.dense_layer_type is not None
+    max_c = swa_oracle.dense_width(cfg) if has_c128a else 0
     for t in range(rows):
         live = t < td and valid[t]
         row, n = swa_oracle.swa_row(cfg, swa_table[owner[t]], position[t]) if live else (

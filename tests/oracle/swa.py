@@ -36,7 +36,8 @@ class SWAExpected:
 
 
 def layer_types(compress_ratios) -> list[str]:
-    """Spec §6.1: ratio <= 1 -> swaonly, 4 -> c4a, 128 -> c128a; present types only."""
+    """Spec §6.1 (DeepSeek V4's encoding): ratio <= 1 -> swaonly, 4 -> c4a, 128 -> c128a;
+    present types only."""
     names = {4: "c4a", 128: "c128a"}
     present = {"swaonly" if r <= 1 else names[r] for r in (compress_ratios or [1])}
     return [name for name in ("swaonly", "c4a", "c128a") if name in present]
@@ -67,18 +68,30 @@ def swa_row(cfg: ArenaConfig, swa_table_row: list[int], p: int) -> tuple[list[in
     return row, n
 
 
+def dense_ratio(cfg: ArenaConfig) -> int:
+    """``R`` of the model's layer type that reads every complete compressed entry (C128A:
+    128; spec §7)."""
+    return cfg.dense_layer_type.compress_ratio
+
+
+def dense_width(cfg: ArenaConfig) -> int:
+    """Spec §7: ``maxC = round_up(cdiv(max_model_len, R), 128)``."""
+    entries = -(-cfg.max_model_len // dense_ratio(cfg))
+    return -(-entries // 128) * 128
+
+
 def c128a_count(cfg: ArenaConfig, p: int) -> int:
-    """Spec §7: the complete 128-token groups at or before position ``p``, capped at maxC."""
-    return min(max(p + 1, 0) // 128, cfg.c128a_max_compressed)
+    """Spec §7: the complete ``R``-token groups at or before position ``p``, capped at maxC."""
+    return min(max(p + 1, 0) // dense_ratio(cfg), dense_width(cfg))
 
 
 def c128a_row(cfg: ArenaConfig, table_row: list[int], p: int) -> tuple[list[int], int]:
     """Spec §7: a decode token's C128A top-k as flat slots of the main group. Under decode
     context parallelism C128A is replicated and a main-table column spans ``block_size *
     dcp_world_size`` tokens, so a C128A page holds that many tokens' entries."""
-    per_block = cfg.block_size * cfg.dcp_world_size // 128
+    per_block = cfg.block_size * cfg.dcp_world_size // dense_ratio(cfg)
     n = c128a_count(cfg, p)
-    row = [-1] * cfg.c128a_max_compressed
+    row = [-1] * dense_width(cfg)
     for o in range(n):
         row[o] = table_row[o // per_block] * per_block + o % per_block
     return row, n
@@ -87,7 +100,7 @@ def c128a_row(cfg: ArenaConfig, table_row: list[int], p: int) -> tuple[list[int]
 def c128a_prefill_row(cfg: ArenaConfig, p: int) -> tuple[list[int], int]:
     """Spec §7: a prefill token's C128A row holds the local indices ``o < n_c``."""
     n = c128a_count(cfg, p)
-    return list(range(n)) + [-1] * (cfg.c128a_max_compressed - n), n
+    return list(range(n)) + [-1] * (dense_width(cfg) - n), n
 
 
 def expected(
@@ -129,10 +142,10 @@ def expected(
         swa_lens.append(n)
 
     c_rows = c_lens = cp_rows = cp_lens = None
-    if 128 in cfg.compress_ratios:
+    if cfg.dense_layer_type is not None:
         c_rows, c_lens = [], []
         for t in range(Td):
-            row, n = [-1] * cfg.c128a_max_compressed, 0
+            row, n = [-1] * dense_width(cfg), 0
             if valid[t]:
                 row, n = c128a_row(cfg, block_table[owner[t]], position[t])
             c_rows.append(row)
@@ -155,8 +168,9 @@ def expected(
         c128a_decode_indices=c_rows, c128a_decode_lens=c_lens,
         prefill_seq_lens=pre_seq, prefill_gather_lens=pre_gather,
         c128a_prefill_indices=cp_rows, c128a_prefill_lens=cp_lens, window=W,
-        c128a_width=cfg.c128a_max_compressed,
-        layer_types=layer_types(cfg.compress_ratios),
+        c128a_width=dense_width(cfg) if cfg.dense_layer_type is not None else 0,
+        # The config's types (the encoding itself is checked against layer_types()).
+        layer_types=[t.name for t in cfg.layer_types],
     )
 
 

@@ -45,13 +45,12 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
 from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.swa_decode import C128A_RATIO, SWADecodeOutputs, build_swa_decode
+from staticattn.kernels.swa_decode import SWADecodeOutputs, build_swa_decode
 from staticattn.kernels.swa_prefill import prefill_gather_lens
 
 __all__ = ["SparseSWAMetadataBuilder"]
@@ -88,17 +87,19 @@ class SparseSWAMetadataBuilder:
         self._gather_lens = None
         self._prefill_seq_lens = None
         self.layer_types: tuple[str, ...] = ()
+        self._dense = (1, 0)
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
         """The ``swa.*`` views (``Td = max_decode_tokens``, ``T = max_num_batched_tokens``,
-        ``W = sliding_window``, ``maxC = c128a_max_compressed``):
+        ``W = sliding_window``, ``maxC = dense_width``):
 
         * ``swa.is_valid_token`` bool ``(T,)``;
         * ``swa.decode_swa_indices`` int32 ``(Td, 1, W)``, ``swa.decode_swa_lens`` int32
           ``(Td,)``;
         * ``swa.prefill_gather_lens``, ``swa.prefill_seq_lens`` int32 ``(max_num_seqs,)``;
-        * with 128 in ``compress_ratios``: ``swa.c128a_decode_indices`` int32
+        * with a layer type that reads every compressed entry (C128A, the table's
+          :attr:`~staticattn.model.Reads.ALL`): ``swa.c128a_decode_indices`` int32
           ``(Td, 1, maxC)``, ``swa.c128a_decode_lens`` int32 ``(Td,)``,
           ``swa.c128a_prefill_indices`` int32 ``(T, maxC)``, ``swa.c128a_prefill_lens``
           int32 ``(T,)``. Index rows start as -1: every writer keeps the entries at or
@@ -116,8 +117,8 @@ class SparseSWAMetadataBuilder:
             BufferDecl("swa.prefill_gather_lens", (config.max_num_seqs,), torch.int32),
             BufferDecl("swa.prefill_seq_lens", (config.max_num_seqs,), torch.int32),
         ]
-        if C128A_RATIO in config.compress_ratios:
-            max_c = config.c128a_max_compressed
+        if config.dense_layer_type is not None:
+            max_c = config.dense_width
             decls += [
                 BufferDecl("swa.c128a_decode_indices", (td, 1, max_c), torch.int32, fill=-1),
                 BufferDecl("swa.c128a_decode_lens", (td,), torch.int32),
@@ -130,7 +131,7 @@ class SparseSWAMetadataBuilder:
         """Take the ``swa.*`` views of an allocated arena."""
         cfg = arena.config
         _check_config(cfg)
-        has_c128a = C128A_RATIO in cfg.compress_ratios
+        has_c128a = cfg.dense_layer_type is not None
 
         def view(name: str):
             return arena[f"swa.{name}"] if has_c128a else None
@@ -147,7 +148,8 @@ class SparseSWAMetadataBuilder:
         self._gather_lens = arena["swa.prefill_gather_lens"]
         self._prefill_seq_lens = arena["swa.prefill_seq_lens"]
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
-        self.layer_types = layer_types_for(cfg.compress_ratios)
+        self.layer_types = tuple(t.name for t in cfg.layer_types)
+        self._dense = _dense_entries(cfg)
         self._config = cfg
         # Views cut once per split and kept, per binding: a builder bound to another arena
         # must never hand out views of the previous one.
@@ -265,7 +267,7 @@ class SparseSWAMetadataBuilder:
         build_swa_decode(
             self._backend, self._out, batch.slot_mapping, batch.positions, batch.token_to_req,
             batch.swa_block_table, cfg.swa_block_size, batch.block_table,
-            _c128a_block_entries(cfg), batch.num_actual_tokens, num_decode_tokens,
+            *self._dense, batch.num_actual_tokens, num_decode_tokens,
             decode_rows=decode_rows, prefill_rows=prefill_rows, step_counts=step_counts,
         )
 
@@ -290,9 +292,7 @@ class SparseSWAMetadataBuilder:
             num_decode_tokens=num_decode_tokens,
             num_prefill_tokens=num_prefill_tokens,
             prefill_seq_lens=prefill_seq_lens if num_prefills else None,
-            tile_sched_swaonly=scheds[SWA_ONLY],
-            tile_sched_c4a=scheds[C4A],
-            tile_sched_c128a=scheds[C128A],
+            tile_scheds=scheds,
             step_counts=batch.step_counts,
             **views,
         )
@@ -324,8 +324,12 @@ def _check_config(config: ArenaConfig) -> None:
         )
 
 
-def _c128a_block_entries(config: ArenaConfig) -> int:
-    """C128A entries per main-group block-table column: ``block_size // 128``, times
-    ``dcp_world_size`` under DCP, where a column spans a block on every rank and the
-    replicated C128A page holds all of that column's entries."""
-    return config.block_size * config.dcp_world_size // C128A_RATIO
+def _dense_entries(config: ArenaConfig) -> tuple[int, int]:
+    """The dense (C128A) type's compress ratio ``R`` and its entries per main-group
+    block-table column: ``block_size // R``, times ``dcp_world_size`` under DCP, where a
+    column spans a block on every rank and the replicated page holds all of that column's
+    entries. ``(1, 0)`` without such a type."""
+    dense = config.dense_layer_type
+    if dense is None:
+        return 1, 0
+    return dense.compress_ratio, config.block_size * config.dcp_world_size // dense.compress_ratio

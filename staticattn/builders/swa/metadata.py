@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-
-from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY
 
 __all__ = ["SparseSWAMetadata"]
 
@@ -19,7 +17,7 @@ class SparseSWAMetadata:
     Every tensor is an arena view (or a view of the batch's inputs), so a captured step reads
     the same addresses on every replay. ``T`` = tokens of the step (padding included),
     ``Td`` / ``Tp`` = decode / prefill tokens, ``P`` = prefill requests, ``W`` = window,
-    ``maxC`` = :attr:`ArenaConfig.c128a_max_compressed`.
+    ``maxC`` = :attr:`ArenaConfig.dense_width`.
 
     Attributes
     ----------
@@ -63,9 +61,10 @@ class SparseSWAMetadata:
         ``c128a_prefill_topk_indices``). None without C128A layers or prefills.
     c128a_prefill_lens : int32 device ``(Tp,)`` or None
         ``n_c`` of each prefill row.
-    tile_sched_swaonly, tile_sched_c4a, tile_sched_c128a : tile-scheduler metadata holder or None
-        A fresh empty holder per layer type present in the model, None for absent types and
-        when ``Td == 0``; see :mod:`staticattn.builders.swa.tile_scheduler`.
+    tile_scheds : dict of str to tile-scheduler metadata holder or None
+        By layer type name (every windowed type of the table): a fresh empty holder per
+        type present in the model, None for absent types and when ``Td == 0``; see
+        :mod:`staticattn.builders.swa.tile_scheduler` and :meth:`tile_sched`.
     step_counts : int32 device ``(4,)`` or None
         ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, from
         the staging kernel.
@@ -92,15 +91,13 @@ class SparseSWAMetadata:
     prefill_gather_lens: torch.Tensor | None = None
     c128a_prefill_indices: torch.Tensor | None = None
     c128a_prefill_lens: torch.Tensor | None = None
-    tile_sched_swaonly: Any = None
-    tile_sched_c4a: Any = None
-    tile_sched_c128a: Any = None
+    tile_scheds: dict[str, Any] = field(default_factory=dict)
     step_counts: torch.Tensor | None = None
 
     def tile_sched(self, layer_type: str) -> Any:
-        """The tile-scheduler metadata holder of ``layer_type`` ("swaonly", "c4a" or "c128a")."""
-        attrs = {SWA_ONLY: "tile_sched_swaonly", C4A: "tile_sched_c4a",
-                 C128A: "tile_sched_c128a"}
-        if layer_type not in attrs:
-            raise KeyError(f"unknown layer type {layer_type!r}; expected one of {list(attrs)}")
-        return getattr(self, attrs[layer_type])
+        """The tile-scheduler metadata holder of ``layer_type`` (a windowed type's name:
+        "swaonly", "c4a", "c128a")."""
+        if layer_type not in self.tile_scheds:
+            raise KeyError(f"unknown layer type {layer_type!r}; expected one of "
+                           f"{list(self.tile_scheds)}")
+        return self.tile_scheds[layer_type]

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from staticattn.builders.layer_types import LAYER_TYPES
 from staticattn.kernels.dsa_libs import FLASH_MLA, available, memoised_on_libs, require
+from staticattn.model import LAYER_TYPES
 
 __all__ = ["TileSchedulerMeta", "new_tile_scheduler_meta", "tile_scheduler_metas"]
 
@@ -69,9 +69,11 @@ def new_tile_scheduler_meta() -> Any:
 
 
 def tile_scheduler_metas(layer_types: Iterable[str], num_decode_tokens: int) -> dict[str, Any]:
-    """One fresh holder per present layer type, keyed by every type in :data:`LAYER_TYPES`;
-    absent types, and all types when the step has no decode tokens, map to None."""
-    scheds: dict[str, Any] = dict.fromkeys(LAYER_TYPES)
+    """One fresh holder per present layer type, keyed by the name of every type of
+    :data:`~staticattn.model.LAYER_TYPES` that attends a window (what FlashMLA's sparse
+    decode serves); absent types, and all types when the step has no decode tokens, map to
+    None."""
+    scheds: dict[str, Any] = dict.fromkeys(n for n, t in LAYER_TYPES.items() if t.window)
     if num_decode_tokens > 0:
         for layer_type in layer_types:
             scheds[layer_type] = new_tile_scheduler_meta()

@@ -1,0 +1,16 @@
+"""What differs per layer type and per model family, as data: the table of layer types
+(:mod:`.layer_types`) and the model families' encodings and presets (:mod:`.presets`).
+Everything above reads these tables; nothing here imports anything but the errors."""
+
+from staticattn.model.layer_types import LAYER_TYPES, Cache, LayerType, Reads, layer_type
+from staticattn.model.presets import (
+    ARCHITECTURES,
+    PRESETS,
+    Architecture,
+    ModelPreset,
+    architecture,
+    model_preset,
+)
+
+__all__ = ["ARCHITECTURES", "Architecture", "Cache", "LAYER_TYPES", "LayerType", "ModelPreset",
+           "PRESETS", "Reads", "architecture", "layer_type", "model_preset"]

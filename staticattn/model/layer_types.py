@@ -1,0 +1,150 @@
+"""The table of attention layer types: one row per type, read by everything that differs
+per type (arena sizing, the builders' kernels as constexpr arguments, consumers, presets).
+
+A DeepSeek sparse-attention model is a pattern of layers, each of one type. What a type
+attends, what it owns and how wide its index rows are is data in its :class:`LayerType`
+row; code that differs per type reads the row instead of branching on a name, so a new type
+is a new row (plus, where a model family encodes it, an entry of its ratio encoding in
+:mod:`staticattn.model.presets`).
+
+=========  ==  ======  ========  ==========================================  ============
+type       R   window  reads     owns (as a source layer)                    DCP
+=========  ==  ======  ========  ==========================================  ============
+dsa        1   no      top-k     index K                                     sharded
+swaonly    0   yes     --        --                                          --
+c4a        4   yes     top-k     compressed KV, index K, compressor state    sharded
+c128a      128 yes     all       compressed KV, compressor state             replicated
+=========  ==  ======  ========  ==========================================  ============
+
+``dsa`` is DeepSeek V3.2's sparse MLA layer: the indexer scores the uncompressed cache
+(``R = 1``) and the layer attends its top-k. The DeepSeek V4 types (spec §6.1) attend their
+sliding window, and C4A also the indexer's top-k of a 4x-compressed cache, C128A every
+complete entry of a 128x-compressed cache. A token at position ``p`` has
+``floor((p + 1) / R)`` complete compressed entries (:meth:`LayerType.compressed_entries`).
+Each type has its own top-k shapes, so FlashMLA schedules its tiles per type
+(:mod:`staticattn.builders.swa.tile_scheduler`).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from staticattn.errors import ConfigError
+
+__all__ = ["Cache", "LAYER_TYPES", "LayerType", "Reads", "layer_type"]
+
+
+class Reads(enum.Enum):
+    """What a layer reads of the compressed entries, beside its window."""
+
+    #: Nothing compressed: the sliding window only.
+    NONE = "none"
+    #: The indexer's top-k of the compressed entries (``index_topk`` of them at most).
+    TOPK = "topk"
+    #: Every complete compressed entry (no indexer).
+    ALL = "all"
+
+
+class Cache(enum.Enum):
+    """The caches a source layer of a type owns (and the layers that share its source read)."""
+
+    #: Compressed KV entries, one per ``R`` tokens.
+    COMPRESSED_KV = "compressed_kv"
+    #: The indexer's K entries, one per ``R`` tokens.
+    INDEX_K = "index_k"
+    #: The compressor's running state of the incomplete entry.
+    COMPRESSOR_STATE = "compressor_state"
+
+
+@dataclass(frozen=True, slots=True)
+class LayerType:
+    """One row of the table.
+
+    Attributes
+    ----------
+    name : str
+        The type's name, as the reference engine spells it ("c4a").
+    compress_ratio : int
+        ``R``: uncompressed tokens per compressed entry; 0 when nothing is compressed.
+    window : bool
+        The layer attends a sliding window (``ArenaConfig.sliding_window``).
+    reads : Reads
+        What it reads of the compressed entries.
+    owns : frozenset of Cache
+        The caches a source layer of this type owns, addressed through the main cache
+        group's block table (``block_size // R`` entries per block).
+    dcp_sharded : bool
+        Under decode context parallelism its compressed caches are dealt over the ranks (the
+        indexer's and the top-k types'); otherwise every rank holds all of them.
+    """
+
+    name: str
+    compress_ratio: int
+    window: bool
+    reads: Reads
+    owns: frozenset[Cache]
+    dcp_sharded: bool
+
+    @property
+    def compressed(self) -> bool:
+        """Whether the layer reads compressed entries at all."""
+        return self.reads is not Reads.NONE
+
+    def compressed_entries(self, position: int) -> int:
+        """``floor((p + 1) / R)``: the complete compressed entries at or before ``p`` (0
+        before the first, and for a type without compression).
+
+        >>> LAYER_TYPES["c4a"].compressed_entries(7), LAYER_TYPES["c4a"].compressed_entries(6)
+        (2, 1)
+        """
+        if not self.compress_ratio:
+            return 0
+        return max(position + 1, 0) // self.compress_ratio
+
+    def entries_per_block(self, block_size: int) -> int:
+        """Compressed entries per block of ``block_size`` tokens (at least 1)."""
+        return max(block_size // max(self.compress_ratio, 1), 1)
+
+    def topk_width(self, index_topk: int, max_model_len: int) -> int:
+        """Width of one token's row of compressed indices: ``index_topk`` for a top-k type,
+        ``round_up(cdiv(max_model_len, R), 128)`` for a type reading every entry (FlashMLA's
+        sparse decode needs a multiple of 128), 0 without compression."""
+        if self.reads is Reads.TOPK:
+            return index_topk
+        if self.reads is Reads.ALL:
+            entries = -(-max_model_len // self.compress_ratio)
+            return -(-entries // 128) * 128
+        return 0
+
+
+def _row(name: str, ratio: int, window: bool, reads: Reads, owns: tuple[Cache, ...],
+         dcp_sharded: bool) -> tuple[str, LayerType]:
+    return name, LayerType(name, ratio, window, reads, frozenset(owns), dcp_sharded)
+
+
+_KV, _IDX, _STATE = Cache.COMPRESSED_KV, Cache.INDEX_K, Cache.COMPRESSOR_STATE
+
+#: Every layer type, in a fixed order (the order of every per-type output).
+LAYER_TYPES: dict[str, LayerType] = dict([
+    _row("dsa", 1, False, Reads.TOPK, (_IDX,), True),
+    _row("swaonly", 0, True, Reads.NONE, (), False),
+    _row("c4a", 4, True, Reads.TOPK, (_KV, _IDX, _STATE), True),
+    _row("c128a", 128, True, Reads.ALL, (_KV, _STATE), False),
+])
+
+
+def layer_type(name: str) -> LayerType:
+    """The row of ``name``.
+
+    Raises
+    ------
+    ConfigError
+        For a name the table does not hold.
+    """
+    try:
+        return LAYER_TYPES[name]
+    except KeyError:
+        raise ConfigError(
+            f"layer type {name!r} is not in the table; known: {list(LAYER_TYPES)}"
+        ) from None
