@@ -14,6 +14,7 @@ import torch
 from staticattn.errors import ConfigError
 from staticattn.model import LayerType, Reads, architecture, layer_type, model_preset
 from staticattn.model.layer_types import LAYER_TYPES, Cache
+from staticattn.model.sources import LayerSources, resolve_sources
 
 __all__ = ["ArenaConfig", "cdiv", "round_up"]
 
@@ -57,9 +58,15 @@ class ArenaConfig:
         (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32" or "deepseek_v4".
     compress_ratios : tuple of int
         One compress ratio per layer, in the family's encoding (``(1,)`` for V3.2; V4: 1 =
-        SWA-only, 4 = C4A, 128 = C128A). The layer types present
-        (:attr:`layer_types`) decide every per-type buffer and output; the indexer's K cache
-        has the ratio of the type that owns it (:attr:`index_compress_ratio`).
+        SWA-only, 4 = C4A, 128 = C128A; V4.1: 0 = SWA-only, 1 = c1a, 2 = c2a). The layer
+        types present (:attr:`layer_types`) decide every per-type buffer and output; the
+        indexer's K cache has the ratio of the type that owns it
+        (:attr:`index_compress_ratio`).
+    kv_source_layers, index_source_layers : tuple of int or None
+        DeepSeek V4.1's cache sharing: the layers that own the compressed caches, and those
+        that run the indexer; every other compressed layer reads the nearest source at or
+        below it (:mod:`staticattn.model.sources`, which checks them). None: every
+        compressed layer is its own source.
     sliding_window : int or None
         Window of the sparse sliding-window attention (128 for V4); None when the model has
         no SWA layers.
@@ -110,6 +117,8 @@ class ArenaConfig:
     num_speculative_tokens: int = 0
     architecture: str = "deepseek_v32"
     compress_ratios: tuple[int, ...] = (1,)
+    kv_source_layers: tuple[int, ...] | None = None
+    index_source_layers: tuple[int, ...] | None = None
     sliding_window: int | None = None
     swa_block_size: int = 64
     index_topk: int = 2048
@@ -124,12 +133,18 @@ class ArenaConfig:
     kernel_backend: str = "auto"
     #: The distinct layer types of ``compress_ratios`` (derived at construction).
     _types: tuple[LayerType, ...] = field(init=False, repr=False, compare=False, default=())
+    #: Each layer's sources (derived at construction).
+    _sources: LayerSources | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "compress_ratios", tuple(self.compress_ratios))
+        for name in ("compress_ratios", "kv_source_layers", "index_source_layers"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         self._check_positive()
         object.__setattr__(self, "_types", self._resolve_layer_types())
         self._check_ratios()
+        object.__setattr__(self, "_sources", resolve_sources(
+            self.per_layer_types, self.kv_source_layers, self.index_source_layers))
         self._check_dcp()
         self._check_device()
         if self.max_prefill_workspace is None:
@@ -192,12 +207,6 @@ class ArenaConfig:
                     f"block_size={self.block_size} is not a multiple of the {t.name} compress "
                     f"ratio {t.compress_ratio}: a compressed block must hold whole entries"
                 )
-        index_ratios = sorted({t.compress_ratio for t in self._types if Cache.INDEX_K in t.owns})
-        if len(index_ratios) > 1:
-            raise ConfigError(
-                f"layer types {[t.name for t in self._types]} own index caches of ratios "
-                f"{index_ratios}; the indexer serves one ratio per model"
-            )
         dense = [t.name for t in self._types if t.reads is Reads.ALL]
         if len(dense) > 1:
             raise ConfigError(f"layer types {dense} each read every compressed entry; the SWA "
@@ -222,6 +231,13 @@ class ArenaConfig:
             raise ConfigError(f"dcp_rank={rank!r} is outside [0, dcp_world_size={world})")
         if world == 1:
             return
+        unserved = [t.name for t in self._types if not t.dcp_served]
+        if unserved:
+            raise ConfigError(
+                f"decode context parallelism (dcp_world_size={world}) does not serve layer "
+                f"types {unserved} (the reference refuses DCP for DeepSeek V4.1's layers); "
+                "use dcp_world_size=1"
+            )
         interleave = self.cp_kv_cache_interleave_size
         if self.block_size % interleave:
             raise ConfigError(
@@ -276,9 +292,36 @@ class ArenaConfig:
         return self._types
 
     @property
+    def per_layer_types(self) -> tuple[LayerType, ...]:
+        """The type of every layer, in layer order."""
+        names = [architecture(self.architecture).layer_type_name(r, i)
+                 for i, r in enumerate(self.compress_ratios)]
+        return tuple(layer_type(n) for n in names)
+
+    @property
+    def sources(self) -> LayerSources:
+        """Each layer's kv and index source (:mod:`staticattn.model.sources`)."""
+        return self._sources
+
+    @property
+    def index_layer_types(self) -> tuple[LayerType, ...]:
+        """The layer types whose source layers own an index-K cache, each served by its own
+        indexer metadata (V4.1 has two: c1a and c2a)."""
+        return tuple(t for t in self._types if Cache.INDEX_K in t.owns)
+
+    @property
     def index_layer_type(self) -> LayerType | None:
-        """The layer type whose source layers own the indexer's K cache (None: no indexer)."""
-        return next((t for t in self._types if Cache.INDEX_K in t.owns), None)
+        """The one layer type owning the indexer's K cache (None: no indexer).
+
+        Raises :class:`ConfigError` when several do (name the type to the indexer builder).
+        """
+        owners = self.index_layer_types
+        if len(owners) > 1:
+            raise ConfigError(
+                f"layer types {[t.name for t in owners]} each own an index cache: name the "
+                "one an indexer serves (IndexerMetadataBuilder(layer_type=...))"
+            )
+        return owners[0] if owners else None
 
     @property
     def index_compress_ratio(self) -> int:

@@ -11,6 +11,8 @@ from staticattn.model.presets import (
     architecture,
     model_preset,
 )
+from staticattn.model.sources import LayerSources, resolve_sources
 
-__all__ = ["ARCHITECTURES", "Architecture", "Cache", "LAYER_TYPES", "LayerType", "ModelPreset",
-           "PRESETS", "Reads", "architecture", "layer_type", "model_preset"]
+__all__ = ["ARCHITECTURES", "Architecture", "Cache", "LAYER_TYPES", "LayerSources", "LayerType",
+           "ModelPreset", "PRESETS", "Reads", "architecture", "layer_type", "model_preset",
+           "resolve_sources"]

@@ -14,6 +14,8 @@ dsa        1   no      top-k     index K                                     sha
 swaonly    0   yes     --        --                                          --
 c4a        4   yes     top-k     compressed KV, index K, compressor state    sharded
 c128a      128 yes     all       compressed KV, compressor state             replicated
+c1a        1   yes     top-k     compressed KV, index K                      not served
+c2a        2   yes     top-k     compressed KV, index K, compressor state    not served
 =========  ==  ======  ========  ==========================================  ============
 
 ``dsa`` is DeepSeek V3.2's sparse MLA layer: the indexer scores the uncompressed cache
@@ -23,6 +25,14 @@ complete entry of a 128x-compressed cache. A token at position ``p`` has
 ``floor((p + 1) / R)`` complete compressed entries (:meth:`LayerType.compressed_entries`).
 Each type has its own top-k shapes, so FlashMLA schedules its tiles per type
 (:mod:`staticattn.builders.swa.tile_scheduler`).
+
+DeepSeek V4.1's types (``docs/spec/deepseek-v41.md`` §3) are ``c1a``, a full-length
+compressed cache (one entry per token, its own entry included: ``n_c(p) = p + 1``), and
+``c2a``, one entry per pair of tokens written by the odd position. Both attend their window
+and the indexer's top-k; they differ in the compressed page (``block_size // R`` entries),
+hence separate tile-scheduler holders. Under V4.1 only *source* layers own caches; the
+other layers of a type read the nearest source at or below them (:mod:`.sources`).
+Decode context parallelism does not serve them (``dcp_served``).
 """
 
 from __future__ import annotations
@@ -77,6 +87,9 @@ class LayerType:
     dcp_sharded : bool
         Under decode context parallelism its compressed caches are dealt over the ranks (the
         indexer's and the top-k types'); otherwise every rank holds all of them.
+    dcp_served : bool
+        Decode context parallelism serves the type at all (the reference refuses DCP for
+        DeepSeek V4.1's layers).
     """
 
     name: str
@@ -85,6 +98,7 @@ class LayerType:
     reads: Reads
     owns: frozenset[Cache]
     dcp_sharded: bool
+    dcp_served: bool = True
 
     @property
     def compressed(self) -> bool:
@@ -119,8 +133,9 @@ class LayerType:
 
 
 def _row(name: str, ratio: int, window: bool, reads: Reads, owns: tuple[Cache, ...],
-         dcp_sharded: bool) -> tuple[str, LayerType]:
-    return name, LayerType(name, ratio, window, reads, frozenset(owns), dcp_sharded)
+         dcp_sharded: bool, dcp_served: bool = True) -> tuple[str, LayerType]:
+    return name, LayerType(name, ratio, window, reads, frozenset(owns), dcp_sharded,
+                           dcp_served)
 
 
 _KV, _IDX, _STATE = Cache.COMPRESSED_KV, Cache.INDEX_K, Cache.COMPRESSOR_STATE
@@ -131,6 +146,8 @@ LAYER_TYPES: dict[str, LayerType] = dict([
     _row("swaonly", 0, True, Reads.NONE, (), False),
     _row("c4a", 4, True, Reads.TOPK, (_KV, _IDX, _STATE), True),
     _row("c128a", 128, True, Reads.ALL, (_KV, _STATE), False),
+    _row("c1a", 1, True, Reads.TOPK, (_KV, _IDX), True, dcp_served=False),
+    _row("c2a", 2, True, Reads.TOPK, (_KV, _IDX, _STATE), True, dcp_served=False),
 ])
 
 

@@ -65,7 +65,20 @@ ARCHITECTURES: MappingProxyType = MappingProxyType(dict([
     _architecture("deepseek_v32", {1: "dsa"}),
     # DeepSeek V4 (spec §6.1): ratio <= 1 is sliding-window only.
     _architecture("deepseek_v4", {0: "swaonly", 1: "swaonly", 4: "c4a", 128: "c128a"}),
+    # DeepSeek V4.1 (docs/spec/deepseek-v41.md §3.1): the same numbers mean other types.
+    _architecture("deepseek_v41", {0: "swaonly", 1: "c1a", 2: "c2a"}),
 ]))
+
+#: DeepSeek-V4.1-Flash's layers (docs/spec/deepseek-v41.md §2.2): 2 SWA-only, 18 c2a, 20 c1a,
+#: then 3 SWA-only DSpark/MTP layers.
+_V41_FLASH_LAYERS = (0, 0) + (2,) * 18 + (1,) * 20 + (0, 0, 0)
+_V41_FLASH = dict(
+    architecture="deepseek_v41", compress_ratios=_V41_FLASH_LAYERS,
+    kv_source_layers=(2, 8, 14, 20), index_source_layers=(2, 8, 14, 20, 24, 28, 32, 36),
+    max_num_seqs=256, max_num_batched_tokens=8192, max_model_len=1048576,
+    # The compressed and index-K kernel block on SM90 (SM100 takes 128); SWA pages of 32.
+    block_size=64, num_speculative_tokens=1, sliding_window=128, swa_block_size=32,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,18 @@ PRESETS: MappingProxyType = MappingProxyType(dict([
         architecture="deepseek_v4", compress_ratios=(1, 4, 128), max_num_seqs=256,
         max_num_batched_tokens=8192, max_model_len=1048576, block_size=256,
         num_speculative_tokens=1, sliding_window=128, swa_block_size=64, index_topk=512,
+    ),
+    _preset(
+        "deepseek-v4.1-flash",
+        "DeepSeek-V4.1-Flash-like: 43 layers (SWA-only, c2a, c1a; kv sources 2, 8, 14, 20; "
+        "index sources 2 .. 36), 1M context, window 128 on 32-token pages, 64-token compressed "
+        "blocks, one draft token (next_n = 2), top-512 (prefill rows 640 wide).",
+        **_V41_FLASH, index_topk=512,
+    ),
+    _preset(
+        "deepseek-v4.1-large",
+        "DeepSeek-V4.1-Flash's layers with top-1024 (prefill rows 1152 wide).",
+        **_V41_FLASH, index_topk=1024,
     ),
 ]))
 
