@@ -53,7 +53,7 @@ def test_flash_preset_layers_and_sources():
 
 def test_several_index_types_need_a_name():
     with pytest.raises(ConfigError, match="IndexerMetadataBuilder\\(layer_type=...\\)"):
-        _flash().index_layer_type
+        _ = _flash().index_layer_type
 
 
 @pytest.mark.parametrize("fields,match", [
