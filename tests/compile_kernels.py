@@ -26,7 +26,9 @@ from staticattn.kernels import (
     indexer_prefill,
     mqa_schedule,
     staging,
+    swa_combined,
     swa_decode,
+    swa_flashinfer,
     swa_prefill,
 )
 
@@ -102,20 +104,46 @@ def cases():
         "num_tokens": 1}, dict(BLOCK=256)
     swa = {**ptrs("token_to_req swa_block_table block_table swa_indices_out swa_lens_out "
                   "c128a_indices_out c128a_lens_out c128a_prefill_out c128a_prefill_lens_out "
-                  "counts", I32), **ptrs("slot_mapping positions", I64), "is_valid_out": B,
+                  "prefill_swa_out prefill_swa_lens_out replay_start counts", I32),
+           **ptrs("slot_mapping positions", I64), "is_valid_out": B,
            **dict.fromkeys("swa_bt_stride bt_stride num_tokens num_decode_tokens "
                            "decode_rows".split(), 1)}
     for has_c128a, prefill_rows, device_counts in ((True, True, True), (True, False, False),
-                                                   (False, False, False)):
+                                                   (False, False, False), (False, True, True)):
         yield swa_decode._swa_decode_kernel(), swa, dict(
-            WINDOW=128, SWA_BLOCK=64, HAS_C128A=has_c128a, PREFILL_ROWS=prefill_rows,
-            DEVICE_COUNTS=device_counts, C128A_WIDTH=8192, C128A_ENTRIES=2, C128A_RATIO=128,
+            WINDOW=128, SWA_BLOCK=64, HAS_C128A=has_c128a,
+            C128A_PREFILL=has_c128a and prefill_rows, SWA_PREFILL=prefill_rows,
+            HAS_REPLAY=prefill_rows and not has_c128a, DEVICE_COUNTS=device_counts,
+            PREFILL_WIDTH=128, C128A_WIDTH=8192, C128A_ENTRIES=2, C128A_RATIO=128,
             BLOCK_T=2, BLOCK_W=128, BLOCK_C=1024)
     for device_counts in (True, False):
         yield swa_prefill._gather_lens_kernel(), {
-            **ptrs("out seq_lens_out seq_lens qsl counts", I32), **dict.fromkeys(
-                "num_decodes num_prefills window".split(), 1)}, dict(
-            WRITE_SEQ_LENS=device_counts, DEVICE_COUNTS=device_counts, BLOCK=128)
+            **ptrs("out seq_lens_out seq_lens qsl counts replay_start chunks num_chunks", I32),
+            **dict.fromkeys("num_decodes num_prefills window gather_blocks plan_rows "
+                            "packed_ratios budget_base max_model_len chunk_size".split(), 1)
+        }, dict(WRITE_SEQ_LENS=device_counts, DEVICE_COUNTS=device_counts,
+                HAS_REPLAY=device_counts, BLOCK=128)
+
+    for from_host in (True, False):
+        yield staging._replay_start_kernel(), {
+            **ptrs("host_replay_start counts replay_start_out", I32), "num_reqs": 1}, dict(
+            FROM_HOST=from_host, BLOCK=256)
+    for device_counts in (True, False):
+        for has_topk in (True, False):
+            yield swa_combined._combined_kernel(), {
+                **ptrs("out lens_out token_to_req seq_lens gather_lens chunks num_chunks topk "
+                       "counts", I32), "positions": I64, **dict.fromkeys(
+                    "topk_stride d_static td_static nt_static num_tokens max_chunks ratio "
+                    "topk_width window width".split(), 1)}, dict(
+                DEVICE_COUNTS=device_counts, HAS_TOPK=has_topk, ROWS=4, BLOCK_C=128,
+                BLOCK_CH=128)
+            yield swa_flashinfer._flashinfer_kernel(), {
+                **ptrs("out lens_out token_to_req swa_block_table replay_start topk cbt counts",
+                       I32), **ptrs("slot_mapping positions", I64), **dict.fromkeys(
+                    "swa_bt_stride topk_stride cbt_stride td_static nt_static num_tokens "
+                    "topk_width ratio entries_per_page width".split(), 1)}, dict(
+                WINDOW=128, SWA_BLOCK=32, HAS_REPLAY=device_counts, HAS_TOPK=has_topk,
+                DEVICE_COUNTS=device_counts, ROWS=2, BLOCK_W=128, BLOCK_K=128)
 
     gather = {**ptrs("token_to_req qsl bt swa_bt counts swa_idx swa_len gather_lens "
                      "pre_seq_lens c_idx c_len cp_idx cp_len i_lens i_bt bounds num_chunks cu "

@@ -45,6 +45,18 @@ def test_buffer_table(ratios):
         "swa.prefill_gather_lens": ((cfg.max_num_seqs,), torch.int32),
         "swa.prefill_seq_lens": ((cfg.max_num_seqs,), torch.int32),
     }
+    # The paged prefill rows, one chunk plan per windowed type, one layer's per-layer rows
+    # (the widest: C4A's combined rows, round_up(index_topk + W, 128)).
+    t, plans = cfg.max_num_batched_tokens, len(ratios)
+    scratch = t * (2176 if 4 in ratios else 128)
+    expected |= {
+        "swa.prefill_swa_indices": ((t, 1, 16), torch.int32),
+        "swa.prefill_swa_lens": ((t,), torch.int32),
+        "swa.prefill_chunks": ((plans, cfg.max_num_seqs, 4), torch.int32),
+        "swa.prefill_num_chunks": ((plans,), torch.int32),
+        "swa.row_scratch": ((scratch,), torch.int32),
+        "swa.row_scratch_lens": ((t,), torch.int32),
+    }
     if 128 in ratios:
         t, max_c = cfg.max_num_batched_tokens, cfg.dense_width
         expected["swa.c128a_decode_indices"] = ((td, 1, max_c), torch.int32)

@@ -55,7 +55,7 @@ class ArenaConfig:
         MTP draft tokens per decode step; ``next_n = 1 + num_speculative_tokens``.
     architecture : str
         The model family, whose encoding maps ``compress_ratios`` to layer types
-        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32" or "deepseek_v4".
+        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32", "deepseek_v4", ...
     compress_ratios : tuple of int
         One compress ratio per layer, in the family's encoding (``(1,)`` for V3.2; V4: 1 =
         SWA-only, 4 = C4A, 128 = C128A; V4.1: 0 = SWA-only, 1 = c1a, 2 = c2a). The layer
@@ -154,43 +154,35 @@ class ArenaConfig:
         if self.use_flattening is None:
             object.__setattr__(self, "use_flattening", self.next_n not in NATIVE_NEXT_N)
         if self.kernel_backend not in ("auto", "torch", "triton"):
-            raise ConfigError(
-                f"kernel_backend={self.kernel_backend!r} is not one of 'auto', 'torch', 'triton'"
-            )
+            raise ConfigError(f"kernel_backend={self.kernel_backend!r} is not one of 'auto', "
+                              "'torch', 'triton'")
         if not self.use_flattening and self.next_n not in NATIVE_NEXT_N:
             raise ConfigError(
                 f"use_flattening=False needs next_n in {NATIVE_NEXT_N} (the natively supported "
                 f"query lengths), got next_n={self.next_n}"
             )
         if self.next_n > self.max_num_batched_tokens:
-            raise ConfigError(
-                f"next_n={self.next_n} exceeds max_num_batched_tokens="
-                f"{self.max_num_batched_tokens}: not even one decode request fits a step"
-            )
+            raise ConfigError(f"next_n={self.next_n} exceeds max_num_batched_tokens="
+                              f"{self.max_num_batched_tokens}: not even one decode fits a step")
 
     def _check_positive(self) -> None:
-        for name in (
-            "max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-            "swa_block_size", "index_topk", "max_logits_bytes", "dcp_world_size",
-            "cp_kv_cache_interleave_size",
-        ):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
+                     "swa_block_size", "index_topk", "max_logits_bytes", "dcp_world_size",
+                     "cp_kv_cache_interleave_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(f"{name}={value!r} must be a positive int")
         if self.num_speculative_tokens < 0 or self.num_speculative_tokens > 15:
-            raise ConfigError(
-                f"num_speculative_tokens={self.num_speculative_tokens} must be in [0, 15]"
-            )
+            raise ConfigError(f"num_speculative_tokens={self.num_speculative_tokens} must be "
+                              "in [0, 15]")
         if self.max_prefill_workspace is not None and self.max_prefill_workspace < 1:
-            raise ConfigError(
-                f"max_prefill_workspace={self.max_prefill_workspace} must be a positive int"
-            )
+            raise ConfigError(f"max_prefill_workspace={self.max_prefill_workspace} must be a "
+                              "positive int")
         if self.num_sms is not None and self.num_sms < 1:
             raise ConfigError(f"num_sms={self.num_sms} must be a positive int")
         if self.max_logits_bytes < 4:
-            raise ConfigError(
-                f"max_logits_bytes={self.max_logits_bytes} must hold at least one fp32 logit (4)"
-            )
+            raise ConfigError(f"max_logits_bytes={self.max_logits_bytes} must hold at least one "
+                              "fp32 logit (4)")
 
     def _resolve_layer_types(self) -> tuple[LayerType, ...]:
         """The distinct layer types of ``compress_ratios``, in the table's order."""
@@ -215,9 +207,8 @@ class ArenaConfig:
             raise ConfigError(f"sliding_window={self.sliding_window} must be >= 1 or None")
         windowed = [t.name for t in self._types if t.window]
         if self.sliding_window is None and windowed:
-            raise ConfigError(
-                f"layer types {windowed} attend a sliding window: set sliding_window"
-            )
+            raise ConfigError(f"layer types {windowed} attend a sliding window: set "
+                              "sliding_window")
         if self.sliding_window is not None and not windowed:
             raise ConfigError(
                 f"sliding_window={self.sliding_window}, but no layer type of "
@@ -381,6 +372,12 @@ class ArenaConfig:
         """Whether some layer type attends a sliding window."""
         return any(t.window for t in self._types)
 
+    @property
+    def bounded_replay(self) -> bool:
+        """Whether prefilling requests carry a ``replay_start`` (the architecture's
+        :attr:`~staticattn.model.Architecture.bounded_replay`, with a window)."""
+        return self.has_swa and architecture(self.architecture).bounded_replay
+
     def replace(self, **changes) -> ArenaConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -398,6 +395,6 @@ class ArenaConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ArenaConfig:
-        """A named preset of :data:`staticattn.model.PRESETS`, fields overridden by
-        ``overrides``: "deepseek-v3.2" or "deepseek-v4"."""
+        """A named preset of :data:`staticattn.model.PRESETS` ("deepseek-v4", ...), fields
+        overridden by ``overrides``."""
         return cls(**{**model_preset(name).fields, **overrides})

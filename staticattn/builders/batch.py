@@ -62,6 +62,12 @@ class Batch:
         step of any composition (:meth:`for_mixed_capture`) reads instead of host values.
     query_lens : int32 device ``(num_reqs,)`` or None
         Each request's query length, derived by the staging kernel (0 for padding).
+    replay_start : int32 device ``(num_reqs,)`` or None
+        Bounded replay (``docs/spec/deepseek-v41.md`` §8.1): each prefill request's first
+        replayed position, which clamps its sliding windows; 0 for decodes and padded
+        requests (the staging writes it after the split). None where the architecture has
+        no bounded replay, and in a uniform decode batch (:meth:`for_decode_capture`), where
+        no request replays.
     """
 
     query_start_loc: torch.Tensor
@@ -81,6 +87,7 @@ class Batch:
     is_prefilling: torch.Tensor | None = None
     step_counts: torch.Tensor | None = None
     query_lens: torch.Tensor | None = None
+    replay_start: torch.Tensor | None = None
     #: :meth:`host_arrays`, once computed; not an argument, and not carried over by
     #: ``dataclasses.replace`` (a replaced batch recomputes it).
     _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
@@ -120,7 +127,8 @@ class Batch:
         return cls(v.query_start_loc, v.query_start_loc_cpu, v.seq_lens, v.seq_lens_cpu,
                    num_reqs, num_tokens, max_query_len, max_seq_len, v.block_table,
                    v.slot_mapping, v.positions, v.token_to_req, v.swa_block_table,
-                   step_counts=inputs.step_counts, query_lens=v.query_lens)
+                   step_counts=inputs.step_counts, query_lens=v.query_lens,
+                   replay_start=v.replay_start)
 
     @classmethod
     def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:
@@ -138,10 +146,12 @@ class Batch:
         ``max_seq_len``: the longest sequence the graph will serve (a context bucket's
         bound, default ``max_model_len``); a consumer may size its work by it."""
         cfg = inputs.config
-        return cls.from_inputs(
+        batch = cls.from_inputs(
             inputs, num_reqs, num_reqs * cfg.next_n, cfg.next_n,
             cfg.max_model_len if max_seq_len is None else max_seq_len,
         )
+        batch.replay_start = None  # every request decodes: nothing replays
+        return batch
 
     @classmethod
     def for_mixed_capture(cls, inputs: StepInputs, num_reqs: int, num_tokens: int) -> Batch:

@@ -46,7 +46,7 @@ from staticattn.kernels.lazy import lazy_jit
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "NUM_COUNTS",
-    "StagingViews", "stage_device", "stage_general", "stage_uniform",
+    "StagingViews", "stage_device", "stage_general", "stage_replay_start", "stage_uniform",
 ]
 
 #: Slots of ``step_counts`` (int32, device); the pinned ``host_counts`` uses the first two.
@@ -190,6 +190,28 @@ def stage_device(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
     t = torch.arange(num_tokens, device=dev)
     v.slots[:num_tokens].copy_(torch.where(t < nt, v.slots[:num_tokens], -1))
     _derive_torch(v, num_reqs, num_tokens, decode_threshold, k, nt)
+
+
+def stage_replay_start(backend: str, host_replay_start: torch.Tensor,
+                       step_counts: torch.Tensor, replay_start: torch.Tensor, num_reqs: int,
+                       *, from_host: bool = True) -> None:
+    """Stage the bounded-replay starts (``docs/spec/deepseek-v41.md`` §8.1) after the split:
+    ``replay_start[b] = host_replay_start[b]`` for the prefill requests ``D <= b < k`` of
+    ``step_counts``, 0 for decodes and padded requests (only prefilling requests replay);
+    all 0 with ``from_host=False`` (a step staged on the device carries none). One kernel
+    over the static extent of ``num_reqs`` requests; int32 ``(>= num_reqs,)`` host (pinned)
+    and device views."""
+    if backend == "triton":
+        launch(_replay_start_kernel(), (grid_size(num_reqs, _BLOCK),),
+            host_replay_start, step_counts, replay_start, num_reqs, FROM_HOST=from_host,
+            BLOCK=_BLOCK,
+        )
+        return
+    dev = replay_start.device
+    b = torch.arange(num_reqs, device=dev)
+    prefill = (b >= step_counts[COUNT_DECODES]) & (b < step_counts[COUNT_REQS]) & from_host
+    host = host_replay_start[:num_reqs].to(dev, non_blocking=True)
+    replay_start[:num_reqs].copy_(torch.where(prefill, host, 0))
 
 
 def _copy_padded(src: torch.Tensor, dst: torch.Tensor, extent: int, real: torch.Tensor,
@@ -338,3 +360,22 @@ def _derive_kernel():
             tl.store(counts + 3, tl.load(qsl + num_decodes))
 
     return derive_kernel
+
+
+@lazy_jit
+def _replay_start_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["num_reqs"])
+    def replay_start_kernel(host_replay_start, counts, replay_start_out, num_reqs,
+                            FROM_HOST: tl.constexpr, BLOCK: tl.constexpr):
+        b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        if FROM_HOST:
+            prefill = (b >= tl.load(counts + 2)) & (b < tl.load(counts))
+            value = tl.load(host_replay_start + b, mask=prefill, other=0)
+        else:
+            value = tl.zeros([BLOCK], tl.int32)
+        tl.store(replay_start_out + b, value, mask=b < num_reqs)
+
+    return replay_start_kernel

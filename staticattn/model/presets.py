@@ -33,10 +33,15 @@ class Architecture:
         The family ("deepseek_v4").
     encoding : mapping of int to str
         Compress ratio as the family's configs write it -> layer type name.
+    bounded_replay : bool
+        A prefix hit recomputes the last ``W`` tokens and every prefilling request carries
+        a ``replay_start`` that clamps its sliding windows (``docs/spec/deepseek-v41.md``
+        §8.1): the arena then has a per-request ``replay_start`` input.
     """
 
     name: str
     encoding: MappingProxyType
+    bounded_replay: bool = False
 
     def layer_type_name(self, ratio: int, layer: int) -> str:
         """The type of layer ``layer`` whose config ratio is ``ratio``.
@@ -55,8 +60,9 @@ class Architecture:
             ) from None
 
 
-def _architecture(name: str, encoding: dict[int, str]) -> tuple[str, Architecture]:
-    return name, Architecture(name, MappingProxyType(encoding))
+def _architecture(name: str, encoding: dict[int, str], *,
+                  bounded_replay: bool = False) -> tuple[str, Architecture]:
+    return name, Architecture(name, MappingProxyType(encoding), bounded_replay)
 
 
 #: Every model family, by name.
@@ -65,8 +71,9 @@ ARCHITECTURES: MappingProxyType = MappingProxyType(dict([
     _architecture("deepseek_v32", {1: "dsa"}),
     # DeepSeek V4 (spec §6.1): ratio <= 1 is sliding-window only.
     _architecture("deepseek_v4", {0: "swaonly", 1: "swaonly", 4: "c4a", 128: "c128a"}),
-    # DeepSeek V4.1 (docs/spec/deepseek-v41.md §3.1): the same numbers mean other types.
-    _architecture("deepseek_v41", {0: "swaonly", 1: "c1a", 2: "c2a"}),
+    # DeepSeek V4.1 (docs/spec/deepseek-v41.md §3.1): the same numbers mean other types;
+    # prefix hits replay the last window (§8.1).
+    _architecture("deepseek_v41", {0: "swaonly", 1: "c1a", 2: "c2a"}, bounded_replay=True),
 ]))
 
 #: DeepSeek-V4.1-Flash's layers (docs/spec/deepseek-v41.md §2.2): 2 SWA-only, 18 c2a, 20 c1a,

@@ -33,6 +33,10 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
     (:mod:`staticattn.kernels.staging`).
     Host (``staging.*``): ``query_start_loc``, ``seq_lens``, ``slot_mapping`` and ``counts``
     int32 ``(4,)`` (the real requests and tokens of the step).
+    With bounded replay (:attr:`ArenaConfig.bounded_replay`, ``docs/spec/deepseek-v41.md``
+    §8.1): ``staging.replay_start`` int32 ``(max_num_seqs,)`` host and ``input.replay_start``
+    int32 ``(max_num_seqs,)`` device, each prefilling request's first replayed position (0
+    for decodes and padded requests).
     """
     r, t = config.max_num_seqs, config.max_num_batched_tokens
     decls = [
@@ -53,4 +57,7 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
         decls.append(
             BufferDecl("input.swa_block_table", (r, config.max_swa_blocks_per_req), torch.int32)
         )
+    if config.bounded_replay:
+        decls += [BufferDecl("input.replay_start", (r,), torch.int32),
+                  BufferDecl("staging.replay_start", (r,), torch.int32, where="host")]
     return decls

@@ -33,6 +33,7 @@ from staticattn.kernels.staging import (
     StagingViews,
     stage_device,
     stage_general,
+    stage_replay_start,
     stage_uniform,
 )
 from staticattn.staging.buffers import PAD_SLOT_ID
@@ -66,12 +67,17 @@ class HostViews:
         KV slot of each real token; -1 = do not write.
     counts : int32 ``(4,)``
         ``[num_reqs, num_tokens]`` of the step (the rest unused).
+    replay_start : int32 ``(max_num_seqs,)`` or None
+        With bounded replay (``docs/spec/deepseek-v41.md`` §8.1): each request's first
+        replayed position, read for prefilling requests only (decodes read 0). None for
+        architectures without it.
     """
 
     query_start_loc: np.ndarray
     seq_lens: np.ndarray
     slot_mapping: np.ndarray
     counts: np.ndarray
+    replay_start: np.ndarray | None = None
 
 
 class ExtentViews(NamedTuple):
@@ -87,6 +93,7 @@ class ExtentViews(NamedTuple):
     token_to_req: torch.Tensor
     swa_block_table: torch.Tensor | None
     query_lens: torch.Tensor
+    replay_start: torch.Tensor | None = None
 
 
 class StepInputs:
@@ -100,10 +107,12 @@ class StepInputs:
     Attributes
     ----------
     query_start_loc, seq_lens, slot_mapping, positions, token_to_req, block_table,
-    swa_block_table, step_counts, query_lens : torch.Tensor
-        Device views (``swa_block_table`` is None without SWA; ``step_counts`` and
-        ``query_lens`` are derived by the staging kernels).
-    host_query_start_loc, host_seq_lens, host_slot_mapping, host_counts : torch.Tensor
+    swa_block_table, step_counts, query_lens, replay_start : torch.Tensor
+        Device views (``swa_block_table`` is None without SWA, ``replay_start`` without
+        bounded replay; ``step_counts``, ``query_lens`` and ``replay_start`` are written by
+        the staging kernels).
+    host_query_start_loc, host_seq_lens, host_slot_mapping, host_counts,
+    host_replay_start : torch.Tensor
         Host staging views; the eager path reads its host-side lengths from them.
     host : HostViews
         The same host memory as numpy arrays (no torch dispatch per write).
@@ -128,9 +137,13 @@ class StepInputs:
         self.host_seq_lens = arena["staging.seq_lens"]
         self.host_slot_mapping = arena["staging.slot_mapping"]
         self.host_counts = arena["staging.counts"]
+        replay = "input.replay_start" in arena
+        self.replay_start = arena["input.replay_start"] if replay else None
+        self.host_replay_start = arena["staging.replay_start"] if replay else None
         self.host = HostViews(
             self.host_query_start_loc.numpy(), self.host_seq_lens.numpy(),
             self.host_slot_mapping.numpy(), self.host_counts.numpy(),
+            self.host_replay_start.numpy() if replay else None,
         )
         self._views = StagingViews(
             self.host_query_start_loc, self.host_seq_lens, self.host_slot_mapping,
@@ -150,13 +163,14 @@ class StepInputs:
         if views is None:
             if len(self._extent_views) > 4096:
                 self._extent_views.clear()
-            swa = self.swa_block_table
+            swa, replay = self.swa_block_table, self.replay_start
             views = self._extent_views[key] = ExtentViews(
                 self.query_start_loc[: num_reqs + 1], self.host_query_start_loc[: num_reqs + 1],
                 self.seq_lens[:num_reqs], self.host_seq_lens[:num_reqs],
                 self.block_table[:num_reqs], self.slot_mapping[:num_tokens],
                 self.positions[:num_tokens], self.token_to_req[:num_tokens],
                 None if swa is None else swa[:num_reqs], self.query_lens[:num_reqs],
+                None if replay is None else replay[:num_reqs],
             )
         return views
 
@@ -170,6 +184,7 @@ class StepInputs:
         num_reqs_padded: int | None = None,
         num_tokens_padded: int | None = None,
         checked: bool = False,
+        replay_start: np.ndarray | None = None,
     ) -> StagedCounts:
         """Write one step's host values into the staging block, with its padding.
 
@@ -197,6 +212,11 @@ class StepInputs:
         checked : bool
             The caller has checked the arrays and extents (the graph manager's validation):
             skip the checks of the extents.
+        replay_start : int array ``(num_reqs,)``, optional
+            Bounded replay (``docs/spec/deepseek-v41.md`` §8.1): each request's first
+            replayed position, ``0 <= replay_start <= seq_lens - query_lens``; only prefill
+            requests' values reach the device (:func:`~staticattn.kernels.staging.
+            stage_replay_start`). None: no request replays (all 0).
         """
         query_lens = np.asarray(query_lens)
         seq_lens = np.asarray(seq_lens)
@@ -206,11 +226,14 @@ class StepInputs:
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
         if not checked:
             self.check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
-        self.stage_step(query_lens, seq_lens, slot_mapping)
+            self.check_replay_start(replay_start, query_lens, seq_lens)
+        self.stage_step(query_lens, seq_lens, slot_mapping, replay_start)
         host = self.host
         if pr > num_reqs:
             host.query_start_loc[num_reqs + 1 : pr + 1] = num_tokens
             host.seq_lens[num_reqs:pr] = 0
+            if host.replay_start is not None:
+                host.replay_start[num_reqs:pr] = 0
         if pt > num_tokens:
             host.slot_mapping[num_tokens:pt] = PAD_SLOT_ID
         return StagedCounts(
@@ -221,11 +244,12 @@ class StepInputs:
         )
 
     def stage_step(self, query_lens: np.ndarray, seq_lens: np.ndarray,
-                   slot_mapping: np.ndarray) -> None:
+                   slot_mapping: np.ndarray, replay_start: np.ndarray | None = None) -> None:
         """:meth:`stage` for a step a graph will pad: the real query starts, lengths, slots
         and counts only (no padding, no maxima, no checks: the caller has checked). Host
         ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``, ``slot_mapping``
-        ``(num_tokens,)``."""
+        ``(num_tokens,)``, ``replay_start`` ``(num_reqs,)`` or None (all 0), written only
+        where the arena has bounded replay."""
         num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
         self.wait_staging_free()
         host = self.host
@@ -236,6 +260,32 @@ class StepInputs:
         host.slot_mapping[:num_tokens] = slot_mapping
         host.counts[COUNT_REQS] = num_reqs
         host.counts[COUNT_TOKENS] = num_tokens
+        if host.replay_start is not None:
+            host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
+
+    def check_replay_start(self, replay_start: np.ndarray | None, query_lens: np.ndarray,
+                           seq_lens: np.ndarray) -> None:
+        """Raise before anything is written unless ``replay_start`` (host ints ``(num_reqs,)``
+        or None) has one entry per request, each in ``[0, seq_lens - query_lens]`` (spec
+        deepseek-v41.md §8.1), non-zero only under bounded replay."""
+        if replay_start is None:
+            return
+        rs = np.asarray(replay_start)
+        if rs.ndim != 1 or rs.shape[0] != query_lens.shape[0] or (
+                rs.size and not np.issubdtype(rs.dtype, np.integer)):
+            raise InvalidBatchError(f"replay_start must be {query_lens.shape[0]} ints (one per "
+                                    f"request), got shape {rs.shape}, dtype {rs.dtype}")
+        if not rs.size:
+            return
+        if self.replay_start is None and rs.any():
+            raise InvalidBatchError(f"replay_start is non-zero, but architecture="
+                                    f"{self.config.architecture!r} has no bounded replay")
+        bad = np.flatnonzero((rs < 0) | (rs > seq_lens - query_lens))
+        if bad.size:
+            b = int(bad[0])
+            raise InvalidBatchError(
+                f"replay_start[{b}]={int(rs[b])} is outside [0, seq_lens - query_lens = "
+                f"{int(seq_lens[b]) - int(query_lens[b])}]")
 
     def stage_uniform_decode(self, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
         """:meth:`stage` for a uniform decode step that a graph will pad: every request
@@ -334,6 +384,11 @@ class StepInputs:
         else:
             stage_general(self.backend, self._views, num_reqs, num_tokens,
                           self.config.decode_threshold)
+        if self.replay_start is not None and not uniform:
+            # After the split (the kernel reads D); uniform steps are decodes and their
+            # batches carry no replay_start (Batch.for_decode_capture).
+            stage_replay_start(self.backend, self.host_replay_start, self.step_counts,
+                               self.replay_start, num_reqs, from_host=not device_starts)
         if mark:
             self.mark_staging_read()
 

@@ -1,10 +1,20 @@
-"""DeepSeek V4 sparse sliding-window (SWA) metadata, with the C128A top-k, graph-safe.
+"""DeepSeek V4 / V4.1 sparse sliding-window (SWA) metadata, with the C128A top-k,
+graph-safe.
 
 The reference splits this work over two builders (its SWA builder and the FlashMLA-sparse
 builder's C128A part, spec §6-§7) and several launches per step. Here one kernel over the
-step's tokens writes the validity mask, the SWA window rows and the C128A decode and prefill
-rows (:mod:`staticattn.kernels.swa_decode`); a second one, when the step may have prefills,
-writes the prefill gather lengths (:mod:`staticattn.kernels.swa_prefill`).
+step's tokens writes the validity mask, the SWA window rows, the C128A decode and prefill
+rows and the paged prefill SWA rows (:mod:`staticattn.kernels.swa_decode`); a second one,
+when the step may have prefills, writes the prefill gather lengths and every windowed type's
+prefill chunk plan (:mod:`staticattn.kernels.swa_prefill`). A uniform decode step is one
+launch, a step with prefills two, as before the prefill rows and plans came in.
+
+V4.1's bounded replay (``docs/spec/deepseek-v41.md`` §8.1): prefill windows and gather
+lengths are clamped at the batch's ``replay_start`` (decodes carry 0). Per-layer rows that
+need a layer's top-k -- prefill combined rows in workspace coordinates (§7.2) and FlashInfer
+rows in paged coordinates (§7.3) -- are built from the metadata by :meth:`SparseSWAMetadataBuilder.
+prefill_combined_rows` and :meth:`~SparseSWAMetadataBuilder.flashinfer_rows`
+(:mod:`.combined`).
 
 Differences from the reference, each on purpose:
 
@@ -21,7 +31,11 @@ Differences from the reference, each on purpose:
 * decode rows are bounded by ``max_decode_tokens`` (= ``max_num_seqs * next_n``), not
   ``max_num_batched_tokens``; the C128A row stride is the buffer's, fixed by the config;
 * the C128A prefill rows come with their lengths (``c128a_prefill_lens``), and rows past
-  the real prefill tokens hold -1.
+  the real prefill tokens hold -1; so do the paged prefill SWA rows (the reference leaves
+  its rows past ``Tp`` stale), and their buffer holds ``max_num_batched_tokens`` rows;
+* the chunk plans are also on the device (a table and a count per type, rows past the count
+  0) and, from an eager build, on the host; a token bucket's plan covers its real prefill
+  requests, not the bucket's spare request slots.
 
 Decode context parallelism (``dcp_world_size = W > 1``): **replicated**. Every rank holds
 the whole window and every C128A entry, and every rank's metadata is the single-GPU one: the
@@ -45,13 +59,22 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.batch import Batch
+from staticattn.builders.swa.chunk_plan import PrefillChunkPlan, host_chunk_plan
+from staticattn.builders.swa.combined import IndexRows
+from staticattn.builders.swa.layout import (
+    PREFILL_CHUNK_SIZE,
+    plan_ratio,
+    plan_types,
+    row_scratch_width,
+    swa_buffers,
+)
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
 from staticattn.builders.validation.values import check_capacity
-from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
+from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.swa_decode import SWADecodeOutputs, build_swa_decode
-from staticattn.kernels.swa_prefill import prefill_gather_lens
+from staticattn.kernels.swa_prefill import ChunkPlanViews, prefill_gather_lens
 
 __all__ = ["SparseSWAMetadataBuilder"]
 
@@ -63,6 +86,11 @@ class SparseSWAMetadataBuilder:
     then ``build(batch)`` serves any batch eagerly, ``build_decode(batch)`` the static
     uniform decode batch and ``build_mixed(batch)`` a step of any composition within a token
     bucket, both inside a CUDA graph capture.
+
+    Parameters
+    ----------
+    prefill_chunk_size : int
+        ``C`` of the chunk plans' area budget (the reference's ``PREFILL_CHUNK_SIZE``, 4).
 
     Examples
     --------
@@ -80,57 +108,29 @@ class SparseSWAMetadataBuilder:
 
     name = "swa"
 
-    def __init__(self) -> None:
+    def __init__(self, *, prefill_chunk_size: int = PREFILL_CHUNK_SIZE) -> None:
         self._config: ArenaConfig | None = None
         self._backend = "torch"
         self._out: SWADecodeOutputs | None = None
         self._gather_lens = None
         self._prefill_seq_lens = None
+        self._plans: ChunkPlanViews | None = None
+        self.prefill_chunk_size = prefill_chunk_size
         self.layer_types: tuple[str, ...] = ()
         self._dense = (1, 0)
+        self.rows: IndexRows | None = None
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
-        """The ``swa.*`` views (``Td = max_decode_tokens``, ``T = max_num_batched_tokens``,
-        ``W = sliding_window``, ``maxC = dense_width``):
-
-        * ``swa.is_valid_token`` bool ``(T,)``;
-        * ``swa.decode_swa_indices`` int32 ``(Td, 1, W)``, ``swa.decode_swa_lens`` int32
-          ``(Td,)``;
-        * ``swa.prefill_gather_lens``, ``swa.prefill_seq_lens`` int32 ``(max_num_seqs,)``;
-        * with a layer type that reads every compressed entry (C128A, the table's
-          :attr:`~staticattn.model.Reads.ALL`): ``swa.c128a_decode_indices`` int32
-          ``(Td, 1, maxC)``, ``swa.c128a_decode_lens`` int32 ``(Td,)``,
-          ``swa.c128a_prefill_indices`` int32 ``(T, maxC)``, ``swa.c128a_prefill_lens``
-          int32 ``(T,)``. Index rows start as -1: every writer keeps the entries at or
-          past a row's length at -1.
-
-        Raises :class:`ConfigError` without ``sliding_window``. Under decode context
-        parallelism the same buffers serve (replicated, see the module docstring).
-        """
-        _check_config(config)
-        td, t, w = config.max_decode_tokens, config.max_num_batched_tokens, config.sliding_window
-        decls = [
-            BufferDecl("swa.is_valid_token", (t,), torch.bool),
-            BufferDecl("swa.decode_swa_indices", (td, 1, w), torch.int32, fill=-1),
-            BufferDecl("swa.decode_swa_lens", (td,), torch.int32),
-            BufferDecl("swa.prefill_gather_lens", (config.max_num_seqs,), torch.int32),
-            BufferDecl("swa.prefill_seq_lens", (config.max_num_seqs,), torch.int32),
-        ]
-        if config.dense_layer_type is not None:
-            max_c = config.dense_width
-            decls += [
-                BufferDecl("swa.c128a_decode_indices", (td, 1, max_c), torch.int32, fill=-1),
-                BufferDecl("swa.c128a_decode_lens", (td,), torch.int32),
-                BufferDecl("swa.c128a_prefill_indices", (t, max_c), torch.int32, fill=-1),
-                BufferDecl("swa.c128a_prefill_lens", (t,), torch.int32),
-            ]
-        return decls
+        """The ``swa.*`` views: :func:`staticattn.builders.swa.layout.swa_buffers`. Raises
+        :class:`ConfigError` without ``sliding_window``. Under decode context parallelism
+        the same buffers serve (replicated, see the module docstring)."""
+        return swa_buffers(config)
 
     def bind(self, arena: Arena) -> None:
         """Take the ``swa.*`` views of an allocated arena."""
         cfg = arena.config
-        _check_config(cfg)
+        swa_buffers(cfg)  # the config checks
         has_c128a = cfg.dense_layer_type is not None
 
         def view(name: str):
@@ -144,13 +144,23 @@ class SparseSWAMetadataBuilder:
             c128a_lens=view("c128a_decode_lens"),
             c128a_prefill_indices=view("c128a_prefill_indices"),
             c128a_prefill_lens=view("c128a_prefill_lens"),
+            prefill_swa_indices=arena["swa.prefill_swa_indices"],
+            prefill_swa_lens=arena["swa.prefill_swa_lens"],
         )
         self._gather_lens = arena["swa.prefill_gather_lens"]
         self._prefill_seq_lens = arena["swa.prefill_seq_lens"]
+        self._plans = ChunkPlanViews(
+            arena["swa.prefill_chunks"], arena["swa.prefill_num_chunks"],
+            tuple(plan_ratio(t) for t in plan_types(cfg)),
+            cfg.sliding_window + cfg.max_num_batched_tokens, cfg.max_model_len,
+            self.prefill_chunk_size)
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
         self.layer_types = tuple(t.name for t in cfg.layer_types)
         self._dense = _dense_entries(cfg)
         self._config = cfg
+        t = cfg.max_num_batched_tokens
+        self.rows = IndexRows(cfg, self._backend, arena["swa.row_scratch"],
+                              arena["swa.row_scratch_lens"], t, row_scratch_width(cfg))
         # Views cut once per split and kept, per binding: a builder bound to another arena
         # must never hand out views of the previous one.
         self._output_views = functools.lru_cache(maxsize=4096)(self._cut_output_views)
@@ -168,8 +178,9 @@ class SparseSWAMetadataBuilder:
     def build(self, batch: Batch) -> SparseSWAMetadata:
         """Metadata for any batch (decodes first), eagerly.
 
-        Reads the batch's host-side query starts (for the split), never the device.
-        Launches one kernel, plus the gather-lengths kernel when the step has prefills.
+        Reads the batch's host-side query starts (for the split and the host chunk plans),
+        never the device. Launches one kernel, plus the prefill kernel (gather lengths and
+        chunk plans) when the step has prefills.
         """
         cfg = self._bound_config()
         self._check_batch(batch)
@@ -179,9 +190,11 @@ class SparseSWAMetadataBuilder:
         self._launch(batch, num_decode_tokens, num_decode_tokens, prefill_rows=num_prefills > 0)
         prefill_gather_lens(
             self._backend, batch.seq_lens, batch.query_start_loc, num_decodes, num_prefills,
-            cfg.sliding_window, self._gather_lens,
+            cfg.sliding_window, self._gather_lens, replay_start=batch.replay_start,
+            plans=self._plans,
         )
-        return self._metadata(batch, split, batch.seq_lens[num_decodes:])
+        return self._metadata(batch, split, batch.seq_lens[num_decodes:],
+                              self._host_plans(batch, num_decodes) if num_prefills else None)
 
     def build_decode(self, batch: Batch) -> SparseSWAMetadata:
         """Graph-safe metadata for :meth:`Batch.for_decode_capture` (``num_reqs`` requests of
@@ -210,9 +223,10 @@ class SparseSWAMetadataBuilder:
         The split is read on the device (``batch.step_counts``); every view covers the
         bucket's capacity and holds defined values past the real step: decode rows
         ``(min(T, max_decode_tokens), ...)`` with length 0 and rows of -1 past ``Td``;
-        C128A prefill rows ``(T, maxC)`` likewise past the real prefill tokens; prefill
-        gather and sequence lengths ``(R,)``, 0 past the real prefills. The int fields are
-        those capacities; the exact split is ``step_counts``. Two kernels.
+        C128A and paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens;
+        prefill gather and sequence lengths ``(R,)``, 0 past the real prefills; chunk plans
+        as tables with device counts. The int fields are those capacities; the exact split
+        is ``step_counts``. Two kernels.
         """
         cfg = self._bound_config()
         self._check_batch(batch)
@@ -223,14 +237,33 @@ class SparseSWAMetadataBuilder:
         prefill_gather_lens(
             self._backend, batch.seq_lens, batch.query_start_loc, 0, r, cfg.sliding_window,
             self._gather_lens, self._prefill_seq_lens, batch.step_counts,
+            replay_start=batch.replay_start, plans=self._plans,
         )
-        return self._metadata(batch, (r, r, rows, t), self._prefill_seq_lens[:r])
+        return self._metadata(batch, (r, r, rows, t), self._prefill_seq_lens[:r],
+                              split_on_device=True)
+
+    # ------------------------------------------------------------- per-layer rows
+    def prefill_combined_rows(self, meta: SparseSWAMetadata, layer_type: str,
+                              topk: torch.Tensor | None = None, **kwargs):
+        """A layer's prefill rows in workspace coordinates: :meth:`IndexRows.
+        prefill_combined` (``docs/spec/deepseek-v41.md`` §7.2)."""
+        return self._bound_rows().prefill_combined(meta, layer_type, topk, **kwargs)
+
+    def flashinfer_rows(self, meta: SparseSWAMetadata, layer_type: str,
+                        topk: torch.Tensor | None = None, **kwargs):
+        """A layer's FlashInfer rows in paged coordinates: :meth:`IndexRows.flashinfer`
+        (``docs/spec/deepseek-v41.md`` §7.3)."""
+        return self._bound_rows().flashinfer(meta, layer_type, topk, **kwargs)
 
     # ------------------------------------------------------------------- helpers
     def _bound_config(self) -> ArenaConfig:
         if self._config is None:
             raise ArenaError("SparseSWAMetadataBuilder is not bound; call bind(arena) first")
         return self._config
+
+    def _bound_rows(self) -> IndexRows:
+        self._bound_config()
+        return self.rows
 
     def _check_batch(self, batch: Batch) -> None:
         """Static checks only (shapes, presence, capacities): nothing here reads data."""
@@ -269,15 +302,33 @@ class SparseSWAMetadataBuilder:
             batch.swa_block_table, cfg.swa_block_size, batch.block_table,
             *self._dense, batch.num_actual_tokens, num_decode_tokens,
             decode_rows=decode_rows, prefill_rows=prefill_rows, step_counts=step_counts,
+            replay_start=batch.replay_start if prefill_rows else None,
         )
 
+    def _host_plans(self, batch: Batch, num_decodes: int) -> dict[str, list]:
+        """Every windowed type's chunk plan from the batch's host lengths (eager only)."""
+        _, query_lens, seq_lens = batch.host_arrays()
+        plans = self._plans
+        return {t.name: host_chunk_plan(seq_lens[num_decodes:], query_lens[num_decodes:],
+                                        ratio, self._bound_config().sliding_window,
+                                        plans.budget(ratio))
+                for t, ratio in zip(plan_types(self._config), plans.ratios)}
+
     def _metadata(self, batch: Batch, split: DecodePrefillSplit,
-                  prefill_seq_lens: torch.Tensor | None) -> SparseSWAMetadata:
+                  prefill_seq_lens: torch.Tensor | None, host_plans: dict | None = None, *,
+                  split_on_device: bool = False) -> SparseSWAMetadata:
         cfg = self._bound_config()
         num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
         views = self._output_views(batch.num_actual_tokens, num_decode_tokens, num_prefills,
                                    num_prefill_tokens)
         scheds = tile_scheduler_metas(self.layer_types, num_decode_tokens)
+        plans = {}
+        if num_prefills:
+            p = self._plans
+            plans = {t.name: PrefillChunkPlan(t, ratio, p.chunks[j], p.num_chunks[j : j + 1],
+                                              None if host_plans is None
+                                              else host_plans.get(t.name))
+                     for j, (t, ratio) in enumerate(zip(plan_types(cfg), p.ratios))}
         return SparseSWAMetadata(
             query_start_loc=batch.query_start_loc,
             query_start_loc_cpu=batch.query_start_loc_cpu,
@@ -294,33 +345,33 @@ class SparseSWAMetadataBuilder:
             prefill_seq_lens=prefill_seq_lens if num_prefills else None,
             tile_scheds=scheds,
             step_counts=batch.step_counts,
+            prefill_chunk_plans=plans,
+            replay_start=batch.replay_start,
+            positions=batch.positions,
+            split_on_device=split_on_device,
             **views,
         )
 
     def _cut_output_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
-                      num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:
+                          num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:
         """The builder's own views for a split, cut once per split (slicing costs over a
         microsecond a view, and steps repeat their splits)."""
         out = self._out
         has_c128a = out.c128a_indices is not None
         prefill_c128a = has_c128a and num_prefills > 0
         td, tp = num_decode_tokens, num_prefill_tokens
+        pre = num_prefills > 0
         return dict(
             is_valid_token=out.is_valid_token[:num_tokens],
             decode_swa_indices=out.swa_indices[:td],
             decode_swa_lens=out.swa_lens[:td],
             c128a_decode_indices=out.c128a_indices[:td] if has_c128a else None,
             c128a_decode_lens=out.c128a_lens[:td] if has_c128a else None,
-            prefill_gather_lens=self._gather_lens[:num_prefills] if num_prefills else None,
+            prefill_gather_lens=self._gather_lens[:num_prefills] if pre else None,
             c128a_prefill_indices=out.c128a_prefill_indices[:tp] if prefill_c128a else None,
             c128a_prefill_lens=out.c128a_prefill_lens[:tp] if prefill_c128a else None,
-        )
-
-def _check_config(config: ArenaConfig) -> None:
-    if config.sliding_window is None:
-        raise ConfigError(
-            "the sparse SWA builder needs config.sliding_window (128 for DeepSeek V4); "
-            "this config has none"
+            prefill_swa_indices=out.prefill_swa_indices[:tp] if pre else None,
+            prefill_swa_lens=out.prefill_swa_lens[:tp] if pre else None,
         )
 
 

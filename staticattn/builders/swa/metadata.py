@@ -7,12 +7,16 @@ from typing import Any
 
 import torch
 
+from staticattn.builders.swa.chunk_plan import PrefillChunkPlan
+
 __all__ = ["SparseSWAMetadata"]
 
 
 @dataclass(slots=True)
 class SparseSWAMetadata:
-    """DeepSeek V4 sparse sliding-window metadata of one step (spec §6.3, plus C128A §7).
+    """DeepSeek V4 / V4.1 sparse sliding-window metadata of one step (spec §6.3, plus C128A
+    §7; the paged prefill rows and chunk plans of ``docs/spec/vllm-0.33-extras.md`` §2; V4.1's
+    bounded replay, ``docs/spec/deepseek-v41.md`` §7.4, §8.1).
 
     Every tensor is an arena view (or a view of the batch's inputs), so a captured step reads
     the same addresses on every replay. ``T`` = tokens of the step (padding included),
@@ -61,6 +65,22 @@ class SparseSWAMetadata:
         ``c128a_prefill_topk_indices``). None without C128A layers or prefills.
     c128a_prefill_lens : int32 device ``(Tp,)`` or None
         ``n_c`` of each prefill row.
+    prefill_swa_indices : int32 device ``(Tp, 1, Wp)`` or None
+        Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p`` of request
+        ``b``: the flat SWA slots of positions ``start .. p``, ``start = max(p - W + 1,
+        replay_start[b])``, then -1 (``Wp`` = :func:`~staticattn.builders.swa.layout.
+        prefill_swa_width`, ``W``); a row of -1 for an invalid token. None without prefills.
+    prefill_swa_lens : int32 device ``(Tp,)`` or None
+        ``p - start + 1``; 0 for invalid tokens.
+    prefill_chunk_plans : dict of str to PrefillChunkPlan
+        By windowed layer type name: the prefill chunk plan
+        (:mod:`staticattn.builders.swa.chunk_plan`); empty without prefills.
+    replay_start : int32 device ``(num_reqs,)`` or None
+        The batch's bounded-replay starts (0 for decodes); None without bounded replay.
+    positions : int64 device ``(T,)`` or None
+        The batch's token positions (the per-layer rows read them).
+    split_on_device : bool
+        The split is decided on the device (a mixed build): the int fields are capacities.
     tile_scheds : dict of str to tile-scheduler metadata holder or None
         By layer type name (every windowed type of the table): a fresh empty holder per
         type present in the model, None for absent types and when ``Td == 0``; see
@@ -93,6 +113,12 @@ class SparseSWAMetadata:
     c128a_prefill_lens: torch.Tensor | None = None
     tile_scheds: dict[str, Any] = field(default_factory=dict)
     step_counts: torch.Tensor | None = None
+    prefill_swa_indices: torch.Tensor | None = None
+    prefill_swa_lens: torch.Tensor | None = None
+    prefill_chunk_plans: dict[str, PrefillChunkPlan] = field(default_factory=dict)
+    replay_start: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    split_on_device: bool = False
 
     def tile_sched(self, layer_type: str) -> Any:
         """The tile-scheduler metadata holder of ``layer_type`` (a windowed type's name:

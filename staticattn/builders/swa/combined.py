@@ -1,0 +1,161 @@
+"""Per-layer index rows from a step's sparse SWA metadata: the prefill combined rows in
+workspace coordinates (``docs/spec/deepseek-v41.md`` §7.2) and the FlashInfer rows in paged
+coordinates (§7.3), both needing the layer's top-k, so built per layer (or per index
+source) by the step that runs the layers, inside its graph or eagerly.
+
+Outputs go to the builder's row scratch (``swa.row_scratch``, one layer's rows at a time:
+each call overwrites the previous one's) or to views the caller owns; nothing is allocated.
+From an eager build the rows cover the step's prefill tokens (combined) or all its tokens
+(FlashInfer); from a mixed build the bucket's capacity, rows past the real step -1 with
+length 0. Kernels: :mod:`staticattn.kernels.swa_combined`,
+:mod:`staticattn.kernels.swa_flashinfer`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.builders.swa.layout import combined_width, flashinfer_width, topk_columns
+from staticattn.builders.swa.metadata import SparseSWAMetadata
+from staticattn.errors import ArenaError, InvalidBatchError
+from staticattn.kernels.swa_combined import prefill_combined_rows
+from staticattn.kernels.swa_flashinfer import flashinfer_rows
+from staticattn.model import Reads, layer_type
+
+__all__ = ["IndexRows"]
+
+
+class IndexRows:
+    """Builds a layer's combined or FlashInfer rows from :class:`SparseSWAMetadata`.
+
+    Parameters
+    ----------
+    config : ArenaConfig
+    backend : {"torch", "triton"}
+    scratch : int32 device ``(T * width,)``;  scratch_lens : int32 device ``(T,)``
+        The builder's row scratch; ``width`` its widest row.
+    """
+
+    def __init__(self, config: ArenaConfig, backend: str, scratch: torch.Tensor,
+                 scratch_lens: torch.Tensor, max_tokens: int, width: int) -> None:
+        self.config = config
+        self.backend = backend
+        self._scratch = scratch
+        self._scratch_lens = scratch_lens
+        self._max_tokens = max_tokens
+        self._width = width
+
+    def prefill_combined(self, meta: SparseSWAMetadata, type_name: str,
+                         topk: torch.Tensor | None = None, *, topk_width: int | None = None,
+                         out: torch.Tensor | None = None,
+                         lens_out: torch.Tensor | None = None,
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefill combined rows of a layer of type ``type_name``.
+
+        Parameters
+        ----------
+        meta : SparseSWAMetadata
+            The step's metadata (with prefills: an eager build's or a mixed build's).
+        topk : int32 device ``(T, >= K)`` or None
+            The layer's top-k rows by token (local compressed indices, -1 padded; the
+            reference's ``topk_indices_buffer``); required for a top-k type, None for
+            SWA-only and for a type reading every entry (``k = c``).
+        topk_width : int, optional
+            ``K``; default the type's (``index_topk``, 0 for SWA-only, ``maxC`` for C128A,
+            which may take a narrower active width here).
+        out : int32 ``(>= rows, round_up(K + W, 128))`` contiguous, optional;  lens_out :
+        int32 ``(>= rows,)``, optional
+            Default: the builder's row scratch.
+
+        Returns
+        -------
+        (indices, lens) : int32 ``(rows, round_up(K + W, 128))``, ``(rows,)``
+            ``rows`` = ``meta.num_prefill_tokens`` (the bucket's tokens from a mixed build).
+        """
+        t = layer_type(type_name)
+        k = self._topk_width(t, topk, topk_width)
+        width = combined_width(self.config, t, k)
+        rows = meta.num_prefill_tokens if meta.num_prefills else 0
+        out, lens_out = self._outputs(out, lens_out, rows, width)
+        if rows:
+            plan = meta.prefill_chunk_plans[type_name]
+            counts = meta.step_counts if meta.split_on_device else (
+                meta.num_decodes, meta.num_decode_tokens,
+                meta.num_decode_tokens + meta.num_prefill_tokens)
+            prefill_combined_rows(
+                self.backend, out, lens_out, meta.positions, meta.token_to_req_indices,
+                meta.seq_lens, meta.prefill_gather_lens, plan.chunks, plan.num_chunks,
+                topk if t.reads is Reads.TOPK else None, ratio=plan.ratio, topk_width=k,
+                window=self.config.sliding_window, num_tokens=rows, counts=counts)
+        return out, lens_out
+
+    def flashinfer(self, meta: SparseSWAMetadata, type_name: str,
+                   topk: torch.Tensor | None = None, *,
+                   compressed_block_table: torch.Tensor | None = None,
+                   entries_per_page: int | None = None, out: torch.Tensor | None = None,
+                   lens_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The FlashInfer rows of a layer of type ``type_name``, every token of the step.
+
+        Parameters
+        ----------
+        meta : SparseSWAMetadata
+        topk : int32 device ``(T, >= K)`` or None
+            The layer's top-k rows by token; required for a top-k type.
+        compressed_block_table : int32 device ``(num_reqs, cols)`` or None
+            The block table of the layer's kv-source compressed cache; required for a
+            top-k type.
+        entries_per_page : int, optional
+            ``S``, compressed entries per page; default ``block_size // R``.
+        out : int32 ``(>= rows, W + round_up(K, 4))`` contiguous, optional;  lens_out :
+        int32 ``(>= rows,)``, optional
+
+        Returns
+        -------
+        (indices, lens) : int32 ``(rows, W + round_up(K, 4))``, ``(rows,)``;
+            ``rows`` = the step's tokens (the bucket's from a mixed build).
+        """
+        t = layer_type(type_name)
+        if t.reads is Reads.ALL:
+            raise InvalidBatchError(f"{type_name} reads every compressed entry; its FlashInfer "
+                                    "rows hold global slots, not a top-k: not served here")
+        k = topk_columns(self.config, t)
+        if k and (topk is None or compressed_block_table is None):
+            raise InvalidBatchError(f"{type_name} layers' FlashInfer rows need the layer's "
+                                    "topk rows and compressed_block_table")
+        rows = meta.slot_mapping.shape[0]
+        out, lens_out = self._outputs(out, lens_out, rows, flashinfer_width(self.config, t))
+        counts = meta.step_counts if meta.split_on_device else (meta.num_decode_tokens, rows)
+        flashinfer_rows(
+            self.backend, out, lens_out, meta.slot_mapping, meta.positions,
+            meta.token_to_req_indices, meta.block_table, meta.replay_start, topk,
+            compressed_block_table, swa_block_size=meta.block_size,
+            window=self.config.sliding_window, topk_width=k, ratio=t.compress_ratio,
+            entries_per_page=entries_per_page or t.entries_per_block(self.config.block_size),
+            num_tokens=rows, counts=counts)
+        return out, lens_out
+
+    def _topk_width(self, t, topk: torch.Tensor | None, topk_width: int | None) -> int:
+        k = topk_columns(self.config, t) if topk_width is None else topk_width
+        if t.reads is Reads.TOPK and (topk is None or topk.shape[-1] < k):
+            raise InvalidBatchError(f"{t.name} layers' combined rows need the layer's topk "
+                                    f"rows, at least {k} wide")
+        if t.reads is Reads.NONE and k:
+            raise InvalidBatchError(f"{t.name} layers read no compressed entries: topk_width "
+                                    "must be 0")
+        return k
+
+    def _outputs(self, out, lens_out, rows: int, width: int):
+        if out is None:
+            if width > self._width:
+                raise ArenaError(f"rows of {width} entries exceed the row scratch's "
+                                 f"{self._width}: pass out=")
+            out = self._scratch[: self._max_tokens * width].view(self._max_tokens, width)
+        if lens_out is None:
+            lens_out = self._scratch_lens
+        if out.shape[0] < rows or out.shape[-1] != width or out.stride(0) != width or (
+                lens_out.shape[0] < rows):
+            raise ArenaError(f"out must be contiguous rows ({rows}, {width}) and lens_out "
+                             f"({rows},); got {tuple(out.shape)} (row stride {out.stride(0)}) "
+                             f"and {tuple(lens_out.shape)}")
+        return out[:rows], lens_out[:rows]
