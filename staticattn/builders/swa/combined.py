@@ -80,9 +80,11 @@ class IndexRows:
         out, lens_out = self._outputs(out, lens_out, rows, width)
         if rows:
             plan = meta.prefill_chunk_plans[type_name]
+            # Eagerly the real tokens end at the last query start: graph padding after them
+            # belongs to no request and gets -1 / 0.
             counts = meta.step_counts if meta.split_on_device else (
                 meta.num_decodes, meta.num_decode_tokens,
-                meta.num_decode_tokens + meta.num_prefill_tokens)
+                int(meta.query_start_loc_cpu[meta.query_start_loc_cpu.shape[0] - 1]))
             prefill_combined_rows(
                 self.backend, out, lens_out, meta.positions, meta.token_to_req_indices,
                 meta.seq_lens, meta.prefill_gather_lens, plan.chunks, plan.num_chunks,

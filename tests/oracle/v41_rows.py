@@ -1,0 +1,111 @@
+"""Oracle of the per-layer index rows, in plain loops, from the spec's words only:
+prefill combined rows in workspace coordinates (``docs/spec/deepseek-v41.md`` §7.2,
+``vllm-0.33-extras.md`` §5.1 without images) and FlashInfer rows in paged coordinates
+(§7.3, extras §5.3).
+
+Definitions of staticattn's where the spec is silent: a -1 top-k entry stays -1 (V4.1's
+rule; V4's kernel would shift it); FlashInfer rows of invalid tokens are -1 with length
+``W`` (the decode rule, applied to prefill tokens too); rows past the real step -1 / 0.
+"""
+
+from __future__ import annotations
+
+from oracle.v41_swa import (
+    Step,
+    chunk_plan,
+    effective_replay,
+    gather_len,
+    num_decodes,
+    plan_ratio,
+    slot,
+    window,
+)
+from staticattn.arena import ArenaConfig
+
+
+def n_c(p: int, ratio: int) -> int:
+    """§1: ``floor((p + 1) / R)``; nothing for ``R = 0``."""
+    return (p + 1) // ratio if ratio else 0
+
+
+def combined(cfg: ArenaConfig, step: Step, layer_type, topk: list[list[int]], k: int,
+             rows: int, real_reqs: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """§7.2 rows ``i < rows`` (prefill token ``Td + i``), width ``round_up(K + W, 128)``;
+    ``topk[t]`` is token ``t``'s top-k row (None: ``k = c``). ``real_reqs``: the requests
+    the plan covers (a bucket's real ones), default all. Tokens of no request (graph
+    padding) are -1 / 0."""
+    w = cfg.sliding_window
+    width = -(-(k + w) // 128) * 128
+    _, owner, position = step.tokens()
+    nreq = len(step.query_lens) if real_reqs is None else real_reqs
+    d = num_decodes(step.query_lens, cfg.decode_threshold)
+    td, nt = sum(step.query_lens[:d]), sum(step.query_lens[:nreq])
+    replay = effective_replay(step, d, nreq)
+    ratio = plan_ratio(layer_type)
+    plan = chunk_plan(step.seq_lens[d:nreq], step.query_lens[d:nreq], ratio, w,
+                      cfg.max_model_len, cfg.max_num_batched_tokens)
+    out, lens = [], []
+    for i in range(rows):
+        t = td + i
+        row = [-1] * width
+        if t >= nt:
+            out.append(row)
+            lens.append(0)
+            continue
+        b, p = owner[t], position[t]
+        j = b - d
+        s, _, n, m = next(c for c in plan if c[0] <= j < c[1])
+        i_c = j - s
+        g = gather_len(step.query_lens[b], step.seq_lens[b], replay[b], w)
+        gather_start = step.seq_lens[b] - g
+        topk_len = max(min(n_c(p, ratio), k), 0)
+        for col in range(topk_len):
+            entry = col if topk is None else topk[t][col]
+            row[col] = entry + m * i_c if 0 <= entry < n else -1
+        swa_start = max(p - w + 1, gather_start)
+        swa_len = p - swa_start + 1
+        for o in range(swa_len):
+            row[topk_len + o] = m * i_c + n + (swa_start - gather_start) + o
+        out.append(row)
+        lens.append(topk_len + swa_len)
+    return out, lens
+
+
+def flashinfer(cfg: ArenaConfig, step: Step, layer_type, topk: list[list[int]] | None,
+               compressed_table: list[list[int]] | None, k: int, rows: int,
+               real_reqs: int | None = None) -> tuple[list[list[int]], list[int]]:
+    """§7.3 rows ``t < rows``, width ``W + round_up(K, 4)``. Every token of the step's
+    extent is a row (graph padding too: slot -1, length ``W``, as the reference's case 2);
+    rows past it -1 / 0."""
+    w, bs = cfg.sliding_window, cfg.swa_block_size
+    s_page = cfg.block_size // max(layer_type.compress_ratio, 1)
+    width = w + -(-k // 4) * 4
+    _, owner, position = step.tokens()
+    nreq = len(step.query_lens) if real_reqs is None else real_reqs
+    d = num_decodes(step.query_lens, cfg.decode_threshold)
+    td, nt = sum(step.query_lens[:d]), len(step.slots)
+    replay = effective_replay(step, d, nreq)
+    out, lens = [], []
+    for t in range(rows):
+        row = [-1] * width
+        if t >= nt:
+            out.append(row)
+            lens.append(0)
+            continue
+        if step.slots[t] < 0:
+            out.append(row)
+            lens.append(w)
+            continue
+        b, p = owner[t], position[t]
+        swa, _ = window(step.swa_table[b], p, w, bs, replay[b] if t >= td else 0, w)
+        row[:w] = swa
+        extra = 0
+        take = k if t < td else min(n_c(p, layer_type.compress_ratio), k)
+        for c in range(take):
+            entry = topk[t][c]
+            if entry >= 0:
+                row[w + c] = slot(compressed_table[b], entry, s_page)
+                extra += 1
+        out.append(row)
+        lens.append(w + (extra if t < td else take))
+    return out, lens
