@@ -28,8 +28,10 @@ from staticattn.kernels import (
     staging,
     swa_combined,
     swa_decode,
+    swa_draft,
     swa_flashinfer,
     swa_prefill,
+    swa_replay,
 )
 
 I32, I64, B = torch.int32, torch.int64, torch.bool
@@ -144,6 +146,18 @@ def cases():
                     "topk_width ratio entries_per_page width".split(), 1)}, dict(
                 WINDOW=128, SWA_BLOCK=32, HAS_REPLAY=device_counts, HAS_TOPK=has_topk,
                 DEVICE_COUNTS=device_counts, ROWS=2, BLOCK_W=128, BLOCK_K=128)
+    for device_counts in (True, False):
+        yield swa_replay._replay_kernel(), {
+            **ptrs("qsl seq_lens replay_start counts qsl_out query_lens_out kv_start_out "
+                   "rows_out token_to_req_out counts_out", I32),
+            **ptrs("slot_mapping positions positions_out slots_out", I64), **dict.fromkeys(
+                "k_static d_static num_reqs num_tokens window".split(), 1)}, dict(
+            DEVICE_COUNTS=device_counts, HAS_REPLAY=device_counts, BLOCK_T=16, BLOCK_R=256)
+        yield swa_draft._draft_kernel(), {
+            **ptrs("indices lens token_to_req qsl seq_lens swa_block_table counts", I32),
+            "is_valid": B, "slot_mapping": I64, **dict.fromkeys(
+                "swa_bt_stride nt_static num_tokens window".split(), 1)}, dict(
+            WIDTH=192, SWA_BLOCK=32, DEVICE_COUNTS=device_counts, ROWS=2, BLOCK_W=256)
 
     gather = {**ptrs("token_to_req qsl bt swa_bt counts swa_idx swa_len gather_lens "
                      "pre_seq_lens c_idx c_len cp_idx cp_len i_lens i_bt bounds num_chunks cu "

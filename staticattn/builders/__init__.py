@@ -38,12 +38,14 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.contract import MetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.builders.swa.draft import DraftSWAMetadataBuilder
+from staticattn.builders.swa.replay import DecoderReplayBuilder
 from staticattn.builders.validation.batch_checks import validate
 from staticattn.builders.validation.host import validate_host_step
 
 __all__ = [
-    "Batch", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",
-    "make_arena",
+    "Batch", "DecoderReplayBuilder", "DraftSWAMetadataBuilder", "IndexerMetadataBuilder",
+    "MetadataBuilder", "SparseSWAMetadataBuilder", "make_arena",
     "CONV1D_BLOCK_M", "KV_CACHE_LAYOUT_ENV", "KVCacheLayout", "ListReorderState",
     "ReorderState", "compute_causal_conv1d_metadata", "conv1d_buffers",
     "get_dcp_local_seq_lens", "get_kv_cache_layout", "is_valid_kv_cache_layout",

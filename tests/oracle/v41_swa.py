@@ -118,6 +118,15 @@ def prefill_rows(cfg: ArenaConfig, step: Step, td: int, nt: int, rows: int,
     return out, lens
 
 
+def decode_rows(cfg: ArenaConfig, step: Step, td: int) -> tuple[list[list[int]], list[int]]:
+    """§7.4 for the decode tokens ``t < td`` (decodes never replay); invalid tokens -1 / 0."""
+    _, owner, position = step.tokens()
+    w, bs = cfg.sliding_window, cfg.swa_block_size
+    out = [window(step.swa_table[owner[t]], position[t], w, bs, 0, w)
+           if step.slots[t] >= 0 else ([-1] * w, 0) for t in range(td)]
+    return [r for r, _ in out], [n for _, n in out]
+
+
 def plans(cfg: ArenaConfig, seq_lens: list[int], query_lens: list[int],
           chunk_size: int = CHUNK_SIZE) -> dict[str, list[tuple]]:
     """Every windowed type's plan over the given prefill requests."""

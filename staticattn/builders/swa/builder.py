@@ -52,29 +52,20 @@ entries on every rank.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
-from staticattn.builders.attention_utils.split import DecodePrefillSplit, split_decodes_and_prefills
+from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.swa.chunk_plan import PrefillChunkPlan, host_chunk_plan
 from staticattn.builders.swa.combined import IndexRows
-from staticattn.builders.swa.layout import (
-    PREFILL_CHUNK_SIZE,
-    plan_ratio,
-    plan_types,
-    row_scratch_width,
-    swa_buffers,
-)
+from staticattn.builders.swa.layout import PREFILL_CHUNK_SIZE, swa_buffers
 from staticattn.builders.swa.metadata import SparseSWAMetadata
-from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
+from staticattn.builders.swa.outputs import BoundViews
 from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.swa_decode import SWADecodeOutputs, build_swa_decode
-from staticattn.kernels.swa_prefill import ChunkPlanViews, prefill_gather_lens
+from staticattn.kernels.swa_decode import build_swa_decode
+from staticattn.kernels.swa_prefill import prefill_gather_lens
 
 __all__ = ["SparseSWAMetadataBuilder"]
 
@@ -91,6 +82,12 @@ class SparseSWAMetadataBuilder:
     ----------
     prefill_chunk_size : int
         ``C`` of the chunk plans' area budget (the reference's ``PREFILL_CHUNK_SIZE``, 4).
+    name : str
+        The metadata key and the buffers' prefix ("swa"); another for a second instance
+        (the decoder-replay sub-batch's, :mod:`.replay`).
+    row_scratch : bool
+        Declare the per-layer row scratch (:meth:`prefill_combined_rows`,
+        :meth:`flashinfer_rows`); without it they need caller-owned outputs.
 
     Examples
     --------
@@ -106,64 +103,41 @@ class SparseSWAMetadataBuilder:
     ((4, 1, 128), (4, 1, 128))
     """
 
-    name = "swa"
-
-    def __init__(self, *, prefill_chunk_size: int = PREFILL_CHUNK_SIZE) -> None:
+    def __init__(self, *, prefill_chunk_size: int = PREFILL_CHUNK_SIZE, name: str = "swa",
+                 row_scratch: bool = True) -> None:
+        self.name = name
+        self.prefill_chunk_size = prefill_chunk_size
+        self.row_scratch = row_scratch
         self._config: ArenaConfig | None = None
         self._backend = "torch"
-        self._out: SWADecodeOutputs | None = None
-        self._gather_lens = None
-        self._prefill_seq_lens = None
-        self._plans: ChunkPlanViews | None = None
-        self.prefill_chunk_size = prefill_chunk_size
-        self.layer_types: tuple[str, ...] = ()
+        self._views: BoundViews | None = None
         self._dense = (1, 0)
-        self.rows: IndexRows | None = None
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
         """The ``swa.*`` views: :func:`staticattn.builders.swa.layout.swa_buffers`. Raises
         :class:`ConfigError` without ``sliding_window``. Under decode context parallelism
         the same buffers serve (replicated, see the module docstring)."""
-        return swa_buffers(config)
+        return swa_buffers(config, self.name, row_scratch=self.row_scratch)
 
     def bind(self, arena: Arena) -> None:
         """Take the ``swa.*`` views of an allocated arena."""
         cfg = arena.config
         swa_buffers(cfg)  # the config checks
-        has_c128a = cfg.dense_layer_type is not None
-
-        def view(name: str):
-            return arena[f"swa.{name}"] if has_c128a else None
-
-        self._out = SWADecodeOutputs(
-            is_valid_token=arena["swa.is_valid_token"],
-            swa_indices=arena["swa.decode_swa_indices"],
-            swa_lens=arena["swa.decode_swa_lens"],
-            c128a_indices=view("c128a_decode_indices"),
-            c128a_lens=view("c128a_decode_lens"),
-            c128a_prefill_indices=view("c128a_prefill_indices"),
-            c128a_prefill_lens=view("c128a_prefill_lens"),
-            prefill_swa_indices=arena["swa.prefill_swa_indices"],
-            prefill_swa_lens=arena["swa.prefill_swa_lens"],
-        )
-        self._gather_lens = arena["swa.prefill_gather_lens"]
-        self._prefill_seq_lens = arena["swa.prefill_seq_lens"]
-        self._plans = ChunkPlanViews(
-            arena["swa.prefill_chunks"], arena["swa.prefill_num_chunks"],
-            tuple(plan_ratio(t) for t in plan_types(cfg)),
-            cfg.sliding_window + cfg.max_num_batched_tokens, cfg.max_model_len,
-            self.prefill_chunk_size)
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
-        self.layer_types = tuple(t.name for t in cfg.layer_types)
+        self._views = BoundViews(arena, self.name, self._backend, self.prefill_chunk_size)
         self._dense = _dense_entries(cfg)
         self._config = cfg
-        t = cfg.max_num_batched_tokens
-        self.rows = IndexRows(cfg, self._backend, arena["swa.row_scratch"],
-                              arena["swa.row_scratch_lens"], t, row_scratch_width(cfg))
-        # Views cut once per split and kept, per binding: a builder bound to another arena
-        # must never hand out views of the previous one.
-        self._output_views = functools.lru_cache(maxsize=4096)(self._cut_output_views)
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """The names of the model's layer types (each gets a tile-scheduler holder)."""
+        return self._views.layer_types if self._views is not None else ()
+
+    @property
+    def rows(self) -> IndexRows | None:
+        """The per-layer rows' builder over the row scratch (None without it)."""
+        return self._views.rows if self._views is not None else None
 
     @property
     def decode_threshold(self) -> int:
@@ -188,13 +162,14 @@ class SparseSWAMetadataBuilder:
         num_decodes, num_prefills, num_decode_tokens, _ = split
         self._check_decode_rows(num_decode_tokens)
         self._launch(batch, num_decode_tokens, num_decode_tokens, prefill_rows=num_prefills > 0)
+        v = self._views
         prefill_gather_lens(
             self._backend, batch.seq_lens, batch.query_start_loc, num_decodes, num_prefills,
-            cfg.sliding_window, self._gather_lens, replay_start=batch.replay_start,
-            plans=self._plans,
+            cfg.sliding_window, v.gather_lens, replay_start=batch.replay_start,
+            plans=v.plans,
         )
-        return self._metadata(batch, split, batch.seq_lens[num_decodes:],
-                              self._host_plans(batch, num_decodes) if num_prefills else None)
+        return v.metadata(batch, split, batch.seq_lens[num_decodes:],
+                          v.host_plans(batch, num_decodes) if num_prefills else None)
 
     def build_decode(self, batch: Batch) -> SparseSWAMetadata:
         """Graph-safe metadata for :meth:`Batch.for_decode_capture` (``num_reqs`` requests of
@@ -214,7 +189,7 @@ class SparseSWAMetadataBuilder:
             )
         self._check_decode_rows(num_tokens)
         self._launch(batch, num_tokens, num_tokens, prefill_rows=False)
-        return self._metadata(batch, (num_reqs, 0, num_tokens, 0), None)
+        return self._views.metadata(batch, (num_reqs, 0, num_tokens, 0), None)
 
     def build_mixed(self, batch: Batch) -> SparseSWAMetadata:
         """Graph-safe metadata for a step of any composition within a token bucket
@@ -234,25 +209,25 @@ class SparseSWAMetadataBuilder:
         r, t = batch.num_reqs, batch.num_actual_tokens
         rows = min(t, cfg.max_decode_tokens)
         self._launch(batch, 0, rows, prefill_rows=True, step_counts=batch.step_counts)
+        v = self._views
         prefill_gather_lens(
             self._backend, batch.seq_lens, batch.query_start_loc, 0, r, cfg.sliding_window,
-            self._gather_lens, self._prefill_seq_lens, batch.step_counts,
-            replay_start=batch.replay_start, plans=self._plans,
+            v.gather_lens, v.prefill_seq_lens, batch.step_counts,
+            replay_start=batch.replay_start, plans=v.plans,
         )
-        return self._metadata(batch, (r, r, rows, t), self._prefill_seq_lens[:r],
-                              split_on_device=True)
+        return v.metadata(batch, (r, r, rows, t), v.prefill_seq_lens[:r], split_on_device=True)
 
     # ------------------------------------------------------------- per-layer rows
     def prefill_combined_rows(self, meta: SparseSWAMetadata, layer_type: str,
                               topk: torch.Tensor | None = None, **kwargs):
-        """A layer's prefill rows in workspace coordinates: :meth:`IndexRows.
-        prefill_combined` (``docs/spec/deepseek-v41.md`` §7.2)."""
+        """A layer's prefill rows in workspace coordinates, from any build's ``meta``:
+        :meth:`IndexRows.prefill_combined` (``docs/spec/deepseek-v41.md`` §7.2)."""
         return self._bound_rows().prefill_combined(meta, layer_type, topk, **kwargs)
 
     def flashinfer_rows(self, meta: SparseSWAMetadata, layer_type: str,
                         topk: torch.Tensor | None = None, **kwargs):
-        """A layer's FlashInfer rows in paged coordinates: :meth:`IndexRows.flashinfer`
-        (``docs/spec/deepseek-v41.md`` §7.3)."""
+        """A layer's FlashInfer rows in paged coordinates, from any build's ``meta``:
+        :meth:`IndexRows.flashinfer` (``docs/spec/deepseek-v41.md`` §7.3)."""
         return self._bound_rows().flashinfer(meta, layer_type, topk, **kwargs)
 
     # ------------------------------------------------------------------- helpers
@@ -263,6 +238,9 @@ class SparseSWAMetadataBuilder:
 
     def _bound_rows(self) -> IndexRows:
         self._bound_config()
+        if self.rows is None:
+            raise ArenaError(f"builder {self.name!r} has no row scratch (row_scratch=False); "
+                             "build per-layer rows with a builder that has one")
         return self.rows
 
     def _check_batch(self, batch: Batch) -> None:
@@ -298,80 +276,11 @@ class SparseSWAMetadataBuilder:
                 prefill_rows: bool, step_counts: torch.Tensor | None = None) -> None:
         cfg = self._bound_config()
         build_swa_decode(
-            self._backend, self._out, batch.slot_mapping, batch.positions, batch.token_to_req,
-            batch.swa_block_table, cfg.swa_block_size, batch.block_table,
+            self._backend, self._views.out, batch.slot_mapping, batch.positions,
+            batch.token_to_req, batch.swa_block_table, cfg.swa_block_size, batch.block_table,
             *self._dense, batch.num_actual_tokens, num_decode_tokens,
             decode_rows=decode_rows, prefill_rows=prefill_rows, step_counts=step_counts,
             replay_start=batch.replay_start if prefill_rows else None,
-        )
-
-    def _host_plans(self, batch: Batch, num_decodes: int) -> dict[str, list]:
-        """Every windowed type's chunk plan from the batch's host lengths (eager only)."""
-        _, query_lens, seq_lens = batch.host_arrays()
-        plans = self._plans
-        return {t.name: host_chunk_plan(seq_lens[num_decodes:], query_lens[num_decodes:],
-                                        ratio, self._bound_config().sliding_window,
-                                        plans.budget(ratio))
-                for t, ratio in zip(plan_types(self._config), plans.ratios)}
-
-    def _metadata(self, batch: Batch, split: DecodePrefillSplit,
-                  prefill_seq_lens: torch.Tensor | None, host_plans: dict | None = None, *,
-                  split_on_device: bool = False) -> SparseSWAMetadata:
-        cfg = self._bound_config()
-        num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
-        views = self._output_views(batch.num_actual_tokens, num_decode_tokens, num_prefills,
-                                   num_prefill_tokens)
-        scheds = tile_scheduler_metas(self.layer_types, num_decode_tokens)
-        plans = {}
-        if num_prefills:
-            p = self._plans
-            plans = {t.name: PrefillChunkPlan(t, ratio, p.chunks[j], p.num_chunks[j : j + 1],
-                                              None if host_plans is None
-                                              else host_plans.get(t.name))
-                     for j, (t, ratio) in enumerate(zip(plan_types(cfg), p.ratios))}
-        return SparseSWAMetadata(
-            query_start_loc=batch.query_start_loc,
-            query_start_loc_cpu=batch.query_start_loc_cpu,
-            seq_lens=batch.seq_lens,
-            block_table=batch.swa_block_table,
-            slot_mapping=batch.slot_mapping,
-            block_size=cfg.swa_block_size,
-            window_size=cfg.sliding_window,
-            token_to_req_indices=batch.token_to_req,
-            num_decodes=num_decodes,
-            num_prefills=num_prefills,
-            num_decode_tokens=num_decode_tokens,
-            num_prefill_tokens=num_prefill_tokens,
-            prefill_seq_lens=prefill_seq_lens if num_prefills else None,
-            tile_scheds=scheds,
-            step_counts=batch.step_counts,
-            prefill_chunk_plans=plans,
-            replay_start=batch.replay_start,
-            positions=batch.positions,
-            split_on_device=split_on_device,
-            **views,
-        )
-
-    def _cut_output_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
-                          num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:
-        """The builder's own views for a split, cut once per split (slicing costs over a
-        microsecond a view, and steps repeat their splits)."""
-        out = self._out
-        has_c128a = out.c128a_indices is not None
-        prefill_c128a = has_c128a and num_prefills > 0
-        td, tp = num_decode_tokens, num_prefill_tokens
-        pre = num_prefills > 0
-        return dict(
-            is_valid_token=out.is_valid_token[:num_tokens],
-            decode_swa_indices=out.swa_indices[:td],
-            decode_swa_lens=out.swa_lens[:td],
-            c128a_decode_indices=out.c128a_indices[:td] if has_c128a else None,
-            c128a_decode_lens=out.c128a_lens[:td] if has_c128a else None,
-            prefill_gather_lens=self._gather_lens[:num_prefills] if pre else None,
-            c128a_prefill_indices=out.c128a_prefill_indices[:tp] if prefill_c128a else None,
-            c128a_prefill_lens=out.c128a_prefill_lens[:tp] if prefill_c128a else None,
-            prefill_swa_indices=out.prefill_swa_indices[:tp] if pre else None,
-            prefill_swa_lens=out.prefill_swa_lens[:tp] if pre else None,
         )
 
 

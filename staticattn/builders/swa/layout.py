@@ -76,8 +76,10 @@ def row_scratch_width(config: ArenaConfig) -> int:
     return max(widths, default=combined_width(config, plan_types(config)[0], 0))
 
 
-def swa_buffers(config: ArenaConfig) -> list[BufferDecl]:
-    """The ``swa.*`` declarations (``Td = max_decode_tokens``, ``T =
+def swa_buffers(config: ArenaConfig, prefix: str = "swa", *,
+                row_scratch: bool = True) -> list[BufferDecl]:
+    """The ``swa.*`` declarations (``prefix.*`` for another prefix; without the row scratch
+    when ``row_scratch`` is False) (``Td = max_decode_tokens``, ``T =
     max_num_batched_tokens``, ``R = max_num_seqs``, ``W = sliding_window``, ``Wp =``
     :func:`prefill_swa_width`, ``maxC = dense_width``, ``J`` = windowed types):
 
@@ -105,26 +107,27 @@ def swa_buffers(config: ArenaConfig) -> list[BufferDecl]:
         )
     td, t, w = config.max_decode_tokens, config.max_num_batched_tokens, config.sliding_window
     r, plans = config.max_num_seqs, len(plan_types(config))
-    decls = [
-        BufferDecl("swa.is_valid_token", (t,), torch.bool),
-        BufferDecl("swa.decode_swa_indices", (td, 1, w), torch.int32, fill=-1),
-        BufferDecl("swa.decode_swa_lens", (td,), torch.int32),
-        BufferDecl("swa.prefill_gather_lens", (r,), torch.int32),
-        BufferDecl("swa.prefill_seq_lens", (r,), torch.int32),
-        BufferDecl("swa.prefill_swa_indices", (t, 1, prefill_swa_width(config)), torch.int32,
-                   fill=-1),
-        BufferDecl("swa.prefill_swa_lens", (t,), torch.int32),
-        BufferDecl("swa.prefill_chunks", (plans, r, 4), torch.int32),
-        BufferDecl("swa.prefill_num_chunks", (plans,), torch.int32),
-        BufferDecl("swa.row_scratch", (t * row_scratch_width(config),), torch.int32, fill=-1),
-        BufferDecl("swa.row_scratch_lens", (t,), torch.int32),
+    shapes = [
+        ("is_valid_token", (t,), torch.bool, 0),
+        ("decode_swa_indices", (td, 1, w), torch.int32, -1),
+        ("decode_swa_lens", (td,), torch.int32, 0),
+        ("prefill_gather_lens", (r,), torch.int32, 0),
+        ("prefill_seq_lens", (r,), torch.int32, 0),
+        ("prefill_swa_indices", (t, 1, prefill_swa_width(config)), torch.int32, -1),
+        ("prefill_swa_lens", (t,), torch.int32, 0),
+        ("prefill_chunks", (plans, r, 4), torch.int32, 0),
+        ("prefill_num_chunks", (plans,), torch.int32, 0),
     ]
+    if row_scratch:
+        shapes += [("row_scratch", (t * row_scratch_width(config),), torch.int32, -1),
+                   ("row_scratch_lens", (t,), torch.int32, 0)]
     if config.dense_layer_type is not None:
         max_c = config.dense_width
-        decls += [
-            BufferDecl("swa.c128a_decode_indices", (td, 1, max_c), torch.int32, fill=-1),
-            BufferDecl("swa.c128a_decode_lens", (td,), torch.int32),
-            BufferDecl("swa.c128a_prefill_indices", (t, max_c), torch.int32, fill=-1),
-            BufferDecl("swa.c128a_prefill_lens", (t,), torch.int32),
+        shapes += [
+            ("c128a_decode_indices", (td, 1, max_c), torch.int32, -1),
+            ("c128a_decode_lens", (td,), torch.int32, 0),
+            ("c128a_prefill_indices", (t, max_c), torch.int32, -1),
+            ("c128a_prefill_lens", (t,), torch.int32, 0),
         ]
-    return decls
+    return [BufferDecl(f"{prefix}.{name}", shape, dtype, fill=fill)
+            for name, shape, dtype, fill in shapes]
