@@ -69,7 +69,8 @@ def window_start(pos: torch.Tensor, window: int,
                  replay_start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``(start, len)`` of the window of a token at ``pos``: ``start = max(p - W + 1,
     replay_start, 0)``, ``len = max(p - start + 1, 0)`` (``docs/spec/deepseek-v41.md``
-    §7.4); without ``replay_start`` the last ``min(p + 1, W)`` positions."""
+    §7.4); without ``replay_start`` the last ``min(p + 1, W)`` positions. Int tensors of
+    any shape (broadcast), the result in their dtype and shape."""
     start = (pos - window + 1).clamp(min=0)
     if replay_start is not None:
         start = torch.maximum(start, replay_start)
@@ -83,8 +84,10 @@ def _complete_groups(pos: torch.Tensor, ratio: int, width: int) -> torch.Tensor:
 
 def gather_slots(table, req, first, count, live, width, entries_per_block) -> torch.Tensor:
     """Rows of ``width``: flat slots of entries ``first .. first + count - 1`` of each row's
-    request through ``table``, -1 past ``count`` or for dead rows. Masked entries index
-    entry 0 of the request so every gather stays in range (all operands non-negative)."""
+    request through ``table`` (int32 ``(num_reqs, cols)``), -1 past ``count`` or for dead
+    rows; ``req``, ``first``, ``count``, ``live`` int / bool ``(rows, 1)``, the result int32
+    ``(rows, width)``. Masked entries index entry 0 of the request so every gather stays in
+    range (all operands non-negative)."""
     o = torch.arange(width, device=table.device, dtype=torch.int32)
     keep = live & (o < count)
     entry = torch.where(keep, first + o, 0)

@@ -221,13 +221,16 @@ class SparseSWAMetadataBuilder:
     def prefill_combined_rows(self, meta: SparseSWAMetadata, layer_type: str,
                               topk: torch.Tensor | None = None, **kwargs):
         """A layer's prefill rows in workspace coordinates, from any build's ``meta``:
-        :meth:`IndexRows.prefill_combined` (``docs/spec/deepseek-v41.md`` §7.2)."""
+        :meth:`IndexRows.prefill_combined` (``docs/spec/deepseek-v41.md`` §7.2). ``topk``:
+        int32 ``(T, >= K)``, the layer's top-k rows by token; returns int32 ``(rows,
+        round_up(K + W, 128))`` and ``(rows,)``."""
         return self._bound_rows().prefill_combined(meta, layer_type, topk, **kwargs)
 
     def flashinfer_rows(self, meta: SparseSWAMetadata, layer_type: str,
                         topk: torch.Tensor | None = None, **kwargs):
         """A layer's FlashInfer rows in paged coordinates, from any build's ``meta``:
-        :meth:`IndexRows.flashinfer` (``docs/spec/deepseek-v41.md`` §7.3)."""
+        :meth:`IndexRows.flashinfer` (``docs/spec/deepseek-v41.md`` §7.3). ``topk``: int32
+        ``(T, >= K)``; returns int32 ``(T, W + round_up(K, 4))`` and ``(T,)``."""
         return self._bound_rows().flashinfer(meta, layer_type, topk, **kwargs)
 
     # ------------------------------------------------------------------- helpers

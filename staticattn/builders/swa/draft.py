@@ -99,12 +99,14 @@ class DraftSWAMetadataBuilder:
         return q, min(config.max_num_batched_tokens, config.max_num_seqs * q), width
 
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
+        """The ``swa_draft.*`` declarations (class docstring)."""
         _, t, width = self._extent(config)
         return [BufferDecl("swa_draft.is_valid_token", (t,), torch.bool),
                 BufferDecl("swa_draft.swa_indices", (t, 1, width), torch.int32, fill=-1),
                 BufferDecl("swa_draft.swa_lens", (t,), torch.int32)]
 
     def bind(self, arena: Arena) -> None:
+        """Take the ``swa_draft.*`` views of an allocated arena."""
         self._extent(arena.config)
         self._views = {name: arena[f"swa_draft.{name}"]
                        for name in ("is_valid_token", "swa_indices", "swa_lens")}

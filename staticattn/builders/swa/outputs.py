@@ -81,7 +81,7 @@ class BoundViews:
                  prefill_seq_lens: torch.Tensor | None, host_plans: dict | None = None, *,
                  split_on_device: bool = False) -> SparseSWAMetadata:
         """The record of a build with ``split`` ``(D, P, Td, Tp)`` (capacities when
-        ``split_on_device``)."""
+        ``split_on_device``); ``prefill_seq_lens`` int32 ``(P,)`` or None."""
         cfg = self.config
         num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens = split
         views = self._views(batch.num_actual_tokens, num_decode_tokens, num_prefills,

@@ -96,6 +96,7 @@ class DecoderReplayBuilder:
         return [self.swa] + ([self.first] if self.first is not None else [])
 
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
+        """The ``replay.*`` declarations and the SWA builders' (class docstring)."""
         r, t = config.max_num_seqs, config.max_num_batched_tokens
         decls = [
             BufferDecl("replay.query_start_loc", (r + 1,), torch.int32),
@@ -113,6 +114,7 @@ class DecoderReplayBuilder:
         return decls
 
     def bind(self, arena: Arena) -> None:
+        """Take the views of an allocated arena (and bind the SWA builders)."""
         v = {name: arena[f"replay.{name}"] for name in (
             "query_start_loc", "query_lens", "kv_start", "rows", "token_to_req", "positions",
             "slot_mapping", "step_counts")}
