@@ -16,10 +16,11 @@ from v41_steps import (
     oracle_step,
     replayed_steps,
     stage_eager,
+    world,
 )
 
 from staticattn.arena import ArenaConfig
-from staticattn.builders import Batch, make_arena
+from staticattn.builders import Batch
 from staticattn.builders.swa.draft import DraftSWAMetadataBuilder, draft_swa_width
 from staticattn.errors import ConfigError
 
@@ -28,11 +29,7 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 @functools.cache
 def _world(name: str, backend: str):
-    cfg = (ArenaConfig(**{**EXAMPLE_V41, "kernel_backend": backend}) if name == "example"
-           else CONFIGS[name](kernel_backend=backend))
-    builder = DraftSWAMetadataBuilder()
-    _, inputs = make_arena(cfg, [builder])
-    return cfg, builder, inputs
+    return world(name, backend, DraftSWAMetadataBuilder())
 
 
 def test_example_non_causal_window(backend):

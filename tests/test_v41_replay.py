@@ -16,16 +16,15 @@ from oracle import v41_replay, v41_swa
 from test_mixed_builds import bucket_for
 from v41_steps import (
     CONFIGS,
-    EXAMPLE_V41,
     example_step,
     oracle_step,
     replayed_steps,
     stage_bucket,
     stage_eager,
+    world,
 )
 
-from staticattn.arena import ArenaConfig
-from staticattn.builders import Batch, make_arena
+from staticattn.builders import Batch
 from staticattn.builders.swa.replay import DecoderReplayBuilder
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
@@ -33,11 +32,7 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 
 @functools.cache
 def _world(name: str, backend: str):
-    cfg = (ArenaConfig(**{**EXAMPLE_V41, "kernel_backend": backend}) if name == "example"
-           else CONFIGS[name](kernel_backend=backend))
-    builder = DecoderReplayBuilder()
-    _, inputs = make_arena(cfg, [builder])
-    return cfg, builder, inputs
+    return world(name, backend, DecoderReplayBuilder())
 
 
 def test_case5_sub_batch(backend):

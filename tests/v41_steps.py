@@ -10,7 +10,7 @@ from oracle.v41_swa import Step
 from support import DEVICE, HostStep, _t, host_steps, slots_for
 
 from staticattn.arena import ArenaConfig
-from staticattn.builders import Batch
+from staticattn.builders import Batch, make_arena
 
 #: The worked examples' geometry (docs/spec/deepseek-v41.md §11): W = 4, SWA pages of 4,
 #: compressed kernel block 8, K = 4, types {swaonly, c2a, c1a}, one draft token.
@@ -29,6 +29,15 @@ CONFIGS = {
         "deepseek-v4.1-flash", **{**SMALL, "sliding_window": 16, "swa_block_size": 8,
                                   "block_size": 16, "index_topk": 8, **kw}),
 }
+
+
+def world(name: str, backend: str, builder):
+    """``(config, builder, inputs)``: an arena of the worked examples' geometry ("example")
+    or of a :data:`CONFIGS` shape, with ``builder`` bound."""
+    cfg = (ArenaConfig(**{**EXAMPLE_V41, "kernel_backend": backend}) if name == "example"
+           else CONFIGS[name](kernel_backend=backend))
+    _, inputs = make_arena(cfg, [builder])
+    return cfg, builder, inputs
 
 
 def table_rows(cfg: ArenaConfig, rows: list[list[int]], num_reqs: int) -> np.ndarray:

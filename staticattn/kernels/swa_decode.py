@@ -52,6 +52,7 @@ from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.swa_decode_torch import build_torch
+from staticattn.kernels.swa_window import window_rows_jit
 
 __all__ = ["SWADecodeOutputs", "build_swa_decode"]
 
@@ -186,25 +187,6 @@ def _swa_decode_kernel():
     import triton.language as tl
 
     @triton.jit
-    def window_rows(indices, lens, rows, row_mask, live, req, start, n, swa_block_table,
-                    swa_bt_stride, WIDTH: tl.constexpr, SWA_BLOCK: tl.constexpr,
-                    BLOCK_W: tl.constexpr):
-        """Rows ``rows`` (masked by ``row_mask``) of ``WIDTH``: the flat SWA slots of
-        positions ``start .. start + n - 1`` of request ``req``, then -1; length ``n``, 0 and
-        a row of -1 where not ``live``."""
-        n = tl.where(live, n, 0)
-        tl.store(lens + rows, n, mask=row_mask)
-        o = tl.arange(0, BLOCK_W)
-        keep = o[None, :] < n[:, None]
-        # Masked entries are 0, so // and % (truncating in Triton) see no negatives.
-        p = tl.where(keep, start[:, None] + o[None, :], 0)
-        blk = tl.load(swa_block_table + req[:, None] * swa_bt_stride + p // SWA_BLOCK,
-                      mask=keep, other=0)
-        tl.store(indices + rows.to(tl.int64)[:, None] * WIDTH + o[None, :],
-                 tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
-                 mask=row_mask[:, None] & (o[None, :] < WIDTH))
-
-    @triton.jit
     def c128a_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
                    LOCAL: tl.constexpr, WIDTH: tl.constexpr, ENTRIES: tl.constexpr,
                    BLOCK_C: tl.constexpr):
@@ -226,6 +208,7 @@ def _swa_decode_kernel():
                      mask=live_mask[:, None] & (e[None, :] < reach_row[:, None]))
         tl.store(lens + rows, n_new, mask=live_mask)
 
+    window_rows = window_rows_jit()
     publish(globals(), window_rows, c128a_rows)
 
     @triton.jit(do_not_specialize=["num_tokens", "num_decode_tokens", "decode_rows"])
@@ -260,9 +243,9 @@ def _swa_decode_kernel():
             pos = tl.load(positions + i, mask=live, other=0).to(tl.int32)
             # Decodes never replay (docs/spec/deepseek-v41.md §8.1): no clamp here.
             start = tl.maximum(pos - WINDOW + 1, 0)
-            window_rows(swa_indices_out, swa_lens_out, i, is_row, live, req, start,
+            window_rows(swa_indices_out, WINDOW, swa_lens_out, i, is_row, live, req, start,
                         tl.maximum(pos - start + 1, 0), swa_block_table, swa_bt_stride,
-                        WINDOW, SWA_BLOCK, BLOCK_W)
+                        WINDOW, SWA_BLOCK, BLOCK_W, True)
             if HAS_C128A:
                 n_c = tl.minimum(tl.maximum(pos + 1, 0) // C128A_RATIO, C128A_WIDTH)
                 c128a_rows(c128a_indices_out, c128a_lens_out, i, is_row,
@@ -286,9 +269,10 @@ def _swa_decode_kernel():
                 if HAS_REPLAY:
                     start_p = tl.maximum(start_p, tl.load(replay_start + req_p, mask=live_s,
                                                           other=0))
-                window_rows(prefill_swa_out, prefill_swa_lens_out, i, in_step, live_s, req_p,
-                            start_p, tl.maximum(pos_p - start_p + 1, 0), swa_block_table,
-                            swa_bt_stride, PREFILL_WIDTH, SWA_BLOCK, BLOCK_W)
+                window_rows(prefill_swa_out, PREFILL_WIDTH, prefill_swa_lens_out, i, in_step,
+                            live_s, req_p, start_p, tl.maximum(pos_p - start_p + 1, 0),
+                            swa_block_table, swa_bt_stride, PREFILL_WIDTH, SWA_BLOCK, BLOCK_W,
+                            True)
 
     return swa_decode_kernel
 

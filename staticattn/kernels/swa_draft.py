@@ -15,9 +15,10 @@ import torch
 
 from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_TOKENS
 from staticattn.kernels.swa_decode_torch import gather_slots
+from staticattn.kernels.swa_window import window_rows_jit
 
 __all__ = ["draft_swa_rows"]
 
@@ -74,6 +75,9 @@ def _draft_kernel():
     import triton
     import triton.language as tl
 
+    window_rows = window_rows_jit()
+    publish(globals(), window_rows)
+
     @triton.jit(do_not_specialize=["swa_bt_stride", "nt_static", "num_tokens", "window"])
     def draft_kernel(indices, lens, is_valid, slot_mapping, token_to_req, qsl, seq_lens,
                      swa_block_table, swa_bt_stride, counts, nt_static, num_tokens, window,
@@ -92,15 +96,7 @@ def _draft_kernel():
         length = tl.load(seq_lens + req, mask=live, other=0)
         q = tl.load(qsl + req + 1, mask=live, other=0) - tl.load(qsl + req, mask=live, other=0)
         start = tl.maximum(length - q - window, 0)
-        n = tl.where(live, length - start, 0)
-        tl.store(lens + t, n, mask=in_rows)
-        o = tl.arange(0, BLOCK_W)
-        keep = o[None, :] < n[:, None]
-        p = tl.where(keep, start[:, None] + o[None, :], 0)
-        blk = tl.load(swa_block_table + req[:, None] * swa_bt_stride + p // SWA_BLOCK,
-                      mask=keep, other=0)
-        tl.store(indices + t.to(tl.int64)[:, None] * WIDTH + o[None, :],
-                 tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
-                 mask=in_rows[:, None] & (o[None, :] < WIDTH))
+        window_rows(indices, WIDTH, lens, t, in_rows, live, req, start, length - start,
+                    swa_block_table, swa_bt_stride, WIDTH, SWA_BLOCK, BLOCK_W, True)
 
     return draft_kernel

@@ -27,9 +27,10 @@ import torch
 
 from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_TOKENS
 from staticattn.kernels.swa_decode_torch import gather_slots, window_start
+from staticattn.kernels.swa_window import window_rows_jit
 
 __all__ = ["flashinfer_rows"]
 
@@ -133,6 +134,9 @@ def _flashinfer_kernel():
     import triton
     import triton.language as tl
 
+    window_rows = window_rows_jit()
+    publish(globals(), window_rows)
+
     @triton.jit(do_not_specialize=["swa_bt_stride", "topk_stride", "cbt_stride", "td_static",
                                    "nt_static", "num_tokens", "topk_width", "ratio",
                                    "entries_per_page", "width"])
@@ -160,15 +164,10 @@ def _flashinfer_kernel():
         if HAS_REPLAY:
             rs = tl.load(replay_start + req, mask=valid & (t >= td), other=0)
             start = tl.maximum(start, rs)
-        n = tl.where(valid, tl.maximum(pos - start + 1, 0), 0)
-        o = tl.arange(0, BLOCK_W)
-        keep = o[None, :] < n[:, None]
-        p = tl.where(keep, start[:, None] + o[None, :], 0)
-        blk = tl.load(swa_block_table + req[:, None] * swa_bt_stride + p // SWA_BLOCK,
-                      mask=keep, other=0)
+        window_rows(out, width, lens_out, t, in_rows, valid, req, start,
+                    tl.maximum(pos - start + 1, 0), swa_block_table, swa_bt_stride, WINDOW,
+                    SWA_BLOCK, BLOCK_W, False)
         row = out + t.to(tl.int64)[:, None] * width
-        tl.store(row + o[None, :], tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
-                 mask=in_rows[:, None] & (o[None, :] < WINDOW))
         extra = tl.zeros([ROWS], tl.int32)
         if HAS_TOPK:
             n_c = tl.where(ratio > 0, tl.maximum(pos + 1, 0) // tl.maximum(ratio, 1), 0)

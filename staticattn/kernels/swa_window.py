@@ -1,0 +1,43 @@
+"""The one Triton helper that writes sliding-window rows, shared by the SWA kernels (decode
+and paged prefill rows, FlashInfer rows, DSpark draft rows)."""
+
+from __future__ import annotations
+
+from staticattn.kernels.lazy import lazy_jit
+
+__all__ = ["window_rows_jit"]
+
+
+@lazy_jit
+def window_rows_jit():
+    """The ``@triton.jit`` helper ``window_rows`` (define on first use; publish it into the
+    calling kernel's module with :func:`~staticattn.kernels.lazy.publish`)."""
+    import triton
+    import triton.language as tl
+
+    # Interpreted Triton wants triton.language among a jit function's module globals (a
+    # kernel's own module gets it when the kernel is rewritten; this helper lives here).
+    globals()["tl"] = tl
+
+    @triton.jit
+    def window_rows(indices, row_stride, lens, rows, row_mask, live, req, start, n,
+                    swa_block_table, swa_bt_stride, WIDTH: tl.constexpr,
+                    SWA_BLOCK: tl.constexpr, BLOCK_W: tl.constexpr, STORE_LENS: tl.constexpr):
+        """Rows ``rows`` (masked by ``row_mask``, ``row_stride`` apart), columns ``[0,
+        WIDTH)``: the flat SWA slots of positions ``start .. start + n - 1`` of request
+        ``req``, then -1; where not ``live`` a row of -1. With ``STORE_LENS`` the length
+        too (``n``, 0 where not ``live``)."""
+        n = tl.where(live, n, 0)
+        if STORE_LENS:
+            tl.store(lens + rows, n, mask=row_mask)
+        o = tl.arange(0, BLOCK_W)
+        keep = o[None, :] < n[:, None]
+        # Masked entries are 0, so // and % (truncating in Triton) see no negatives.
+        p = tl.where(keep, start[:, None] + o[None, :], 0)
+        blk = tl.load(swa_block_table + req[:, None] * swa_bt_stride + p // SWA_BLOCK,
+                      mask=keep, other=0)
+        tl.store(indices + rows.to(tl.int64)[:, None] * row_stride + o[None, :],
+                 tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
+                 mask=row_mask[:, None] & (o[None, :] < WIDTH))
+
+    return window_rows
