@@ -33,9 +33,9 @@ staging's ``step_counts`` on the device (a step of any composition). Example (W 
 a token at ``p = 4`` whose request's SWA block row is ``[7, 2]`` gets ``[29, 30, 31, 8]``,
 length 4; with ``replay_start = 3`` as a prefill token, ``[31, 8]``, length 2.
 
-C128A rows are up to ``maxC`` wide (8,192 at a 1M context), so the Triton kernel writes a row
-only up to the longer of its new length and the length it had before, and keeps the rest of
-the row as it is: -1. That invariant (entries at or past a row's length are -1) holds from the
+C128A rows are up to ``maxC`` wide (8,192 at a 1M context), and the paged prefill rows fill a
+bucket's whole capacity, so the Triton kernel writes such a row only up to the longer of its
+new length and the length it had before, and keeps the rest of the row as it is: -1. That invariant (entries at or past a row's length are -1) holds from the
 arena's fill on, for every writer of these rows; the cost of a step then follows its actual
 contexts, not ``max_model_len``. The torch version (:mod:`.swa_decode_torch`) writes whole
 rows.
@@ -245,7 +245,7 @@ def _swa_decode_kernel():
             start = tl.maximum(pos - WINDOW + 1, 0)
             window_rows(swa_indices_out, WINDOW, swa_lens_out, i, is_row, live, req, start,
                         tl.maximum(pos - start + 1, 0), swa_block_table, swa_bt_stride,
-                        WINDOW, SWA_BLOCK, BLOCK_W, True)
+                        WINDOW, SWA_BLOCK, BLOCK_W, True, False)
             if HAS_C128A:
                 n_c = tl.minimum(tl.maximum(pos + 1, 0) // C128A_RATIO, C128A_WIDTH)
                 c128a_rows(c128a_indices_out, c128a_lens_out, i, is_row,
@@ -272,7 +272,7 @@ def _swa_decode_kernel():
                 window_rows(prefill_swa_out, PREFILL_WIDTH, prefill_swa_lens_out, i, in_step,
                             live_s, req_p, start_p, tl.maximum(pos_p - start_p + 1, 0),
                             swa_block_table, swa_bt_stride, PREFILL_WIDTH, SWA_BLOCK, BLOCK_W,
-                            True)
+                            True, True)
 
     return swa_decode_kernel
 

@@ -97,6 +97,6 @@ def _draft_kernel():
         q = tl.load(qsl + req + 1, mask=live, other=0) - tl.load(qsl + req, mask=live, other=0)
         start = tl.maximum(length - q - window, 0)
         window_rows(indices, WIDTH, lens, t, in_rows, live, req, start, length - start,
-                    swa_block_table, swa_bt_stride, WIDTH, SWA_BLOCK, BLOCK_W, True)
+                    swa_block_table, swa_bt_stride, WIDTH, SWA_BLOCK, BLOCK_W, True, False)
 
     return draft_kernel

@@ -166,7 +166,7 @@ def _flashinfer_kernel():
             start = tl.maximum(start, rs)
         window_rows(out, width, lens_out, t, in_rows, valid, req, start,
                     tl.maximum(pos - start + 1, 0), swa_block_table, swa_bt_stride, WINDOW,
-                    SWA_BLOCK, BLOCK_W, False)
+                    SWA_BLOCK, BLOCK_W, False, False)
         row = out + t.to(tl.int64)[:, None] * width
         extra = tl.zeros([ROWS], tl.int32)
         if HAS_TOPK:

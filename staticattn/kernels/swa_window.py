@@ -22,15 +22,22 @@ def window_rows_jit():
     @triton.jit
     def window_rows(indices, row_stride, lens, rows, row_mask, live, req, start, n,
                     swa_block_table, swa_bt_stride, WIDTH: tl.constexpr,
-                    SWA_BLOCK: tl.constexpr, BLOCK_W: tl.constexpr, STORE_LENS: tl.constexpr):
+                    SWA_BLOCK: tl.constexpr, BLOCK_W: tl.constexpr, STORE_LENS: tl.constexpr,
+                    INCREMENTAL: tl.constexpr):
         """Rows ``rows`` (masked by ``row_mask``, ``row_stride`` apart), columns ``[0,
         WIDTH)``: the flat SWA slots of positions ``start .. start + n - 1`` of request
         ``req``, then -1; where not ``live`` a row of -1. With ``STORE_LENS`` the length
-        too (``n``, 0 where not ``live``)."""
+        too (``n``, 0 where not ``live``). ``INCREMENTAL`` (with ``STORE_LENS``): a row's
+        entries at or past its stored length are -1 already (every writer keeps them so, from
+        the buffer's fill on), so only the columns below the longer of the old and the new
+        length are written: the cost follows the step's windows, not the buffer's rows."""
         n = tl.where(live, n, 0)
+        o = tl.arange(0, BLOCK_W)
+        reach = tl.zeros_like(n) + WIDTH
+        if INCREMENTAL:
+            reach = tl.maximum(n, tl.load(lens + rows, mask=row_mask, other=0))
         if STORE_LENS:
             tl.store(lens + rows, n, mask=row_mask)
-        o = tl.arange(0, BLOCK_W)
         keep = o[None, :] < n[:, None]
         # Masked entries are 0, so // and % (truncating in Triton) see no negatives.
         p = tl.where(keep, start[:, None] + o[None, :], 0)
@@ -38,6 +45,6 @@ def window_rows_jit():
                       mask=keep, other=0)
         tl.store(indices + rows.to(tl.int64)[:, None] * row_stride + o[None, :],
                  tl.where(keep, blk * SWA_BLOCK + p % SWA_BLOCK, -1),
-                 mask=row_mask[:, None] & (o[None, :] < WIDTH))
+                 mask=row_mask[:, None] & (o[None, :] < WIDTH) & (o[None, :] < reach[:, None]))
 
     return window_rows
