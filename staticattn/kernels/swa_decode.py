@@ -35,9 +35,10 @@ length 4; with ``replay_start = 3`` as a prefill token, ``[31, 8]``, length 2.
 
 C128A rows are up to ``maxC`` wide (8,192 at a 1M context), and the paged prefill rows fill a
 bucket's whole capacity, so the Triton kernel writes such a row only up to the longer of its
-new length and the length it had before, and keeps the rest of the row as it is: -1. That invariant (entries at or past a row's length are -1) holds from the
-arena's fill on, for every writer of these rows; the cost of a step then follows its actual
-contexts, not ``max_model_len``. The torch version (:mod:`.swa_decode_torch`) writes whole
+new length and the length it had before, and keeps the rest of the row as it is: -1. That
+invariant (entries at or past a row's length are -1) holds from the arena's fill on, for
+every writer of these rows; the cost of a step then follows its actual contexts, not
+``max_model_len`` or the bucket. The torch version (:mod:`.swa_decode_torch`) writes whole
 rows.
 """
 

@@ -33,6 +33,9 @@ Differences from the reference, each on purpose:
 * the C128A prefill rows come with their lengths (``c128a_prefill_lens``), and rows past
   the real prefill tokens hold -1; so do the paged prefill SWA rows (the reference leaves
   its rows past ``Tp`` stale), and their buffer holds ``max_num_batched_tokens`` rows;
+* a -1 top-k entry inside a combined row's top-k length stays -1 (V4.1's rule) for every
+  type; the reference's V4 kernel adds the request's workspace offset to it, which names
+  another request's row (``vllm-0.33-extras.md`` §5.1);
 * the chunk plans are also on the device (a table and a count per type, rows past the count
   0) and, from an eager build, on the host; a token bucket's plan covers its real prefill
   requests, not the bucket's spare request slots.

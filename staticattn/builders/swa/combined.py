@@ -51,7 +51,9 @@ class IndexRows:
                          out: torch.Tensor | None = None,
                          lens_out: torch.Tensor | None = None,
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefill combined rows of a layer of type ``type_name``.
+        """The prefill combined rows of a layer of type ``type_name``. A -1 (or
+        out-of-range) top-k entry stays -1, for V4's types too: the reference's V4 kernel
+        would turn an in-range -1 into ``M i - 1``, another request's workspace row.
 
         Parameters
         ----------
