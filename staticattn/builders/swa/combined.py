@@ -75,7 +75,7 @@ class IndexRows:
         (indices, lens) : int32 ``(rows, round_up(K + W, 128))``, ``(rows,)``
             ``rows`` = ``meta.num_prefill_tokens`` (the bucket's tokens from a mixed build).
         """
-        t = layer_type(type_name)
+        t = self._windowed(type_name)
         k = self._topk_width(t, topk, topk_width)
         width = combined_width(self.config, t, k)
         rows = meta.num_prefill_tokens if meta.num_prefills else 0
@@ -119,7 +119,7 @@ class IndexRows:
         (indices, lens) : int32 ``(rows, W + round_up(K, 4))``, ``(rows,)``;
             ``rows`` = the step's tokens (the bucket's from a mixed build).
         """
-        t = layer_type(type_name)
+        t = self._windowed(type_name)
         if t.reads is Reads.ALL:
             raise InvalidBatchError(f"{type_name} reads every compressed entry; its FlashInfer "
                                     "rows hold global slots, not a top-k: not served here")
@@ -138,6 +138,14 @@ class IndexRows:
             entries_per_page=entries_per_page or t.entries_per_block(self.config.block_size),
             num_tokens=rows, counts=counts)
         return out, lens_out
+
+    def _windowed(self, type_name: str):
+        t = layer_type(type_name)
+        if not t.window or t not in self.config.layer_types:
+            raise InvalidBatchError(
+                f"{type_name!r} is not a windowed layer type of this model; its types are "
+                f"{[x.name for x in self.config.layer_types if x.window]}")
+        return t
 
     def _topk_width(self, t, topk: torch.Tensor | None, topk_width: int | None) -> int:
         k = topk_columns(self.config, t) if topk_width is None else topk_width
