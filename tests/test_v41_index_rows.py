@@ -11,6 +11,8 @@ from v41_steps import EXAMPLE_V41, example_step, oracle_step, stage_eager
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import SparseSWAMetadataBuilder, make_arena
+from staticattn.builders.swa.draft import draft_swa_width
+from staticattn.builders.swa.layout import combined_width, flashinfer_width, prefill_swa_width
 from staticattn.errors import ArenaError, InvalidBatchError
 from staticattn.model import layer_type
 
@@ -80,3 +82,16 @@ def test_without_a_row_scratch_the_rows_need_another_builder():
     meta = builder.build(stage_eager(inputs, step, rs))
     with pytest.raises(ArenaError, match="no row scratch"):
         builder.prefill_combined_rows(meta, "swaonly")
+
+
+@pytest.mark.parametrize("preset, k, width", [("deepseek-v4.1-flash", 512, 640),
+                                              ("deepseek-v4.1-large", 1024, 1152)])
+def test_widths_of_the_presets(preset, k, width):
+    """deepseek-v41.md §7.2, §7.3, §7.5: 640 for V4.1-Flash, 1152 for top-1024."""
+    cfg = ArenaConfig.preset(preset, device=DEVICE, max_num_seqs=4, max_num_batched_tokens=64,
+                             max_model_len=4096)
+    assert combined_width(cfg, layer_type("c1a")) == combined_width(cfg, layer_type("c2a")) \
+        == width
+    assert combined_width(cfg, layer_type("swaonly")) == prefill_swa_width(cfg) == 128
+    assert flashinfer_width(cfg, layer_type("c2a")) == 128 + k
+    assert draft_swa_width(cfg) == 192
