@@ -45,6 +45,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import claim_arena
 from staticattn.builders.layer_types import C4A, C128A, SWA_ONLY, layer_types_for
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
@@ -80,6 +81,7 @@ class SparseSWAMetadataBuilder:
     """
 
     name = "swa"
+    arena: Arena | None = None  # the arena bound to, for life
 
     def __init__(self) -> None:
         self._config: ArenaConfig | None = None
@@ -130,6 +132,7 @@ class SparseSWAMetadataBuilder:
         """Take the ``swa.*`` views of an allocated arena."""
         cfg = arena.config
         _check_config(cfg)
+        claim_arena(self, arena)
         has_c128a = C128A_RATIO in cfg.compress_ratios
 
         def view(name: str):
