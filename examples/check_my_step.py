@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from examples.plugin_project.my_step import MyStep, MyStepWithSync, config
-from staticattn import GraphManager, check_graph_safety, make_arena
+from staticattn import EagerBuild, GraphManager, GraphOptions, check_graph_safety, make_arena
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
 
 
@@ -39,8 +39,9 @@ def main() -> int:
         q, seq = np.array([2, 2, 7]), np.array([40, 9, 7])
         outs = []
         for name, step in steps.items():
-            with GraphManager(arena, inputs, builders, step, progress=False) as gm:
-                outs.append(gm.run(q, seq, np.arange(int(q.sum())), eager=True).outputs.clone())
+            with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
+                res = gm.run(q, seq, np.arange(int(q.sum())), eager=EagerBuild.REFERENCE)
+                outs.append(res.outputs.clone())
             print(f"{name}: {outs[-1].tolist()}")
         print("same outputs eagerly:", torch.equal(*outs))
         return 0

@@ -8,8 +8,8 @@ writes the query starts, sequence lengths and slots into the pinned staging
 a tiny sliding-window attention over a random KV cache, read through the SWA metadata.
 
 On a GPU every step replays a captured graph and is checked against the same step run
-eagerly (``run(..., eager=True)``); without CUDA every step runs eagerly on the CPU kernels,
-and the loop says so. At the end: the replay share and the mismatches.
+eagerly (``run(..., eager=EagerBuild.REFERENCE)``); without CUDA every step runs eagerly on
+the CPU kernels, and the loop says so. At the end: the replay share and the mismatches.
 
     python -m examples.custom_loop [--steps 200]      (from the repository root)
 """
@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from staticattn import ArenaConfig, GraphManager, make_arena
+from staticattn import ArenaConfig, EagerBuild, GraphManager, GraphOptions, make_arena
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
 
 HEAD_DIM, NUM_BLOCKS, BUDGET = 32, 4096, 256
@@ -66,7 +66,7 @@ def main() -> None:
     steps = replays = mismatches = 0
     print("graphs: captured below" if cuda else "no CUDA: every step runs eagerly on the CPU")
     with GraphManager(arena, inputs, builders, WindowAttention(cfg, device),
-                      progress=False) as gm:
+                      GraphOptions(progress=False)) as gm:
         if cuda:
             gm.capture()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -122,7 +122,7 @@ def main() -> None:
             replays += graph
             if graph:  # the same step, eagerly: equal up to float rounding
                 out = out.clone()  # the step's outputs live until the next step
-                eager = gm.run(q, seq, slot, eager=True).outputs
+                eager = gm.run(q, seq, slot, eager=EagerBuild.REFERENCE).outputs
                 mismatches += not torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
             steps += 1
             print(f"step {steps:3d}: {len(decodes):2d} decodes, {k - len(decodes)} "

@@ -14,7 +14,7 @@ from torch.profiler import ProfilerActivity, profile
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import DecodeStream
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphManager, GraphOptions
 
 
 def main() -> None:
@@ -28,7 +28,8 @@ def main() -> None:
     arena, inputs = make_arena(cfg, builders)
     rng = np.random.default_rng(0)
     stream = DecodeStream(inputs, rng)
-    with GraphManager(arena, inputs, builders, lambda b, m: None, progress=False) as gm:
+    options = GraphOptions(progress=False)
+    with GraphManager(arena, inputs, builders, lambda b, m: None, options) as gm:
         gm.capture([b * cfg.next_n for b in args.batch])
         for b in args.batch:
             st = stream.next(b)

@@ -29,14 +29,18 @@ _EXPORTS = {
     "IndexerMetadataBuilder": "staticattn.builders",
     "SparseSWAMetadataBuilder": "staticattn.builders",
     "GraphManager": "staticattn.graphs",
+    "GraphOptions": "staticattn.graphs",
+    "EagerBuild": "staticattn.graphs",
+    "StagingGuard": "staticattn.graphs",
     "check_graph_safety": "staticattn.checks",
     "run_bench": "staticattn.bench",
 }
 
 __all__ = [
-    "Arena", "ArenaConfig", "Batch", "BufferDecl", "GraphManager", "IndexerMetadataBuilder",
-    "MetadataBuilder", "SparseSWAMetadataBuilder", "StepInputs", "__version__",
-    "check_graph_safety", "make_arena", "run_bench",
+    "Arena", "ArenaConfig", "Batch", "BufferDecl", "EagerBuild", "GraphManager",
+    "GraphOptions", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",
+    "StagingGuard", "StepInputs", "__version__", "check_graph_safety", "make_arena",
+    "run_bench",
 ]
 
 
@@ -64,5 +68,5 @@ if TYPE_CHECKING:
         make_arena,
     )
     from staticattn.checks import check_graph_safety
-    from staticattn.graphs import GraphManager
+    from staticattn.graphs import EagerBuild, GraphManager, GraphOptions, StagingGuard
     from staticattn.staging import StepInputs

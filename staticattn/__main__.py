@@ -91,6 +91,7 @@ def cmd_bench(args) -> int:
     import torch
 
     from staticattn.bench.replay import run_bench
+    from staticattn.graphs.options import StagingGuard
     from staticattn.graphs.sizes import default_capture_sizes
 
     if args.dcp:
@@ -106,7 +107,7 @@ def cmd_bench(args) -> int:
         from staticattn.bench.breakdown import run_breakdown
 
         print(run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed,
-                            staging_guard=args.staging_guard))
+                            staging_guard=StagingGuard(args.staging_guard)))
         return 0
     if args.mix:
         from staticattn.bench.mixed import run_mixed_bench
@@ -128,7 +129,8 @@ def cmd_bench(args) -> int:
     sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
     report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
                        preset=args.preset, consumer_name=name, seed=args.seed,
-                       progress=not args.no_progress, staging_guard=args.staging_guard)
+                       progress=not args.no_progress,
+                       staging_guard=StagingGuard(args.staging_guard))
     print(report.header())
     print(report.table())
     return _save_report(report, args)
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                            "jitter across ranks, the same step on one GPU)")
             c.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
                            help="where the graphs record the event the host waits for before "
-                           "rewriting the staging (GraphManager's staging_guard; batch sizes "
+                           "rewriting the staging (GraphOptions' staging_guard; batch sizes "
                            "and --breakdown)")
             c.add_argument("--json", default=None)
             c.add_argument("--plot", default=None, help="PNG of latency vs batch size")

@@ -28,6 +28,8 @@ from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import GraphOptions
+from staticattn.graphs.records import GraphKind
 
 __all__ = ["run_demo", "DemoReport"]
 
@@ -193,8 +195,8 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
                              max_len=min(cfg.max_model_len, 200_000))
     report = DemoReport()
     verifier = None if cuda else _oracle_verifier(cfg)
-    with GraphManager(arena, inputs, builders, step, progress=progress,
-                      time_gpu=cuda) as gm:
+    options = GraphOptions(progress=progress, time_gpu=cuda)
+    with GraphManager(arena, inputs, builders, step, options) as gm:
         if cuda:
             t0 = time.perf_counter()
             gm.capture(buckets=() if consumer == "real" else None)
@@ -221,7 +223,7 @@ def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
             report.steps += 1
             if res.mode == "graph":
                 report.replayed += 1
-                report.replayed_mixed += res.graph_kind == "mixed"
+                report.replayed_mixed += res.graph_kind is GraphKind.MIXED
                 replayed = snapshot_outputs(res.outputs)
                 eager = snapshot_outputs(gm.run_eager(q, s, slots))
                 report.checked += 1

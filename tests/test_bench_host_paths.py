@@ -34,8 +34,10 @@ def test_the_breakdown_names_every_path_and_phase():
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)  # the mixed batch reaches 23K
     text = run_breakdown(cfg, _builders, num_reqs=8, reps=5)
     for label in ("run(), decode replay", "in-place, decode replay",
-                  'run(eager="graph"), decode', 'run(eager="graph"), reference mixed batch',
-                  "run(eager=True), decode", "run(eager=True), reference mixed batch",
+                  "run(eager=GRAPH), decode", "run(eager=GRAPH), reference mixed batch",
+                  "run(eager=GRAPH), decode, launches recorded",
+                  "run(eager=GRAPH), decode, no recorded launches",
+                  "run(eager=REFERENCE), decode", "run(eager=REFERENCE), reference mixed batch",
                   "cudaGraphLaunch"):
         assert label in text, text
     assert "graph builds + step" in text and "build indexer" in text

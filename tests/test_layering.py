@@ -2,7 +2,8 @@
 
 Each package ("room") may import only the rooms beneath it; no module imports itself back
 through a chain (no cycle, function-level imports included); importing a room at run time
-loads nothing above it; and every file stays small (at most 400 lines).
+loads nothing above it; the graph manager's parts sit beneath the manager; no module reads
+another object's private names; and every file stays small (at most 400 lines).
 """
 
 from __future__ import annotations
@@ -42,6 +43,17 @@ BUILDER_ROOMS = {
     "builders.indexer": {"builders", "builders.validation", "builders.attention_utils"},
     "builders.swa": {"builders", "builders.validation", "builders.attention_utils"},
 }
+#: The modules of ``graphs``, bottom up: each may import only those before it. The
+#: manager's parts (pool, table, capturer, eager, in-place and array steps) sit beneath it
+#: and never import it; context buckets and device-length steps build on the manager.
+GRAPH_MODULES = [
+    "introspect", "launch", "sizes", "records", "options", "pool", "table",
+    "recorded_launches", "capturer", "eager", "in_place", "runner", "manager", "contexts",
+    "device_steps",
+]
+#: Private names read off another object, each with its reason: ``torch`` keeps an op's
+#: schema on ``_schema`` (no public spelling).
+FOREIGN_PRIVATE = {("staticattn.checks.watch", "func._schema")}
 MAX_LINES = 400
 
 
@@ -125,6 +137,47 @@ def test_builder_rooms_import_only_their_neighbours():
             if _room(dep) == "builders" and dep_room is None:
                 bad.append(f"{module} imports the builders package itself")
     assert not bad, "imports against the builders' rooms:\n" + "\n".join(sorted(bad))
+
+
+def test_graph_parts_sit_beneath_the_manager():
+    graph = _graph()
+    modules = {m.rsplit(".", 1)[1] for m in graph if m.startswith("staticattn.graphs.")}
+    assert modules == set(GRAPH_MODULES), "graphs/ and GRAPH_MODULES differ"
+    bad = []
+    for i, name in enumerate(GRAPH_MODULES):
+        for dep in graph[f"staticattn.graphs.{name}"]:
+            if dep.startswith("staticattn.graphs."):
+                dep_name = dep.rsplit(".", 1)[1]
+                if dep_name not in GRAPH_MODULES[:i]:
+                    bad.append(f"graphs.{name} imports graphs.{dep_name}")
+    assert not bad, "graphs modules importing upwards:\n" + "\n".join(sorted(bad))
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``x._name`` read off anything but ``self``, ``cls`` or an imported module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            owner = node.value
+            while isinstance(owner, ast.Attribute):
+                owner = owner.value
+            if not (isinstance(owner, ast.Name) and (
+                    owner.id in ("self", "cls") and isinstance(node.value, ast.Name)
+                    or owner.id in imported)):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_reads_another_objects_private_names():
+    bad = [f"{_module_name(p)}: {read}" for p in PACKAGE.rglob("*.py")
+           for read in _private_reads(p) if (_module_name(p), read) not in FOREIGN_PRIVATE]
+    assert not bad, "private names read across objects:\n" + "\n".join(sorted(bad))
 
 
 def test_no_import_cycle():

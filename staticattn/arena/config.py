@@ -196,9 +196,8 @@ class ArenaConfig:
         """The distinct layer types of ``compress_ratios``, in the table's order."""
         if not self.compress_ratios:
             raise ConfigError("compress_ratios is empty: a model has at least one layer")
-        family = architecture(self.architecture)
-        names = {family.layer_type_name(r, i) for i, r in enumerate(self.compress_ratios)}
-        return tuple(layer_type(n) for n in LAYER_TYPES if n in names)
+        present = {t.name for t in self.per_layer_types}
+        return tuple(layer_type(n) for n in LAYER_TYPES if n in present)
 
     def _check_ratios(self) -> None:
         for t in self._types:
@@ -294,9 +293,9 @@ class ArenaConfig:
     @property
     def per_layer_types(self) -> tuple[LayerType, ...]:
         """The type of every layer, in layer order."""
-        names = [architecture(self.architecture).layer_type_name(r, i)
-                 for i, r in enumerate(self.compress_ratios)]
-        return tuple(layer_type(n) for n in names)
+        family = architecture(self.architecture)
+        return tuple(layer_type(family.layer_type_name(r, i))
+                     for i, r in enumerate(self.compress_ratios))
 
     @property
     def sources(self) -> LayerSources:
@@ -326,8 +325,7 @@ class ArenaConfig:
     @property
     def index_compress_ratio(self) -> int:
         """Compress ratio of the indexer's K cache: its owning type's (1 without one)."""
-        owner = self.index_layer_type
-        return owner.compress_ratio if owner is not None else 1
+        return getattr(self.index_layer_type, "compress_ratio", 1)
 
     @property
     def dense_layer_type(self) -> LayerType | None:
@@ -339,7 +337,7 @@ class ArenaConfig:
         """Width of the dense type's index rows (``maxC``): ``round_up(cdiv(max_model_len,
         R), 128)``; 0 without such a type."""
         dense = self.dense_layer_type
-        return dense.topk_width(self.index_topk, self.max_model_len) if dense else 0
+        return 0 if dense is None else dense.topk_width(self.index_topk, self.max_model_len)
 
     @property
     def storage_block_size(self) -> int:
@@ -398,6 +396,5 @@ class ArenaConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ArenaConfig:
-        """A named preset of :data:`staticattn.model.PRESETS`, fields overridden by
-        ``overrides``: "deepseek-v3.2" or "deepseek-v4"."""
+        """A named preset of :data:`staticattn.model.PRESETS` under ``overrides``."""
         return cls(**{**model_preset(name).fields, **overrides})

@@ -29,6 +29,7 @@ from staticattn.bench.report import Stat, environment
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.contexts import ContextGraphs
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import GraphOptions
 
 __all__ = ["ContextReport", "ContextRow", "run_context_bench"]
 
@@ -109,9 +110,10 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
     rng = np.random.default_rng(seed)
-    options = dict(progress=False, time_gpu=True)
-    runner = (GraphManager(arena, inputs, builders, step, **options) if buckets is None
-              else ContextGraphs(arena, inputs, builders, step, contexts=buckets, **options))
+    options = GraphOptions(progress=False, time_gpu=True)
+    runner = (GraphManager(arena, inputs, builders, step, options) if buckets is None
+              else ContextGraphs(arena, inputs, builders, step, contexts=buckets,
+                                 options=options))
     with runner:
         runner.capture([num_reqs * config.next_n], buckets=())
         batch = random_uniform_decode(inputs, num_reqs, rng, max_seq_len=context,
@@ -119,7 +121,7 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
         args = (batch.query_lens, batch.seq_lens, batch.slot_mapping)
         for _ in range(10):
             assert runner.run(*args).mode == "graph"
-        host, gpu = step_times_us(runner, args, False, reps)
+        host, gpu = step_times_us(runner, args, None, reps)
         return host, gpu, runner.pool_bytes
 
 

@@ -54,9 +54,11 @@ from staticattn.checks.report import CheckReport, SizeCheck
 from staticattn.checks.views import moved_views
 from staticattn.checks.watch import ArenaIndex, TensorRef
 from staticattn.errors import GraphError
-from staticattn.graphs.capture import arena_contents_kept, frozen_gc
+from staticattn.graphs.capturer import arena_contents_kept, frozen_gc
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
+from staticattn.graphs.options import GraphOptions
+from staticattn.graphs.records import GraphKind
 from staticattn.staging import StepInputs
 
 __all__ = ["check_graph_safety", "CheckReport", "SizeCheck", "StagingWriter"]
@@ -117,7 +119,8 @@ def check_graph_safety(
     if arena.device.type != "cuda":
         raise GraphError("the graph sanity check needs a CUDA arena")
     phased = PhasedStep(step)
-    manager = GraphManager(arena, inputs, builders, phased, validate=False, progress=False)
+    manager = GraphManager(arena, inputs, builders, phased,
+                           GraphOptions(validate=False, progress=False))
     if sizes is None:
         from staticattn.graphs.sizes import default_capture_sizes
 
@@ -280,7 +283,7 @@ def _eager(manager: GraphManager, num_reqs: int, size: int) -> Any:
     builds and step, on the same padded batch, so a difference from the replay can only
     come from capturing (a value baked in, a host read, a stale pointer...), and float
     consumers whose schedule depends on the batch's extent compare bit for bit."""
-    outputs, _ = manager.body("decode", num_reqs, size)
+    outputs, _ = manager.capturer.body(GraphKind.DECODE, num_reqs, size)
     return outputs
 
 

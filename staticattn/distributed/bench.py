@@ -43,8 +43,8 @@ from staticattn.distributed.world import (
     random_decode_step,
     write_decode_step,
 )
-from staticattn.graphs import GraphManager
-from staticattn.graphs.capture import capture, warm_up
+from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.graphs.capturer import capture, warm_up
 
 __all__ = ["run_dcp_bench"]
 
@@ -73,7 +73,7 @@ def _time_steps(gm: GraphManager, lengths, reps: int,
     the ranks lined up, after a warm-up."""
     for _ in range(WARMUP):
         gm.run(*lengths)
-    return step_times_us(gm, lengths, False, reps, before=align)
+    return step_times_us(gm, lengths, None, reps, before=align)
 
 
 def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
@@ -117,10 +117,9 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
     align = _aligner(me.cuda, me.check_group)
     rows = []
-    with GraphManager(arena, inputs, [builder], consumer, progress=False,
-                      time_gpu=me.cuda) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], progress=False,
-                         time_gpu=me.cuda) as one:
+    options = GraphOptions(progress=False, time_gpu=me.cuda)
+    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], options) as one:
         if me.cuda:
             gm.capture(sizes, buckets=())  # every rank captures the same sizes, in one order
             one.capture(sizes, buckets=())

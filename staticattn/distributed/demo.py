@@ -31,7 +31,7 @@ from staticattn.distributed.world import (
     random_decode_step,
     write_decode_step,
 )
-from staticattn.graphs import GraphManager
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 
 __all__ = ["run_dcp_demo"]
 
@@ -50,8 +50,8 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
     single = dcp_world(dcp_config(preset, 1, 0, device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
-    with GraphManager(arena, inputs, [builder], consumer, progress=False) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], progress=False) as one:
+    with GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False)) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], GraphOptions(progress=False)) as one:
         if cuda:
             gm.capture(buckets=())  # every rank captures the same sizes, in one order
         for _ in range(steps):
@@ -66,7 +66,7 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
             host_us.append((time.perf_counter() - t0) * 1e6)
             replays += res.mode == "graph"
             ids, out = (x.clone() for x in res.outputs)
-            want_ids, want = one.run(*lengths, eager=True).outputs
+            want_ids, want = one.run(*lengths, eager=EagerBuild.REFERENCE).outputs
             mismatches += not (torch.equal(ids, want_ids)
                                and torch.allclose(out, want, rtol=1e-4, atol=1e-5))
     totals = [None] * world

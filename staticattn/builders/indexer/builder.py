@@ -42,6 +42,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import claim_arena
 from staticattn.builders.indexer.layout import (
     DecodeLayout,
     DecodeLens,
@@ -125,6 +126,7 @@ class IndexerMetadataBuilder:
     """
 
     name = "indexer"
+    arena: Arena | None = None  # the arena bound to, for life
 
     def __init__(self, *, legacy_schedule: bool = False) -> None:
         self.legacy_schedule = legacy_schedule
@@ -154,6 +156,7 @@ class IndexerMetadataBuilder:
     def bind(self, arena: Arena) -> None:
         """Take the ``indexer.*`` views of an allocated arena; views are cut and cached per
         binding from here on."""
+        claim_arena(self, arena)
         cfg = arena.config
         self.config = cfg
         self.backend = resolve_backend(cfg.kernel_backend, arena.device)

@@ -45,6 +45,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import DecodePrefillSplit, split_decodes_and_prefills
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import claim_arena
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
 from staticattn.builders.validation.values import check_capacity
@@ -79,6 +80,7 @@ class SparseSWAMetadataBuilder:
     """
 
     name = "swa"
+    arena: Arena | None = None  # the arena bound to, for life
 
     def __init__(self) -> None:
         self._config: ArenaConfig | None = None
@@ -131,6 +133,7 @@ class SparseSWAMetadataBuilder:
         """Take the ``swa.*`` views of an allocated arena."""
         cfg = arena.config
         _check_config(cfg)
+        claim_arena(self, arena)
         has_c128a = cfg.dense_layer_type is not None
 
         def view(name: str):
