@@ -19,7 +19,6 @@ import pytest
 import torch
 from gather_world import gather_world
 from hypothesis import given, settings
-from oracle import checksums
 from support import _t, host_steps
 from test_mixed_builds import CONFIGS
 
@@ -27,6 +26,7 @@ from staticattn.builders import IndexerMetadataBuilder
 from staticattn.checks.views import tensors_in
 from staticattn.errors import InvalidBatchError
 from staticattn.graphs import GraphManager
+from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 

@@ -7,7 +7,6 @@ import types
 from dataclasses import dataclass
 
 import pytest
-from oracle.swa import layer_types as oracle_layer_types
 
 from staticattn.builders.layer_types import (
     C4A,
@@ -20,6 +19,7 @@ from staticattn.builders.layer_types import (
 from staticattn.builders.tile_plan import TilePlanHolder, new_tile_plan, tile_plans
 from staticattn.errors import ConfigError
 from staticattn.kernels import dsa_libs
+from staticattn.reference.swa import layer_types as oracle_layer_types
 
 
 @pytest.mark.parametrize("ratio,expected", [

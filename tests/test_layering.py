@@ -21,13 +21,16 @@ PACKAGE = Path(__file__).resolve().parents[1] / "staticattn"
 ALLOWED = {
     "errors": set(),
     "arena": {"errors"},
+    # The oracle: plain loops from the spec, independent of everything it checks (the
+    # arena only names its config type).
+    "reference": {"arena"},
     "kernels": {"errors"},
     "staging": {"errors", "arena", "kernels"},
     "builders": {"errors", "arena", "kernels", "staging"},
     "graphs": {"errors", "arena", "kernels", "staging", "builders"},
     "consumers": {"errors", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "arena", "staging", "builders", "graphs"},
-    "checks": {"errors", "arena", "staging", "builders", "graphs", "bench"},
+    "checks": {"errors", "arena", "staging", "builders", "graphs", "bench", "reference"},
     "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers",
                     "bench"},
 }
@@ -90,6 +93,15 @@ def test_rooms_import_only_rooms_beneath():
             if dep_room != room and dep_room not in ALLOWED[room]:
                 bad.append(f"{module} imports {dep} ({room} -> {dep_room})")
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(bad))
+
+
+def test_the_reference_is_independent_of_what_it_checks():
+    """The oracle imports no kernel, builder, staging or graph code, and none of them (nor
+    anything beneath them) may import the oracle: a shared mistake cannot agree with itself."""
+    checked = {"kernels", "staging", "builders", "graphs"}
+    assert not _beneath("reference") & checked
+    assert not any("reference" in _beneath(room) for room in checked)
+    assert {_room(m) for m in _graph()} >= {"reference"}
 
 
 def test_no_import_cycle():

@@ -18,6 +18,9 @@ TAIL = 32
 
 
 def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) -> list[list[int]]:
+    """``num_tokens`` rows of ``[swa, c128a, indexer]`` sums (ints; rows past the step's
+    real tokens ``[0, 0, 0]``) for a :class:`~staticattn.reference.step.HostStep`; each cache
+    is a flat sequence of ints indexed by slot (``cache[slot]``)."""
     rows = []
     q = [int(x) for x in step.query_lens]
     d = 0
