@@ -105,7 +105,8 @@ def _plain(value):
 def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0,
                   preset: str = "deepseek-v4", json_path: str | None = None) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks (batch sizes in
-    requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status."""
+    requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status. ``json_path``:
+    rank 0 writes the figures as JSON there, or prints them instead of the table for "-"."""
     me = join(world, "bench")
     if me is None:
         return 2
@@ -139,12 +140,15 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     dist.destroy_process_group()
     if me.rank == 0:
         report = _report(every, preset, cfg, world, reps, me.cuda)
-        print(report["text"])
-        if json_path:
-            rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
+        rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
+        data = {**{k: v for k, v in report.items() if k != "text"}, "rows": rows}
+        if json_path == "-":  # the JSON instead of the text
+            print(json.dumps(data, indent=1))
+        else:
+            print(report["text"])
+        if json_path and json_path != "-":
             with open(json_path, "w") as f:
-                json.dump({**{k: v for k, v in report.items() if k != "text"}, "rows": rows},
-                          f, indent=1)
+                json.dump(data, f, indent=1)
     return 0
 
 

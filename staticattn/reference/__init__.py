@@ -34,3 +34,5 @@ Example::
 from staticattn.reference.step import HostStep
 
 __all__ = ["HostStep"]
+
+

@@ -14,6 +14,9 @@ at slots.
 
 from __future__ import annotations
 
+__all__ = ["TAIL", "expected"]
+
+
 TAIL = 32
 
 

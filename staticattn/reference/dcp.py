@@ -19,6 +19,9 @@ from staticattn.reference import indexer as single
 from staticattn.reference import mixed as single_mixed
 from staticattn.reference.compare import holds, same
 
+__all__ = ["assert_matches", "assert_mixed_matches", "indexer_metadata", "local_count",
+           "local_index", "mixed_indexer", "owner_of_entry", "slot_mapping"]
+
 
 def owner_of_entry(c: int, ratio: int, world: int, interleave: int) -> int:
     """The rank holding compressed entry ``c``: the rank of its first token."""
@@ -177,6 +180,8 @@ def mixed_indexer(config, step, rank: int, num_reqs: int, num_tokens: int, chunk
 
 
 def assert_mixed_matches(meta, exp, config, step) -> None:
+    """A rank's mixed indexer build equals :func:`mixed_indexer`'s ``exp`` everywhere in the
+    bucket's views, the global lengths and the local key counts included."""
     single_mixed.assert_indexer_matches(meta, exp, config, step)
     same("decode.global_seq_lens", meta.decode.global_seq_lens, exp["global_seq_lens"])
     plan = meta.prefill.plan

@@ -9,10 +9,16 @@ from __future__ import annotations
 
 from staticattn.reference.compare import holds, same
 
+__all__ = ["SPLIT_KV", "assert_matches", "cdiv", "compressed_slot_mapping", "decode_part",
+           "decode_values", "indexer_metadata", "mqa_schedule", "prefill_chunk",
+           "prefill_chunk_plan", "split_decodes_and_prefills"]
+
+
 SPLIT_KV = 256
 
 
 def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints."""
     return -(-a // b)
 
 

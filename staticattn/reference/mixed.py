@@ -30,6 +30,8 @@ from staticattn.reference.compare import holds, same
 if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
 
+__all__ = ["assert_indexer_matches", "assert_swa_matches", "counts", "indexer", "swa"]
+
 
 def counts(cfg: ArenaConfig, step) -> list[int]:
     """``[k, nt, D, Td]`` of a ``HostStep`` (real values, no padding)."""

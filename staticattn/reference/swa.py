@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
     from staticattn.reference.step import HostStep
 
+__all__ = ["SWAExpected", "assert_matches", "c128a_count", "c128a_prefill_row", "c128a_row",
+           "expected", "expected_for_step", "layer_types", "split", "swa_row"]
+
 
 @dataclass
 class SWAExpected:
