@@ -7,7 +7,7 @@ is what serving short contexts under a long limit costs without buckets; buckete
 ideal, what is left with them.
 
     python -m staticattn bench --context 2048 8192 65536 --max-model-len 1048576
-           [--batch 32] [--consumer none|gather|real] [--reps 200] [--json ctx.json]
+           [--batch-requests 32] [--consumer none|gather|real] [--reps 200] [--json ctx.json]
 
 Per context ``C`` (and batch size): GPU µs per step (CUDA events around the replay) and host
 µs of ``run``, medians with min and max over ``reps`` steps, for both graphs, drawn from one

@@ -1,6 +1,6 @@
 """The decode-context-parallel bench: one process per rank, started by torchrun.
 
-    torchrun --nproc-per-node 2 -m staticattn bench --dcp 2 [--batch 1 8 16] [--reps 200]
+    torchrun --nproc-per-node 2 -m staticattn bench --dcp 2 [--batch-requests 1 8 16] [--reps 200]
              [--preset deepseek-v4 | deepseek-v3.2] [--json dcp.json]
 
 Per batch size (a uniform decode step of that many requests, lengths drawn once), every rank
