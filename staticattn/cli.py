@@ -50,10 +50,12 @@ def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``staticattn`` parser: ``demo``, ``check`` and ``bench``, every flag with help."""
-    p = argparse.ArgumentParser(prog="staticattn", description=DESCRIPTION,
+    # No abbreviations: a renamed flag's old spelling must not pass as a prefix of the new.
+    p = argparse.ArgumentParser(prog="staticattn", description=DESCRIPTION, allow_abbrev=False,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     d = sub.add_parser("demo", help="a synthetic serving loop, every step checked",
+                       allow_abbrev=False,
                        description="A synthetic serving loop with chunked prefill through the "
                        "graph manager. On a GPU every step replays a graph and is checked "
                        "against the eager reference build; without CUDA every step runs "
@@ -87,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
              "Host and GPU time of a step replayed through its graph against the same step "
              "run eagerly, per batch size; --mix, --breakdown, --context and --dcp measure "
              "other things (one at a time).")):
-        c = sub.add_parser(name, help=help_, description=text)
+        c = sub.add_parser(name, help=help_, description=text, allow_abbrev=False)
         c.set_defaults(cmd_parser=c)
         _config_flags(c)
         if name == "check":

@@ -53,8 +53,8 @@ def test_the_bench_reports_every_rank_and_the_spread(tmp_path):
     out_json = tmp_path / "dcp.json"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "staticattn", "bench", "--dcp", "2", "--reps", "10", "--batch", "1", "4",
-         "--json", str(out_json)],
+         "2", "-m", "staticattn", "bench", "--dcp", "2", "--reps", "10", "--batch-requests", "1",
+         "4", "--json", str(out_json)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     out = done.stdout + done.stderr

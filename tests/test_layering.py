@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "staticattn"
 #: ``__init__``) sit on top and may import anything.
 ALLOWED = {
     "errors": set(),
+    "lazy": set(),
     "arena": {"errors"},
     # The oracle: plain loops from the spec, independent of everything it checks (the
     # arena only names its config type).
@@ -30,11 +31,13 @@ ALLOWED = {
     "graphs": {"errors", "arena", "kernels", "staging", "builders"},
     "consumers": {"errors", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "arena", "staging", "builders", "graphs"},
-    "checks": {"errors", "arena", "staging", "builders", "graphs", "bench", "reference"},
+    "checks": {"errors", "arena", "staging", "builders", "graphs", "bench", "reference", "lazy"},
     "distributed": {"errors", "arena", "kernels", "staging", "builders", "graphs", "consumers",
                     "bench"},
 }
 MAX_LINES = 400
+#: What ``import staticattn`` itself loads (PEP 562 exports), whatever room comes after it.
+ROOT_LOADS = {"lazy"}
 
 
 def _beneath(room: str) -> set[str]:
@@ -143,8 +146,19 @@ def test_importing_a_room_loads_nothing_above_it(room):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = set(done.stdout.split()) - {room}
+    loaded = set(done.stdout.split()) - {room} - ROOT_LOADS
     assert loaded <= _beneath(room), f"importing {room} loaded {sorted(loaded - _beneath(room))}"
+
+
+def test_importing_the_package_loads_only_its_lazy_exports():
+    """``import staticattn`` (which importing any room does first) loads ``lazy`` alone, and
+    no torch: the public names are resolved on first use."""
+    script = ("import sys, staticattn\n"
+              "print(' '.join(sorted({m.split('.')[1] for m in sys.modules "
+              "if m.startswith('staticattn.')})), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=300)
+    assert done.stdout.split() == [*sorted(ROOT_LOADS), "False"], done.stdout + done.stderr
 
 
 def test_files_stay_small():

@@ -103,7 +103,8 @@ def test_the_pytest_plugin_registers_without_torch():
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                           text=True, timeout=60)
     modules, heavy = done.stdout.strip().splitlines()
-    assert modules == "['staticattn', 'staticattn.checks', 'staticattn.checks.pytest_plugin']"
+    assert modules == ("['staticattn', 'staticattn.checks', 'staticattn.checks.pytest_plugin', "
+                       "'staticattn.lazy']")
     assert heavy == "False False", done.stderr
 
 

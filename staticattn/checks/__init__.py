@@ -8,8 +8,9 @@ run of an environment holding staticattn loads, imports this package and nothing
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from staticattn.lazy import lazy_exports
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -35,18 +36,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'staticattn.checks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from staticattn.checks.checker import StagingWriter, check_graph_safety
