@@ -53,7 +53,7 @@ def cmd_demo(args) -> int:
 
         kwargs = {} if args.steps is None else {"steps": args.steps}
         return run_dcp_demo(args.dcp, seed=args.seed, preset=args.dcp_preset,
-                            json_path=args.json, **kwargs)
+                            json_path=args.json, progress=not args.no_progress, **kwargs)
     from staticattn.demo import run_demo
 
     return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress,
@@ -101,7 +101,7 @@ def cmd_bench(args, cuda: bool) -> int:
 
         return run_dcp_bench(args.dcp, batches=args.batch_requests or (1, 8, 16),
                              reps=args.reps, seed=args.seed, preset=args.preset,
-                             json_path=args.json)
+                             json_path=args.json, progress=not args.no_progress)
     if not cuda:
         return _no_cuda("replay latency (a GPU measurement)", args.json)
     cfg = config_of(args, "cuda")

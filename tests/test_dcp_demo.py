@@ -82,3 +82,21 @@ def test_the_demo_says_how_to_launch_it_without_torchrun():
                                "WORLD_SIZE": "1"})
     assert done.returncode == 2
     assert "torchrun --nproc-per-node 2 -m staticattn demo --dcp 2" in done.stdout
+
+
+def test_rank_zeros_report_ends_with_a_verdict_or_prints_json(capsys, tmp_path):
+    from staticattn.distributed.demo import _report
+
+    totals = [(0, 12, (40.0, 60.0)), (1, 12, (41.0, 70.0))]  # (mismatches, replayed, p50/p99)
+    _report(totals, "deepseek-v4", 2, 12, True, None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == ("FAIL: 2 ranks x 12 steps checked against the single-GPU step, "
+                         "1 mismatches")
+    assert lines[2].startswith("rank 1: replayed 12/12") and lines[2].endswith("step 1")
+    _report(totals[:1] * 2, "deepseek-v4", 2, 12, False, "-")
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "PASS" and data["mode"] == "eager (gloo, no CUDA)"
+    assert [r["host_us_p99"] for r in data["ranks"]] == [60.0, 60.0]
+    _report(totals, "deepseek-v4", 2, 12, True, str(tmp_path / "dcp.json"))
+    assert json.loads((tmp_path / "dcp.json").read_text())["mismatches"] == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("FAIL: ")

@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from staticattn.bench.floor import host_times_us, replay_gpu_times_us
 from staticattn.bench.replay import step_times_us
@@ -103,10 +104,12 @@ def _plain(value):
 
 
 def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0,
-                  preset: str = "deepseek-v4", json_path: str | None = None) -> int:
+                  preset: str = "deepseek-v4", json_path: str | None = None,
+                  progress: bool = True) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks (batch sizes in
     requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status. ``json_path``:
-    rank 0 writes the figures as JSON there, or prints them instead of the table for "-"."""
+    rank 0 writes the figures as JSON there, or prints them instead of the table for "-".
+    ``progress``: a progress bar over the batch sizes on rank 0."""
     me = join(world, "bench")
     if me is None:
         return 2
@@ -125,7 +128,8 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
         if me.cuda:
             gm.capture(sizes, buckets=())  # every rank captures the same sizes, in one order
             one.capture(sizes, buckets=())
-        for k in batches:
+        for k in tqdm(batches, desc="DCP bench", unit="batch size",
+                      disable=me.rank != 0 or not progress, leave=False):
             step = random_decode_step(cfg, rng, num_reqs=k)
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)

@@ -23,6 +23,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from staticattn.builders.dcp_check import check_dcp_step
 from staticattn.distributed.world import (
@@ -38,11 +39,13 @@ __all__ = ["run_dcp_demo"]
 
 
 def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
-                 preset: str = "deepseek-v4", json_path: str | None = None) -> int:
+                 preset: str = "deepseek-v4", json_path: str | None = None,
+                 progress: bool = True) -> int:
     """Run the demo on this rank of a torchrun launch of ``world`` ranks, with a small arena
     of ``preset`` ("deepseek-v4" or "deepseek-v3.2"); the exit status (0 when every step
     matched the single-GPU step on every rank). ``json_path``: rank 0 writes the totals as
-    JSON there, or prints them instead of the text for "-"."""
+    JSON there, or prints them instead of the text for "-". ``progress``: a progress bar on
+    rank 0."""
     me = join(world, "demo")
     if me is None:
         return 2
@@ -56,7 +59,8 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
             GraphManager(*single[:2], [single[2]], single[3], progress=False) as one:
         if cuda:
             gm.capture(buckets=())  # every rank captures the same sizes, in one order
-        for _ in range(steps):
+        for _ in tqdm(range(steps), desc=f"DCP demo, rank {rank}", unit="step",
+                      disable=rank != 0 or not progress, leave=False):
             step = random_decode_step(cfg, rng)
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)
