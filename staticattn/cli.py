@@ -28,6 +28,15 @@ CUDA graphs from a static buffer arena.
 Batch sizes are counted in requests and contexts in tokens, in every command.
 'staticattn COMMAND --help' describes each command's flags."""
 
+#: The bench flags each other bench does not use (an error when given, rather than ignored).
+UNUSED = {
+    "--mix": ("batch_requests", "consumer", "step", "staging_guard", "next_n",
+              "max_model_len", "preset"),
+    "--breakdown": ("batch_requests", "consumer", "step"),
+    "--context": ("staging_guard",),
+    "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len"),
+}
+
 JSON_HELP = ("print the result as JSON: to stdout (no value, or -) instead of the text, or "
              "into this file beside the text")
 
@@ -208,6 +217,11 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
                       "pip install '.[plot]' in a clone of staticattn)")
         if args.step and args.consumer != "none":
             error(f"--step and --consumer {args.consumer}: one step at a time")
+        ignored = [f"--{name.replace('_', '-')}" for name in UNUSED.get(modes[0], ())
+                   if getattr(args, name) != args.cmd_parser.get_default(name)] if modes else []
+        if ignored:
+            error(f"{modes[0]} times fixed steps of its own: {', '.join(ignored)} would be "
+                  "ignored")
         if args.dcp is not None:
             return  # its own small arena per rank (distributed/world.py)
         if args.consumer == "real" and cuda:
