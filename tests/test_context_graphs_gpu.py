@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
-from oracle import checksums
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode, write_block_rows
 from staticattn.graphs import ContextGraphs, EagerBuild, GraphOptions
 from staticattn.kernels.dsa_libs import DEEP_GEMM, import_error
+from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 

@@ -21,8 +21,9 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from oracle import dcp as oracle
-from oracle import dcp_attention
+
+from staticattn.reference import dcp as oracle
+from staticattn.reference import dcp_attention
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")

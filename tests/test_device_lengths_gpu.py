@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
-from oracle import checksums
 from support import HostStep
 from test_mixed_builds import CONFIGS
 
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager, GraphOptions
+from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import mixed as oracle
 from support import DEVICE, _t, host_steps
 from test_mixed_builds import CONFIGS, _world, bucket_for, stage_mixed
 
@@ -29,6 +28,7 @@ from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.errors import CapacityError, GraphError, InvalidBatchError
 from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager, GraphOptions
+from staticattn.reference import mixed as oracle
 
 
 def _staged(inputs, num_reqs: int, num_tokens: int) -> list[torch.Tensor]:

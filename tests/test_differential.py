@@ -15,13 +15,13 @@ import dataclasses
 import pytest
 import torch
 from hypothesis import given, settings
-from oracle import indexer as indexer_oracle
-from oracle import swa as swa_oracle
 from support import DEVICE, _t, host_steps, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.reference import indexer as indexer_oracle
+from staticattn.reference import swa as swa_oracle
 
 CONFIGS = {
     "v4-mtp2": dict(num_speculative_tokens=1),

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from gather_world import gather_world
 from hypothesis import given, settings
-from oracle import checksums
 from support import DEVICE, _t, host_steps
 from test_mixed_builds import CONFIGS
 
 from staticattn.errors import GraphError
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions, StagingGuard
 from staticattn.graphs.records import RunResult
+from staticattn.reference import checksums
 
 
 def _examples(backend: str) -> int:

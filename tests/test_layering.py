@@ -21,15 +21,20 @@ PACKAGE = Path(__file__).resolve().parents[1] / "staticattn"
 #: ``__init__``) sit on top and may import anything.
 ALLOWED = {
     "errors": set(),
+    "lazy": set(),
     "model": {"errors"},
     "arena": {"errors", "model"},
+    # The oracle: plain loops from the spec, independent of everything it checks (the
+    # arena only names its config type).
+    "reference": {"arena", "model"},
     "kernels": {"errors"},
     "staging": {"errors", "model", "arena", "kernels"},
     "builders": {"errors", "model", "arena", "kernels", "staging"},
     "graphs": {"errors", "model", "arena", "kernels", "staging", "builders"},
     "consumers": {"errors", "model", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "model", "arena", "staging", "builders", "graphs"},
-    "checks": {"errors", "model", "arena", "staging", "builders", "graphs", "bench"},
+    "checks": {"errors", "model", "arena", "staging", "builders", "graphs", "bench", "reference",
+               "lazy"},
     "distributed": {"errors", "model", "arena", "kernels", "staging", "builders", "graphs",
                     "consumers", "bench"},
 }
@@ -55,6 +60,8 @@ GRAPH_MODULES = [
 #: schema on ``_schema`` (no public spelling).
 FOREIGN_PRIVATE = {("staticattn.checks.watch", "func._schema")}
 MAX_LINES = 400
+#: What ``import staticattn`` itself loads (PEP 562 exports), whatever room comes after it.
+ROOT_LOADS = {"lazy"}
 
 
 def _beneath(room: str) -> set[str]:
@@ -180,6 +187,15 @@ def test_no_module_reads_another_objects_private_names():
     assert not bad, "private names read across objects:\n" + "\n".join(sorted(bad))
 
 
+def test_the_reference_is_independent_of_what_it_checks():
+    """The oracle imports no kernel, builder, staging or graph code, and none of them (nor
+    anything beneath them) may import the oracle: a shared mistake cannot agree with itself."""
+    checked = {"kernels", "staging", "builders", "graphs"}
+    assert not _beneath("reference") & checked
+    assert not any("reference" in _beneath(room) for room in checked)
+    assert {_room(m) for m in _graph()} >= {"reference"}
+
+
 def test_no_import_cycle():
     graph = _graph()
     state: dict[str, int] = {}
@@ -219,8 +235,19 @@ def test_importing_a_room_loads_nothing_above_it(room):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = set(done.stdout.split()) - {room}
+    loaded = set(done.stdout.split()) - {room} - ROOT_LOADS
     assert loaded <= _beneath(room), f"importing {room} loaded {sorted(loaded - _beneath(room))}"
+
+
+def test_importing_the_package_loads_only_its_lazy_exports():
+    """``import staticattn`` (which importing any room does first) loads ``lazy`` alone, and
+    no torch: the public names are resolved on first use."""
+    script = ("import sys, staticattn\n"
+              "print(' '.join(sorted({m.split('.')[1] for m in sys.modules "
+              "if m.startswith('staticattn.')})), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=300)
+    assert done.stdout.split() == [*sorted(ROOT_LOADS), "False"], done.stdout + done.stderr
 
 
 def test_files_stay_small():

@@ -20,10 +20,6 @@ import pytest
 import torch
 from gather_world import gather_world
 from hypothesis import HealthCheck, assume, given, settings
-from oracle import checksums
-from oracle import indexer as indexer_oracle
-from oracle import mixed as mixed_oracle
-from oracle import swa as swa_oracle
 from support import _t, host_steps
 from test_mixed_builds import CONFIGS
 
@@ -33,6 +29,10 @@ from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.checks.views import tensors_in
 from staticattn.consumers import GatherConsumer
 from staticattn.graphs import GraphKind, GraphManager, GraphOptions
+from staticattn.reference import checksums
+from staticattn.reference import indexer as indexer_oracle
+from staticattn.reference import mixed as mixed_oracle
+from staticattn.reference import swa as swa_oracle
 
 pytestmark = pytest.mark.gpu
 

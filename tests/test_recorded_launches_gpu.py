@@ -20,7 +20,6 @@ import pytest
 import torch
 from gather_world import gather_world
 from hypothesis import given, settings
-from oracle import checksums
 from support import _t, host_steps
 from test_mixed_builds import CONFIGS
 
@@ -28,6 +27,7 @@ from staticattn.builders import IndexerMetadataBuilder
 from staticattn.checks.views import tensors_in
 from staticattn.errors import InvalidBatchError
 from staticattn.graphs import GraphKind, GraphManager, GraphOptions
+from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 

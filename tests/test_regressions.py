@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from oracle import indexer as oracle
 from support import DEVICE
 
 from staticattn.arena import ArenaConfig
@@ -24,6 +23,7 @@ from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.consumers import GatherConsumer
 from staticattn.graphs import EagerBuild, GraphKind, GraphManager, GraphOptions
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+from staticattn.reference import indexer as oracle
 
 
 @pytest.mark.parametrize("next_n", [1, 2])

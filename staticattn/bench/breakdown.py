@@ -23,18 +23,21 @@ Each eager path is timed for a uniform decode step and for the reference mixed b
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import launch_floor
 from staticattn.bench.mixed import reference_mixed_batch
 from staticattn.bench.random_batches import RandomStep, fixed_step
-from staticattn.bench.report import environment, floor_lines
+from staticattn.bench.report import Stat, environment, floor_lines
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import make_arena
 from staticattn.builders.validation.host import screen_step, step_passes, uniform_decode_passes
@@ -42,7 +45,7 @@ from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions, StagingGuard
 from staticattn.graphs.records import RunResult, slice_outputs
 
-__all__ = ["run_breakdown"]
+__all__ = ["Breakdown", "run_breakdown"]
 
 Phases = list[tuple[str, Callable[[], object]]]
 
@@ -160,19 +163,41 @@ def _run_graph_build(gm: GraphManager, step: RandomStep,
     return phases
 
 
+@dataclass(slots=True)
+class Breakdown:
+    """Per-phase host medians (us) of each path, and the launch floor of the same run."""
+
+    header: str
+    paths: dict[str, dict[str, float]]
+    floor: dict[str, Stat] | None
+
+    def table(self) -> str:
+        """The breakdown as text: one line per path, then the floor."""
+        return "\n".join([self.header] + [
+            f"{label}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items())
+            for label, medians in self.paths.items()] + floor_lines(self.floor))
+
+    def to_json(self) -> str:
+        """The breakdown as JSON: ``{"header", "paths": {label: {phase: us}}, "floor"}``."""
+        floor = None if self.floor is None else {k: asdict(v) for k, v in self.floor.items()}
+        return json.dumps({"header": self.header, "paths": self.paths, "floor": floor},
+                          indent=2)
+
+
 def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig], list],
                   num_reqs: int = 32, reps: int = 300, seed: int = 0,
-                  staging_guard: StagingGuard = StagingGuard.STAGING) -> str:
-    """The per-phase table (text) for ``config``, metadata only; ``staging_guard`` as in
-    :class:`~staticattn.graphs.GraphOptions`."""
+                  staging_guard: StagingGuard = StagingGuard.STAGING,
+                  progress: bool = False) -> Breakdown:
+    """The per-phase medians for ``config``, metadata only; ``staging_guard`` as in
+    :class:`~staticattn.graphs.GraphOptions`; ``progress``: a bar over the paths."""
     rng = np.random.default_rng(seed)
     floor = launch_floor()
     builders = builders_factory(config)
     arena, inputs = make_arena(config, builders)
     n = config.next_n
-    lines = [f"host time per phase, us (medians of {reps}) | device {environment()['device']}"
-             f" | next_n {n}, {num_reqs} requests | staging guard after the "
-             f"{staging_guard.value}"]
+    header = (f"host time per phase, us (medians of {reps}) | device "
+              f"{environment()['device']} | next_n {n}, {num_reqs} requests | staging guard "
+              f"after the {staging_guard.value}")
     options = GraphOptions(progress=False, staging_guard=staging_guard)
     with GraphManager(arena, inputs, builders, lambda batch, md: None, options) as gm:
         gm.capture([num_reqs * n], buckets=())
@@ -189,8 +214,8 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
                        _run_graph_build(gm, step, "off"))]
         paths += [("run(eager=REFERENCE), decode", _run_eager(gm, decode)),
                   ("run(eager=REFERENCE), reference mixed batch", _run_eager(gm, mixed))]
-        for label, phases in paths:
-            medians = _phase_medians(phases, reps)
-            lines.append(f"{label}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians.items()))
-    return "\n".join(lines + floor_lines(floor))
+        medians = {label: _phase_medians(phases, reps)
+                   for label, phases in tqdm(paths, desc="breakdown", unit="path",
+                                             disable=not progress, leave=False)}
+    return Breakdown(header, medians, floor)
 
