@@ -19,7 +19,7 @@ except ImportError:
 
 import torch
 
-from staticattn.consumers import gather_kernel
+from staticattn.consumers import checksums as gather_checksums
 from staticattn.kernels import (
     indexer_kernel,
     indexer_plan,
@@ -125,7 +125,7 @@ def cases():
                   "pre_rows cp_rows i_rows i_width i_decode_tokens max_chunks window swa_bs "
                   "c_entries storage_bs".split(), 1)}
     for everything in (True, False):
-        yield gather_kernel._gather_kernel(), gather, dict(
+        yield gather_checksums._gather_kernel(), gather, dict(
             HAS_S=everything, HAS_PRE=everything, HAS_C=everything, HAS_CP=everything,
             HAS_I=True, HAS_PLAN=everything, I_FLATTEN=everything,
             I_DEVICE_COUNTS=everything, C_WIDTH=8192, BLOCK_W=128, BLOCK_C=1024, TAIL=32,
