@@ -55,7 +55,7 @@ def cases():
     dcp_args = dict.fromkeys("dcp_world dcp_rank dcp_interleave".split(), 1)
     decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out counts "
                      "token_to_req global_seq_lens", I32),
-              **ptrs("positions slots_out", I64), **dict.fromkeys(
+              **ptrs("positions slots_out own_slots", I64), **dict.fromkeys(
                   "bt_stride table_stride num_decodes num_rows width num_cols compress_ratio "
                   "storage_bs num_slot_tokens".split(), 1), **dcp_args}
     for flatten in (True, False):
@@ -64,11 +64,12 @@ def cases():
                 for dcp in (True, False):
                     yield indexer_kernel._decode_kernel(), decode, dict(
                         DECODE=True, FLATTEN=flatten, SLOTS=slots,
-                        DEVICE_COUNTS=device_counts, DCP=dcp, BLOCK=128, COLS=64)
-    for dcp in (True, False):
+                        DEVICE_COUNTS=device_counts, DCP=dcp, GATE=slots and not dcp,
+                        BLOCK=128, COLS=64)
+    for dcp, gate in ((True, False), (False, False), (False, True)):
         yield indexer_kernel._decode_kernel(), {**decode, "seq_lens": I64}, dict(
-            DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, DCP=dcp, BLOCK=128,
-            COLS=64)
+            DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, DCP=dcp, GATE=gate,
+            BLOCK=128, COLS=64)
     for legacy in (True, False):
         yield mqa_schedule._schedule_kernel(), {
             "lens": I32, "out": I32, **dict.fromkeys(
