@@ -13,12 +13,12 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.chunking import split_indexer_prefill_chunks
 from staticattn.builders.batch import Batch
+from staticattn.builders.indexer.index_type import IndexType
 from staticattn.builders.indexer.metadata import (
     IndexerPrefillChunkMetadata,
     IndexerPrefillMetadata,
     IndexerPrefillPlan,
 )
-from staticattn.builders.indexer.index_type import IndexType
 from staticattn.kernels.dcp import dcp_local_count
 from staticattn.kernels.indexer_plan import (
     CHUNK_FIELDS,
@@ -42,7 +42,8 @@ def max_chunks(config: ArenaConfig, num_reqs: int, num_tokens: int,
 class IndexerPrefill:
     """The prefill views and their two builds.
 
-    Buffers (``<name>.*``, device, ``name`` the builder's: ``indexer`` or ``indexer.<type>``; ``T = max_num_batched_tokens``, ``R = max_num_seqs``):
+    Buffers (``<name>.*``, device, ``name`` the builder's: ``indexer`` or
+    ``indexer.<type>``; ``T = max_num_batched_tokens``, ``R = max_num_seqs``):
     ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)`` (key ranges by global token);
     ``cu_seq_lens`` int32 ``(2R,)`` (requests ``[s, e)`` own ``[2s, s + e + 1)``, disjoint
     for disjoint ranges, so every chunk of a step keeps its own view); ``prefill_chunks``
