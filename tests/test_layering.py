@@ -34,13 +34,15 @@ ALLOWED = {
 }
 #: Rooms inside ``builders``, by concern -> the rooms of ``builders`` each may import. The
 #: core (``builders``: the contract, the batch) imports none of them; the package's
-#: ``__init__`` re-exports them all. The indexer and the SWA builder never import each other.
+#: ``__init__`` re-exports them all. The indexer, SWA and compressed builders never import
+#: each other.
 BUILDER_ROOMS = {
     "builders": set(),
     "builders.validation": {"builders"},
     "builders.attention_utils": {"builders", "builders.validation"},
     "builders.indexer": {"builders", "builders.validation", "builders.attention_utils"},
     "builders.swa": {"builders", "builders.validation", "builders.attention_utils"},
+    "builders.compressed": {"builders", "builders.validation", "builders.attention_utils"},
 }
 MAX_LINES = 400
 
