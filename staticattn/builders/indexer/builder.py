@@ -71,7 +71,7 @@ __all__ = ["IndexerMetadataBuilder", "flattens"]
 class IndexerMetadataBuilder:
     """Builds :class:`IndexerMetadata` into the arena.
 
-    Buffers (``indexer.*``, device, from :meth:`buffers`), with ``Tdec = max_decode_tokens``
+    Buffers (``<name>.*``, device, from :meth:`buffers`), with ``Tdec = max_decode_tokens``
     (``max_num_seqs * next_n``, at most ``max_num_batched_tokens``) and
     ``T = max_num_batched_tokens``:
 
@@ -80,10 +80,11 @@ class IndexerMetadataBuilder:
     - ``schedule_metadata`` int32 ``(num_sms + 1, 2)``: the paged-MQA-logits schedule;
     - ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)``: prefill key ranges, by global token;
     - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
-    - ``expanded_block_table`` int32 ``(Tdec, max_blocks_per_req)``: with MTP
-      (``next_n > 1``), which the mixed build always flattens;
-    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1`` or under
-      decode context parallelism (the rank's own slots, see below);
+    - ``expanded_block_table`` int32 ``(Tdec, C)`` (``C`` the index-K table's columns):
+      with MTP (``next_n > 1``), which the mixed build always flattens;
+    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1``, for a type
+      with its own index-K table, or under decode context parallelism (the rank's own
+      slots, see below);
     - ``decode_global_seq_lens`` int32 ``(Tdec,)``: under decode context parallelism only;
     - ``prefill_chunks`` int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``,
       ``req_key_start`` int32 ``(max_num_seqs,)``: the device chunk plan of the mixed build
