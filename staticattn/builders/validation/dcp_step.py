@@ -68,8 +68,10 @@ def step_fingerprint(config: ArenaConfig, query_lens, seq_lens) -> np.ndarray:
     s = host_ints("seq_lens", seq_lens, ndim=1)
     if q.size != s.size:
         raise InvalidBatchError(f"query_lens has {q.size} entries but seq_lens has {s.size}")
+    # The fields given, not the ones derived from them: a derived layer-type row holds a
+    # frozenset, whose repr follows the process's string hashing.
     shared = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
-              if f.name not in _PER_RANK_FIELDS}
+              if f.init and f.name not in _PER_RANK_FIELDS}
     return np.array([config.dcp_world_size, config.dcp_rank,
                      config.cp_kv_cache_interleave_size, q.size, int(q.sum()), _checksum(q),
                      _checksum(s), zlib.crc32(repr(sorted(shared.items())).encode())],
