@@ -6,8 +6,8 @@ counts -- and derives the c1a and c2a decode operands from top-k rows it owns. R
 steps of every composition go through ``GraphManager.run`` (on CPU: the eager fallback that
 launches the graph builds, ``build_decode`` / ``build_mixed``), the reference eager builds
 (``eager=EagerBuild.REFERENCE``) and the in-place API (``begin_step`` / ``launch``), the
-block tables written in place into ``inputs.block_tables``; each equals the oracle. On a GPU the graphs are
-captured first and every step replays one.
+block tables written in place into ``inputs.block_tables``; each equals the oracle. On a
+GPU the graphs are captured first and every step replays one.
 """
 
 from __future__ import annotations
