@@ -18,7 +18,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.consumers.gather import GatherConsumer
-from staticattn.graphs import GraphManager
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,7 +34,7 @@ def manager(request):
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     step = GatherConsumer(cfg) if request.param == "gather" else (lambda batch, md: None)
-    gm = GraphManager(arena, inputs, builders, step, progress=False)
+    gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
     gm.capture([b * cfg.next_n for b in SIZES], buckets=())
     yield request.param, gm
     gm.close()
@@ -46,7 +46,7 @@ def test_step(benchmark, manager, num_reqs, path):
     consumer, gm = manager
     st = random_uniform_decode(gm.inputs, num_reqs, np.random.default_rng(num_reqs))
     args = (st.query_lens, st.seq_lens, st.slot_mapping)
-    eager = path == "eager"
+    eager = EagerBuild.REFERENCE if path == "eager" else None
 
     def step():
         gm.run(*args, eager=eager)

@@ -3,7 +3,9 @@
 On a GPU: captures the decode graphs of a small DeepSeek-V4-like config, times each step
 through the graph and through the eager build (host and GPU, medians with min/max), writes
 the report's JSON and reads it back the way a dashboard would. Without CUDA there is nothing
-to time: the script says so and reads the H200 figures published in ``docs/results``.
+to time: the script says so and reads the H200 figures published in ``docs/results``
+instead. Either way ``--plot`` draws them when matplotlib (the ``plot`` extra) is installed,
+and says how to install it when not.
 
     python -m examples.bench_replay [--out bench.json] [--plot bench.png]
 """
@@ -33,8 +35,8 @@ def measure(out: Path) -> None:
 
 
 def summarize(data: dict) -> list[tuple[int, float, float, float]]:
-    """``(tokens, graph host us, eager host us, host ratio)`` per row of a report's JSON."""
-    return [(r["size"], r["graph_host_us"]["median"], r["eager_host_us"]["median"],
+    """``(requests, graph host us, eager host us, host ratio)`` per row of a report's JSON."""
+    return [(r["num_reqs"], r["graph_host_us"]["median"], r["eager_host_us"]["median"],
              r["host_ratio"]) for r in data["rows"]]
 
 
@@ -42,12 +44,13 @@ def plot(data: dict, path: Path) -> None:
     try:
         import matplotlib
     except ImportError:
-        print("matplotlib is not installed: no plot")
+        print(f"no plot: --plot {path} needs matplotlib, the plot extra (pip install "
+              "matplotlib, or pip install '.[plot]' in the clone)")
         return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sizes = [r["size"] for r in data["rows"]]
+    sizes = [r["num_reqs"] for r in data["rows"]]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("graph_gpu_us", "graph replay (GPU)"), ("eager_gpu_us", "eager (GPU)"),
                        ("graph_host_us", "graph replay (host)"),
@@ -55,7 +58,7 @@ def plot(data: dict, path: Path) -> None:
         ax.plot(sizes, [r[key]["median"] for r in data["rows"]], "o-", label=label)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("tokens per step")
+    ax.set_xlabel("requests per decode step")
     ax.set_ylabel("us per step (median)")
     ax.set_title(data["env"]["device"], fontsize=9)
     ax.legend(fontsize=8)
@@ -76,9 +79,9 @@ def main() -> None:
         print(f"no CUDA device: nothing to time here; reading the published {PUBLISHED.name}")
         source = PUBLISHED
     data = json.loads(source.read_text())
-    print(f"{'tokens':>6} {'graph host us':>14} {'eager host us':>14} {'eager / graph':>14}")
-    for size, graph, eager, ratio in summarize(data):
-        print(f"{size:>6} {graph:>14.1f} {eager:>14.1f} {ratio:>14.1f}")
+    print(f"{'requests':>8} {'graph host us':>14} {'eager host us':>14} {'eager / graph':>14}")
+    for num_reqs, graph, eager, ratio in summarize(data):
+        print(f"{num_reqs:>8} {graph:>14.1f} {eager:>14.1f} {ratio:>14.1f}")
     if args.plot is not None:
         plot(data, args.plot)
 

@@ -7,9 +7,12 @@ writes the query starts, sequence lengths and slots into the pinned staging
 (``begin_step``) and launches the step (``launch``). The step function is the engine's own:
 a tiny sliding-window attention over a random KV cache, read through the SWA metadata.
 
-On a GPU every step replays a captured graph and is checked against the same step run
-eagerly (``run(..., eager=True)``); without CUDA every step runs eagerly on the CPU kernels,
-and the loop says so. At the end: the replay share and the mismatches.
+On a GPU every step replays a captured graph; without CUDA every step runs eagerly on the
+CPU kernels (the builds a graph holds), and the loop says so. Either way each step is checked
+twice: its output against the same step through the reference builds (``run(...,
+eager=EagerBuild.REFERENCE)``), and the reference builds' metadata, field by field, against
+the plain-Python reference (:mod:`staticattn.reference`). At the end: the replay share and
+the mismatches.
 
     python -m examples.custom_loop [--steps 200]      (from the repository root)
 """
@@ -17,13 +20,15 @@ and the loop says so. At the end: the replay share and the mismatches.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import numpy as np
 import torch
 
-from staticattn import ArenaConfig, GraphManager, make_arena
+from staticattn import ArenaConfig, EagerBuild, GraphManager, GraphOptions, make_arena
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
+from staticattn.checks import reference_mismatch
 
 HEAD_DIM, NUM_BLOCKS, BUDGET = 32, 4096, 256
 
@@ -50,7 +55,7 @@ class WindowAttention:
         return self.out[: batch.num_actual_tokens]
 
 
-def main() -> None:
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
@@ -63,10 +68,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     free = list(range(1, NUM_BLOCKS))  # block 0 stays the null block
     requests = []  # dicts: prompt, done (tokens in the cache), blocks, swa_blocks
-    steps = replays = mismatches = 0
+    steps = replays = mismatches = reference_mismatches = 0
+    first_mismatch = None
     print("graphs: captured below" if cuda else "no CUDA: every step runs eagerly on the CPU")
     with GraphManager(arena, inputs, builders, WindowAttention(cfg, device),
-                      progress=False) as gm:
+                      GraphOptions(progress=False)) as gm:
         if cuda:
             gm.capture()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -120,10 +126,14 @@ def main() -> None:
                 gpu = f", GPU {start.elapsed_time(end) * 1e3:.1f} us"
             graph = gm.stats.replays + gm.stats.mixed_replays > replays_before
             replays += graph
-            if graph:  # the same step, eagerly: equal up to float rounding
-                out = out.clone()  # the step's outputs live until the next step
-                eager = gm.run(q, seq, slot, eager=True).outputs
-                mismatches += not torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
+            # The same step through the reference builds: equal up to float rounding.
+            out = out.clone()  # the step's outputs live until the next step
+            eager = gm.run(q, seq, slot, eager=EagerBuild.REFERENCE).outputs
+            mismatches += not torch.allclose(out, eager, rtol=1e-5, atol=1e-6)
+            # The reference builds' metadata against the plain-Python reference.
+            mismatch = reference_mismatch(gm, q, seq, slot)
+            reference_mismatches += mismatch is not None
+            first_mismatch = first_mismatch or mismatch
             steps += 1
             print(f"step {steps:3d}: {len(decodes):2d} decodes, {k - len(decodes)} "
                   f"prefill chunks, {t:4d} tokens -> {'graph' if graph else 'eager'}, host "
@@ -133,10 +143,21 @@ def main() -> None:
             for r in [r for r in requests if r["done"] >= r["prompt"] + 40]:  # finished
                 free += r["blocks"] + r["swa_blocks"]
                 requests.remove(r)
-        print(gm.describe() if cuda else f"eager steps: {dict(gm.stats.eager)}")
-    print(f"{steps} steps, {replays} replayed ({100 * replays / max(steps, 1):.0f}%), "
-          f"{mismatches} mismatches against the eager run")
+        if cuda:
+            print(gm.describe())
+        else:  # "forced": the reference builds this loop runs for its check
+            print("eager steps: " + ", ".join(f"{why} {n}" for why, n in gm.stats.eager.items()))
+    print(f"{steps} steps, {replays} replayed ({100 * replays / max(steps, 1):.0f}%)")
+    print(f"checked {steps} steps against the reference builds (outputs): {mismatches} "
+          "mismatches")
+    print(f"checked {steps} steps' metadata against staticattn.reference: "
+          f"{reference_mismatches} mismatches" + (f" (first: {first_mismatch})"
+                                                  if first_mismatch else ""))
+    ok = steps > 0 and mismatches == reference_mismatches == 0
+    print(f"{'PASS' if ok else 'FAIL'}: {steps} steps checked, "
+          f"{mismatches + reference_mismatches} mismatches")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

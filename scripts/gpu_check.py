@@ -24,8 +24,8 @@ STAGES = {
               "-o", "faulthandler_timeout=300"],
     "demo": [sys.executable, "-m", "staticattn", "demo", "--no-progress"],
     "check": [sys.executable, "-m", "staticattn", "check"],
-    "bench": [sys.executable, "-m", "staticattn", "bench", "--batch", "1", "32", "--reps", "50",
-              "--no-progress"],
+    "bench": [sys.executable, "-m", "staticattn", "bench", "--batch-requests", "1", "32",
+              "--reps", "50", "--no-progress"],
 }
 
 

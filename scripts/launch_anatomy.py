@@ -28,6 +28,7 @@ from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.graphs.introspect import cudart_or_none
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import GraphOptions, StagingGuard
 from staticattn.kernels.frozen_launch import driver_or_none
 
 AUTO_FREE = 1  # cudaGraphInstantiateFlagAutoFreeOnLaunch, what torch instantiates with
@@ -125,10 +126,10 @@ def main() -> None:
     print(f"preset {args.preset}, next_n {n}, {k} requests, staging guard after the "
           f"{args.staging_guard}; host us, medians of {args.reps}")
     print(f"one-kernel floor through cudaGraphLaunch: {floor['raw_launch_host_us'].median:.2f}")
-    with GraphManager(arena, inputs, builders, lambda b, md: None, progress=False,
-                      staging_guard=args.staging_guard) as gm:
+    options = GraphOptions(progress=False, staging_guard=StagingGuard(args.staging_guard))
+    with GraphManager(arena, inputs, builders, lambda b, md: None, options) as gm:
         gm.capture([k * n], buckets=())
-        g = gm._table.decode[k]
+        g = gm.table.decode[k]
         rng = np.random.default_rng(0)
         step = fixed_step(inputs, np.full(k, n), rng.integers(n, 32_768, size=k), rng)
         gm.run(step.query_lens, step.seq_lens, step.slot_mapping)
@@ -179,7 +180,7 @@ def main() -> None:
         timed("begin_step + launch(k)", lambda: (gm.begin_step(), gm.launch(k)))
         gm.validate = True
         timed("launch(k), checked", lambda: gm.launch(k))
-        timed("view checks alone", lambda: gm._checks.decode(k))
+        timed("view checks alone", lambda: gm.in_place.checks.decode(k))
         for ex, clone in keep:
             rt.cudaGraphExecDestroy(ex)
             rt.cudaGraphDestroy(clone)

@@ -1,6 +1,6 @@
 """Where the GPU time of one replayed step goes: per-kernel durations from the profiler.
 
-    python scripts/profile_replay.py --batch 1 256 [--preset deepseek-v4]
+    python scripts/profile_replay.py --batch-requests 1 256 [--preset deepseek-v4]
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from torch.profiler import ProfilerActivity, profile
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import DecodeStream
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphManager, GraphOptions
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--batch", type=int, nargs="+", default=[1, 256])
+    ap.add_argument("--batch-requests", type=int, nargs="+", default=[1, 256],
+                    help="batch sizes, in requests")
     ap.add_argument("--preset", default="deepseek-v4")
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
@@ -28,9 +29,10 @@ def main() -> None:
     arena, inputs = make_arena(cfg, builders)
     rng = np.random.default_rng(0)
     stream = DecodeStream(inputs, rng)
-    with GraphManager(arena, inputs, builders, lambda b, m: None, progress=False) as gm:
-        gm.capture([b * cfg.next_n for b in args.batch])
-        for b in args.batch:
+    with GraphManager(arena, inputs, builders, lambda b, m: None,
+                      GraphOptions(progress=False)) as gm:
+        gm.capture([b * cfg.next_n for b in args.batch_requests])
+        for b in args.batch_requests:
             st = stream.next(b)
             for _ in range(5):
                 gm.run(st.query_lens, st.seq_lens, st.slot_mapping)

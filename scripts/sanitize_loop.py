@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck python scripts/sanitize_loop.py
 
 Covers the staging kernel, both builders' decode builds (graph) and eager builds with
-prefills, the launch plans of eager steps (recorded and replayed), and the gather consumer;
+prefills, the recorded launches of eager steps (recorded and launched again), and the
+gather consumer;
 small capacities so the sanitizer finishes quickly.
 """
 
@@ -17,7 +18,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import DecodeStream, random_mixed_step
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.consumers.gather import GatherConsumer
-from staticattn.graphs import GraphManager
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 
 
 def main() -> None:
@@ -28,7 +29,7 @@ def main() -> None:
         arena, inputs = make_arena(cfg, builders)
         rng = np.random.default_rng(0)
         with GraphManager(arena, inputs, builders, GatherConsumer(cfg, 512),
-                          progress=False) as gm:
+                          GraphOptions(progress=False)) as gm:
             n = cfg.next_n
             gm.capture([n, 4 * n, 16 * n])
             stream = DecodeStream(inputs, rng, num_kv_blocks=512)
@@ -40,16 +41,16 @@ def main() -> None:
                                               max_prefill_tokens=100)
                     gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
             # The graph builds run eagerly (what a step no graph holds runs), three times per
-            # step: the launch plans of a decode step and of a mixed step are noted,
-            # recorded, then launched.
+            # step: the launches of a decode step and of a mixed step are noted, recorded,
+            # then launched from the record.
             decode = stream.next(3)
             for _ in range(3):
-                gm.run(decode.query_lens, decode.seq_lens, decode.slot_mapping, eager="graph")
-                gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping, eager="graph")
+                for st in (decode, mixed):
+                    gm.run(st.query_lens, st.seq_lens, st.slot_mapping, eager=EagerBuild.GRAPH)
             torch.cuda.synchronize()
-            plans = gm.plans.stats if gm.plans is not None else None
+            recorded = gm.eager.recorded_launches
             print(f"next_n {n}: {gm.stats.replays} replays, eager {dict(gm.stats.eager)}, "
-                  f"plans {plans}")
+                  f"recorded launches {recorded.stats if recorded is not None else None}")
 
 
 if __name__ == "__main__":

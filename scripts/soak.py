@@ -28,7 +28,7 @@ from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.consumers.gather import GatherConsumer
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphKind, GraphManager, GraphOptions, StagingGuard
 
 
 def expected_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
@@ -92,8 +92,8 @@ def main() -> int:
               "length_mismatches": 0, "eager_mismatches": 0}
     replayed = eager = None
     report["staging_guard"] = args.staging_guard
-    with GraphManager(arena, inputs, builders, consumer, progress=False,
-                      staging_guard=args.staging_guard) as gm:
+    options = GraphOptions(progress=False, staging_guard=StagingGuard(args.staging_guard))
+    with GraphManager(arena, inputs, builders, consumer, options) as gm:
         gm.capture(buckets=None if args.mix else ())
         sizes = gm.capture_sizes
         stream = DecodeStream(inputs, rng, max_seq_len=args.max_model_len)
@@ -116,7 +116,7 @@ def main() -> int:
                 "c128a": swa_md.c128a_decode_lens,
                 "indexer": index_md.decode.seq_lens.reshape(-1),
             }
-            if g.kind == "mixed":
+            if g.kind is GraphKind.MIXED:
                 exp = expected_mixed_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,
                                              g.size)
                 got["c128a_prefill"] = swa_md.c128a_prefill_lens

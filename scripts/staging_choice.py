@@ -15,7 +15,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import replay_gpu_us
 from staticattn.builders import make_arena
-from staticattn.graphs.capture import capture, warm_up
+from staticattn.graphs.capturer import capture, warm_up
 
 
 def replay_us(fn, reps: int = 500) -> float:

@@ -12,8 +12,9 @@ Docstrings cite the semantics the code implements as "spec §N": a section of
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from staticattn.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -29,29 +30,22 @@ _EXPORTS = {
     "IndexerMetadataBuilder": "staticattn.builders",
     "SparseSWAMetadataBuilder": "staticattn.builders",
     "GraphManager": "staticattn.graphs",
+    "GraphOptions": "staticattn.graphs",
+    "EagerBuild": "staticattn.graphs",
+    "StagingGuard": "staticattn.graphs",
     "check_graph_safety": "staticattn.checks",
     "run_bench": "staticattn.bench",
 }
 
 __all__ = [
-    "Arena", "ArenaConfig", "Batch", "BufferDecl", "GraphManager", "IndexerMetadataBuilder",
-    "MetadataBuilder", "SparseSWAMetadataBuilder", "StepInputs", "__version__",
-    "check_graph_safety", "make_arena", "run_bench",
+    "Arena", "ArenaConfig", "Batch", "BufferDecl", "EagerBuild", "GraphManager",
+    "GraphOptions", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",
+    "StagingGuard", "StepInputs", "__version__", "check_graph_safety", "make_arena",
+    "run_bench",
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'staticattn' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
     from staticattn.arena import Arena, ArenaConfig, BufferDecl
@@ -64,5 +58,5 @@ if TYPE_CHECKING:
         make_arena,
     )
     from staticattn.checks import check_graph_safety
-    from staticattn.graphs import GraphManager
+    from staticattn.graphs import EagerBuild, GraphManager, GraphOptions, StagingGuard
     from staticattn.staging import StepInputs

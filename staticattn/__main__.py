@@ -1,24 +1,18 @@
-"""Command line: ``python -m staticattn demo | check | bench`` (also the ``staticattn`` script)."""
+"""Command line: ``python -m staticattn demo | check | bench`` (also the ``staticattn`` script).
+
+Every argument is checked (:mod:`staticattn.cli`) before a command says or does anything
+else; a bad one exits 2 with one line naming it."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 
-__all__ = ["main"]
+from staticattn.cli import build_parser, config_of, load_step, validate
+from staticattn.errors import StepSpecError
 
-
-def _config(args):
-    from staticattn.arena import ArenaConfig
-
-    overrides = {}
-    if getattr(args, "next_n", None):
-        overrides["num_speculative_tokens"] = args.next_n - 1
-    if getattr(args, "max_model_len", None):
-        overrides["max_model_len"] = args.max_model_len
-    return ArenaConfig.preset(args.preset, **overrides)
+__all__ = ["main", "print_check_report"]
 
 
 def _builders(config):
@@ -28,118 +22,133 @@ def _builders(config):
     return [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if config.has_swa else [])
 
 
-def _step_factory(spec: str | None):
-    """``module:function`` called with the ArenaConfig, returning the step; default: the
-    built-in gather consumer."""
+def _make_step(spec: str | None, config):
+    """The step of ``--step module:function`` built for ``config`` (default: the built-in
+    gather consumer); :class:`StepSpecError` when calling the function fails."""
     if not spec:
         from staticattn.consumers.gather import GatherConsumer
 
-        return GatherConsumer
-    module, _, name = spec.partition(":")
-    if not name:
-        raise SystemExit(f"--step {spec!r}: expected module:function")
-    return getattr(importlib.import_module(module), name)
+        return GatherConsumer(config)
+    factory = load_step(spec)
+    try:
+        return factory(config)
+    except Exception as exc:  # the user's code: any failure is the spec's, said as such
+        raise StepSpecError(f"--step {spec}: {factory.__name__}(config) raised "
+                            f"{type(exc).__name__}: {exc}") from exc
+
+
+def _no_cuda(what: str, json_path: str | None) -> int:
+    """Say that ``what`` needs CUDA (as JSON too when asked); exit status 2."""
+    reason = f"no CUDA device; {what} needs one"
+    if json_path == "-":  # a CI job reading JSON from stdout gets JSON here too
+        print(json.dumps({"verdict": "skipped", "reason": reason}))
+    else:
+        print(f"SKIPPED: {reason}")
+    return 2
 
 
 def cmd_demo(args) -> int:
     if args.dcp:
         from staticattn.distributed.demo import run_dcp_demo
 
-        return run_dcp_demo(args.dcp, steps=args.steps, seed=args.seed,
-                            preset=args.dcp_preset)
+        kwargs = {} if args.steps is None else {"steps": args.steps}
+        return run_dcp_demo(args.dcp, seed=args.seed, preset=args.dcp_preset,
+                            json_path=args.json, progress=not args.no_progress, **kwargs)
     from staticattn.demo import run_demo
 
     return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress,
-                    consumer=args.consumer)
+                    consumer=args.consumer, json_path=args.json)
 
 
-def cmd_check(args) -> int:
-    import torch
-
+def cmd_check(args, cuda: bool) -> int:
+    if not cuda:
+        return _no_cuda("the graph sanity check (it captures CUDA graphs)", args.json)
     from staticattn.builders import make_arena
     from staticattn.checks import check_graph_safety
 
-    if not torch.cuda.is_available():
-        reason = "no CUDA device; the graph sanity check needs one"
-        # A CI job reading JSON from stdout gets JSON here too.
-        print(json.dumps({"verdict": "skipped", "reason": reason}) if args.json == "-"
-              else f"check: {reason}")
-        return 2
-    cfg = _config(args)
+    cfg = config_of(args, "cuda")
     builders = _builders(cfg)
     arena, inputs = make_arena(cfg, builders)
-    step = _step_factory(args.step)(cfg)
-    report = check_graph_safety(arena, inputs, builders, step, sizes=args.sizes,
-                                num_batches=args.batches, seed=args.seed, dot_dir=args.dot)
+    step = _make_step(args.step, cfg)
+    sizes = None if args.batch_requests is None else [r * cfg.next_n for r in args.batch_requests]
+    report = check_graph_safety(arena, inputs, builders, step, sizes=sizes,
+                                num_batches=args.batches, seed=args.seed, dot_dir=args.dot,
+                                progress=not args.no_progress)
     return print_check_report(report, args.json)
 
 
 def print_check_report(report, json_path: str | None) -> int:
     """Print the report: as text, or as JSON (``-`` for stdout, else a file beside the text);
     the exit status of ``check`` (0 PASS, 1 FAIL)."""
-    if json_path == "-":
-        print(report.to_json())
-    else:
-        print(report)
-        if json_path:
-            with open(json_path, "w") as f:
-                f.write(report.to_json())
+    _emit(report, json_path, str(report))
     return 0 if report.ok else 1
 
 
-def cmd_bench(args) -> int:
-    import torch
+def _emit(report, json_path: str | None, text: str) -> None:
+    """``text`` on stdout, or the report's JSON instead (``-``), or both (a file path)."""
+    if json_path == "-":
+        print(report.to_json())
+        return
+    print(text)
+    if json_path:
+        with open(json_path, "w") as f:
+            f.write(report.to_json())
 
-    from staticattn.bench.replay import run_bench
-    from staticattn.graphs.sizes import default_capture_sizes
 
+def cmd_bench(args, cuda: bool) -> int:
     if args.dcp:
         from staticattn.distributed.bench import run_dcp_bench
 
-        return run_dcp_bench(args.dcp, batches=args.batch or (1, 8, 16), reps=args.reps,
-                             seed=args.seed, preset=args.preset, json_path=args.json)
-    if not torch.cuda.is_available():
-        print("bench: no CUDA device; replay latency is a GPU measurement")
-        return 2
-    cfg = _config(args)
+        return run_dcp_bench(args.dcp, batches=args.batch_requests or (1, 8, 16),
+                             reps=args.reps, seed=args.seed, preset=args.preset,
+                             json_path=args.json, progress=not args.no_progress)
+    if not cuda:
+        return _no_cuda("replay latency (a GPU measurement)", args.json)
+    from staticattn.graphs.options import StagingGuard
+
+    cfg = config_of(args, "cuda")
+    progress = not args.no_progress
     if args.breakdown:
         from staticattn.bench.breakdown import run_breakdown
 
-        print(run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed,
-                            staging_guard=args.staging_guard))
+        report = run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed,
+                               staging_guard=StagingGuard(args.staging_guard),
+                               progress=progress)
+        _emit(report, args.json, report.table())
         return 0
     if args.mix:
         from staticattn.bench.mixed import run_mixed_bench
 
-        mixed = run_mixed_bench(_builders, None, reps=args.reps, seed=args.seed,
-                                progress=not args.no_progress)
-        print(mixed.table())
-        return _save_report(mixed, args)
+        report = run_mixed_bench(_builders, None, reps=args.reps, seed=args.seed,
+                                 progress=progress)
+        return _save(report, args, report.table())
     step, name = _bench_step(args)
     if args.context:
         from staticattn.bench.context import run_context_bench
 
         report = run_context_bench(args.preset, args.context, cfg.max_model_len,
-                                   lambda: _builders(cfg), step, batches=args.batch or (32,),
-                                   reps=args.reps, seed=args.seed, consumer_name=name)
-        print(report.table())
-        return _save_report(report, args)
+                                   lambda: _builders(cfg), step,
+                                   batches=args.batch_requests or (32,), reps=args.reps,
+                                   seed=args.seed, consumer_name=name, progress=progress)
+        return _save(report, args, report.table())
+    from staticattn.bench.replay import run_bench
+    from staticattn.graphs.sizes import default_capture_sizes
+
     n = cfg.next_n
-    sizes = [b * n for b in args.batch] if args.batch else default_capture_sizes(cfg)
+    sizes = ([r * n for r in args.batch_requests] if args.batch_requests
+             else default_capture_sizes(cfg))
     report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
                        preset=args.preset, consumer_name=name, seed=args.seed,
-                       progress=not args.no_progress, staging_guard=args.staging_guard)
-    print(report.header())
-    print(report.table())
-    return _save_report(report, args)
+                       progress=progress, staging_guard=StagingGuard(args.staging_guard))
+    return _save(report, args, report.header() + "\n" + report.table())
 
 
 def _bench_step(args) -> tuple:
     """``(step factory or None, its name)`` of the bench's ``--step`` / ``--consumer``."""
     if args.step:
-        return _step_factory(args.step), args.step
+        return (lambda cfg: _make_step(args.step, cfg)), args.step
     if args.consumer == "gather":
-        return _step_factory(None), "built-in gather consumer"
+        return (lambda cfg: _make_step(None, cfg)), "built-in gather consumer"
     if args.consumer == "real":
         from staticattn.consumers.real import real_consumer_step, real_consumers_available
 
@@ -149,87 +158,34 @@ def _bench_step(args) -> tuple:
     return None, "metadata only"
 
 
-def _save_report(report, args: argparse.Namespace) -> int:
-    """Write ``--json`` and ``--plot`` where asked; the exit status of ``bench``."""
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(report.to_json())
+def _save(report, args: argparse.Namespace, text: str) -> int:
+    """Print or write the report (``--json``), plot it (``--plot``); the exit status."""
+    _emit(report, args.json, text)
     if args.plot:
-        if hasattr(report, "plot"):
-            report.plot(args.plot)
-        else:
-            print(f"bench: this report has no plot; --plot {args.plot} ignored")
+        report.plot(args.plot)
+        if args.json != "-":
+            print(f"plot: {args.plot}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: ``demo``, ``check`` or ``bench`` (``--help`` for each); the
-    exit status."""
-    p = argparse.ArgumentParser(prog="staticattn", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    exit status (2 for a bad argument, with one line saying which and why)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    import torch
 
-    d = sub.add_parser("demo", help="synthetic serving loop through the graph manager")
-    d.add_argument("--steps", type=int, default=300)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--no-progress", action="store_true")
-    d.add_argument("--consumer", choices=["gather", "real"], default="gather",
-                   help="gather: the built-in consumer, every step replays; real: DeepGEMM + "
-                   "FlashMLA (when installed) on decode graphs, steps with prefills eager")
-    d.add_argument("--dcp", type=int, default=0, metavar="WORLD",
-                   help="decode context parallelism over WORLD ranks, one process each: "
-                   "torchrun --nproc-per-node WORLD -m staticattn demo --dcp WORLD")
-    d.add_argument("--dcp-preset", choices=["deepseek-v4", "deepseek-v3.2"],
-                   default="deepseek-v4", help="the model of the --dcp demo's arena")
-    d.set_defaults(fn=cmd_demo)
-
-    for name, fn, help_ in (("check", cmd_check, "graph-capture sanity checks"),
-                            ("bench", cmd_bench, "replay-latency benchmark")):
-        c = sub.add_parser(name, help=help_)
-        c.add_argument("--preset", default="deepseek-v4", choices=["deepseek-v4", "deepseek-v3.2"])
-        c.add_argument("--next-n", type=int, default=None, help="1 + speculative tokens")
-        c.add_argument("--max-model-len", type=int, default=None)
-        c.add_argument("--step", default=None, help="module:function(config) -> step")
-        c.add_argument("--seed", type=int, default=0)
-        c.set_defaults(fn=fn)
-        if name == "check":
-            c.add_argument("--sizes", type=int, nargs="*", default=None, help="tokens")
-            c.add_argument("--batches", type=int, default=100, help="random replays per size")
-            c.add_argument("--dot", default=None, help="folder for DOT dumps of each graph")
-            c.add_argument("--json", nargs="?", const="-", default=None,
-                           help="the report as JSON: to stdout (no value or -) instead of "
-                           "the text, or into this file beside the text")
-        else:
-            c.add_argument("--no-progress", action="store_true")
-            c.add_argument("--batch", type=int, nargs="*", default=None,
-                           help="batch sizes in requests (default: every capture size)")
-            c.add_argument("--reps", type=int, default=200)
-            c.add_argument("--consumer", choices=["none", "gather", "real"], default="none",
-                           help="the step after the metadata build: none, the built-in "
-                           "gather consumer, or DeepGEMM + FlashMLA (when installed)")
-            c.add_argument("--mix", action="store_true",
-                           help="steps of a loaded server with chunked prefill (the reference "
-                           "mixed batch on V4 n=1, n=2 and V3.2 n=1; a chunked-prefill trace), "
-                           "token-bucket graphs vs the eager reference builds")
-            c.add_argument("--breakdown", action="store_true",
-                           help="host time per phase of the captured and eager paths, next "
-                           "to the one-kernel launch floor")
-            c.add_argument("--context", type=int, nargs="+", default=None, metavar="C",
-                           help="contexts (tokens): the decode step with every context <= C "
-                           "replayed through a graph captured for --max-model-len and one "
-                           "captured for C (what a context bucket of C would hold)")
-            c.add_argument("--dcp", type=int, default=0, metavar="WORLD",
-                           help="decode context parallelism over WORLD ranks, one process "
-                           "each: torchrun --nproc-per-node WORLD -m staticattn bench --dcp "
-                           "WORLD (per-rank host and GPU time, the collectives' share, host "
-                           "jitter across ranks, the same step on one GPU)")
-            c.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
-                           help="where the graphs record the event the host waits for before "
-                           "rewriting the staging (GraphManager's staging_guard; batch sizes "
-                           "and --breakdown)")
-            c.add_argument("--json", default=None)
-            c.add_argument("--plot", default=None, help="PNG of latency vs batch size")
-    args = p.parse_args(argv)
-    return args.fn(args)
+    cuda = torch.cuda.is_available()
+    validate(args, cuda)
+    try:
+        if args.cmd == "demo":
+            return cmd_demo(args)
+        if args.cmd == "check":
+            return cmd_check(args, cuda)
+        return cmd_bench(args, cuda)
+    except StepSpecError as exc:
+        args.cmd_parser.error(str(exc))
+    return 2  # not reached: error() exits
 
 
 if __name__ == "__main__":

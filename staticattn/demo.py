@@ -4,34 +4,46 @@ Decode batches grow and shrink, MTP is on (some requests accept fewer drafts), n
 are prefilled in chunks beside the running decodes; every step runs through
 :meth:`GraphManager.run`. On a GPU every step replays a captured graph -- a decode graph
 or a token bucket -- and is checked against the reference eager build through the gather
-consumer, token by token; without CUDA the loop runs eagerly on the CPU kernels (the graph
-builds, as a step no graph holds does), every step's output is checked against the
+consumer, token by token, and every 20th step's reference build against the reference
+(:mod:`staticattn.reference`, plain loops: about a second a step at the 1M-context preset).
+Without CUDA the loop runs eagerly on the CPU kernels (the graph builds, as a step no graph
+holds does, at smaller capacities), and every step is checked twice: its output against the
 reference build's through the gather consumer, and the reference build's metadata against
-the independent oracle of the test suite.
+the reference.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.checks.reference_check import reference_mismatch
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import GraphOptions
+from staticattn.graphs.records import GraphKind
 
-__all__ = ["run_demo", "DemoReport"]
+__all__ = ["run_demo", "DemoReport", "DEFAULT_STEPS"]
 
 NUM_KV_BLOCKS = 4096
+#: Steps run when none are asked for: with CUDA, without (every step then runs eagerly and
+#: through the plain-Python reference: a few seconds).
+DEFAULT_STEPS = {"cuda": 300, "cpu": 60}
+#: On a GPU, every so many steps the reference build is also compared with the reference.
+GPU_REFERENCE_EVERY = 20
 
 
 @dataclass
@@ -45,28 +57,64 @@ class Request:
 
 @dataclass
 class DemoReport:
+    """What the demo ran and checked: step counts, mismatches, host and GPU time."""
+
     steps: int = 0
     replayed: int = 0
     replayed_mixed: int = 0
     eager: dict = field(default_factory=dict)
     checked: int = 0
     mismatches: int = 0
+    reference_checked: int = 0
+    reference_mismatches: int = 0
+    first_mismatch: str | None = None
     host_us: list = field(default_factory=list)
     gpu_us: list = field(default_factory=list)
     check_kind: str = ""
 
+    @property
+    def ok(self) -> bool:
+        """Every step checked, none differing."""
+        return (self.checked + self.reference_checked > 0 and self.mismatches == 0
+                and self.reference_mismatches == 0)
+
+    def verdict(self) -> str:
+        """The last line: PASS or FAIL, with what was checked."""
+        bad = self.mismatches + self.reference_mismatches
+        word = "PASS" if self.ok else "FAIL"
+        return (f"{word}: {self.steps} steps, {self.checked} checked against the reference "
+                f"build and {self.reference_checked} against the reference, {bad} mismatches")
+
     def lines(self) -> list[str]:
-        """The report as printable lines: counts, mismatches, host and GPU time per step."""
+        """The report as printable lines: counts, mismatches, host and GPU time, verdict."""
+        reasons = ", ".join(f"{why} {n}" for why, n in sorted(self.eager.items()))
         out = [
             f"steps {self.steps}: replayed {self.replayed} ({self.replayed_mixed} through token "
-            f"buckets), eager {sum(self.eager.values())} {dict(sorted(self.eager.items()))}",
-            f"checked {self.checked} steps ({self.check_kind}): mismatches {self.mismatches}",
+            f"buckets), eager {sum(self.eager.values())}" + (f" ({reasons})" if reasons else ""),
+            f"checked {self.checked} steps ({self.check_kind}): {self.mismatches} mismatches",
+            f"checked {self.reference_checked} steps' reference builds (indexer and SWA "
+            f"metadata, field by field) against staticattn.reference: "
+            f"{self.reference_mismatches} mismatches",
         ]
+        if self.first_mismatch:
+            out.append(f"first mismatch: {self.first_mismatch[:300]}")
         if self.host_us:
             out.append(f"host time per step: median {statistics.median(self.host_us):.1f} us")
         if self.gpu_us:
             out.append(f"GPU time per step:  median {statistics.median(self.gpu_us):.1f} us")
-        return out
+        return out + [self.verdict()]
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready values (times as medians, us)."""
+        median = lambda xs: round(statistics.median(xs), 2) if xs else None
+        return {"verdict": "PASS" if self.ok else "FAIL", "steps": self.steps,
+                "replayed": self.replayed, "replayed_mixed": self.replayed_mixed,
+                "eager": dict(sorted(self.eager.items())), "checked": self.checked,
+                "check_kind": self.check_kind, "mismatches": self.mismatches,
+                "reference_checked": self.reference_checked,
+                "reference_mismatches": self.reference_mismatches,
+                "first_mismatch": self.first_mismatch,
+                "host_us_median": median(self.host_us), "gpu_us_median": median(self.gpu_us)}
 
 
 class SyntheticServer:
@@ -141,25 +189,27 @@ class SyntheticServer:
             r.seq_len = min(r.seq_len, self.cfg.max_model_len - 2 * n - 600)
 
 
-def _say(msg: str) -> None:
-    print(msg, flush=True)
-
-
-def _consumer(cuda: bool, choice: str):
+def _consumer(cuda: bool, choice: str, say: Callable[[str], None]):
     """``(config, step factory, description)``: the built-in gather consumer (every step
     graph-first), or the real kernels (DeepGEMM, FlashMLA), which serve decode tokens only:
-    with them only decode steps replay, and steps with prefills run eagerly."""
-    if cuda and choice == "real":
+    with them only decode steps replay, and steps with prefills run eagerly. Asked for the
+    real kernels where none can run, says why and falls back to the gather consumer."""
+    if choice == "real":
         from staticattn.consumers.real import real_consumer_step, real_consumers_available
+        from staticattn.kernels.dsa_libs import import_error
 
         have = real_consumers_available()
-        # The real indexer materialises fp32 logits (tokens x max context) and the
-        # attention step owns bf16 outputs per layer: smaller capacities keep both small.
-        cfg = ArenaConfig.deepseek_v4(max_model_len=65536, max_num_seqs=64,
-                                      max_num_batched_tokens=2048)
-        names = " + ".join(k for k, v in sorted(have.items()) if v) or "none"
-        return cfg, lambda c: real_consumer_step(c, num_kv_blocks=NUM_KV_BLOCKS), (
-            f"real kernels ({names})")
+        if any(have.values()):
+            # The real indexer materialises fp32 logits (tokens x max context) and the
+            # attention step owns bf16 outputs per layer: smaller capacities keep both small.
+            cfg = ArenaConfig.deepseek_v4(max_model_len=65536, max_num_seqs=64,
+                                          max_num_batched_tokens=2048)
+            names = " + ".join(k for k, v in sorted(have.items()) if v)
+            return cfg, lambda c: real_consumer_step(c, num_kv_blocks=NUM_KV_BLOCKS), (
+                f"real kernels ({names})")
+        why = "; ".join(f"{name}: {import_error(name)}" for name in sorted(have))
+        say(f"--consumer real: no real consumer can run here ({why}); falling back to the "
+            "built-in gather consumer")
     if cuda:
         cfg = ArenaConfig.deepseek_v4()
     else:
@@ -168,110 +218,95 @@ def _consumer(cuda: bool, choice: str):
     return cfg, lambda c: GatherConsumer(c, NUM_KV_BLOCKS), "built-in gather consumer"
 
 
-def run_demo(steps: int = 300, seed: int = 0, progress: bool = True,
-             consumer: str = "gather") -> int:
+def run_demo(steps: int | None = None, seed: int = 0, progress: bool = True,
+             consumer: str = "gather", json_path: str | None = None) -> int:
     """Run the demo; returns the process exit code (0 when every check passed).
 
     ``consumer``: "gather" (the built-in consumer; every step replays) or "real" (DeepGEMM +
-    FlashMLA on decode graphs; steps with prefills run eagerly).
+    FlashMLA on decode graphs; steps with prefills run eagerly). ``steps``: default
+    :data:`DEFAULT_STEPS` of the machine. ``json_path``: the report as JSON into this file, or
+    to stdout for "-" (the text then goes to stderr).
     """
+    out = sys.stderr if json_path == "-" else sys.stdout
+    say = lambda msg: print(msg, file=out, flush=True)
     cuda = torch.cuda.is_available()
-    cfg, make_step, consumer_name = _consumer(cuda, consumer)
+    cfg, make_step, consumer_name = _consumer(cuda, consumer, say)
     if not cuda:
-        _say("no CUDA device: running the same loop eagerly on the CPU kernels, each step "
-             "checked against the oracle (smaller capacities)")
-        steps = min(steps, 60)
+        say("no CUDA device: running the same loop eagerly on the CPU kernels (smaller "
+            "capacities), each step checked against the reference build and the reference")
+    if steps is None:
+        steps = DEFAULT_STEPS["cuda" if cuda else "cpu"]
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
-    _say(f"arena for the DeepSeek-V4-like preset (next_n {cfg.next_n}, window "
-         f"{cfg.sliding_window}, compress ratios {cfg.compress_ratios}):")
-    _say(arena.describe())
-    _say(f"consumer step: {consumer_name}")
-    step = make_step(cfg)
+    say(f"arena for the DeepSeek-V4-like preset (next_n {cfg.next_n}, window "
+        f"{cfg.sliding_window}, compress ratios {cfg.compress_ratios}):")
+    say(arena.describe())
+    say(f"consumer step: {consumer_name}")
     rng = np.random.default_rng(seed)
     server = SyntheticServer(inputs, rng, max_active=min(cfg.max_num_seqs, 256 if cuda else 24),
                              max_len=min(cfg.max_model_len, 200_000))
     report = DemoReport()
-    verifier = None if cuda else _oracle_verifier(cfg)
-    with GraphManager(arena, inputs, builders, step, progress=progress,
-                      time_gpu=cuda) as gm:
+    options = GraphOptions(progress=progress, time_gpu=cuda)
+    with GraphManager(arena, inputs, builders, make_step(cfg), options) as gm:
         if cuda:
-            t0 = time.perf_counter()
-            gm.capture(buckets=() if consumer == "real" else None)
-            _say(f"captured {len(gm.graphs)} decode graphs (sizes {gm.capture_sizes[0]}.."
-                 f"{gm.capture_sizes[-1]} tokens) and {len(gm.mixed_graphs)} token buckets "
-                 f"({gm.buckets[0] if gm.buckets else '-'}..{gm.buckets[-1] if gm.buckets else '-'}"
-                 f" tokens) in {time.perf_counter() - t0:.1f} s (buckets "
-                 f"{sum(g.capture_s for g in gm.mixed_graphs.values()):.1f} s, decode graphs "
-                 f"{sum(g.capture_s for g in gm.graphs.values()):.1f} s)")
+            _capture(gm, consumer_name.startswith("real"), say)
             report.check_kind = f"replay vs eager, bit for bit, through the {consumer_name}"
         else:
-            report.check_kind = (
-                "the step's output vs the reference build through the gather consumer, and "
-                "the reference build's indexer and SWA metadata vs the oracle" if verifier
-                else "the step's output vs the reference build through the gather consumer "
-                     "(no oracle found: not a source checkout)")
-        for i in range(steps):
-            q, s, slots = server.next_step(i)
-            t0 = time.perf_counter()
-            res = gm.run(q, s, slots)
-            report.host_us.append((time.perf_counter() - t0) * 1e6)
-            if res.gpu_events is not None:
-                report.gpu_us.append(res.gpu_us())
-            report.steps += 1
-            if res.mode == "graph":
-                report.replayed += 1
-                report.replayed_mixed += res.graph_kind == "mixed"
-                replayed = snapshot_outputs(res.outputs)
-                eager = snapshot_outputs(gm.run_eager(q, s, slots))
-                report.checked += 1
-                report.mismatches += int(not same_outputs(replayed, eager))
-            else:
-                report.eager[res.reason] = report.eager.get(res.reason, 0) + 1
-                if not cuda:  # (on a GPU: the real consumers' prefill steps, counted only)
-                    report.checked += 1
-                    report.mismatches += int(not _eager_step_ok(gm, verifier, res, q, s, slots))
-            server.advance(q)
-    _say("")
+            report.check_kind = ("the step's output vs the reference build's, through the "
+                                 "gather consumer")
+        every = GPU_REFERENCE_EVERY if cuda else 1
+        for i in tqdm(range(steps), desc="demo", unit="step", disable=not progress,
+                      leave=False):
+            _run_step(gm, server, i, report, cuda, check_reference=i % every == 0)
+    say("")
     for line in report.lines():
-        _say(line)
-    return 0 if report.mismatches == 0 else 1
+        say(line)
+    if json_path is not None:
+        text = json.dumps(report.to_dict(), indent=2)
+        if json_path == "-":
+            print(text)
+        else:
+            with open(json_path, "w") as f:
+                f.write(text + "\n")
+    return 0 if report.ok else 1
 
 
-def _eager_step_ok(gm: GraphManager, verifier, res, q, s, slots) -> bool:
-    """What ran (the graph builds, eagerly) against the reference builds through the
-    consumer, then the reference builds' metadata against the oracle (when found)."""
-    ok = same_outputs(snapshot_outputs(res.outputs), snapshot_outputs(gm.run_eager(q, s, slots)))
-    return (verifier is None or verifier(gm, q, s, slots)) and ok
+def _capture(gm: GraphManager, decode_only: bool, say: Callable[[str], None]) -> None:
+    t0 = time.perf_counter()
+    gm.capture(buckets=() if decode_only else None)
+    buckets = f"{gm.buckets[0]}..{gm.buckets[-1]}" if gm.buckets else "-"
+    say(f"captured {len(gm.graphs)} decode graphs (sizes {gm.capture_sizes[0]}.."
+        f"{gm.capture_sizes[-1]} tokens) and {len(gm.mixed_graphs)} token buckets "
+        f"({buckets} tokens) in {time.perf_counter() - t0:.1f} s (buckets "
+        f"{sum(g.capture_s for g in gm.mixed_graphs.values()):.1f} s, decode graphs "
+        f"{sum(g.capture_s for g in gm.graphs.values()):.1f} s)")
 
 
-def _oracle_verifier(cfg: ArenaConfig):
-    """Check a step's metadata against the test suite's oracle (a source checkout)."""
-    tests = Path(__file__).resolve().parents[1] / "tests"
-    if not (tests / "oracle").is_dir():
-        return None
-    sys.path.insert(0, str(tests))
-    from oracle import indexer as indexer_oracle
-    from oracle import swa as swa_oracle
-    from support import HostStep
-
-    def verify(gm: GraphManager, q, s, slots) -> bool:
-        r = q.shape[0]
-        step = HostStep(q, s, slots, gm.inputs.block_table[:r].numpy().copy(),
-                        gm.inputs.swa_block_table[:r].numpy().copy(), r, int(q.sum()))
-        counts = gm.inputs.stage(q, s, slots)
-        gm.inputs.copy_to_device(counts.num_reqs, counts.num_tokens)
-        from staticattn.builders import Batch
-
-        batch = Batch.from_staged(gm.inputs, counts)
-        idx, swa = (b.build(batch) for b in gm.builders)
-        try:
-            indexer_oracle.assert_matches(
-                idx, indexer_oracle.indexer_metadata(cfg, step), step, gm.arena)
-            swa_oracle.assert_matches(swa, swa_oracle.expected_for_step(cfg, step))
-        except AssertionError as exc:
-            _say(f"oracle mismatch: {str(exc)[:300]}")
-            return False
-        return True
-
-    return verify
+def _run_step(gm: GraphManager, server: SyntheticServer, i: int, report: DemoReport,
+              cuda: bool, check_reference: bool) -> None:
+    """One step: run it, check it (replay vs eager; what ran eagerly vs the reference build;
+    the reference build vs the reference when asked), advance the server."""
+    q, s, slots = server.next_step(i)
+    t0 = time.perf_counter()
+    res = gm.run(q, s, slots)
+    report.host_us.append((time.perf_counter() - t0) * 1e6)
+    if res.gpu_events is not None:
+        report.gpu_us.append(res.gpu_us())
+    report.steps += 1
+    if res.mode == "graph":
+        report.replayed += 1
+        report.replayed_mixed += res.graph_kind is GraphKind.MIXED
+    else:
+        report.eager[res.reason] = report.eager.get(res.reason, 0) + 1
+    # On a GPU a step that ran eagerly (the real consumers' prefill steps) is counted only.
+    if res.mode == "graph" or not cuda:
+        ran = snapshot_outputs(res.outputs)
+        report.checked += 1
+        report.mismatches += int(not same_outputs(ran, snapshot_outputs(
+            gm.run_eager(q, s, slots))))
+    if check_reference:
+        mismatch = reference_mismatch(gm, q, s, slots)
+        report.reference_checked += 1
+        report.reference_mismatches += mismatch is not None
+        report.first_mismatch = report.first_mismatch or mismatch
+    server.advance(q)

@@ -18,6 +18,7 @@ __all__ = [
     "GraphError",
     "BackendUnavailableError",
     "RankMismatchError",
+    "StepSpecError",
 ]
 
 
@@ -53,3 +54,9 @@ class RankMismatchError(StaticAttnError, RuntimeError):
     """The ranks of a decode-context-parallel group disagree -- handed different steps,
     configs or ranks -- or one of them did not answer the consistency check in time. Raised
     on every rank that took part, before anything is staged or launched."""
+
+
+class StepSpecError(StaticAttnError, ValueError):
+    """A step named on the command line (``--step module:function``) cannot be used: the
+    module does not import, the name is missing or not a function, or calling it with the
+    config failed. The message names the spec and the cause."""

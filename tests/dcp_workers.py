@@ -178,14 +178,14 @@ def consumer_steps(rank: int, out: str) -> None:
     consumer (gloo collectives); rank 0 also runs them at world 1 (the single-GPU step).
     Each records its top-k ids and outputs."""
     from staticattn.distributed.world import dcp_world, random_decode_step, write_decode_step
-    from staticattn.graphs import GraphManager
+    from staticattn.graphs import GraphManager, GraphOptions
 
     _join(rank, out)
     runs = [(config(rank), dist.group.WORLD)]
     if rank == 0:
         runs.append((config(0).replace(dcp_world_size=1), None))
     worlds = [dcp_world(cfg, group) for cfg, group in runs]
-    managers = [GraphManager(arena, inputs, [builder], consumer, progress=False)
+    managers = [GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False))
                 for arena, inputs, builder, consumer in worlds]
     record = {"steps": []}
     rng = np.random.default_rng(4321)  # the same seed on every rank: the same steps

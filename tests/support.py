@@ -1,9 +1,8 @@
-"""Shared test support: a host-side step description, staging it into an arena, and one
-hypothesis strategy that draws realistic steps for a config."""
+"""Shared test support: host-side steps (:class:`staticattn.reference.step.HostStep`) with
+random block tables, staging them into an arena, and one hypothesis strategy that draws
+realistic steps for a config."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -11,6 +10,7 @@ from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch
+from staticattn.reference.step import HostStep
 from staticattn.staging import StepInputs
 
 #: The one place that decides where tests run kernels: the GPU when there is one (Triton
@@ -27,46 +27,6 @@ def index_ratio_fields(ratio: int) -> dict:
     if ratio == 1:
         return dict(architecture="deepseek_v32", compress_ratios=(1,))
     return dict(architecture="deepseek_v4", compress_ratios=(ratio,), sliding_window=128)
-
-
-@dataclass
-class HostStep:
-    """One step as an engine knows it on the host.
-
-    query_lens, seq_lens : int32 ``(num_reqs,)`` real requests, decodes first.
-    slot_mapping : int64 ``(num_tokens,)``; -1 = do not write.
-    block_table : int32 ``(num_reqs, max_blocks_per_req)`` main group.
-    swa_block_table : int32 ``(num_reqs, max_swa_blocks_per_req)`` or None.
-    num_reqs_padded, num_tokens_padded : extents after graph padding (>= the real ones).
-    """
-
-    query_lens: np.ndarray
-    seq_lens: np.ndarray
-    slot_mapping: np.ndarray
-    block_table: np.ndarray
-    swa_block_table: np.ndarray | None
-    num_reqs_padded: int
-    num_tokens_padded: int
-
-    @property
-    def num_reqs(self) -> int:
-        return int(self.query_lens.shape[0])
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.query_lens.sum())
-
-    @property
-    def query_start_loc(self) -> list[int]:
-        """Padded query start locations, as plain ints."""
-        qsl = [0]
-        for q in self.query_lens:
-            qsl.append(qsl[-1] + int(q))
-        qsl += [qsl[-1]] * (self.num_reqs_padded - self.num_reqs)
-        return qsl
-
-    def padded_seq_lens(self) -> list[int]:
-        return [int(x) for x in self.seq_lens] + [0] * (self.num_reqs_padded - self.num_reqs)
 
 
 def slots_for(block_table: np.ndarray, block_size: int, query_lens, seq_lens) -> np.ndarray:

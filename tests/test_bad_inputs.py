@@ -25,7 +25,7 @@ from staticattn.errors import (
     InvalidBatchError,
     StaticAttnError,
 )
-from staticattn.graphs import GraphManager, normalize_capture_sizes
+from staticattn.graphs import GraphManager, GraphOptions, normalize_capture_sizes
 
 CUDA = torch.cuda.is_available()
 
@@ -89,7 +89,8 @@ def world():
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     step = GatherConsumer(cfg, num_kv_blocks=512)
-    gm = GraphManager(arena, inputs, builders, step, progress=False, num_kv_blocks=512)
+    gm = GraphManager(arena, inputs, builders, step,
+                      GraphOptions(progress=False, num_kv_blocks=512))
     if CUDA:
         gm.capture([2, 8])
     good = (np.array([2, 2]), np.array([300, 2000]), np.array([5, 6, 70, 71]))
@@ -160,7 +161,7 @@ def test_misuse(world):
 
 def test_closed_manager_refuses(world):
     cfg, arena, inputs, gm, good = world
-    other = GraphManager(arena, inputs, gm.builders, gm.step, progress=False)
+    other = GraphManager(arena, inputs, gm.builders, gm.step, GraphOptions(progress=False))
     other.close()
     _after_bad(world, lambda: other.run(*good), GraphError, "closed")
     _after_bad(world, lambda: other.capture([2]), GraphError, "closed")
@@ -176,7 +177,7 @@ def test_step_that_breaks_capture_is_a_graph_error_and_leaves_the_rest_usable(wo
             out.zero_()
         return out
 
-    bad = GraphManager(arena, inputs, gm.builders, syncing_step, progress=False)
+    bad = GraphManager(arena, inputs, gm.builders, syncing_step, GraphOptions(progress=False))
     current = torch.cuda.current_stream()
     _after_bad(world, lambda: bad.capture([4], buckets=()), GraphError,
                "capturing the decode graph of 4 tokens failed")

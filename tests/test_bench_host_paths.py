@@ -32,10 +32,16 @@ def test_the_breakdown_names_every_path_and_phase():
     from staticattn.bench.breakdown import run_breakdown
 
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)  # the mixed batch reaches 23K
-    text = run_breakdown(cfg, _builders, num_reqs=8, reps=5)
+    report = run_breakdown(cfg, _builders, num_reqs=8, reps=5)
+    text = report.table()
     for label in ("run(), decode replay", "in-place, decode replay",
-                  'run(eager="graph"), decode', 'run(eager="graph"), reference mixed batch',
-                  "run(eager=True), decode", "run(eager=True), reference mixed batch",
+                  "run(eager=GRAPH), decode", "run(eager=GRAPH), reference mixed batch",
+                  "run(eager=GRAPH), decode, launches recorded",
+                  "run(eager=GRAPH), decode, no recorded launches",
+                  "run(eager=REFERENCE), decode", "run(eager=REFERENCE), reference mixed batch",
                   "cudaGraphLaunch"):
         assert label in text, text
     assert "graph builds + step" in text and "build indexer" in text
+    data = json.loads(report.to_json())  # what --json prints
+    assert data["paths"]["run(), decode replay"]["total"] > 0
+    assert data["floor"]["raw_launch_host_us"]["median"] > 0

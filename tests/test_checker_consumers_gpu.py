@@ -78,7 +78,7 @@ def test_check_command_json_on_the_gather_consumer(capsys):
     from staticattn.__main__ import main
 
     status = main(["check", "--preset", "deepseek-v3.2", "--max-model-len", "8192",
-                   "--sizes", "2", "8", "--batches", "5", "--json"])
+                   "--batch-requests", "2", "8", "--batches", "5", "--json"])
     data = json.loads(capsys.readouterr().out)
     assert status == 0 and data["verdict"] == "PASS" and data["errors"] == 0, data
     assert [s["size"] for s in data["sizes"]] == [2, 8]

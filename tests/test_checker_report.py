@@ -54,7 +54,8 @@ def test_notes_alone_pass():
     assert report.ok and not report.errors and not report.failures
     assert [f.kind for f in report.notes] == ["pool_allocation", "graph_safe_rng"]
     text = str(report)
-    assert text.splitlines()[-1] == "PASS (2 notes)"
+    assert text.splitlines()[-1] == ("PASS: 2 graphs captured, 40 random batches replayed, "
+                                     "0 errors (2 notes)")
     assert "note: [pool_allocation] a pool_allocation finding" in text
     rule = text[text.index("rule: "):text.rindex("\n")]
     assert " ".join(rule.split()) == f"rule: {RULE}"
@@ -68,7 +69,8 @@ def test_one_error_fails_and_is_listed_with_its_size():
     assert report.failures == ["size 16: [host_read] a host_read finding"]
     assert report.kinds("error") == {"host_read"} and report.kinds("note") == {"pool_allocation"}
     lines = str(report).splitlines()
-    assert lines[-1] == "FAIL (1 errors, 1 notes)"
+    assert lines[-1] == ("FAIL: 2 graphs captured, 40 random batches replayed, 1 errors "
+                         "(1 notes)")
     assert any(line.split()[0] == "16" and line.endswith("FAIL") for line in lines)
     assert any(line.split()[0] == "8" and line.endswith("ok") for line in lines)
     with pytest.raises(GraphError, match="host_read"):

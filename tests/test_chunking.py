@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import planning as oracle
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
 
 from staticattn.builders import split_indexer_prefill_chunks, split_prefill_chunks
 from staticattn.errors import CapacityError

@@ -7,10 +7,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import indexer as oracle
 from support import DEVICE
 
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
+from staticattn.reference import indexer as oracle
 
 
 def _run(backend, query_lens, seq_lens, block_table, storage_block_size, ratio, num_tokens=None,

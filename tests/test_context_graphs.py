@@ -1,7 +1,8 @@
 """Graphs keyed by context bucket (``ContextGraphs``): the bucket ladder, the routing of a
 step (through ``run`` and through the in-place ``launch``) to the smallest bucket that holds
 its longest sequence, a bucket refusing a longer step, and every bucket computing the step
-right (eagerly on CPU; the GPU test replays)."""
+right (on CPU each bucket's decode graph is emulated by its body run eagerly; the GPU test
+replays captured ones)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ from toy import ToyBuilder, ToyStep, toy_expected
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.errors import CapacityError, GraphError
-from staticattn.graphs import ContextGraphs, default_context_buckets
+from staticattn.graphs import (
+    CapturedGraph,
+    ContextGraphs,
+    GraphKind,
+    GraphOptions,
+    default_context_buckets,
+)
 from staticattn.graphs.contexts import normalize_context_buckets
 
 
@@ -22,18 +29,34 @@ def _cfg(max_model_len=16384):
                                    max_model_len=max_model_len, device=DEVICE)
 
 
-def _graphs(cfg):
+def _emulated_decode_graph(m, size: int) -> CapturedGraph:
+    """A decode graph of ``size`` tokens for manager ``m`` whose launch runs the graph's body
+    eagerly: what its replay computes, on any device."""
+    k = size // m.config.next_n
+
+    def body():
+        return m.capturer.body(GraphKind.DECODE, k, size)
+
+    m.capturer.stage_warm_up(GraphKind.DECODE, k, size)
+    outputs, metadata = body()
+    return CapturedGraph(GraphKind.DECODE, size, k, None, outputs, metadata, 0.0, 0, None,
+                         body, "eagerly")
+
+
+def _graphs(cfg, decode_tokens: int = 32):
+    """Context graphs whose every bucket holds a decode graph of ``decode_tokens`` tokens."""
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
-    cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device), progress=False)
-    # As after capturing decode graphs of up to 64 tokens in every bucket: on CPU nothing
-    # is captured, so each bucket's manager then runs the step eagerly, and counts it.
-    cg._top = [64] * len(cg.managers)
+    cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device),
+                       options=GraphOptions(progress=False))
+    for bucket in cg.context_buckets:
+        bucket.manager.table.add(_emulated_decode_graph(bucket.manager, decode_tokens))
     return cg, inputs
 
 
 def _served(cg) -> list[int]:
-    return [m.stats.eager_total for m in cg.managers]
+    """Steps per bucket, replayed or eager."""
+    return [b.manager.stats.replays + b.manager.stats.eager_total for b in cg.context_buckets]
 
 
 def test_the_default_ladder_doubles_up_to_the_context_limit():
@@ -57,18 +80,20 @@ def test_run_sends_a_decode_step_to_the_smallest_bucket_holding_it(longest, buck
     n = cfg.next_n
     s = np.array([n, longest, max(n, longest // 3)])
     res = cg.run(np.full(3, n), s, np.arange(3 * n))
-    assert res.outputs.tolist() == toy_expected(np.full(3, n), s)
+    assert res.mode == "graph" and res.outputs.tolist() == toy_expected(np.full(3, n), s)
     assert _served(cg) == [int(i == bucket) for i in range(4)]
-    assert cg.managers[bucket].context_len >= longest
+    assert cg.context_buckets[bucket].manager.stats.replays == 1
+    assert cg.context_buckets[bucket].context_len >= longest
 
 
 def test_other_steps_and_steps_past_the_decode_graphs_go_to_the_widest():
     cfg = _cfg()
-    cg, _ = _graphs(cfg)
     n = cfg.next_n
-    cg.run([n, 5], [100, 100], np.arange(n + 5))  # not a uniform decode
-    cg._top = [4] * 4  # decode graphs of 4 tokens at most
-    cg.run(np.full(3, n), [100, 100, 100], np.arange(3 * n))
+    cg, _ = _graphs(cfg, decode_tokens=2 * n)  # decode graphs of 2 requests
+    res = cg.run([n, 5], [100, 100], np.arange(n + 5))  # not a uniform decode
+    assert res.mode == "eager" and res.outputs.tolist() == toy_expected([n, 5], [100, 100])
+    res = cg.run(np.full(3, n), [100, 100, 100], np.arange(3 * n))  # past them
+    assert res.outputs.tolist() == toy_expected(np.full(3, n), [100] * 3)
     assert _served(cg) == [0, 0, 0, 2]
     with pytest.raises(CapacityError):  # past max_model_len: the validation says why
         cg.run([n], [cfg.max_model_len + 1], np.arange(n))
@@ -84,7 +109,7 @@ def test_launch_routes_by_the_lengths_written_into_the_views():
         views.slot_mapping[: 2 * n] = np.arange(2 * n)
         out = cg.launch(2)
         assert out[: 2 * n].tolist() == toy_expected([n, n], [longest, n])
-        assert cg.managers[bucket].stats.eager_total == 1, (longest, _served(cg))
+        assert cg.context_buckets[bucket].manager.stats.replays == 1, (longest, _served(cg))
 
 
 def test_a_bucket_refuses_a_longer_step():
@@ -92,9 +117,14 @@ def test_a_bucket_refuses_a_longer_step():
     cg, _ = _graphs(cfg)
     n = cfg.next_n
     with pytest.raises(GraphError, match="past this context bucket"):
-        cg.managers[0].run([n], [2049], np.arange(n))
+        cg.context_buckets[0].run([n], [2049], np.arange(n))
     views = cg.begin_step()
     views.seq_lens[:1] = [5000]
+    views.slot_mapping[:n] = np.arange(n)
     with pytest.raises(GraphError, match="past this context bucket"):
-        cg.managers[1].launch(1)
+        cg.context_buckets[1].launch(1)
     assert _served(cg) == [0, 0, 0, 0]
+    assert cg.context_buckets[3].launch(1)[:n].tolist() == toy_expected([n], [5000])
+    res = cg.context_buckets[1].run([n], [4096], np.arange(n))  # a step that fits
+    assert res.outputs.tolist() == toy_expected([n], [4096])
+    assert _served(cg) == [0, 1, 0, 1]

@@ -14,17 +14,21 @@ import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
-from oracle import checksums
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode, write_block_rows
-from staticattn.graphs import ContextGraphs
-from staticattn.graphs.capture import pool_bytes
+from staticattn.graphs import ContextGraphs, EagerBuild, GraphOptions
 from staticattn.kernels.dsa_libs import DEEP_GEMM, import_error
+from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 2000
+QUIET = GraphOptions(progress=False)
+
+
+def _managers(cg):
+    return [b.manager for b in cg.context_buckets]
 
 
 def _lengths(rng, k: int, contexts: list[int], n: int, step: int) -> np.ndarray:
@@ -69,7 +73,7 @@ def test_each_step_replays_the_graph_of_its_bucket():
     arena, inputs = make_arena(cfg, builders)
     rng = np.random.default_rng(2)
     n = cfg.next_n
-    with ContextGraphs(arena, inputs, builders, _BoundStep(cfg), progress=False) as cg:
+    with ContextGraphs(arena, inputs, builders, _BoundStep(cfg), options=QUIET) as cg:
         cg.capture([2, 8, 32, 64], buckets=())
         for step in range(400):
             k = int(rng.integers(1, 33))
@@ -82,7 +86,7 @@ def test_each_step_replays_the_graph_of_its_bucket():
             else:
                 bound = cg.run(s.query_lens, seq, s.slot_mapping).outputs[0].item()
             assert bound == next(c for c in cg.contexts if c >= seq.max()), seq.tolist()
-        assert all(m.stats.replays > 0 for m in cg.managers)
+        assert all(m.stats.replays > 0 for m in _managers(cg))
 
 
 def test_every_replay_equals_the_eager_step_across_context_buckets():
@@ -90,14 +94,14 @@ def test_every_replay_equals_the_eager_step_across_context_buckets():
     arena, inputs, builders, consumer, caches = gather_world(cfg)
     rng = np.random.default_rng(0)
     n = cfg.next_n
-    with ContextGraphs(arena, inputs, builders, consumer, progress=False) as cg:
+    with ContextGraphs(arena, inputs, builders, consumer, options=QUIET) as cg:
         cg.capture([2, 8, 32, 64])
-        assert [m.context_len for m in cg.managers] == [2048, 4096, 8192, 16384]
+        assert [b.context_len for b in cg.context_buckets] == [2048, 4096, 8192, 16384]
         fingerprint = arena.fingerprint()
         for k in range(1, 33):  # every extent once, both paths, before the baseline
             s = random_uniform_decode(inputs, k, rng)
             cg.run(s.query_lens, s.seq_lens, s.slot_mapping)
-            cg.run(s.query_lens, s.seq_lens, s.slot_mapping, eager=True)
+            cg.run(s.query_lens, s.seq_lens, s.slot_mapping, eager=EagerBuild.REFERENCE)
         torch.cuda.synchronize()
         mem = torch.cuda.memory_allocated()
         for step in range(STEPS):
@@ -109,7 +113,7 @@ def test_every_replay_equals_the_eager_step_across_context_buckets():
             res = cg.run(s.query_lens, seq, s.slot_mapping)
             assert res.mode == "graph", res.reason
             got = res.outputs.clone()
-            want = cg.run(s.query_lens, seq, s.slot_mapping, eager=True).outputs
+            want = cg.run(s.query_lens, seq, s.slot_mapping, eager=EagerBuild.REFERENCE).outputs
             assert torch.equal(got, want), f"step {step}: lengths {seq.tolist()}"
             alone = SimpleNamespace(query_lens=s.query_lens, seq_lens=seq,
                                     slot_mapping=s.slot_mapping, block_table=main,
@@ -117,8 +121,8 @@ def test_every_replay_equals_the_eager_step_across_context_buckets():
             assert got.tolist() == checksums.expected(cfg, alone, *caches, k * n), (
                 f"step {step}: lengths {seq.tolist()}")
             del got, want, res
-        assert all(m.stats.replays > 0 for m in cg.managers), [
-            m.stats.replays for m in cg.managers]
+        assert all(m.stats.replays > 0 for m in _managers(cg)), [
+            m.stats.replays for m in _managers(cg)]
         torch.cuda.synchronize()
         assert torch.cuda.memory_allocated() == mem  # no growth across buckets
         assert arena.fingerprint() == fingerprint
@@ -132,11 +136,11 @@ def test_ten_thousand_steps_across_buckets_grow_no_memory():
     arena, inputs, builders, consumer, _ = gather_world(cfg)
     rng = np.random.default_rng(3)
     n = cfg.next_n
-    with ContextGraphs(arena, inputs, builders, consumer, progress=False) as cg:
+    with ContextGraphs(arena, inputs, builders, consumer, options=QUIET) as cg:
         cg.capture([2, 8, 32, 64], buckets=())
         # One pool for every bucket (empty here: the gather consumer and the builds write
         # only their own buffers and the arena).
-        assert cg.pool_bytes == pool_bytes(cg.managers[-1]._pool, "cuda")
+        assert cg.pool_bytes == cg.pool.held_bytes()
         assert f"pool {cg.pool_bytes / 2**20:.2f} MiB" in cg.describe()
         fingerprint = arena.fingerprint()
         s = random_uniform_decode(inputs, 32, rng, max_seq_len=cfg.max_model_len)
@@ -156,7 +160,7 @@ def test_ten_thousand_steps_across_buckets_grow_no_memory():
         assert torch.cuda.memory_allocated() == allocated
         assert torch.cuda.memory_reserved() == reserved
         assert arena.fingerprint() == fingerprint
-        served = [m.stats.replays for m in cg.managers]
+        served = [m.stats.replays for m in _managers(cg)]
         assert sum(served) == 10_000 + 32 and min(served) > 100, served  # every bucket served
 
 
@@ -177,7 +181,7 @@ def test_the_indexer_step_in_a_bucket_graph_matches_the_reference():
     keys = fill_indexer_cache(step)
     rng = np.random.default_rng(1)
     with ContextGraphs(arena, inputs, builders, step, contexts=[4096, 16384],
-                       progress=False) as cg:
+                       options=QUIET) as cg:
         cg.capture([2, 16, 64], buckets=())
         edges = np.array([4096, 4097, 16384, 16385, 65536])
         for i in range(300):
@@ -192,4 +196,5 @@ def test_the_indexer_step_in_a_bucket_graph_matches_the_reference():
             res = cg.run(s.query_lens, s.seq_lens, s.slot_mapping)
             assert res.mode == "graph"
             assert indexer_problems(step, inputs, s, res.outputs, keys) == [], i
-        assert cg.managers[0].stats.replays > 0 and cg.managers[1].stats.replays > 0
+        first, second = _managers(cg)[:2]
+        assert first.stats.replays > 0 and second.stats.replays > 0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import planning as oracle
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
 
 from staticattn.builders import get_dcp_local_seq_lens
 from staticattn.errors import ConfigError, InvalidBatchError

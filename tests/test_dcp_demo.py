@@ -37,7 +37,8 @@ def test_two_ranks_under_torchrun_equal_the_single_gpu_step(preset):
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     out = done.stdout + done.stderr
     assert done.returncode == 0, out[-4000:]
-    assert "mismatches 0" in out, out[-4000:]
+    assert "PASS: 2 ranks x 12 steps checked against the single-GPU step, 0 mismatches" in out, (
+        out[-4000:])
     ranks = re.findall(r"rank (\d): replayed (\d+)/(\d+)", out)
     assert [r for r, _, _ in ranks] == ["0", "1"], out[-4000:]
     cuda = torch.cuda.is_available()
@@ -52,8 +53,8 @@ def test_the_bench_reports_every_rank_and_the_spread(tmp_path):
     out_json = tmp_path / "dcp.json"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", "-m", "staticattn", "bench", "--dcp", "2", "--reps", "10", "--batch", "1", "4",
-         "--json", str(out_json)],
+         "2", "-m", "staticattn", "bench", "--dcp", "2", "--reps", "10", "--batch-requests", "1",
+         "4", "--json", str(out_json)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     out = done.stdout + done.stderr
@@ -81,3 +82,21 @@ def test_the_demo_says_how_to_launch_it_without_torchrun():
                                "WORLD_SIZE": "1"})
     assert done.returncode == 2
     assert "torchrun --nproc-per-node 2 -m staticattn demo --dcp 2" in done.stdout
+
+
+def test_rank_zeros_report_ends_with_a_verdict_or_prints_json(capsys, tmp_path):
+    from staticattn.distributed.demo import _report
+
+    totals = [(0, 12, (40.0, 60.0)), (1, 12, (41.0, 70.0))]  # (mismatches, replayed, p50/p99)
+    _report(totals, "deepseek-v4", 2, 12, True, None)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == ("FAIL: 2 ranks x 12 steps checked against the single-GPU step, "
+                         "1 mismatches")
+    assert lines[2].startswith("rank 1: replayed 12/12") and lines[2].endswith("step 1")
+    _report(totals[:1] * 2, "deepseek-v4", 2, 12, False, "-")
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "PASS" and data["mode"] == "eager (gloo, no CUDA)"
+    assert [r["host_us_p99"] for r in data["ranks"]] == [60.0, 60.0]
+    _report(totals, "deepseek-v4", 2, 12, True, str(tmp_path / "dcp.json"))
+    assert json.loads((tmp_path / "dcp.json").read_text())["mismatches"] == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("FAIL: ")

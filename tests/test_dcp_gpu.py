@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 from dcp_workers import random_step
-from oracle import dcp as oracle
 from support import index_ratio_fields, make_step
 from test_mixed_builds import stage_mixed
 
@@ -17,6 +16,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.indexer.prefill import max_chunks
+from staticattn.reference import dcp as oracle
 
 pytestmark = pytest.mark.gpu
 

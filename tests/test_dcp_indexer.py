@@ -16,7 +16,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from op_trace import HOST_READS, OpTrace
-from oracle import dcp as oracle
 from support import DEVICE, host_steps, index_ratio_fields, make_step, stage
 from test_mixed_builds import bucket_for, stage_mixed
 
@@ -24,6 +23,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.indexer.prefill import max_chunks
+from staticattn.reference import dcp as oracle
 
 # (world, index compress ratio, interleave, block size, next_n)
 GRID = [

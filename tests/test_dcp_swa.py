@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
-from oracle import mixed as mixed_oracle
-from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, host_steps, stage
 from test_mixed_builds import stage_mixed
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.reference import mixed as mixed_oracle
+from staticattn.reference.swa import assert_matches, expected_for_step
 
 V4 = dict(device=DEVICE, max_num_seqs=8, max_num_batched_tokens=256, max_model_len=4096,
           sliding_window=16, swa_block_size=16, architecture="deepseek_v4",

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
-from oracle import checksums
 from support import HostStep
 from test_mixed_builds import CONFIGS
 
 from staticattn.checks import same_outputs, snapshot_outputs
-from staticattn.graphs import DeviceLengthSteps, GraphManager
+from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager, GraphOptions
+from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 
@@ -72,7 +72,7 @@ def test_drafter_decided_lengths_replay_equal_to_eager(name):
     contexts = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device="cuda")
     drafter = Drafter(cfg, contexts)
     n = cfg.next_n
-    with GraphManager(arena, inputs, builders, consumer, progress=False) as gm:
+    with GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False)) as gm:
         steps = DeviceLengthSteps(gm, drafter)
         steps.capture([n * k for k in (1, 2, 4, 8, 16) if n * k <= cfg.max_num_batched_tokens])
         fingerprint = arena.fingerprint()
@@ -91,7 +91,7 @@ def test_drafter_decided_lengths_replay_equal_to_eager(name):
             nt = int(q.sum())
             seen_lengths.update(q.tolist())
             assert replayed[0][nt:].abs().sum().item() == 0
-            eager = snapshot_outputs(gm.run(q, s, slots, eager=True).outputs)
+            eager = snapshot_outputs(gm.run(q, s, slots, eager=EagerBuild.REFERENCE).outputs)
             assert same_outputs([r[:nt] for r in replayed], eager), i
             step = HostStep(q.astype(np.int32), s.astype(np.int32), slots,
                             tables[0][:k], tables[1][:k], k, nt)

@@ -15,7 +15,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import mixed as oracle
 from support import DEVICE, _t, host_steps
 from test_mixed_builds import CONFIGS, _world, bucket_for, stage_mixed
 
@@ -28,7 +27,8 @@ from staticattn.builders import (
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.errors import CapacityError, GraphError, InvalidBatchError
-from staticattn.graphs import DeviceLengthSteps, GraphManager
+from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager, GraphOptions
+from staticattn.reference import mixed as oracle
 
 
 def _staged(inputs, num_reqs: int, num_tokens: int) -> list[torch.Tensor]:
@@ -127,13 +127,13 @@ def test_without_graphs_every_step_runs_eagerly_on_the_producers_lengths():
     inputs.block_table[:, :4].copy_(rows.to(inputs.block_table.device))
     inputs.swa_block_table[:, :4].copy_(rows.to(inputs.swa_block_table.device))
     producer = _Producer(cfg, np.array([30, 7, 100, 64, 5]))
-    with GraphManager(arena, inputs, builders, _positions_step, progress=False) as gm:
+    with GraphManager(arena, inputs, builders, _positions_step, GraphOptions(progress=False)) as gm:
         steps = DeviceLengthSteps(gm, producer)
         for calls in range(3):
             out = steps.launch(5, 10)
             q, s, slots = steps.read_step(5)
             assert q.tolist() == [1 + (b + calls) % 2 for b in range(5)]
-            want = gm.run(q, s, slots, eager=True).outputs
+            want = gm.run(q, s, slots, eager=EagerBuild.REFERENCE).outputs
             assert same_outputs(snapshot_outputs(out), snapshot_outputs(want))
         assert steps.eager == {"not captured": 3} and steps.replays == 0
         for bad, error in (((-1, 4), InvalidBatchError), ((0, 4), InvalidBatchError),

@@ -15,13 +15,13 @@ import dataclasses
 import pytest
 import torch
 from hypothesis import given, settings
-from oracle import indexer as indexer_oracle
-from oracle import swa as swa_oracle
 from support import DEVICE, _t, host_steps, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.reference import indexer as indexer_oracle
+from staticattn.reference import swa as swa_oracle
 
 CONFIGS = {
     "v4-mtp2": dict(num_speculative_tokens=1),
@@ -74,7 +74,7 @@ def test_many_steps_on_the_gpu_eager_and_replayed(name):
     step padded to that size."""
     cfg = _config(name, "triton", "cuda")
     builders, arena, inputs = _world(cfg)
-    gm = GraphManager(arena, inputs, builders, lambda batch, md: None, progress=False)
+    gm = GraphManager(arena, inputs, builders, lambda batch, md: None, GraphOptions(progress=False))
     n = cfg.next_n
     gm.capture([n * s for s in (1, 2, 4, 8, 16)])
     counts = {"eager": 0, "replayed": 0}

@@ -29,7 +29,7 @@ from staticattn.builders import make_arena  # noqa: E402
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder  # noqa: E402
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder  # noqa: E402
 from staticattn.consumers.sparse_decode import SparseDecodeStep  # noqa: E402
-from staticattn.graphs import GraphManager  # noqa: E402
+from staticattn.graphs import GraphManager, GraphOptions  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 1024
@@ -45,13 +45,13 @@ def test_flashmla_sparse_decode_replays():
     deq = fill_attention_caches(step)
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
-    with GraphManager(arena, inputs, builders, step, progress=False) as gm:
+    with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
         gm.capture(SIZES, buckets=())  # the real kernels serve decode tokens
-        for size in SIZES:  # the plans were made inside the capture, one per layer type
+        for size in SIZES:  # tile-scheduler metadata made inside the capture, per layer type
             md = gm.graphs[size].metadata["swa"]
             for layer_type in step.layer_types:
-                plan = md.tile_sched(layer_type)
-                assert plan.have_initialized and plan.tile_scheduler_metadata is not None
+                sched = md.tile_sched(layer_type)
+                assert sched.have_initialized and sched.tile_scheduler_metadata is not None
         t1 = time.perf_counter()
         failures, counts = replay_sizes(
             gm, SIZES, REPLAYS, rng, BLOCKS,

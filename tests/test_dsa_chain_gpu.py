@@ -36,7 +36,7 @@ from staticattn.consumers.real import (  # noqa: E402
     real_consumer_step,
     real_consumers_available,
 )
-from staticattn.graphs import GraphManager  # noqa: E402
+from staticattn.graphs import GraphManager, GraphOptions  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 1024
@@ -72,7 +72,7 @@ def test_indexer_feeds_flashmla_replays():
                                                   topk[:t].cpu().numpy())
 
     t0 = time.perf_counter()
-    with GraphManager(arena, inputs, builders, step, progress=False) as gm:
+    with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
         gm.capture(SIZES, buckets=())  # the real kernels serve decode tokens
         t1 = time.perf_counter()
         failures, counts = replay_sizes(gm, SIZES, REPLAYS, rng, BLOCKS, before, check)

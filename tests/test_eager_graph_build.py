@@ -1,4 +1,4 @@
-"""The eager fallback that launches the builds a graph holds (``eager_build="graph"``, the
+"""The eager fallback that launches the builds a graph holds (``EagerBuild.GRAPH``, the
 default for the library's builders): steps of every composition that no graph holds, run
 through ``GraphManager.run`` and through the in-place ``launch``, give through the gather
 consumer exactly what the step-alone oracle says every token reads, and what the reference
@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from gather_world import gather_world
 from hypothesis import given, settings
-from oracle import checksums
 from support import DEVICE, _t, host_steps
 from test_mixed_builds import CONFIGS
 
 from staticattn.errors import GraphError
-from staticattn.graphs import GraphManager
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions, StagingGuard
 from staticattn.graphs.records import RunResult
+from staticattn.reference import checksums
 
 
 def _examples(backend: str) -> int:
@@ -37,8 +37,8 @@ def _write_tables(inputs, step) -> None:
 def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, name):
     cfg = CONFIGS[name](device=DEVICE, kernel_backend=backend)
     arena, inputs, builders, consumer, caches = gather_world(cfg)
-    gm = GraphManager(arena, inputs, builders, consumer, progress=False)
-    assert gm.eager_build == "graph"
+    gm = GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False))
+    assert gm.eager_build is EagerBuild.GRAPH
     fingerprint = arena.fingerprint()
 
     @settings(max_examples=_examples(backend), deadline=None)
@@ -50,8 +50,8 @@ def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, n
         assert (res.mode, res.reason) == ("eager", "not-captured")
         got = res.outputs.tolist()
         assert got == checksums.expected(cfg, step, *caches, step.num_tokens)
-        assert gm.run(*args, eager="graph").outputs.tolist() == got
-        assert gm.run(*args, eager=True).outputs.tolist() == got  # the reference builds
+        assert gm.run(*args, eager=EagerBuild.GRAPH).outputs.tolist() == got
+        assert gm.run(*args, eager=EagerBuild.REFERENCE).outputs.tolist() == got
         # The same step written into the in-place views.
         views = gm.begin_step()
         k, t = step.num_reqs, step.num_tokens
@@ -77,36 +77,35 @@ def test_the_eager_build_is_chosen_and_checked():
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     step = ToyStep(cfg, arena.device)
-    assert GraphManager(arena, inputs, [b], step, progress=False).eager_build == "graph"
-    ref = GraphManager(arena, inputs, [b], step, progress=False, eager_build="reference")
-    assert ref.eager_build == "reference"
+    quiet = GraphOptions(progress=False)
+    assert GraphManager(arena, inputs, [b], step, quiet).eager_build is EagerBuild.GRAPH
+    ref = GraphManager(arena, inputs, [b], step,
+                       GraphOptions(progress=False, eager_build=EagerBuild.REFERENCE))
+    assert ref.eager_build is EagerBuild.REFERENCE
     res = ref.run([2, 2], [9, 40], np.arange(4))
     assert isinstance(res, RunResult) and res.reason == "not-captured"
-    with pytest.raises(GraphError, match="eager_build"):
-        GraphManager(arena, inputs, [b], step, eager_build="fast")
-    for plans in (-1, 2.0, None):
-        with pytest.raises(GraphError, match="eager_plans"):
-            GraphManager(arena, inputs, [b], step, eager_plans=plans)
-    for guard in ("end", None, True):
-        with pytest.raises(GraphError, match="staging_guard"):
-            GraphManager(arena, inputs, [b], step, staging_guard=guard)
     # Either guard runs the same eager step (the event only moves inside captured graphs).
     q, lens, slots = [2, 2], [9, 40], np.arange(4)
-    at_end = GraphManager(arena, inputs, [b], step, staging_guard="step", progress=False)
-    first = at_end.run(q, lens, slots, eager="graph").outputs.tolist()
+    at_end = GraphManager(arena, inputs, [b], step,
+                          GraphOptions(staging_guard=StagingGuard.STEP, progress=False))
+    first = at_end.run(q, lens, slots, eager=EagerBuild.GRAPH).outputs.tolist()
     assert first == toy_expected(q, lens)
-    assert ref.run(q, lens, slots, eager="graph").outputs.tolist() == first
-    # Launch plans need CUDA, Triton kernels and the "graph" builds.
-    assert ref.plans is None
-    assert GraphManager(arena, inputs, [b], step, eager_plans=0).plans is None
+    assert ref.run(q, lens, slots, eager=EagerBuild.GRAPH).outputs.tolist() == first
+    # Recorded launches need CUDA, Triton kernels and the graph builds.
+    assert ref.eager.recorded_launches is None
+    off = GraphManager(arena, inputs, [b], step, GraphOptions(recorded_launches=0))
+    assert off.eager.recorded_launches is None
     if DEVICE == "cpu":
-        assert GraphManager(arena, inputs, [b], step).plans is None
-    with pytest.raises(GraphError, match="eager must be"):
-        ref.run([2, 2], [9, 40], np.arange(4), eager="fast")
-    assert GraphManager(arena, inputs, [_Reference(b)], step,
-                        progress=False).eager_build == "reference"
+        assert GraphManager(arena, inputs, [b], step).eager.recorded_launches is None
+    # The old vocabulary is gone: a string or a bool is refused, whatever the path.
+    for eager in ("fast", "graph", "reference", True, False):
+        with pytest.raises(GraphError, match="eager must be None, EagerBuild"):
+            ref.run([2, 2], [9, 40], np.arange(4), eager=eager)
+    only_build = GraphManager(arena, inputs, [_Reference(b)], step, quiet)
+    assert only_build.eager_build is EagerBuild.REFERENCE
     with pytest.raises(GraphError, match="build_decode and build_mixed"):
-        GraphManager(arena, inputs, [_Reference(b)], step, eager_build="graph")
+        GraphManager(arena, inputs, [_Reference(b)], step,
+                     GraphOptions(eager_build=EagerBuild.GRAPH))
 
 
 class _Reference:
@@ -115,6 +114,7 @@ class _Reference:
     def __init__(self, inner):
         self.inner = inner
         self.name = inner.name
+        self.arena = inner.arena
 
     def build(self, batch):
         return self.inner.build(batch)

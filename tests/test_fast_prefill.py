@@ -5,12 +5,12 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import planning as oracle
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
-from oracle.planning import make_batch
+from planning import make_batch
 
 from staticattn.builders import make_kv_sharing_fast_prefill_batch
 from staticattn.errors import InvalidBatchError

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from gather_world import gather_world
 from hypothesis import given, settings
-from oracle import checksums
 from support import DEVICE, host_steps, stage
 from test_mixed_builds import CONFIGS, bucket_for, stage_mixed
 
 from staticattn.builders import (
     Batch,
 )
+from staticattn.reference import checksums
 
 
 def _world(name: str, backend: str):

@@ -11,9 +11,16 @@ from toy import ToyBuilder, ToyStep, toy_expected
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs import GraphManager, default_capture_sizes, normalize_capture_sizes
+from staticattn.graphs import (
+    GraphKind,
+    GraphManager,
+    GraphOptions,
+    default_capture_sizes,
+    normalize_capture_sizes,
+)
 from staticattn.graphs.records import RunResult
 
+DECODE, MIXED = GraphKind.DECODE, GraphKind.MIXED
 
 def cfg(**kw) -> ArenaConfig:
     base = dict(max_num_seqs=32, max_num_batched_tokens=256, max_model_len=4096, device="cpu")
@@ -45,7 +52,7 @@ def _manager():
     c = cfg()
     b = ToyBuilder()
     arena, inputs = make_arena(c, [b])
-    return GraphManager(arena, inputs, [b], ToyStep(c, arena.device), progress=False)
+    return GraphManager(arena, inputs, [b], ToyStep(c, arena.device), GraphOptions(progress=False))
 
 
 def _fake(kind, size, num_reqs):
@@ -57,24 +64,38 @@ def test_dispatch_picks_the_smallest_graph_that_holds_the_step():
     gm = _manager()
 
     def pick(num_reqs, num_tokens, shortest, longest):
-        g, reason = gm._graph_for_step(num_reqs, num_tokens, shortest == longest == 2, longest)
+        g, reason = gm.table.pick(num_reqs, num_tokens, shortest == longest == 2, longest)
         return (g.kind, g.size) if g is not None else reason
 
     assert pick(2, 4, 2, 2) == "not-captured"
-    gm.graphs = {4: _fake("decode", 4, 2), 8: _fake("decode", 8, 4)}
-    gm._table = gm._new_table()
-    assert pick(1, 2, 2, 2) == ("decode", 4)
-    assert pick(3, 6, 2, 2) == ("decode", 8)
+    gm.table.add(_fake(DECODE, 8, 4), _fake(DECODE, 4, 2))
+    assert pick(1, 2, 2, 2) == (DECODE, 4)
+    assert pick(3, 6, 2, 2) == (DECODE, 8)
     assert pick(5, 10, 2, 2) == "too-large"
     assert pick(2, 3, 1, 2) == "non-uniform"  # no token bucket captured
     assert pick(2, 7, 2, 5) == "prefill"
-    gm.mixed_graphs = {16: _fake("mixed", 16, 16), 64: _fake("mixed", 64, 32)}
-    gm._table = gm._new_table()
-    assert pick(2, 3, 1, 2) == ("mixed", 16)
-    assert pick(5, 10, 2, 2) == ("mixed", 16)  # a uniform decode beyond the decode graphs
-    assert pick(2, 17, 2, 15) == ("mixed", 64)
-    assert pick(20, 60, 1, 5) == ("mixed", 64)
+    gm.table.add(_fake(MIXED, 16, 16))
+    gm.table.add(_fake(MIXED, 64, 32))
+    assert pick(2, 3, 1, 2) == (MIXED, 16)
+    assert pick(5, 10, 2, 2) == (MIXED, 16)  # a uniform decode beyond the decode graphs
+    assert pick(2, 17, 2, 15) == (MIXED, 64)
+    assert pick(20, 60, 1, 5) == (MIXED, 64)
     assert pick(30, 65, 1, 5) == "too-large"
+    assert gm.capture_sizes == [4, 8] and gm.buckets == [16, 64]
+    assert gm.graph_for(16, MIXED).num_reqs == 16
+    with pytest.raises(GraphError, match="no decode graph of 6 tokens"):
+        gm.graph_for(6)
+
+
+def _counts(gm, before=None) -> tuple:
+    """The manager's step counts (decode replays, token-bucket replays, eager by reason),
+    since ``before`` when given."""
+    st = gm.stats
+    now = (st.replays, st.mixed_replays, dict(st.eager))
+    if before is None:
+        return now
+    eager = {r: c - before[2].get(r, 0) for r, c in now[2].items() if c != before[2].get(r, 0)}
+    return now[0] - before[0], now[1] - before[1], eager
 
 
 def _launchable(kind, size, num_reqs, launched):
@@ -94,18 +115,18 @@ def test_launch_picks_the_graph_run_picks_and_counts_the_same_reasons():
     for buckets in ({}, {16: 16, 64: 32}):
         gm = _manager()
         launched = []
-        gm.graphs = {4: _launchable("decode", 4, 2, launched)}
-        gm.mixed_graphs = {t: _launchable("mixed", t, r, launched) for t, r in buckets.items()}
-        gm._table = gm._new_table()
+        gm.table.add(_launchable(DECODE, 4, 2, launched),
+                     *(_launchable(MIXED, t, r, launched) for t, r in buckets.items()))
         steps = [np.array([2, 2]), np.array([2] * 5), np.array([1, 2, 7]), np.array([2] * 20),
                  np.array([9] * 10)]
         for q in steps:
             s = q + rng.integers(0, 100, size=q.shape[0])
             slots = np.arange(int(q.sum()))
+            before_run = _counts(gm)
             res = gm.run(q, s, slots)
             via_run = (res.mode, launched[-1] if res.mode == "graph" else res.reason)
-            stats_run = (gm.stats.replays, gm.stats.mixed_replays, dict(gm.stats.eager))
-            gm.stats = type(gm.stats)()
+            by_run = _counts(gm, before_run)
+            before_launch = _counts(gm)
             views = gm.begin_step()
             views.seq_lens[: q.shape[0]] = s
             views.slot_mapping[: slots.shape[0]] = slots
@@ -120,16 +141,13 @@ def test_launch_picks_the_graph_run_picks_and_counts_the_same_reasons():
                 assert len(launched) == before + 1 and launched[-1] == via_run[1], q
             else:
                 assert len(launched) == before, q
-            assert (gm.stats.replays, gm.stats.mixed_replays, dict(gm.stats.eager)) == stats_run
-            gm.stats = type(gm.stats)()
+            assert _counts(gm, before_launch) == by_run
 
 
 def test_uniform_launch_through_a_bucket_needs_every_sequence_to_hold_its_tokens():
     gm = _manager()
     launched = []
-    gm.graphs = {4: _launchable("decode", 4, 2, launched)}
-    gm.mixed_graphs = {16: _launchable("mixed", 16, 16, launched)}
-    gm._table = gm._new_table()
+    gm.table.add(_launchable(DECODE, 4, 2, launched), _launchable(MIXED, 16, 16, launched))
     views = gm.begin_step()
     views.seq_lens[:5] = [9, 9, 1, 9, 9]  # request 2 schedules 2 tokens of a 1-token sequence
     views.slot_mapping[:10] = np.arange(10)
@@ -141,7 +159,7 @@ def test_uniform_launch_through_a_bucket_needs_every_sequence_to_hold_its_tokens
     assert (views.counts == host_before[1]).all()
     views.seq_lens[2] = 2
     gm.launch(5)
-    assert launched == [("mixed", 16)] and gm.stats.mixed_replays == 1
+    assert launched == [(MIXED, 16)] and gm.stats.mixed_replays == 1
 
 
 def test_eager_run_on_cpu_counts_fallbacks_and_matches_the_step():

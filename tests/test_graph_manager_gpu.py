@@ -9,7 +9,7 @@ from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphManager, GraphOptions
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +21,7 @@ def _setup(**kw):
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     return cfg, arena, inputs, GraphManager(arena, inputs, [b], ToyStep(cfg, arena.device),
-                                            progress=False)
+                                            GraphOptions(progress=False))
 
 
 def test_capture_replay_pad_and_fallback():
@@ -138,7 +138,7 @@ def test_a_step_drawing_random_numbers_replays_through_replay():
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     step = _NoisyStep(cfg, arena.device)
-    with GraphManager(arena, inputs, [b], step, progress=False) as gm:
+    with GraphManager(arena, inputs, [b], step, GraphOptions(progress=False)) as gm:
         gm.capture([4], buckets=())
         assert gm.graphs[4].how == "replay"
         draws = []
@@ -153,22 +153,20 @@ def test_pool_memory_is_what_the_captures_allocate():
     """A step that allocates its output inside the capture puts it in the graph pool; the
     graphs' ``pool_bytes`` add up to the pool's segments, and builds that write only into
     the arena add nothing."""
-    from staticattn.graphs.capture import pool_bytes
-
     cfg, arena, inputs, gm = _setup()
-    toy = gm.step
+    with gm:
+        gm.capture([2], buckets=())  # the toy step writes its own buffer: no pool memory
+        assert gm.graphs[2].pool_bytes == gm.pool.held_bytes() == 0
+    b = ToyBuilder()
+    arena, inputs = make_arena(cfg, [b])
+    toy = ToyStep(cfg, arena.device)
 
     def allocating(batch, md):
         return toy(batch, md) + torch.zeros(4 << 20, dtype=torch.uint8, device="cuda").sum()
 
-    with gm:
-        gm.capture([2], buckets=())  # the toy step writes its own buffer: no pool memory
-        assert gm.graphs[2].pool_bytes == pool_bytes(gm._pool, "cuda") == 0
-    cfg, arena, inputs, gm = _setup()
-    gm.step = allocating
-    with gm:
+    with GraphManager(arena, inputs, [b], allocating, GraphOptions(progress=False)) as gm:
         gm.capture([2, 8], buckets=())
-        total = pool_bytes(gm._pool, "cuda")
+        total = gm.pool.held_bytes()
         assert total >= 4 << 20
         assert sum(g.pool_bytes for g in gm.graphs.values()) == total
         assert f"pool {total / 2**20:.2f} MiB" in gm.describe()

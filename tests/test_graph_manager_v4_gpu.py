@@ -18,7 +18,7 @@ from staticattn.builders import (
     make_arena,
 )
 from staticattn.consumers.gather import GatherConsumer
-from staticattn.graphs import GraphManager, default_capture_sizes
+from staticattn.graphs import GraphManager, GraphOptions, default_capture_sizes
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +30,7 @@ def v4():
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
-    gm = GraphManager(arena, inputs, builders, GatherConsumer(cfg), progress=False)
+    gm = GraphManager(arena, inputs, builders, GatherConsumer(cfg), GraphOptions(progress=False))
     gm.capture()
     print("\n" + gm.describe())
     yield cfg, arena, inputs, gm

@@ -8,13 +8,13 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from oracle import indexer as oracle
 from support import DEVICE, index_ratio_fields, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, MetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
+from staticattn.reference import indexer as oracle
 
 
 def _setup(backend="torch", **overrides):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle import indexer as oracle
 from support import DEVICE, index_ratio_fields, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.reference import indexer as oracle
 
 
 def _setup(backend, legacy=False, **overrides):

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from oracle import indexer as oracle
 from support import host_steps, index_ratio_fields, make_step, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+from staticattn.reference import indexer as oracle
 
 pytestmark = pytest.mark.gpu
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
-from oracle import indexer as oracle
 from support import DEVICE, host_steps, index_ratio_fields, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.reference import indexer as oracle
 
 GRID = [(n, ratio, bs) for n in (1, 2, 3, 4, 8) for ratio in (1, 4) for bs in (64, 256)]
 GRID_IDS = [f"n{n}-R{ratio}-bs{bs}" for n, ratio, bs in GRID]

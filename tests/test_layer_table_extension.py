@@ -15,15 +15,15 @@ from types import MappingProxyType
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from oracle import indexer as indexer_oracle
-from oracle.swa import assert_matches as assert_swa_matches
-from oracle.swa import expected_for_step
 from support import DEVICE, host_steps, make_step, stage
 from test_mixed_builds import bucket_for, check_mixed
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.model import ARCHITECTURES, LAYER_TYPES, Cache, LayerType, Reads, presets
+from staticattn.reference import indexer as indexer_oracle
+from staticattn.reference.swa import assert_matches as assert_swa_matches
+from staticattn.reference.swa import expected_for_step
 
 C8A = LayerType("c8a", 8, True, Reads.TOPK,
                 frozenset({Cache.COMPRESSED_KV, Cache.INDEX_K, Cache.COMPRESSOR_STATE}), True)

@@ -8,7 +8,6 @@ import types
 from dataclasses import dataclass
 
 import pytest
-from oracle.swa import layer_types as oracle_layer_types
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.swa.tile_scheduler import (
@@ -19,6 +18,7 @@ from staticattn.builders.swa.tile_scheduler import (
 from staticattn.errors import ConfigError
 from staticattn.kernels import dsa_libs
 from staticattn.model import LAYER_TYPES, Cache, Reads, architecture, layer_type
+from staticattn.reference.swa import layer_types as oracle_layer_types
 
 SWA_ONLY, C4A, C128A = "swaonly", "c4a", "c128a"
 WINDOWED = [n for n, t in LAYER_TYPES.items() if t.window]

@@ -2,7 +2,8 @@
 
 Each package ("room") may import only the rooms beneath it; no module imports itself back
 through a chain (no cycle, function-level imports included); importing a room at run time
-loads nothing above it; and every file stays small (at most 400 lines).
+loads nothing above it; the graph manager's parts sit beneath the manager; no module reads
+another object's private names; and every file stays small (at most 400 lines).
 """
 
 from __future__ import annotations
@@ -20,29 +21,49 @@ PACKAGE = Path(__file__).resolve().parents[1] / "staticattn"
 #: ``__init__``) sit on top and may import anything.
 ALLOWED = {
     "errors": set(),
+    "lazy": set(),
     "model": {"errors"},
     "arena": {"errors", "model"},
+    # The oracle: plain loops from the spec, independent of everything it checks (the
+    # arena only names its config type).
+    "reference": {"arena", "model"},
     "kernels": {"errors"},
     "staging": {"errors", "model", "arena", "kernels"},
     "builders": {"errors", "model", "arena", "kernels", "staging"},
     "graphs": {"errors", "model", "arena", "kernels", "staging", "builders"},
     "consumers": {"errors", "model", "arena", "kernels", "staging", "builders"},
     "bench": {"errors", "model", "arena", "staging", "builders", "graphs"},
-    "checks": {"errors", "model", "arena", "staging", "builders", "graphs", "bench"},
+    "checks": {"errors", "model", "arena", "staging", "builders", "graphs", "bench", "reference",
+               "lazy"},
     "distributed": {"errors", "model", "arena", "kernels", "staging", "builders", "graphs",
                     "consumers", "bench"},
 }
 #: Rooms inside ``builders``, by concern -> the rooms of ``builders`` each may import. The
 #: core (``builders``: the contract, the batch) imports none of them; the package's
-#: ``__init__`` re-exports them all. The indexer and the SWA builder never import each other.
+#: ``__init__`` re-exports them all. The indexer, SWA and compressed builders never import
+#: each other.
 BUILDER_ROOMS = {
     "builders": set(),
     "builders.validation": {"builders"},
     "builders.attention_utils": {"builders", "builders.validation"},
     "builders.indexer": {"builders", "builders.validation", "builders.attention_utils"},
     "builders.swa": {"builders", "builders.validation", "builders.attention_utils"},
+    "builders.compressed": {"builders", "builders.validation", "builders.attention_utils"},
 }
+#: The modules of ``graphs``, bottom up: each may import only those before it. The
+#: manager's parts (pool, table, capturer, eager, in-place and array steps) sit beneath it
+#: and never import it; context buckets and device-length steps build on the manager.
+GRAPH_MODULES = [
+    "introspect", "launch", "sizes", "records", "options", "pool", "table",
+    "recorded_launches", "capturer", "eager", "in_place", "runner", "manager", "contexts",
+    "device_steps",
+]
+#: Private names read off another object, each with its reason: ``torch`` keeps an op's
+#: schema on ``_schema`` (no public spelling).
+FOREIGN_PRIVATE = {("staticattn.checks.watch", "func._schema")}
 MAX_LINES = 400
+#: What ``import staticattn`` itself loads (PEP 562 exports), whatever room comes after it.
+ROOT_LOADS = {"lazy"}
 
 
 def _beneath(room: str) -> set[str]:
@@ -127,6 +148,56 @@ def test_builder_rooms_import_only_their_neighbours():
     assert not bad, "imports against the builders' rooms:\n" + "\n".join(sorted(bad))
 
 
+def test_graph_parts_sit_beneath_the_manager():
+    graph = _graph()
+    modules = {m.rsplit(".", 1)[1] for m in graph if m.startswith("staticattn.graphs.")}
+    assert modules == set(GRAPH_MODULES), "graphs/ and GRAPH_MODULES differ"
+    bad = []
+    for i, name in enumerate(GRAPH_MODULES):
+        for dep in graph[f"staticattn.graphs.{name}"]:
+            if dep.startswith("staticattn.graphs."):
+                dep_name = dep.rsplit(".", 1)[1]
+                if dep_name not in GRAPH_MODULES[:i]:
+                    bad.append(f"graphs.{name} imports graphs.{dep_name}")
+    assert not bad, "graphs modules importing upwards:\n" + "\n".join(sorted(bad))
+
+
+def _private_reads(path: Path) -> list[str]:
+    """``x._name`` read off anything but ``self``, ``cls`` or an imported module."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            owner = node.value
+            while isinstance(owner, ast.Attribute):
+                owner = owner.value
+            if not (isinstance(owner, ast.Name) and (
+                    owner.id in ("self", "cls") and isinstance(node.value, ast.Name)
+                    or owner.id in imported)):
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_no_module_reads_another_objects_private_names():
+    bad = [f"{_module_name(p)}: {read}" for p in PACKAGE.rglob("*.py")
+           for read in _private_reads(p) if (_module_name(p), read) not in FOREIGN_PRIVATE]
+    assert not bad, "private names read across objects:\n" + "\n".join(sorted(bad))
+
+
+def test_the_reference_is_independent_of_what_it_checks():
+    """The oracle imports no kernel, builder, staging or graph code, and none of them (nor
+    anything beneath them) may import the oracle: a shared mistake cannot agree with itself."""
+    checked = {"kernels", "staging", "builders", "graphs"}
+    assert not _beneath("reference") & checked
+    assert not any("reference" in _beneath(room) for room in checked)
+    assert {_room(m) for m in _graph()} >= {"reference"}
+
+
 def test_no_import_cycle():
     graph = _graph()
     state: dict[str, int] = {}
@@ -166,8 +237,19 @@ def test_importing_a_room_loads_nothing_above_it(room):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    loaded = set(done.stdout.split()) - {room}
+    loaded = set(done.stdout.split()) - {room} - ROOT_LOADS
     assert loaded <= _beneath(room), f"importing {room} loaded {sorted(loaded - _beneath(room))}"
+
+
+def test_importing_the_package_loads_only_its_lazy_exports():
+    """``import staticattn`` (which importing any room does first) loads ``lazy`` alone, and
+    no torch: the public names are resolved on first use."""
+    script = ("import sys, staticattn\n"
+              "print(' '.join(sorted({m.split('.')[1] for m in sys.modules "
+              "if m.startswith('staticattn.')})), 'torch' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          cwd=PACKAGE.parent, timeout=300)
+    assert done.stdout.split() == [*sorted(ROOT_LOADS), "False"], done.stdout + done.stderr
 
 
 def test_files_stay_small():

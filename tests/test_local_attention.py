@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
+import planning as oracle
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
-from oracle.planning import make_batch
+from planning import make_batch
 
 from staticattn.builders import make_local_attention_virtual_batches
 from staticattn.errors import ConfigError, InvalidBatchError

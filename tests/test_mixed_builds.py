@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given, settings
-from oracle import mixed as oracle
 from support import DEVICE, _t, host_steps, make_step
 
 from staticattn.arena import ArenaConfig
@@ -23,6 +22,7 @@ from staticattn.builders import (
     make_arena,
 )
 from staticattn.builders.indexer.prefill import max_chunks
+from staticattn.reference import mixed as oracle
 
 SMALL = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096,
              max_prefill_workspace=3000, max_logits_bytes=200_000)

@@ -20,10 +20,6 @@ import pytest
 import torch
 from gather_world import gather_world
 from hypothesis import HealthCheck, assume, given, settings
-from oracle import checksums
-from oracle import indexer as indexer_oracle
-from oracle import mixed as mixed_oracle
-from oracle import swa as swa_oracle
 from support import _t, host_steps
 from test_mixed_builds import CONFIGS
 
@@ -32,7 +28,11 @@ from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.checks.views import tensors_in
 from staticattn.consumers import GatherConsumer
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphKind, GraphManager, GraphOptions
+from staticattn.reference import checksums
+from staticattn.reference import indexer as indexer_oracle
+from staticattn.reference import mixed as mixed_oracle
+from staticattn.reference import swa as swa_oracle
 
 pytestmark = pytest.mark.gpu
 
@@ -47,10 +47,10 @@ def _snapshot(metadata) -> list[torch.Tensor]:
 def test_every_step_replays_and_equals_eager_and_the_oracle(name):
     cfg = CONFIGS[name](device="cuda")
     arena, inputs, builders, consumer, caches = gather_world(cfg)
-    gm = GraphManager(arena, inputs, builders, consumer, progress=False)
+    gm = GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False))
     gm.capture()
     fingerprint = arena.fingerprint()
-    counts = {"decode": 0, "mixed": 0}
+    counts = {GraphKind.DECODE: 0, GraphKind.MIXED: 0}
 
     # Steps that replay a decode graph are checked, then marked invalid so that they do
     # not count: the run ends after STEPS bucket replays.
@@ -66,7 +66,7 @@ def test_every_step_replays_and_equals_eager_and_the_oracle(name):
         replayed = snapshot_outputs(res.outputs)
         g = gm.graph_for(res.graph_size, res.graph_kind)
         views = _snapshot(g.metadata)
-        if g.kind == "mixed":
+        if g.kind is GraphKind.MIXED:
             exp = mixed_oracle.indexer(cfg, step, g.num_reqs, g.size,
                                        max_chunks(cfg, g.num_reqs, g.size))
             mixed_oracle.assert_indexer_matches(g.metadata["indexer"], exp, cfg, step)
@@ -84,7 +84,7 @@ def test_every_step_replays_and_equals_eager_and_the_oracle(name):
                 swa_oracle.assert_matches(g.metadata["swa"],
                                           swa_oracle.expected_for_step(cfg, padded))
         # The same build, eagerly, on the same staging: the same views bit for bit.
-        gm.body(g.kind, g.num_reqs, g.size)
+        gm.capturer.body(g.kind, g.num_reqs, g.size)
         assert all(torch.equal(a, b) for a, b in zip(views, _snapshot(g.metadata)))
         want = checksums.expected(cfg, step, *caches, step.num_tokens)
         assert replayed[0].tolist() == want
@@ -92,13 +92,14 @@ def test_every_step_replays_and_equals_eager_and_the_oracle(name):
                                               step.slot_mapping))
         assert same_outputs(replayed, eager)
         counts[g.kind] += 1
-        assume(g.kind == "mixed")
+        assume(g.kind is GraphKind.MIXED)
 
     check()
     assert arena.fingerprint() == fingerprint
     gm.close()
-    print(f"{name}: {counts['decode']} decode and {counts['mixed']} mixed replays")
-    assert counts["mixed"] >= STEPS
+    print(f"{name}: {counts[GraphKind.DECODE]} decode and {counts[GraphKind.MIXED]} mixed "
+          "replays")
+    assert counts[GraphKind.MIXED] >= STEPS
 
 
 def test_a_rejected_step_leaves_everything_usable():
@@ -110,7 +111,7 @@ def test_a_rejected_step_leaves_everything_usable():
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
-    with GraphManager(arena, inputs, builders, consumer, progress=False) as gm:
+    with GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False)) as gm:
         gm.capture()
         good = (np.array([2, 1, 40]), np.array([100, 50, 40]), np.arange(43))
         first = snapshot_outputs(gm.run(*good).outputs)

@@ -8,10 +8,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import indexer as oracle
 from support import DEVICE
 
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+from staticattn.reference import indexer as oracle
 
 
 def _schedule(backend, lens, num_sms, legacy):

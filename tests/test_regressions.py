@@ -14,7 +14,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from oracle import indexer as oracle
 from support import DEVICE
 
 from staticattn.arena import ArenaConfig
@@ -22,8 +21,9 @@ from staticattn.bench.random_batches import fixed_step
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.consumers import GatherConsumer
-from staticattn.graphs import GraphManager
+from staticattn.graphs import EagerBuild, GraphKind, GraphManager, GraphOptions
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+from staticattn.reference import indexer as oracle
 
 
 @pytest.mark.parametrize("next_n", [1, 2])
@@ -40,7 +40,7 @@ def _world(**overrides):
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     gm = GraphManager(arena, inputs, builders, GatherConsumer(cfg, num_kv_blocks=1 << 16),
-                      progress=False)
+                      GraphOptions(progress=False))
     return cfg, inputs, gm
 
 
@@ -67,13 +67,13 @@ def test_padded_rows_never_hold_a_cache_index():
         decode = fixed_step(inputs, np.full(3, n), rng.integers(5000, 60000, 3), rng)
         res = gm.run(decode.query_lens, decode.seq_lens, decode.slot_mapping)
         torch.cuda.synchronize()
-        assert res.graph_kind == "decode" and res.graph_size == 8
+        assert res.graph_kind is GraphKind.DECODE and res.graph_size == 8
         _padded_rows_hold_no_index(gm.graph_for(8), 3 * n, 3 * n)
         mixed = fixed_step(inputs, np.array([n, 1, 300]), np.array([9000, 40000, 300]), rng)
         res = gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
         torch.cuda.synchronize()
-        assert res.graph_kind == "mixed"
-        _padded_rows_hold_no_index(gm.graph_for(512, "mixed"), n + 301, n + 1)
+        assert res.graph_kind is GraphKind.MIXED
+        _padded_rows_hold_no_index(gm.graph_for(512, GraphKind.MIXED), n + 301, n + 1)
 
 
 @pytest.mark.gpu
@@ -88,13 +88,15 @@ def test_capture_short_then_replay_at_128k_and_max_model_len():
             step = fixed_step(inputs, np.full(len(lens), n), np.array(lens), rng)
             res = gm.run(step.query_lens, step.seq_lens, step.slot_mapping)
             assert res.mode == "graph"
-            eager = gm.run(step.query_lens, step.seq_lens, step.slot_mapping, eager=True)
+            eager = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                           eager=EagerBuild.REFERENCE)
             assert same_outputs(snapshot_outputs(res.outputs), snapshot_outputs(eager.outputs))
         mixed = fixed_step(inputs, np.array([n, 1, 40]),
                            np.array([cfg.max_model_len, 131_072, 200_040]), rng)
         res = gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
-        assert res.graph_kind == "mixed"
-        eager = gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping, eager=True)
+        assert res.graph_kind is GraphKind.MIXED
+        eager = gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping,
+                       eager=EagerBuild.REFERENCE)
         assert same_outputs(snapshot_outputs(res.outputs), snapshot_outputs(eager.outputs))
 
 
@@ -111,5 +113,6 @@ def test_decode_after_an_eager_prefill_of_a_long_prompt():
         step = fixed_step(inputs, np.full(2, n), np.array([200_000 + n, 17]), rng)
         res = gm.run(step.query_lens, step.seq_lens, step.slot_mapping)
         assert res.mode == "graph"
-        eager = gm.run(step.query_lens, step.seq_lens, step.slot_mapping, eager=True)
+        eager = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                       eager=EagerBuild.REFERENCE)
         assert same_outputs(snapshot_outputs(res.outputs), snapshot_outputs(eager.outputs))

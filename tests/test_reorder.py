@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import planning as oracle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
 
 from staticattn.builders import (
     ListReorderState,

@@ -183,10 +183,13 @@ def test_uniform_staging_equals_general_staging():
 
 @functools.cache
 def _manager():
-    from staticattn.graphs import GraphManager
+    from toy import ToyBuilder
 
-    arena, inputs = make_arena(CFG, [])
-    return GraphManager(arena, inputs, [], lambda batch, md: None, progress=False)
+    from staticattn.graphs import GraphManager, GraphOptions
+
+    b = ToyBuilder()
+    arena, inputs = make_arena(CFG, [b])
+    return GraphManager(arena, inputs, [b], lambda batch, md: None, GraphOptions(progress=False))
 
 
 _INT_DTYPES = [np.dtype(t).newbyteorder(order) for t in
@@ -211,4 +214,4 @@ def test_the_uniform_decode_test_is_exactly_all_queries_next_n(k, plants, dtype)
     for i, v in plants:
         values[i % k] = min(max(v, info.min), info.max)
     q = np.array(values, dtype=dtype)
-    assert (q.tobytes() == gm._decode_query(k, q.dtype)) == bool((q == CFG.next_n).all())
+    assert (q.tobytes() == gm.runner._decode_query(k, q.dtype)) == bool((q == CFG.next_n).all())

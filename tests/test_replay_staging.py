@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 from support import DEVICE
-from v41_steps import EXAMPLE_V41, example_step
+from v41_swa_steps import EXAMPLE_V41, example_step
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, SparseSWAMetadataBuilder, make_arena
 from staticattn.errors import InvalidBatchError
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.model import ARCHITECTURES
 
 
@@ -117,7 +117,7 @@ def test_graph_builds_read_the_in_place_view(backend):
     cfg = ArenaConfig(**{**EXAMPLE_V41, "kernel_backend": backend})
     builder = SparseSWAMetadataBuilder()
     arena, inputs = make_arena(cfg, [builder])
-    gm = GraphManager(arena, inputs, [builder], PrefillLens(cfg), progress=False)
+    gm = GraphManager(arena, inputs, [builder], PrefillLens(cfg), GraphOptions(progress=False))
     step, _ = example_step(cfg, [1, 8], [7, 12], [[1, 2], [1, 2, 3]])
     inputs.swa_block_table[:2].copy_(torch.from_numpy(step.swa_block_table))
     args = (step.query_lens, step.seq_lens, step.slot_mapping)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import planning as oracle
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
-from oracle.planning import batch_of, make_batch, plan_cases
+from planning import batch_of, make_batch, plan_cases
 
 from staticattn.builders import split_decodes_and_prefills, split_decodes_prefills_and_extends
 from staticattn.errors import InvalidBatchError

@@ -1,5 +1,5 @@
 """On the GPU: where a captured graph records the staging guard's event
-(``GraphManager(staging_guard=...)``) -- right behind the staging kernels, or at the graph's
+(``GraphOptions(staging_guard=...)``) -- right behind the staging kernels, or at the graph's
 end -- and that either way the host never rewrites the staging a replay has not read yet
 (against a negative control), and every replay computes the step written for it."""
 
@@ -13,13 +13,13 @@ from test_staging_gpu import _expected as staging_step_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphKind, GraphManager, GraphOptions, StagingGuard
 from staticattn.graphs.introspect import cudart_or_none
 
 pytestmark = pytest.mark.gpu
 
 KERNEL, EVENT_RECORD = 0, 7
-GUARDS = ["staging", "step"]
+GUARDS = list(StagingGuard)
 
 
 def _expected(seq_lens, n, size):
@@ -40,8 +40,8 @@ def _manager(staging_guard, buckets=()):
         t2r = inputs.token_to_req[:size].long()
         return inputs.positions[:size] + inputs.seq_lens[t2r]
 
-    gm = GraphManager(arena, inputs, builders, step, progress=False,
-                      staging_guard=staging_guard)
+    gm = GraphManager(arena, inputs, builders, step,
+                      GraphOptions(progress=False, staging_guard=staging_guard))
     gm.capture([size], buckets=buckets)
     return cfg, inputs, gm
 
@@ -78,16 +78,17 @@ def test_the_event_node_sits_where_the_guard_says(staging_guard):
             kinds = [types[i] for i in chain]
             assert kinds.count(EVENT_RECORD) == 1 and kinds[0] == KERNEL, kinds
             at = kinds.index(EVENT_RECORD)
-            if staging_guard == "step":
+            if staging_guard is StagingGuard.STEP:
                 assert at == len(kinds) - 1, ("the event is the graph's last node", kinds)
             else:  # behind the staging kernels (one for a decode graph, two for a bucket)
-                assert at == (1 if g.kind == "decode" else 2) < len(kinds) - 1, kinds
+                assert at == (1 if g.kind is GraphKind.DECODE else 2) < len(kinds) - 1, kinds
     finally:
         gm.close()
 
 
-@pytest.mark.parametrize("staging_guard, guarded", [("staging", True), ("step", True),
-                                                    ("step", False)])
+@pytest.mark.parametrize("staging_guard, guarded", [(StagingGuard.STAGING, True),
+                                                    (StagingGuard.STEP, True),
+                                                    (StagingGuard.STEP, False)])
 def test_the_host_waits_for_an_in_flight_replay(staging_guard, guarded):
     """Queue a long sleep on the replay stream, launch step A in place, then write step B
     into the views at once. With the guard, ``begin_step`` waits and A computes A; without

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 from op_trace import HOST_READS, OpTrace
-from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
@@ -16,6 +15,7 @@ from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels import swa_decode, swa_prefill
+from staticattn.reference.swa import assert_matches, expected_for_step
 
 V4_SMALL = dict(
     device=DEVICE, block_size=256, architecture="deepseek_v4", compress_ratios=(1, 4, 128),

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, HostStep, slots_for, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.reference.swa import assert_matches, expected_for_step
 
 BASE = dict(
     device=DEVICE, block_size=256, architecture="deepseek_v4", compress_ratios=(1, 4, 128),

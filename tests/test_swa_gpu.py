@@ -9,7 +9,6 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from oracle.swa import assert_matches, expected_for_step
 from support import make_step
 
 from staticattn.arena import ArenaConfig
@@ -20,6 +19,7 @@ from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import CaptureWatch
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.introspect import new_graph, node_census
+from staticattn.reference.swa import assert_matches, expected_for_step
 
 pytestmark = pytest.mark.gpu
 

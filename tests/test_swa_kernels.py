@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, make_step, stage
 
 from staticattn.arena import ArenaConfig
@@ -15,6 +14,7 @@ from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.errors import ArenaError
 from staticattn.kernels.swa_decode import SWADecodeOutputs, build_swa_decode
 from staticattn.kernels.swa_prefill import prefill_gather_lens
+from staticattn.reference.swa import assert_matches, expected_for_step
 
 WIDE = dict(
     device=DEVICE, block_size=256, architecture="deepseek_v4", compress_ratios=(1, 4, 128),

@@ -12,12 +12,12 @@ import functools
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle.swa import assert_matches, expected_for_step
 from support import DEVICE, host_steps, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.reference.swa import assert_matches, expected_for_step
 
 BASE = dict(device=DEVICE, max_num_seqs=16, max_num_batched_tokens=512, max_model_len=2048,
             architecture="deepseek_v4")

@@ -1,6 +1,6 @@
 """The DSpark draft step's SWA metadata (``docs/spec/deepseek-v41.md`` §7.5): a worked
 example, the width rule, and hypothesis tests of the eager and graph (decode) builds against
-``oracle.v41_replay.draft_rows`` for the V4 and V4.1-Flash shapes on both backends."""
+``staticattn.reference.v41_replay.draft_rows`` for the V4 and V4.1-Flash shapes on both backends."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import functools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from oracle import v41_replay
-from v41_steps import (
+from v41_swa_steps import (
     CONFIGS,
     EXAMPLE_V41,
     example_step,
@@ -23,6 +22,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch
 from staticattn.builders.swa.draft import DraftSWAMetadataBuilder, draft_swa_width
 from staticattn.errors import ConfigError
+from staticattn.reference import v41_replay
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from op_trace import HOST_READS, OpTrace
 from support import DEVICE
-from v41_steps import EXAMPLE_V41, example_step, stage_bucket
+from v41_swa_steps import EXAMPLE_V41, example_step, stage_bucket
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import (

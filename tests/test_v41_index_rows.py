@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from oracle import v41_rows
 from support import DEVICE
-from v41_steps import EXAMPLE_V41, example_step, oracle_step, stage_eager
+from v41_swa_steps import EXAMPLE_V41, example_step, oracle_step, stage_eager
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import SparseSWAMetadataBuilder, make_arena
@@ -15,6 +14,7 @@ from staticattn.builders.swa.draft import draft_swa_width
 from staticattn.builders.swa.layout import combined_width, flashinfer_width, prefill_swa_width
 from staticattn.errors import ArenaError, InvalidBatchError
 from staticattn.model import layer_type
+from staticattn.reference import v41_rows
 
 
 def _meta(backend="torch", **overrides):

@@ -1,8 +1,8 @@
-"""The decoder-side replay sub-batch (``docs/spec/deepseek-v41.md`` §8.2): §11 case 5
-exactly, and hypothesis tests of the eager, decode and mixed builds against
-``oracle.v41_replay`` -- the sub-batch's rows, query starts, positions, slots, requests and
-``kv_start``, and the SWA metadata of the replay layers on it (``replay_start = kv_start``)
-and of the first replay layer (the batch's ``replay_start``) -- on both backends.
+"""The decoder-side replay sub-batch (``docs/spec/deepseek-v41.md`` §8.2): §11 case 5 exactly, and
+hypothesis tests of the eager, decode and mixed builds against
+``staticattn.reference.v41_replay`` -- the sub-batch's rows, query starts, positions, slots,
+requests and ``kv_start``, and the SWA metadata of the replay layers on it (``replay_start =
+kv_start``) and of the first replay layer (the batch's ``replay_start``) -- on both backends.
 """
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ import functools
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from oracle import v41_replay, v41_swa
 from test_mixed_builds import bucket_for
-from v41_steps import (
+from v41_swa_steps import (
     CONFIGS,
     example_step,
     oracle_step,
@@ -26,6 +25,7 @@ from v41_steps import (
 
 from staticattn.builders import Batch
 from staticattn.builders.swa.replay import DecoderReplayBuilder
+from staticattn.reference import v41_replay, v41_swa
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 

@@ -3,11 +3,11 @@ small capacities of the V4 and V4.1-Flash preset shapes, on both kernel backends
 
 Steps of every kind (MTP decodes, extends, fresh prefills, slot -1 tokens, replay starts on
 prefill requests and stale ones on decodes) are staged eagerly or for a token bucket; every
-field is compared -- the existing ones with ``oracle.swa`` / ``oracle.mixed`` (gather
+field is compared -- the existing ones with ``staticattn.reference.swa`` / ``.mixed`` (gather
 lengths with the replay clamp), the paged prefill rows, replay starts and chunk plans with
-``oracle.v41_swa``, and each windowed type's combined and FlashInfer rows, built from
-random top-k rows, with ``oracle.v41_rows``. One arena per (config, backend) serves every
-example, so a row left stale by an earlier example would fail a later one.
+``staticattn.reference.v41_swa``, and each windowed type's combined and FlashInfer rows,
+built from random top-k rows, with ``staticattn.reference.v41_rows``. One arena per (config,
+backend) serves every example, so a row left stale by an earlier example would fail a later one.
 """
 
 from __future__ import annotations
@@ -19,17 +19,17 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oracle import mixed as mixed_oracle
-from oracle import swa as swa_oracle
-from oracle import v41_rows, v41_swa
 from support import DEVICE
 from test_mixed_builds import bucket_for
-from v41_steps import CONFIGS, oracle_step, replayed_steps, stage_bucket, stage_eager
+from v41_swa_steps import CONFIGS, oracle_step, replayed_steps, stage_bucket, stage_eager
 
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.builders.swa.layout import topk_columns
 from staticattn.model import Reads
+from staticattn.reference import mixed as mixed_oracle
+from staticattn.reference import swa as swa_oracle
+from staticattn.reference import v41_rows, v41_swa
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 

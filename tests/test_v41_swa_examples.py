@@ -1,23 +1,23 @@
-"""The worked examples, exactly, on both backends: ``docs/spec/deepseek-v41.md`` §11
-(the SWA parts of cases 1-4: prefill rows and gather lengths, chunk plans, decode rows,
-combined and FlashInfer lengths, bounded replay) and ``vllm-0.33-extras.md`` §2.7 (A and
-A': paged prefill rows, gather lengths, chunk plans with ``C = 2``).
+"""The worked examples, exactly, on both backends: ``docs/spec/deepseek-v41.md`` §11 (the SWA parts
+of cases 1-4: prefill rows and gather lengths, chunk plans, decode rows, combined and FlashInfer
+lengths, bounded replay) and ``vllm-0.33-extras.md`` §2.7 (A and A': paged prefill rows, gather
+lengths, chunk plans with ``C = 2``).
 
-Every example also goes through the oracle (``oracle.v41_swa``), and the eager build of
-each is compared with the token-bucket build of the same step where the layouts agree.
+Every example also goes through the oracle (``staticattn.reference.v41_swa``), and the eager
+build of each is compared with the token-bucket build of the same step where the layouts agree.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from oracle import v41_swa as oracle
 from support import DEVICE
-from v41_steps import EXAMPLE_V41, example_step, oracle_step, stage_bucket, stage_eager
+from v41_swa_steps import EXAMPLE_V41, example_step, oracle_step, stage_bucket, stage_eager
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.reference import v41_swa as oracle
 
 
 def _world(backend: str, chunk_size: int = 4, **overrides):

@@ -8,11 +8,11 @@ import random
 from collections.abc import Callable
 
 import numpy as np
+import planning as oracle
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oracle import planning as oracle
 from support import host_steps, make_step, stage
 
 from staticattn.arena import ArenaConfig

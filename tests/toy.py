@@ -8,6 +8,7 @@ import torch
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders import Batch
+from staticattn.builders.contract import claim_arena
 
 
 @dataclass(slots=True)
@@ -19,11 +20,13 @@ class ToyBuilder:
     """Writes ``2 * seq_lens`` into its arena view; graph-safe by construction."""
 
     name = "toy"
+    arena: Arena | None = None
 
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
         return [BufferDecl("toy.doubled", (config.max_num_seqs,), torch.int32)]
 
     def bind(self, arena: Arena) -> None:
+        claim_arena(self, arena)
         self.doubled = arena["toy.doubled"]
 
     def build(self, batch: Batch) -> ToyMetadata:

@@ -1,122 +1,76 @@
-"""Test support for the SWA builder's V4.1 outputs: small V4 / V4.1 configs, steps with
-bounded-replay starts, their staging (eager and for a token bucket), and a hypothesis
-strategy that adds replay starts to ``support.host_steps``."""
+"""DeepSeek V4.1 test support: configs of the V4.1-Flash shapes with small capacities, steps
+with a block table per cache group, staging them, and a hypothesis strategy."""
 
 from __future__ import annotations
 
 import numpy as np
 from hypothesis import strategies as st
-from oracle.v41_swa import Step
-from support import DEVICE, HostStep, _t, host_steps, slots_for
+from support import DEVICE, _t, host_steps, make_step, stage
 
-from staticattn.arena import ArenaConfig
-from staticattn.builders import Batch, make_arena
+from staticattn.arena import ArenaConfig, cache_groups
+from staticattn.builders import Batch
+from staticattn.reference.v41_compressed import V41Step
 
-#: The worked examples' geometry (docs/spec/deepseek-v41.md §11): W = 4, SWA pages of 4,
-#: compressed kernel block 8, K = 4, types {swaonly, c2a, c1a}, one draft token.
-EXAMPLE_V41 = dict(
-    device=DEVICE, architecture="deepseek_v41", compress_ratios=(0, 2, 1), block_size=8,
-    sliding_window=4, swa_block_size=4, index_topk=4, max_model_len=64, max_num_seqs=4,
-    max_num_batched_tokens=32, num_speculative_tokens=1,
-)
-
-#: Small capacities of the two preset shapes, for differential tests.
-SMALL = dict(device=DEVICE, max_num_seqs=8, max_num_batched_tokens=192, max_model_len=2048)
+SMALL = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096,
+             max_prefill_workspace=3000, max_logits_bytes=200_000, num_sms=8)
+#: V4.1-Flash's layers and sources with small capacities: SM90 blocks (64) with one draft
+#: token (native next_n = 2), the varlen-like flatten layout, no draft, SM100 blocks (128).
 CONFIGS = {
-    "v4": lambda **kw: ArenaConfig.deepseek_v4(**{**SMALL, "sliding_window": 16,
-                                                  "swa_block_size": 16, **kw}),
-    "v4.1-flash": lambda **kw: ArenaConfig.preset(
-        "deepseek-v4.1-flash", **{**SMALL, "sliding_window": 16, "swa_block_size": 8,
-                                  "block_size": 16, "index_topk": 8, **kw}),
+    "flash-n2": dict(),
+    "flash-n2-flatten": dict(use_flattening=True),
+    "flash-n1": dict(num_speculative_tokens=0),
+    "flash-bs128-n4": dict(block_size=128, num_speculative_tokens=3),
 }
 
 
-def world(name: str, backend: str, builder):
-    """``(config, builder, inputs)``: an arena of the worked examples' geometry ("example")
-    or of a :data:`CONFIGS` shape, with ``builder`` bound."""
-    cfg = (ArenaConfig(**{**EXAMPLE_V41, "kernel_backend": backend}) if name == "example"
-           else CONFIGS[name](kernel_backend=backend))
-    _, inputs = make_arena(cfg, [builder])
-    return cfg, builder, inputs
+def v41_config(name: str, backend: str, **overrides) -> ArenaConfig:
+    return ArenaConfig.preset("deepseek-v4.1-flash", **SMALL, **CONFIGS[name], device=DEVICE,
+                              kernel_backend=backend, **overrides)
 
 
-def table_rows(cfg: ArenaConfig, rows: list[list[int]], num_reqs: int) -> np.ndarray:
-    """An SWA block table whose rows start with ``rows`` (the rest block 1)."""
-    out = np.ones((num_reqs, cfg.max_swa_blocks_per_req), dtype=np.int32)
-    for b, row in enumerate(rows):
-        out[b, : len(row)] = row
-    return out
+def group_tables(cfg: ArenaConfig, num_reqs: int, rng: np.random.Generator,
+                 null_rings: bool = True) -> dict[str, np.ndarray]:
+    """Random tables of every cache group (block ids >= 1; a ring block sometimes the null
+    block 0 when ``null_rings``)."""
+    tables = {}
+    for g in cache_groups(cfg):
+        low = 0 if g.columns == 1 and null_rings else 1
+        tables[g.name] = rng.integers(low, 50_000, size=(num_reqs, g.columns), dtype=np.int32)
+    return tables
 
 
-def example_step(cfg: ArenaConfig, query_lens, seq_lens, swa_rows=(), *, replay_start=None,
-                 num_reqs_padded=None, num_tokens_padded=None) -> tuple[HostStep, list[int]]:
-    """A step with the given SWA block-table rows; slots derived from them."""
-    r = len(query_lens)
-    swa = table_rows(cfg, list(swa_rows), r)
-    q, length = np.asarray(query_lens, np.int32), np.asarray(seq_lens, np.int32)
-    slots = slots_for(swa, cfg.swa_block_size, q, length)
-    main = np.ones((r, cfg.max_blocks_per_req), dtype=np.int32)
-    step = HostStep(q, length, slots, main, swa, num_reqs_padded or r,
-                    num_tokens_padded or int(q.sum()))
-    return step, list(replay_start or [0] * r)
+def make_v41_step(cfg: ArenaConfig, query_lens, seq_lens, *, rng=None, **kw) -> V41Step:
+    rng = rng or np.random.default_rng(0)
+    step = make_step(cfg, query_lens, seq_lens, rng=rng, **kw)
+    return V41Step(step, group_tables(cfg, step.num_reqs, rng))
 
 
-def stage_eager(inputs, step: HostStep, replay_start) -> Batch:
-    """Stage for an eager build (the step's padded extents)."""
-    r = step.num_reqs
-    inputs.block_table[:r].copy_(_t(step.block_table))
-    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
-    counts = inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping,
-                          num_reqs_padded=step.num_reqs_padded,
-                          num_tokens_padded=step.num_tokens_padded,
-                          replay_start=_replay(inputs, replay_start))
-    inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
-    return Batch.from_staged(inputs, counts)
+def write_tables(inputs, v41: V41Step) -> None:
+    """The group tables' real rows into the arena, in place."""
+    for name, table in v41.tables.items():
+        inputs.block_tables[name][: table.shape[0]].copy_(_t(table))
 
 
-def stage_bucket(inputs, step: HostStep, replay_start, num_reqs: int, num_tokens: int) -> Batch:
-    """Stage the real step for a token bucket's build (what a mixed graph replays)."""
-    r = step.num_reqs
-    inputs.block_table[:r].copy_(_t(step.block_table))
-    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
-    inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping,
-                 replay_start=_replay(inputs, replay_start))
+def stage_v41(inputs, v41: V41Step) -> Batch:
+    """Tables in place, then ``support.stage`` (padded extents)."""
+    write_tables(inputs, v41)
+    return stage(inputs, v41.step)
+
+
+def stage_mixed_v41(inputs, v41: V41Step, num_reqs: int, num_tokens: int) -> Batch:
+    """Tables in place, the real values staged, the general staging over a bucket."""
+    write_tables(inputs, v41)
+    step = v41.step
+    inputs.block_table[: step.num_reqs].copy_(_t(step.block_table))
+    inputs.swa_block_table[: step.num_reqs].copy_(_t(step.swa_block_table))
+    inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping)
     inputs.copy_to_device(num_reqs, num_tokens)
     return Batch.for_mixed_capture(inputs, num_reqs, num_tokens)
 
 
-def _replay(inputs, replay_start):
-    if inputs.replay_start is None:
-        return None
-    return np.asarray(replay_start, dtype=np.int32)
-
-
-def oracle_step(step: HostStep, replay_start, *, padded: bool) -> Step:
-    """The oracle's view of a step: padded requests and tokens included or not."""
-    q = [int(x) for x in step.query_lens]
-    length = [int(x) for x in step.seq_lens]
-    rs = [int(x) for x in replay_start]
-    slots = [int(s) for s in step.slot_mapping]
-    table = step.swa_block_table.tolist()
-    if padded:
-        extra = step.num_reqs_padded - step.num_reqs
-        q, length, rs = q + [0] * extra, length + [0] * extra, rs + [0] * extra
-        table += [[0] * len(table[0])] * extra
-        slots += [-1] * (step.num_tokens_padded - len(slots))
-    return Step(q, length, rs, slots, table)
-
-
 @st.composite
-def replayed_steps(draw, config: ArenaConfig, kinds=("decode", "mixed", "prefill"),
-                   max_reqs: int | None = None):
-    """``support.host_steps`` with a replay start per request: for a prefill request any
-    position of its context (0 most often), for the others whatever the engine left there
-    (the staging zeroes them)."""
-    step = draw(host_steps(config, kinds=kinds, max_reqs=max_reqs,
-                           max_seq_len=config.max_model_len))
-    rs = []
-    for q, length in zip(step.query_lens, step.seq_lens):
-        context = int(length) - int(q)
-        rs.append(draw(st.sampled_from([0, context, draw(st.integers(0, context))]))
-                  if context else 0)
-    return step, rs
+def v41_steps(draw, cfg: ArenaConfig, **kw):
+    """``support.host_steps`` with random group tables."""
+    step = draw(host_steps(cfg, **kw))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    return V41Step(step, group_tables(cfg, step.num_reqs, rng))

@@ -182,8 +182,11 @@ class Arena:
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        state = "allocated" if self._allocated else "declaring"
-        return f"Arena({len(self._decls)} buffers, {state}, device={self.device})"
+        if not self._allocated:
+            return f"Arena({len(self._decls)} buffers, declaring, device={self.device})"
+        # The device block's address tells two allocated arenas apart.
+        return (f"Arena({len(self._decls)} buffers, allocated, device={self.device}, "
+                f"device block at 0x{self._blocks['device'].data_ptr():x})")
 
 
 def _human(n: int) -> str:

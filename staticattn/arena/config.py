@@ -55,13 +55,12 @@ class ArenaConfig:
         MTP draft tokens per decode step; ``next_n = 1 + num_speculative_tokens``.
     architecture : str
         The model family, whose encoding maps ``compress_ratios`` to layer types
-        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32", "deepseek_v4", ...
+        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32", "deepseek_v4" or
+        "deepseek_v41".
     compress_ratios : tuple of int
         One compress ratio per layer, in the family's encoding (``(1,)`` for V3.2; V4: 1 =
         SWA-only, 4 = C4A, 128 = C128A; V4.1: 0 = SWA-only, 1 = c1a, 2 = c2a). The layer
-        types present (:attr:`layer_types`) decide every per-type buffer and output; the
-        indexer's K cache has the ratio of the type that owns it
-        (:attr:`index_compress_ratio`).
+        types present (:attr:`layer_types`) decide every per-type buffer and output.
     kv_source_layers, index_source_layers : tuple of int or None
         DeepSeek V4.1's cache sharing: the layers that own the compressed caches, and those
         that run the indexer; every other compressed layer reads the nearest source at or
@@ -188,9 +187,8 @@ class ArenaConfig:
         """The distinct layer types of ``compress_ratios``, in the table's order."""
         if not self.compress_ratios:
             raise ConfigError("compress_ratios is empty: a model has at least one layer")
-        family = architecture(self.architecture)
-        names = {family.layer_type_name(r, i) for i, r in enumerate(self.compress_ratios)}
-        return tuple(layer_type(n) for n in LAYER_TYPES if n in names)
+        present = {t.name for t in self.per_layer_types}
+        return tuple(layer_type(n) for n in LAYER_TYPES if n in present)
 
     def _check_ratios(self) -> None:
         for t in self._types:
@@ -278,16 +276,15 @@ class ArenaConfig:
 
     @property
     def layer_types(self) -> tuple[LayerType, ...]:
-        """The distinct layer types of the model, rows of
-        :data:`staticattn.model.LAYER_TYPES`, in the table's order."""
+        """The model's distinct layer types (:data:`~staticattn.model.LAYER_TYPES` order)."""
         return self._types
 
     @property
     def per_layer_types(self) -> tuple[LayerType, ...]:
         """The type of every layer, in layer order."""
-        names = [architecture(self.architecture).layer_type_name(r, i)
-                 for i, r in enumerate(self.compress_ratios)]
-        return tuple(layer_type(n) for n in names)
+        family = architecture(self.architecture)
+        return tuple(layer_type(family.layer_type_name(r, i))
+                     for i, r in enumerate(self.compress_ratios))
 
     @property
     def sources(self) -> LayerSources:
@@ -317,8 +314,7 @@ class ArenaConfig:
     @property
     def index_compress_ratio(self) -> int:
         """Compress ratio of the indexer's K cache: its owning type's (1 without one)."""
-        owner = self.index_layer_type
-        return owner.compress_ratio if owner is not None else 1
+        return getattr(self.index_layer_type, "compress_ratio", 1)
 
     @property
     def dense_layer_type(self) -> LayerType | None:
@@ -330,17 +326,16 @@ class ArenaConfig:
         """Width of the dense type's index rows (``maxC``): ``round_up(cdiv(max_model_len,
         R), 128)``; 0 without such a type."""
         dense = self.dense_layer_type
-        return dense.topk_width(self.index_topk, self.max_model_len) if dense else 0
+        return 0 if dense is None else dense.topk_width(self.index_topk, self.max_model_len)
 
     @property
     def storage_block_size(self) -> int:
-        """Compressed indexer-K entries per block: ``block_size // index_compress_ratio``."""
+        """Indexer-K entries per block, ``block_size // index_compress_ratio`` (one type)."""
         return self.block_size // self.index_compress_ratio
 
     @property
     def max_blocks_per_req(self) -> int:
-        """Columns of the main block table: under DCP a rank's local blocks, one per
-        ``block_size * dcp_world_size`` tokens."""
+        """Main block-table columns (a rank's local blocks: ``block_size * W`` tokens each)."""
         return cdiv(self.max_model_len, self.block_size * self.dcp_world_size)
 
     @property
@@ -351,8 +346,7 @@ class ArenaConfig:
     @property
     def dcp_sharded_ratios(self) -> tuple[int, ...]:
         """Compress ratios of the caches DCP shards, which the interleave must respect: the
-        indexer's and those of the types the table marks sharded (C4A; C128A and the SWA
-        window are replicated)."""
+        indexer's and the sharded types' (C4A; C128A and the SWA window are replicated)."""
         return tuple(sorted({self.index_compress_ratio} | {
             t.compress_ratio for t in self._types if t.dcp_sharded and t.compress_ratio}))
 
@@ -395,6 +389,5 @@ class ArenaConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides) -> ArenaConfig:
-        """A named preset of :data:`staticattn.model.PRESETS` ("deepseek-v4", ...), fields
-        overridden by ``overrides``."""
+        """A named preset of :data:`staticattn.model.PRESETS` under ``overrides``."""
         return cls(**{**model_preset(name).fields, **overrides})

@@ -7,7 +7,7 @@ is what serving short contexts under a long limit costs without buckets; buckete
 ideal, what is left with them.
 
     python -m staticattn bench --context 2048 8192 65536 --max-model-len 1048576
-           [--batch 32] [--consumer none|gather|real] [--reps 200] [--json ctx.json]
+           [--batch-requests 32] [--consumer none|gather|real] [--reps 200] [--json ctx.json]
 
 Per context ``C`` (and batch size): GPU µs per step (CUDA events around the replay) and host
 µs of ``run``, medians with min and max over ``reps`` steps, for both graphs, drawn from one
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode
@@ -29,6 +30,7 @@ from staticattn.bench.report import Stat, environment
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.contexts import ContextGraphs
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import GraphOptions
 
 __all__ = ["ContextReport", "ContextRow", "run_context_bench"]
 
@@ -109,9 +111,10 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
     rng = np.random.default_rng(seed)
-    options = dict(progress=False, time_gpu=True)
-    runner = (GraphManager(arena, inputs, builders, step, **options) if buckets is None
-              else ContextGraphs(arena, inputs, builders, step, contexts=buckets, **options))
+    options = GraphOptions(progress=False, time_gpu=True)
+    runner = (GraphManager(arena, inputs, builders, step, options) if buckets is None
+              else ContextGraphs(arena, inputs, builders, step, contexts=buckets,
+                                 options=options))
     with runner:
         runner.capture([num_reqs * config.next_n], buckets=())
         batch = random_uniform_decode(inputs, num_reqs, rng, max_seq_len=context,
@@ -119,7 +122,7 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
         args = (batch.query_lens, batch.seq_lens, batch.slot_mapping)
         for _ in range(10):
             assert runner.run(*args).mode == "graph"
-        host, gpu = step_times_us(runner, args, False, reps)
+        host, gpu = step_times_us(runner, args, None, reps)
         return host, gpu, runner.pool_bytes
 
 
@@ -127,24 +130,26 @@ def run_context_bench(preset: str, contexts: Sequence[int], capacity: int,
                       builders_factory: Callable[[], list],
                       step_factory: Callable[[ArenaConfig], Callable] | None, *,
                       batches: Sequence[int] = (32,), reps: int = 200, seed: int = 0,
-                      consumer_name: str = "metadata only") -> ContextReport:
+                      consumer_name: str = "metadata only",
+                      progress: bool = False) -> ContextReport:
     """Time, per context ``C`` in ``contexts`` and batch size (requests), the decode step
     replayed through a graph of ``preset`` captured for ``max_model_len = capacity``,
     through the same arena's context-bucketed graphs (a bucket at ``C``), and through a
-    graph of an arena with ``max_model_len = C``."""
+    graph of an arena with ``max_model_len = C``; ``progress``: a bar over the pairs."""
     report = ContextReport(environment(), preset, capacity, consumer_name)
-    for context in sorted(contexts):
-        for k in batches:
-            same = (builders_factory, step_factory, k, context, reps, seed)
-            ch, cg, cpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
-                                         *same)
-            xh, xg, _ = _graph_times(ArenaConfig.preset(preset, max_model_len=context), *same)
-            bh = bg = bpool = None
-            if context < capacity:
-                bh, bg, bpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
-                                             *same, buckets=[context])
-            report.rows.append(ContextRow(
-                context, k, Stat.of(cg), Stat.of(ch), Stat.of(xg), Stat.of(xh),
-                None if bg is None else Stat.of(bg), None if bh is None else Stat.of(bh),
-                cpool, bpool))
+    pairs = [(context, k) for context in sorted(contexts) for k in batches]
+    for context, k in tqdm(pairs, desc="context bench", unit="context", disable=not progress,
+                           leave=False):
+        same = (builders_factory, step_factory, k, context, reps, seed)
+        ch, cg, cpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
+                                     *same)
+        xh, xg, _ = _graph_times(ArenaConfig.preset(preset, max_model_len=context), *same)
+        bh = bg = bpool = None
+        if context < capacity:
+            bh, bg, bpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
+                                         *same, buckets=[context])
+        report.rows.append(ContextRow(
+            context, k, Stat.of(cg), Stat.of(ch), Stat.of(xg), Stat.of(xh),
+            None if bg is None else Stat.of(bg), None if bh is None else Stat.of(bh),
+            cpool, bpool))
     return report

@@ -10,10 +10,10 @@ Scenarios (each on its own config, graphs captured for every token bucket):
 
 Per scenario: host wall time of ``GraphManager.run`` (validation, staging, launch) and of the
 in-place API (``begin_step`` + ``launch(k, t)``, the engine's writes not counted), the GPU
-time of the replay, and the same for the two eager paths: ``run(eager="graph")`` (the
-builds a graph holds, launched eagerly: what a step no graph holds runs) and
-``run(eager=True)`` (the reference builds); medians with min and max, each step started on
-an idle device.
+time of the replay, and the same for the two eager paths: ``run(eager=EagerBuild.GRAPH)``
+(the builds a graph holds, launched eagerly: what a step no graph holds runs) and
+``run(eager=EagerBuild.REFERENCE)`` (the reference builds); medians with min and max, each
+step started on an idle device.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.bench.report import Stat, environment, floor_lines
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import EagerBuild, GraphOptions
 
 __all__ = ["MIXED_SCENARIOS", "MixedReport", "MixedRow", "reference_mixed_batch",
            "run_mixed_bench"]
@@ -121,9 +122,10 @@ def _measure(gm: GraphManager, steps: list[RandomStep], reps: int) -> dict[str, 
         args = (step.query_lens, step.seq_lens, step.slot_mapping)
         for _ in range(3):  # warm both paths
             assert gm.run(*args).mode == "graph"
-            gm.run(*args, eager=True)
-            gm.run(*args, eager="graph")
-        for path, eager in (("graph", False), ("eager", True), ("fallback", "graph")):
+            gm.run(*args, eager=EagerBuild.REFERENCE)
+            gm.run(*args, eager=EagerBuild.GRAPH)
+        for path, eager in (("graph", None), ("eager", EagerBuild.REFERENCE),
+                            ("fallback", EagerBuild.GRAPH)):
             host, gpu = step_times_us(gm, args, eager, per_step)
             out[f"{path}_host"] += host
             out[f"{path}_gpu"] += gpu
@@ -143,14 +145,15 @@ def run_mixed_bench(
     """Time the scenarios of the module docstring (metadata only unless ``step_factory``)."""
     report = MixedReport(environment(), launch_floor())
     rng = np.random.default_rng(seed)
-    plans = [(label, preset, n, "reference mixed batch") for label, preset, n in MIXED_SCENARIOS]
-    plans.append(("V4", "deepseek-v4", 2, "chunked-prefill trace"))
-    for model, preset, n, scenario in plans:
+    scenarios = [(label, preset, n, "reference mixed batch")
+                 for label, preset, n in MIXED_SCENARIOS]
+    scenarios.append(("V4", "deepseek-v4", 2, "chunked-prefill trace"))
+    for model, preset, n, scenario in scenarios:
         cfg = ArenaConfig.preset(preset, num_speculative_tokens=n - 1)
         builders = builders_factory(cfg)
         arena, inputs = make_arena(cfg, builders)
         step = step_factory(cfg) if step_factory is not None else (lambda batch, md: None)
-        with GraphManager(arena, inputs, builders, step, progress=progress) as gm:
+        with GraphManager(arena, inputs, builders, step, GraphOptions(progress=progress)) as gm:
             gm.capture()
             steps = ([reference_mixed_batch(inputs, rng)] if scenario == "reference mixed batch"
                      else _trace(inputs, rng, steps=20))

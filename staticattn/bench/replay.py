@@ -6,7 +6,8 @@ For each size ``s`` (tokens; ``s / next_n`` requests, all real, long random sequ
 * host time of one step: wall clock of ``GraphManager.run`` (validation, staging and
   ``replay()``), measured after a device sync so no wait on earlier work is counted;
 * GPU time of one step: CUDA events around the replay;
-* the same for the eager path (``run(..., eager=True)``: the same validation and staging,
+* the same for the eager path (``run(..., eager=EagerBuild.REFERENCE)``: the same
+  validation and staging,
   then every builder's ``build`` and the step, launched one kernel at a time);
 * node census of the graph; median, min and max over ``reps`` steps.
 
@@ -28,17 +29,19 @@ from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import EagerBuild, GraphOptions, StagingGuard
 
 __all__ = ["in_place_host_us", "run_bench", "step_times_us"]
 
 
-def step_times_us(gm: GraphManager, args, eager: bool, reps: int,
+def step_times_us(gm: GraphManager, args, eager: EagerBuild | None, reps: int,
                   before: Callable[[], None] | None = None) -> tuple[list, list]:
-    """Per step: host wall time of ``GraphManager.run`` (validation, staging and launch, us)
-    and the GPU time of what it launched (CUDA events around the replay or the eager
-    kernels, us). Each step starts on an idle device, so neither includes waiting for
-    earlier work; host times are taken in a pass without the timing events. ``before()``,
-    untimed, runs ahead of each step (ranks lining up); without CUDA the GPU times are NaN.
+    """Per step: host wall time of ``GraphManager.run(*args, eager=eager)`` (validation,
+    staging and launch, us) and the GPU time of what it launched (CUDA events around the
+    replay or the eager kernels, us). Each step starts on an idle device, so neither
+    includes waiting for earlier work; host times are taken in a pass without the timing
+    events. ``before()``, untimed, runs ahead of each step (ranks lining up); without CUDA
+    the GPU times are NaN.
     """
     gm.time_gpu = False
     host = host_times_us(lambda: gm.run(*args, eager=eager), reps, before=before)
@@ -65,18 +68,18 @@ def run_bench(
     consumer_name: str = "metadata only",
     seed: int = 0,
     progress: bool = True,
-    staging_guard: str = "staging",
+    staging_guard: StagingGuard = StagingGuard.STAGING,
 ) -> BenchReport:
     """Capture ``sizes`` and time graph replay vs the eager path for each (``staging_guard``
-    as for :class:`~staticattn.graphs.GraphManager`)."""
+    as in :class:`~staticattn.graphs.GraphOptions`)."""
     builders = builders_factory()
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
     report = BenchReport(environment(), preset, config.next_n, consumer_name, launch_floor(),
-                         staging_guard=staging_guard)
+                         staging_guard=staging_guard.value)
     rng = np.random.default_rng(seed)
-    with GraphManager(arena, inputs, builders, step, progress=progress, time_gpu=True,
-                      staging_guard=staging_guard) as gm:
+    options = GraphOptions(progress=progress, time_gpu=True, staging_guard=staging_guard)
+    with GraphManager(arena, inputs, builders, step, options) as gm:
         gm.capture(sizes, buckets=())
         for size in sorted(gm.graphs):
             g = gm.graphs[size]
@@ -85,9 +88,9 @@ def run_bench(
             args = (batch.query_lens, batch.seq_lens, batch.slot_mapping)
             for _ in range(10):  # warm both paths (eager kernels compile on first use)
                 assert gm.run(*args).mode == "graph"
-                gm.run(*args, eager=True)
-            gh, gg = step_times_us(gm, args, False, reps)
-            eh, eg = step_times_us(gm, args, True, reps)
+                gm.run(*args, eager=EagerBuild.REFERENCE)
+            gh, gg = step_times_us(gm, args, None, reps)
+            eh, eg = step_times_us(gm, args, EagerBuild.REFERENCE, reps)
             nodes = g.nodes or {}
             report.rows.append(BenchRow(
                 size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,

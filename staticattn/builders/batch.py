@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from staticattn.errors import InvalidBatchError
+from staticattn.model import Addressing, Cache, LayerType
 from staticattn.staging.inputs import StagedCounts, StepInputs
 
 __all__ = ["Batch"]
@@ -68,6 +69,9 @@ class Batch:
         requests (the staging writes it after the split). None where the architecture has
         no bounded replay, and in a uniform decode batch (:meth:`for_decode_capture`), where
         no request replays.
+    block_tables : dict of str to int32 device ``(num_reqs, columns)``, or None
+        The tables of the cache groups with tables of their own, by group name
+        (``"c2a.index_k"``; :func:`~staticattn.arena.cache_groups`): DeepSeek V4.1's.
     """
 
     query_start_loc: torch.Tensor
@@ -88,6 +92,7 @@ class Batch:
     step_counts: torch.Tensor | None = None
     query_lens: torch.Tensor | None = None
     replay_start: torch.Tensor | None = None
+    block_tables: dict[str, torch.Tensor] | None = None
     #: :meth:`host_arrays`, once computed; not an argument, and not carried over by
     #: ``dataclasses.replace`` (a replaced batch recomputes it).
     _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
@@ -107,6 +112,21 @@ class Batch:
                 "build the batch with Batch.for_mixed_capture"
             )
         return self.step_counts
+
+    def table_of(self, layer_type: LayerType, cache: Cache) -> torch.Tensor:
+        """The block table addressing ``cache`` of ``layer_type`` (int32 device
+        ``(num_reqs, columns)``): its group's under :attr:`Addressing.OWN_GROUPS`, else the
+        main ``block_table``."""
+        if layer_type.addressing is Addressing.MAIN_TABLE:
+            return self.block_table
+        tables = self.block_tables or {}
+        name = layer_type.group(cache)
+        if name not in tables:
+            raise InvalidBatchError(
+                f"the batch has no block table of cache group {name!r}; build it from an "
+                "arena whose config has that layer type (Batch.from_inputs)"
+            )
+        return tables[name]
 
     def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(query_start_loc, query_lens, seq_lens)`` of the host copies as numpy arrays,
@@ -128,7 +148,7 @@ class Batch:
                    num_reqs, num_tokens, max_query_len, max_seq_len, v.block_table,
                    v.slot_mapping, v.positions, v.token_to_req, v.swa_block_table,
                    step_counts=inputs.step_counts, query_lens=v.query_lens,
-                   replay_start=v.replay_start)
+                   replay_start=v.replay_start, block_tables=v.block_tables)
 
     @classmethod
     def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:

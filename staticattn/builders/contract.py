@@ -5,7 +5,9 @@ Every builder, whatever it builds, offers:
 * ``name`` -- a short unique key (``"indexer"``, ``"swa"``); metadata is handed to the step
   under it;
 * ``buffers(config)`` -- the buffer declarations it needs for that config;
-* ``bind(arena)`` -- takes its views; after this it never allocates;
+* ``bind(arena)`` -- takes its views and records the arena as ``arena`` (through
+  :func:`claim_arena`); after this it never allocates. A builder serves one arena for life:
+  binding it to another is an :class:`~staticattn.errors.ArenaError`;
 * ``build(batch)`` -- metadata for any batch (mixed, prefill, decode), eager; may read the
   host-side lengths the batch carries, never the device;
 * ``build_decode(batch)`` -- the graph-safe decode build for a *static* uniform decode batch
@@ -31,7 +33,7 @@ from staticattn.builders.batch import Batch
 from staticattn.errors import ArenaError
 from staticattn.staging import StepInputs, input_buffers
 
-__all__ = ["MetadataBuilder", "make_arena"]
+__all__ = ["MetadataBuilder", "check_bound", "claim_arena", "make_arena"]
 
 
 @runtime_checkable
@@ -40,6 +42,8 @@ class MetadataBuilder(Protocol):
     ``name`` keys its metadata in the step's ``metadata`` dict."""
 
     name: str
+    #: The arena it is bound to (None before :meth:`bind`).
+    arena: Arena | None
 
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
         """The buffer declarations this builder needs for ``config`` (names, shapes, dtypes,
@@ -47,7 +51,8 @@ class MetadataBuilder(Protocol):
         ...
 
     def bind(self, arena: Arena) -> None:
-        """Take the views of an allocated ``arena``; the builder never allocates after."""
+        """Take the views of an allocated ``arena`` and record it (:func:`claim_arena`); the
+        builder never allocates after."""
         ...
 
     def build(self, batch: Batch) -> Any:
@@ -62,10 +67,37 @@ class MetadataBuilder(Protocol):
     # ``build_mixed(batch)`` is optional (see the module docstring), so not a member here.
 
 
+def claim_arena(builder: MetadataBuilder, arena: Arena) -> None:
+    """Record ``arena`` as ``builder.arena``: the first thing a builder's ``bind`` does.
+
+    Binding again to the same arena is allowed; binding a builder bound to another arena
+    raises :class:`ArenaError` naming both, before anything changes: the builder would hand
+    out the second arena's views while graphs captured with the first still read those.
+    Make one builder per arena instead.
+    """
+    bound = getattr(builder, "arena", None)
+    if bound is not None and bound is not arena:
+        raise ArenaError(f"builder {builder.name!r} is bound to {bound!r}; it cannot be bound "
+                         f"to {arena!r} as well (make a new builder for each arena)")
+    builder.arena = arena
+
+
+def check_bound(arena: Arena, builders: Sequence[MetadataBuilder]) -> None:
+    """Raise :class:`ArenaError` unless every builder is bound to ``arena``."""
+    for b in builders:
+        bound = getattr(b, "arena", None)
+        if bound is not arena:
+            where = "no arena" if bound is None else repr(bound)
+            raise ArenaError(f"builder {getattr(b, 'name', b)!r} is bound to {where}, not to "
+                             f"{arena!r}: bind the builders with make_arena(config, builders) "
+                             "and use the arena it returns")
+
+
 def make_arena(
     config: ArenaConfig, builders: Sequence[MetadataBuilder] = ()
 ) -> tuple[Arena, StepInputs]:
-    """Declare the inputs and every builder's buffers, allocate once, bind the builders.
+    """Declare the inputs and every builder's buffers, allocate once, bind the builders
+    (each to this arena for life: a builder already bound is an :class:`ArenaError`).
 
     Returns
     -------
@@ -77,6 +109,11 @@ def make_arena(
     names = [b.name for b in builders]
     if len(set(names)) != len(names):
         raise ArenaError(f"builder names must be unique, got {names}")
+    bound = {b.name: b.arena for b in builders if getattr(b, "arena", None) is not None}
+    if bound:  # refused before allocating a second arena for nothing
+        name, other = next(iter(bound.items()))
+        raise ArenaError(f"builder {name!r} is already bound to {other!r}; a builder serves "
+                         "one arena for life (make a new builder for each arena)")
     arena = Arena(config)
     arena.declare(input_buffers(config))
     for b in builders:
@@ -84,4 +121,5 @@ def make_arena(
     arena.allocate()
     for b in builders:
         b.bind(arena)
+        claim_arena(b, arena)  # recorded for a builder whose bind does not record it
     return arena, StepInputs(arena)

@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from staticattn.arena import Arena
 from staticattn.bench.random_batches import random_uniform_decode
@@ -54,9 +55,11 @@ from staticattn.checks.report import CheckReport, SizeCheck
 from staticattn.checks.views import moved_views
 from staticattn.checks.watch import ArenaIndex, TensorRef
 from staticattn.errors import GraphError
-from staticattn.graphs.capture import arena_contents_kept, frozen_gc
+from staticattn.graphs.capturer import arena_contents_kept, frozen_gc
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
+from staticattn.graphs.options import GraphOptions
+from staticattn.graphs.records import GraphKind
 from staticattn.staging import StepInputs
 
 __all__ = ["check_graph_safety", "CheckReport", "SizeCheck", "StagingWriter"]
@@ -79,6 +82,7 @@ def check_graph_safety(
     dot_dir: str | Path | None = None,
     before_batch: Callable[[int], None] | None = None,
     write_staging: StagingWriter | None = None,
+    progress: bool = False,
 ) -> CheckReport:
     """Check a step for graph safety at each size (tokens); see the module docstring.
 
@@ -107,6 +111,8 @@ def check_graph_safety(
         Blocks of the KV pool the randomized batches' block tables and slots address.
     dot_dir : str or Path, optional
         A folder for a DOT dump of each captured graph (needs cuda-bindings).
+    progress : bool
+        A progress bar over the randomized replays (on stderr).
 
     Returns
     -------
@@ -117,7 +123,8 @@ def check_graph_safety(
     if arena.device.type != "cuda":
         raise GraphError("the graph sanity check needs a CUDA arena")
     phased = PhasedStep(step)
-    manager = GraphManager(arena, inputs, builders, phased, validate=False, progress=False)
+    manager = GraphManager(arena, inputs, builders, phased,
+                           GraphOptions(validate=False, progress=False))
     if sizes is None:
         from staticattn.graphs.sizes import default_capture_sizes
 
@@ -147,11 +154,13 @@ def check_graph_safety(
                         # captures, where a collection frees nothing a graph holds.
                         gc.collect()
                         escaped[size] = [a for a in c.watch.allocations if not a.expired()]
-            with torch.random.fork_rng(devices=[arena.device]):
+            with torch.random.fork_rng(devices=[arena.device]), tqdm(
+                    total=len(captured) * num_batches, desc="check: replays", unit="batch",
+                    disable=not progress, leave=False) as bar:
                 for size, c in captured.items():
                     _probe_size(manager, c, reports[size], rng, num_kv_blocks, num_batches,
                                 dot_dir, before_batch, write_staging or _stage_uniform, seed,
-                                index)
+                                index, bar.update)
             allocated = {s: c.watch.allocations for s, c in captured.items()}
             for size, message in freed_and_reused(escaped, allocated):
                 reports[size].add("pool_reuse", message)
@@ -167,7 +176,7 @@ def check_graph_safety(
 
 def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_kv_blocks: int,
                 num_batches: int, dot_dir, before_batch, write_staging: StagingWriter,
-                seed: int, index: ArenaIndex) -> None:
+                seed: int, index: ArenaIndex, tick: Callable[[], Any]) -> None:
     cfg, inputs, size = manager.config, manager.inputs, report.size
     num_reqs = size // cfg.next_n
     report.nodes = node_census(c.graph)
@@ -210,6 +219,7 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
         report.replays += 1
         if not same_outputs(replayed, eager):
             report.mismatches += 1
+        tick()
     if report.mismatches:
         report.add("replay_mismatch",
                    f"replay != eager in {report.mismatches}/{report.replays} randomized "
@@ -280,7 +290,7 @@ def _eager(manager: GraphManager, num_reqs: int, size: int) -> Any:
     builds and step, on the same padded batch, so a difference from the replay can only
     come from capturing (a value baked in, a host read, a stale pointer...), and float
     consumers whose schedule depends on the batch's extent compare bit for bit."""
-    outputs, _ = manager.body("decode", num_reqs, size)
+    outputs, _ = manager.capturer.body(GraphKind.DECODE, num_reqs, size)
     return outputs
 
 

@@ -18,8 +18,9 @@ import torch
 from staticattn.checks.report import SizeCheck
 from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import ArenaIndex, CaptureWatch
-from staticattn.graphs.capture import capture
+from staticattn.graphs.capturer import capture
 from staticattn.graphs.manager import GraphManager, StepFn
+from staticattn.graphs.records import GraphKind
 
 __all__ = ["Captured", "PhasedStep", "guarded_capture"]
 
@@ -74,7 +75,7 @@ def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, si
     None when the step fails eagerly or the capture breaks."""
     inputs = manager.inputs
     try:
-        manager.warm_up(num_reqs, size, stream)
+        manager.capturer.warm_up(num_reqs, size, stream)
     except Exception as exc:
         report.add("eager_failure", f"the step fails even eagerly: {exc!r}")
         return None
@@ -85,7 +86,7 @@ def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, si
 
     def guarded_body():
         with sync_guard(), watch:
-            return manager.body("decode", num_reqs, size)
+            return manager.capturer.body(GraphKind.DECODE, num_reqs, size)
 
     allocs0 = _allocations()
     try:

@@ -1,7 +1,9 @@
 """pytest plugin: assert in your own test suite that a step is safe to capture.
 
-Registered through the ``pytest11`` entry point ``staticattn`` (``pip install staticattn``
-is enough; without installing, ``-p staticattn.checks.pytest_plugin``). A test reads::
+Registered through the ``pytest11`` entry point ``staticattn`` (installing staticattn, from
+a clone or a git URL, is enough; without installing, ``-p staticattn.checks.pytest_plugin``).
+Registering it costs a pytest run nothing: this module imports only pytest, and torch and
+the checker load when a test first calls the fixture. A test reads::
 
     def test_my_step_is_graph_safe(assert_graph_safe):
         cfg = ArenaConfig.deepseek_v4(max_model_len=8192, max_num_seqs=16)

@@ -94,7 +94,8 @@ class CheckReport:
         return {f.kind for f in self.findings if severity in (None, f.severity)}
 
     def __str__(self) -> str:
-        lines = [f"{'size':>6} {'replays':>8} {'mismatch':>9} {'kernels':>8} {'nodes':>6}  verdict"]
+        lines = [f"{'tokens':>6} {'replays':>8} {'mismatch':>9} {'kernels':>8} {'nodes':>6}  "
+                 "verdict"]
         for s in self.sizes:
             n = s.nodes or {}
             lines.append(
@@ -107,8 +108,10 @@ class CheckReport:
         lines += [f"  {f.severity}: [{f.kind}] {f.message}" for f in self.general]
         lines += textwrap.wrap(f"rule: {RULE}", 100, subsequent_indent="  ")
         errors, notes = len(self.errors), len(self.notes)
-        lines.append(f"PASS ({notes} notes)" if self.ok
-                     else f"FAIL ({errors} errors, {notes} notes)")
+        checked = (f"{len(self.sizes)} graphs captured, "
+                   f"{sum(s.replays for s in self.sizes)} random batches replayed")
+        lines.append(f"PASS: {checked}, 0 errors ({notes} notes)" if self.ok
+                     else f"FAIL: {checked}, {errors} errors ({notes} notes)")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

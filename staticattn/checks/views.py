@@ -40,7 +40,7 @@ def moved_views(first: Any, second: Any,
 
     Tensors of any dtype and shape are compared (dtype, shape, stride, address).
     ``held`` (e.g. the arena's membership test) limits the comparison to the tensors a
-    build promises to keep in place; others -- a library's plan, allocated inside the
+    build promises to keep in place; others -- a library's tile schedule, allocated inside the
     capture and fresh in every eager build -- are the pool checks' concern."""
     a = dict(tensors_in(first))
     b = dict(tensors_in(second))

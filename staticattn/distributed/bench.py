@@ -1,6 +1,6 @@
 """The decode-context-parallel bench: one process per rank, started by torchrun.
 
-    torchrun --nproc-per-node 2 -m staticattn bench --dcp 2 [--batch 1 8 16] [--reps 200]
+    torchrun --nproc-per-node 2 -m staticattn bench --dcp 2 [--batch-requests 1 8 16] [--reps 200]
              [--preset deepseek-v4 | deepseek-v3.2] [--json dcp.json]
 
 Per batch size (a uniform decode step of that many requests, lengths drawn once), every rank
@@ -33,6 +33,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from staticattn.bench.floor import host_times_us, replay_gpu_times_us
 from staticattn.bench.replay import step_times_us
@@ -43,8 +44,8 @@ from staticattn.distributed.world import (
     random_decode_step,
     write_decode_step,
 )
-from staticattn.graphs import GraphManager
-from staticattn.graphs.capture import capture, warm_up
+from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.graphs.capturer import capture, warm_up
 
 __all__ = ["run_dcp_bench"]
 
@@ -73,7 +74,7 @@ def _time_steps(gm: GraphManager, lengths, reps: int,
     the ranks lined up, after a warm-up."""
     for _ in range(WARMUP):
         gm.run(*lengths)
-    return step_times_us(gm, lengths, False, reps, before=align)
+    return step_times_us(gm, lengths, None, reps, before=align)
 
 
 def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
@@ -103,9 +104,12 @@ def _plain(value):
 
 
 def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0,
-                  preset: str = "deepseek-v4", json_path: str | None = None) -> int:
+                  preset: str = "deepseek-v4", json_path: str | None = None,
+                  progress: bool = True) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks (batch sizes in
-    requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status."""
+    requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status. ``json_path``:
+    rank 0 writes the figures as JSON there, or prints them instead of the table for "-".
+    ``progress``: a progress bar over the batch sizes on rank 0."""
     me = join(world, "bench")
     if me is None:
         return 2
@@ -117,14 +121,14 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
     align = _aligner(me.cuda, me.check_group)
     rows = []
-    with GraphManager(arena, inputs, [builder], consumer, progress=False,
-                      time_gpu=me.cuda) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], progress=False,
-                         time_gpu=me.cuda) as one:
+    options = GraphOptions(progress=False, time_gpu=me.cuda)
+    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], options) as one:
         if me.cuda:
             gm.capture(sizes, buckets=())  # every rank captures the same sizes, in one order
             one.capture(sizes, buckets=())
-        for k in batches:
+        for k in tqdm(batches, desc="DCP bench", unit="batch size",
+                      disable=me.rank != 0 or not progress, leave=False):
             step = random_decode_step(cfg, rng, num_reqs=k)
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)
@@ -139,12 +143,15 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     dist.destroy_process_group()
     if me.rank == 0:
         report = _report(every, preset, cfg, world, reps, me.cuda)
-        print(report["text"])
-        if json_path:
-            rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
+        rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
+        data = {**{k: v for k, v in report.items() if k != "text"}, "rows": rows}
+        if json_path == "-":  # the JSON instead of the text
+            print(json.dumps(data, indent=1))
+        else:
+            print(report["text"])
+        if json_path and json_path != "-":
             with open(json_path, "w") as f:
-                json.dump({**{k: v for k, v in report.items() if k != "text"}, "rows": rows},
-                          f, indent=1)
+                json.dump(data, f, indent=1)
     return 0
 
 

@@ -16,12 +16,14 @@ Rank 0 prints the totals and the host time per step of every rank (p50, p99).
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from staticattn.builders.validation.dcp_step import check_dcp_step
 from staticattn.distributed.world import (
@@ -31,16 +33,19 @@ from staticattn.distributed.world import (
     random_decode_step,
     write_decode_step,
 )
-from staticattn.graphs import GraphManager
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 
 __all__ = ["run_dcp_demo"]
 
 
 def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
-                 preset: str = "deepseek-v4") -> int:
+                 preset: str = "deepseek-v4", json_path: str | None = None,
+                 progress: bool = True) -> int:
     """Run the demo on this rank of a torchrun launch of ``world`` ranks, with a small arena
     of ``preset`` ("deepseek-v4" or "deepseek-v3.2"); the exit status (0 when every step
-    matched the single-GPU step on every rank)."""
+    matched the single-GPU step on every rank). ``json_path``: rank 0 writes the totals as
+    JSON there, or prints them instead of the text for "-". ``progress``: a progress bar on
+    rank 0."""
     me = join(world, "demo")
     if me is None:
         return 2
@@ -50,11 +55,12 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
     single = dcp_world(dcp_config(preset, 1, 0, device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
-    with GraphManager(arena, inputs, [builder], consumer, progress=False) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], progress=False) as one:
+    with GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False)) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], GraphOptions(progress=False)) as one:
         if cuda:
             gm.capture(buckets=())  # every rank captures the same sizes, in one order
-        for _ in range(steps):
+        for _ in tqdm(range(steps), desc=f"DCP demo, rank {rank}", unit="step",
+                      disable=rank != 0 or not progress, leave=False):
             step = random_decode_step(cfg, rng)
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)
@@ -66,19 +72,40 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
             host_us.append((time.perf_counter() - t0) * 1e6)
             replays += res.mode == "graph"
             ids, out = (x.clone() for x in res.outputs)
-            want_ids, want = one.run(*lengths, eager=True).outputs
+            want_ids, want = one.run(*lengths, eager=EagerBuild.REFERENCE).outputs
             mismatches += not (torch.equal(ids, want_ids)
                                and torch.allclose(out, want, rtol=1e-4, atol=1e-5))
     totals = [None] * world
     dist.all_gather_object(totals, (mismatches, replays, np.percentile(host_us, [50, 99])),
                            group=check_group)
     if rank == 0:
-        mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA)"
-        print(f"DCP demo ({preset}, next_n {cfg.next_n}): {world} ranks, {steps} decode "
-              f"steps each, {mode}")
-        for r, (bad, replayed, (p50, p99)) in enumerate(totals):
-            print(f"rank {r}: replayed {replayed}/{steps}, host us per step p50 {p50:.0f} "
-                  f"p99 {p99:.0f}, mismatches against the single-GPU step {bad}")
-        print(f"mismatches {sum(t[0] for t in totals)}")
+        _report(totals, preset, cfg.next_n, steps, cuda, json_path)
     dist.destroy_process_group()
     return 0 if all(t[0] == 0 for t in totals) else 1
+
+
+def _report(totals: list, preset: str, next_n: int, steps: int, cuda: bool,
+            json_path: str | None) -> None:
+    """Rank 0's lines (per rank, then the verdict) or JSON."""
+    mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA)"
+    bad = sum(t[0] for t in totals)
+    verdict = "PASS" if bad == 0 else "FAIL"
+    lines = [f"DCP demo ({preset}, next_n {next_n}): {len(totals)} ranks, {steps} decode "
+             f"steps each, {mode}"]
+    for r, (mismatches, replayed, (p50, p99)) in enumerate(totals):
+        lines.append(f"rank {r}: replayed {replayed}/{steps}, host us per step p50 {p50:.0f} "
+                     f"p99 {p99:.0f}, mismatches against the single-GPU step {mismatches}")
+    lines.append(f"{verdict}: {len(totals)} ranks x {steps} steps checked against the "
+                 f"single-GPU step, {bad} mismatches")
+    data = {"verdict": verdict, "preset": preset, "mode": mode, "steps": steps,
+            "mismatches": bad,
+            "ranks": [{"rank": r, "replayed": t[1], "mismatches": t[0],
+                       "host_us_p50": float(t[2][0]), "host_us_p99": float(t[2][1])}
+                      for r, t in enumerate(totals)]}
+    if json_path == "-":
+        print(json.dumps(data, indent=2))
+        return
+    print("\n".join(lines))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=2)

@@ -6,9 +6,10 @@ indexer's logits row and top-k scan, for one): captured for a 1M-token limit, ev
 pays for 1M even when every context is 2K. :class:`ContextGraphs` keeps one
 :class:`~staticattn.graphs.manager.GraphManager` per context bucket over the same arena,
 inputs, builders and step, each capturing its decode graphs with ``max_seq_len`` = its
-bucket, all in one memory pool; a uniform decode step goes to the smallest bucket that holds
-its longest sequence (the host has the lengths: a bisection over a dozen bounds), any other
-step to the capacity-wide manager, which also holds the token buckets. The arena is the one
+bucket, all in one memory pool (a :class:`ContextBucket` each); a uniform decode step goes
+to the smallest bucket that holds its longest sequence (the host has the lengths: a
+bisection over a dozen bounds), any other step to the capacity-wide manager, which also
+holds the token buckets. The arena is the one
 allocation, sized for the largest bucket; the buckets are views of it, not new buffers.
 """
 
@@ -23,9 +24,11 @@ import numpy as np
 from staticattn.arena import ArenaConfig
 from staticattn.errors import GraphError
 from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import EagerBuild, GraphOptions
+from staticattn.graphs.pool import GraphPool
 from staticattn.graphs.records import CapturedGraph, RunResult, RunStats
 
-__all__ = ["BucketManager", "ContextGraphs", "default_context_buckets",
+__all__ = ["ContextBucket", "ContextGraphs", "default_context_buckets",
            "normalize_context_buckets"]
 
 #: The smallest context bucket: below it a decode step costs about the same.
@@ -56,42 +59,39 @@ def normalize_context_buckets(config: ArenaConfig, contexts: Sequence[int]) -> l
     return out
 
 
-class BucketManager(GraphManager):
-    """The graph manager of one context bucket: its decode graphs are captured for
-    sequences of at most ``context_len`` tokens, and it refuses a longer step (whose
-    consumer would scan too few keys) with a :class:`GraphError` before anything runs.
-    :class:`ContextGraphs` never routes one here."""
+class ContextBucket:
+    """One context bucket: a manager whose decode graphs are captured for sequences of at
+    most ``context_len`` tokens, behind a check that refuses a longer step (whose consumer
+    would scan too few keys) with a :class:`GraphError` before anything runs.
 
-    def __init__(self, arena, inputs, builders, step, *, context_len: int,
-                 **manager_options) -> None:
-        super().__init__(arena, inputs, builders, step, **manager_options)
-        if not 1 <= context_len <= self.config.max_model_len:
-            raise GraphError(f"context_len={context_len} must be in [1, max_model_len="
-                             f"{self.config.max_model_len}]")
-        self._context_len = context_len
+    Takes its :class:`GraphManager` (built with ``context_len``). Offers :meth:`run` and
+    :meth:`launch` (the manager's, checked), ``manager`` and ``context_len``.
+    :class:`ContextGraphs` steps the manager directly: its routing has proved the fit.
+    """
 
-    @property
-    def context_len(self) -> int:
-        """The longest sequence this bucket serves."""
-        return self._context_len
+    def __init__(self, manager: GraphManager) -> None:
+        self.manager = manager
+        self.context_len = manager.context_len
+        self._max_model_len = manager.config.max_model_len
 
-    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool | str = False) -> RunResult:
+    def run(self, query_lens, seq_lens, slot_mapping, *,
+            eager: EagerBuild | None = None) -> RunResult:
         """:meth:`GraphManager.run`, for steps whose sequences fit the bucket."""
         s = np.asarray(seq_lens)
         self._fits(int(s.max()) if s.size else 0)
-        return super().run(query_lens, s, slot_mapping, eager=eager)
+        return self.manager.run(query_lens, s, slot_mapping, eager=eager)
 
     def launch(self, num_reqs: int, num_tokens: int | None = None):
         """:meth:`GraphManager.launch`, for steps whose sequences fit the bucket."""
         if num_reqs > 0:
-            self._fits(int(self.inputs.host.seq_lens[:num_reqs].max()))
-        return super().launch(num_reqs, num_tokens)
+            self._fits(int(self.manager.host.seq_lens[:num_reqs].max()))
+        return self.manager.launch(num_reqs, num_tokens)
 
     def _fits(self, longest: int) -> None:
         # The widest bucket is the capacity: past it, the step's validation says why.
-        if longest > self._context_len < self.config.max_model_len:
+        if longest > self.context_len < self._max_model_len:
             raise GraphError(f"a sequence of {longest} tokens is past this context bucket "
-                             f"({self._context_len}); route it to a wider one")
+                             f"({self.context_len}); route it to a wider one")
 
 
 class ContextGraphs:
@@ -104,22 +104,27 @@ class ContextGraphs:
     contexts : sequence of int, optional
         Context buckets in tokens (default :func:`default_context_buckets`); the last is
         ``max_model_len``.
-    **manager_options
-        ``validate``, ``progress``, ``time_gpu``, ``num_kv_blocks``, ``raw_launch``,
-        ``eager_build``, ``eager_plans``, ``staging_guard``, given to every bucket's manager.
+    options : GraphOptions, optional
+        Given whole to every bucket's manager.
+
+    ``context_buckets`` holds a :class:`ContextBucket` per context, smallest first; every
+    bucket's manager captures into ``pool``, the one :class:`~staticattn.graphs.pool.
+    GraphPool` they share.
     """
 
     def __init__(self, arena, inputs, builders, step, *, contexts: Sequence[int] | None = None,
-                 **manager_options) -> None:
+                 options: GraphOptions | None = None) -> None:
         cfg = arena.config
         self.config, self.inputs = cfg, inputs
         self.contexts = (default_context_buckets(cfg) if contexts is None
                          else normalize_context_buckets(cfg, contexts))
-        self.managers = [BucketManager(arena, inputs, builders, step, context_len=c,
-                                       **manager_options) for c in self.contexts]
+        self.pool = GraphPool(arena.device)
+        self.context_buckets = [
+            ContextBucket(GraphManager(arena, inputs, builders, step, options, pool=self.pool,
+                                       context_len=c)) for c in self.contexts]
+        self._managers = [b.manager for b in self.context_buckets]
+        self._widest = self._managers[-1]
         self._n = cfg.next_n
-        #: Per bucket, the most tokens one of its decode graphs holds (0: none yet).
-        self._top = [0] * len(self.managers)
 
     # ------------------------------------------------------------------ capture
     def capture(self, sizes: Sequence[int] | None = None,
@@ -127,39 +132,37 @@ class ContextGraphs:
         """Capture the decode ``sizes`` for every context bucket and the token ``buckets``
         (steps of any composition) for the capacity-wide one, largest context first, in
         one pool. Defaults as for :meth:`GraphManager.capture`."""
-        widest = self.managers[-1]
-        captured = widest.capture(sizes, buckets)
-        widest.open_pool()
-        for m in reversed(self.managers[:-1]):
-            # One pool, one capture stream, one replay stream for every bucket.
-            m._pool, m._capture_stream, m.stream = (widest._pool, widest._capture_stream,
-                                                    widest.stream)
+        captured = self._widest.capture(sizes, buckets)
+        for m in reversed(self._managers[:-1]):
             captured += m.capture(sizes, buckets=())
-        self._top = [max(m.graphs, default=0) for m in self.managers]
         return captured
 
     # ------------------------------------------------------------------ dispatch
-    def manager_for(self, longest: int, num_tokens: int = 0) -> GraphManager:
+    def manager_for(self, longest: int, num_reqs: int = 0) -> GraphManager:
         """The manager of the smallest context bucket holding a sequence of ``longest``
-        tokens and a decode graph of ``num_tokens`` (the capacity-wide one otherwise: past
-        every bucket, or past its decode graphs, where its token buckets take over)."""
+        tokens and a decode graph of ``num_reqs`` requests (the capacity-wide one otherwise:
+        past every bucket, or past its decode graphs, where its token buckets take over)."""
         i = bisect.bisect_left(self.contexts, longest)
-        if i >= len(self.managers) - 1 or num_tokens > self._top[i]:
-            return self.managers[-1]
-        return self.managers[i]
+        if i >= len(self._managers) - 1:
+            return self._widest
+        decode = self._managers[i].table.decode
+        if num_reqs >= len(decode) or decode[num_reqs] is None:
+            return self._widest
+        return self._managers[i]
 
-    def run(self, query_lens, seq_lens, slot_mapping, *, eager: bool | str = False) -> RunResult:
+    def run(self, query_lens, seq_lens, slot_mapping, *,
+            eager: EagerBuild | None = None) -> RunResult:
         """:meth:`GraphManager.run` on the manager of the step's context bucket: a uniform
         decode step by its longest sequence, any other step the capacity-wide manager."""
         q, s = np.asarray(query_lens), np.asarray(seq_lens)
         uniform = q.ndim == 1 and q.size > 0 and s.size == q.size and bool((q == self._n).all())
-        m = self.manager_for(int(s.max()), q.size * self._n) if uniform else self.managers[-1]
-        # The routing has proved the step fits m's bucket: skip BucketManager's own check.
-        return GraphManager.run(m, q, s, slot_mapping, eager=eager)
+        m = self.manager_for(int(s.max()), q.size) if uniform else self._widest
+        # The routing has proved the step fits m's bucket: no second scan of the lengths.
+        return m.run(q, s, slot_mapping, eager=eager)
 
     def begin_step(self):
         """The pinned staging views (shared by every bucket), once the last step read them."""
-        return self.managers[-1].begin_step()
+        return self._widest.begin_step()
 
     def launch(self, num_reqs: int, num_tokens: int | None = None):
         """:meth:`GraphManager.launch` on the bucket of the longest sequence written into
@@ -168,25 +171,25 @@ class ContextGraphs:
         if num_tokens is None and num_reqs > 0:
             longest = int(self.inputs.host.seq_lens[:num_reqs].max())
             # As in run: the step fits the bucket chosen, no second scan of the lengths.
-            return GraphManager.launch(self.manager_for(longest, num_reqs * self._n), num_reqs)
-        return GraphManager.launch(self.managers[-1], num_reqs, num_tokens)
+            return self.manager_for(longest, num_reqs).launch(num_reqs)
+        return self._widest.launch(num_reqs, num_tokens)
 
     # ------------------------------------------------------------------ reports
     @property
     def time_gpu(self) -> bool:
         """Whether every bucket's ``run`` records CUDA events (``RunResult.gpu_us()``)."""
-        return all(m.time_gpu for m in self.managers)
+        return all(m.time_gpu for m in self._managers)
 
     @time_gpu.setter
     def time_gpu(self, on: bool) -> None:
-        for m in self.managers:
-            m.time_gpu = on and m.arena.device.type == "cuda"
+        for m in self._managers:
+            m.time_gpu = on
 
     @property
     def stats(self) -> RunStats:
         """The step counts of every bucket together."""
         total = RunStats()
-        for m in self.managers:
+        for m in self._managers:
             total.replays += m.stats.replays
             total.mixed_replays += m.stats.mixed_replays
             total.eager.update(m.stats.eager)
@@ -196,21 +199,22 @@ class ContextGraphs:
     def pool_bytes(self) -> int:
         """The graph pool's memory, all buckets together: what each capture added to the
         one pool they share, summed (bytes)."""
-        return sum(m.pool_bytes for m in self.managers)
+        return sum(m.pool_bytes for m in self._managers)
 
     def describe(self) -> str:
         """Per context bucket: its graphs (as :meth:`GraphManager.describe`) and the
         replays it served; then the pool memory of every bucket together."""
-        graphs = sum(len(m.graphs) + len(m.mixed_graphs) for m in self.managers)
+        graphs = sum(len(m.table) for m in self._managers)
         return "\n\n".join([*(f"context bucket {c:,} tokens:\n{m.describe()}"
-                               for c, m in zip(self.contexts, self.managers)),
-                             f"all {len(self.managers)} context buckets: {graphs} graphs, "
+                               for c, m in zip(self.contexts, self._managers)),
+                             f"all {len(self._managers)} context buckets: {graphs} graphs, "
                              f"pool {self.pool_bytes / 2**20:.2f} MiB"])
 
     def close(self) -> None:
-        """Close every bucket's manager (the pool goes with the last)."""
-        for m in self.managers:
+        """Close every bucket's manager, then let go of the pool."""
+        for m in self._managers:
             m.close()
+        self.pool.close()
 
     def __enter__(self) -> ContextGraphs:
         return self

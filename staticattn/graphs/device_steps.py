@@ -27,7 +27,6 @@ A step no captured bucket holds runs eagerly: the producer runs, its lengths are
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,20 +36,17 @@ import numpy as np
 from staticattn.builders.batch import Batch
 from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs.capture import (
-    arena_contents_kept,
-    capture_failed,
-    capture_record,
-    frozen_gc,
-)
-from staticattn.graphs.records import CapturedGraph
+from staticattn.graphs.capturer import GraphSpec
+from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import EagerBuild
+from staticattn.graphs.records import CapturedGraph, GraphKind
 from staticattn.graphs.sizes import bucket_requests, default_mixed_buckets, normalize_mixed_buckets
+from staticattn.graphs.table import GraphTable
 from staticattn.staging import StepInputs
 
-__all__ = ["DEVICE_LENGTHS", "DeviceLengthSteps", "ProducerFn"]
+__all__ = ["DeviceLengthSteps", "ProducerFn"]
 
-#: The kind of a graph whose query lengths come from the device.
-DEVICE_LENGTHS = "device"
+DEVICE_LENGTHS = GraphKind.DEVICE_LENGTHS
 
 #: ``producer(inputs, R, T)``: writes the step's query starts, lengths and slots (device).
 ProducerFn = Callable[[StepInputs, int, int], None]
@@ -62,15 +58,16 @@ class DeviceLengthSteps:
     Parameters
     ----------
     manager : GraphManager
-        Supplies the arena, inputs, builders (each with ``build_mixed``), the user's step,
-        the shared graph pool and the replay stream; its own graphs are unaffected.
+        Supplies the inputs, builders (each with ``build_mixed``), the user's step, its
+        capturer (into its pool, replayed on its stream) and its options; its own graphs are
+        unaffected.
     producer : callable ``(inputs, R, T) -> None``
         Launches the kernels that write ``inputs.query_start_loc[: R + 1]``,
         ``inputs.seq_lens[:R]`` and ``inputs.slot_mapping[:T]`` on the device. Captured in
         every graph (it must be graph-safe: no host read, no allocation outside the pool).
     """
 
-    def __init__(self, manager, producer: ProducerFn) -> None:
+    def __init__(self, manager: GraphManager, producer: ProducerFn) -> None:
         lacking = [b.name for b in manager.builders if not hasattr(b, "build_mixed")]
         if lacking:
             raise GraphError(f"builders {lacking} have no build_mixed; steps with device "
@@ -79,8 +76,8 @@ class DeviceLengthSteps:
         self.producer = producer
         self.inputs: StepInputs = manager.inputs
         self.config = manager.config
-        self.graphs: dict[int, CapturedGraph] = {}
-        self._sizes: list[int] = []
+        #: The captured graphs, by token bucket (kind ``GraphKind.DEVICE_LENGTHS``).
+        self.table = GraphTable(self.config)
         self.replays = 0
         self.eager: Counter[str] = Counter()
 
@@ -89,39 +86,31 @@ class DeviceLengthSteps:
         """One graph per token bucket (default: the manager's default buckets), largest
         first, in the manager's pool; already-captured buckets are kept."""
         gm = self.manager
-        gm._check_open()
-        gm.require_cuda("launch() still runs every step eagerly")
-        gm.open_pool()
+        gm.require_open()
+        gm.pool.require_cuda("launch() still runs every step eagerly")
         buckets = (default_mixed_buckets(self.config) if buckets is None
                    else normalize_mixed_buckets(self.config, buckets))
-        captured = []
-        with frozen_gc(), arena_contents_kept(gm.arena):
-            for size in sorted((b for b in buckets if b not in self.graphs), reverse=True):
-                try:
-                    captured.append(self._capture_one(size))
-                except Exception as exc:
-                    raise capture_failed(exc, f"the device-lengths graph of {size} tokens",
-                                         gm.arena.device) from exc
-                finally:
-                    self._sizes = sorted(self.graphs)
-        return captured
+        have = self.table.by_size(DEVICE_LENGTHS)
+        todo = sorted((b for b in buckets if b not in have), reverse=True)
+        return gm.capturer.capture_each([self._spec(size) for size in todo], self.table)
 
-    def _capture_one(self, size: int) -> CapturedGraph:
-        gm = self.manager
+    def _spec(self, size: int) -> GraphSpec:
         num_reqs = bucket_requests(self.config, size)
-        record = capture_record(
-            DEVICE_LENGTHS, size, num_reqs, lambda: self.inputs.stage_device_step(num_reqs),
-            lambda: self.body(num_reqs, size), capture_stream=gm._capture_stream,
-            pool=gm._pool, stream=gm.stream, raw_launch=gm.raw_launch)
-        self.graphs[size] = record
-        return record
+        return GraphSpec(DEVICE_LENGTHS, size, num_reqs,
+                         lambda: self.inputs.stage_device_step(num_reqs),
+                         lambda: self.body(num_reqs, size))
+
+    @property
+    def graphs(self) -> dict[int, CapturedGraph]:
+        """The captured graphs by token bucket (tokens)."""
+        return self.table.by_size(DEVICE_LENGTHS)
 
     def body(self, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
         """What one graph holds: the producer, the device-starts staging, every builder's
         mixed build, the step, and the staging guard's event where the manager's
         ``staging_guard`` puts it. Returns ``(step outputs, {builder name: metadata})``."""
         self.producer(self.inputs, num_reqs, num_tokens)
-        after_staging = self.manager.staging_guard == "staging"
+        after_staging = self.manager.capturer.marks_after_staging
         self.inputs.copy_to_device(num_reqs, num_tokens, device_starts=True,
                                    mark=after_staging)
         batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
@@ -135,11 +124,7 @@ class DeviceLengthSteps:
     def graph_for(self, num_reqs: int, num_tokens: int) -> CapturedGraph | None:
         """The smallest captured bucket of ``>= num_tokens`` tokens and ``>= num_reqs``
         requests, or None."""
-        i = bisect.bisect_left(self._sizes, num_tokens)
-        for size in self._sizes[i:]:
-            if self.graphs[size].num_reqs >= num_reqs:
-                return self.graphs[size]
-        return None
+        return self.table.holding(DEVICE_LENGTHS, num_reqs, num_tokens)
 
     def launch(self, num_reqs: int, num_tokens: int) -> Any:
         """Run a step of ``num_reqs`` requests and at most ``num_tokens`` tokens whose
@@ -150,7 +135,7 @@ class DeviceLengthSteps:
         Raises :class:`CapacityError` / :class:`InvalidBatchError` before anything is
         written when ``num_reqs`` or ``num_tokens`` is out of range.
         """
-        self.manager._check_open()
+        self.manager.require_open()
         num_reqs, num_tokens = int(num_reqs), int(num_tokens)
         if num_reqs < 1 or num_tokens < 0:
             raise InvalidBatchError(f"a step needs at least one request and a token bound "
@@ -158,7 +143,7 @@ class DeviceLengthSteps:
         check_capacity(num_reqs, num_tokens, self.config)
         g = self.graph_for(num_reqs, num_tokens)
         if g is None:
-            self.eager["no bucket" if self.graphs else "not captured"] += 1
+            self.eager["no bucket" if len(self.table) else "not captured"] += 1
             return self._eager(num_reqs, num_tokens)
         self.inputs.stage_device_step(num_reqs)
         g.launch()
@@ -179,12 +164,12 @@ class DeviceLengthSteps:
         self.inputs.wait_staging_free()
         self.producer(self.inputs, num_reqs, num_tokens)
         q, s, slots = self.read_step(num_reqs)
-        return self.manager.run(q, s, slots, eager=True).outputs
+        return self.manager.run(q, s, slots, eager=EagerBuild.REFERENCE).outputs
 
     def describe(self) -> str:
         """One line per captured graph and the step counts."""
         lines = [f"{'tokens':>6} {'reqs':>5} {'capture ms':>11} {'pool MiB':>9}  launch"]
-        for size in self._sizes:
+        for size in self.table.sizes(DEVICE_LENGTHS):
             g = self.graphs[size]
             lines.append(f"{g.size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
                          f"{g.pool_bytes / 2**20:>9.2f}  {g.how}")

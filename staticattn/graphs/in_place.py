@@ -1,5 +1,5 @@
-"""The in-place step API of :class:`~staticattn.graphs.GraphManager`: an engine's decode
-loop writes a step straight into the pinned staging views and launches it with one call.
+"""The in-place part of :class:`~staticattn.graphs.GraphManager`: an engine's decode loop
+writes a step straight into the pinned staging views and launches it with one call.
 
 ``views = begin_step()`` waits until the previous replay has read the staging; the engine
 writes ``views.seq_lens[:k]``, ``views.slot_mapping[:t]`` (and ``views.query_start_loc[:
@@ -12,25 +12,44 @@ the host.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from staticattn.builders.validation.values import check_seq_lens
-from staticattn.staging import COUNT_REQS, COUNT_TOKENS, HostViews, StagedCounts
+from staticattn.builders.validation.views import ViewChecks
+from staticattn.graphs.eager import EagerSteps
+from staticattn.graphs.options import EagerBuild
+from staticattn.graphs.records import RunStats
+from staticattn.graphs.table import GraphTable
+from staticattn.staging import COUNT_REQS, COUNT_TOKENS, HostViews, StagedCounts, StepInputs
 
 __all__ = ["InPlaceSteps"]
 
 
 class InPlaceSteps:
-    """The in-place half of the graph manager (see the module docstring). It reads the
-    manager's ``inputs``, ``config``, ``validate``, ``stats``, its graph table and view
-    checks, and falls back to its graph lookup and eager step."""
+    """In-place steps of one manager (see the module docstring).
 
-    @property
-    def host(self) -> HostViews:
-        """The pinned staging as numpy views; write them after :meth:`begin_step`."""
-        return self.inputs.host
+    Takes the inputs, the manager's :class:`~staticattn.graphs.table.GraphTable`,
+    :class:`~staticattn.graphs.records.RunStats` and
+    :class:`~staticattn.graphs.eager.EagerSteps`, the slot bound of the view checks, whether
+    to check, and ``require_open`` (the manager's: raises once it is closed). Owns the view
+    checks (``checks``). Offers :meth:`begin_step` and :meth:`launch`; ``validate`` may be
+    switched on a live manager (through ``GraphManager.validate``).
+    """
+
+    def __init__(self, inputs: StepInputs, table: GraphTable, stats: RunStats,
+                 eager: EagerSteps, slot_bound: int | None, validate: bool,
+                 require_open: Callable[[], None]) -> None:
+        self.inputs, self.config = inputs, inputs.config
+        self.table, self.stats, self.eager = table, stats, eager
+        self.validate = validate
+        self.checks = ViewChecks(inputs.host, self.config, slot_bound)
+        self._counts = inputs.host.counts
+        self._n = self.config.next_n
+        self._graph_builds = eager.build is EagerBuild.GRAPH
+        self._require_open = require_open
 
     def begin_step(self) -> HostViews:
         """Wait until the previous step has read the staging (nearly always already true),
@@ -45,10 +64,10 @@ class InPlaceSteps:
         ``seq_lens[:k]`` and ``slot_mapping[: k * next_n]`` written). ``launch(k, t)``: a step
         of any composition (``query_start_loc[: k + 1]`` written too, ending at ``t``).
 
-        The step goes to the graph :meth:`run` would pick: a uniform decode step beyond the
-        decode graphs to the token bucket that holds it (its query starts are then written
-        here, and with ``validate`` on it is checked as a step of any composition: every
-        sequence at least ``next_n`` long).
+        The step goes to the graph ``GraphManager.run`` would pick: a uniform decode step
+        beyond the decode graphs to the token bucket that holds it (its query starts are then
+        written here, and with ``validate`` on it is checked as a step of any composition:
+        every sequence at least ``next_n`` long).
 
         Returns the graph's outputs at their captured extent (the first ``t`` rows are the
         step's; valid until the next step), or, when no captured graph holds the step, the
@@ -58,21 +77,21 @@ class InPlaceSteps:
         if num_tokens is None:
             num_reqs = operator.index(num_reqs)
             if self.validate:
-                self._checks.decode(num_reqs)
-            table = self._table.decode
+                self.checks.decode(num_reqs)
+            table = self.table.decode
             g = table[num_reqs] if num_reqs < len(table) else None
             if g is None:
                 return self._launch_miss(num_reqs, num_reqs * self._n, True)
-            self._host_counts[COUNT_REQS] = num_reqs
+            self._counts[COUNT_REQS] = num_reqs
             g.launch()
             self.stats.replays += 1
             return g.outputs
         num_reqs, num_tokens = operator.index(num_reqs), operator.index(num_tokens)
         if self.validate:
-            self._checks.step(num_reqs, num_tokens)
-        table = self._table.mixed
+            self.checks.step(num_reqs, num_tokens)
+        table = self.table.mixed
         g = table[num_tokens] if num_tokens < len(table) else None
-        counts = self._host_counts
+        counts = self._counts
         counts[COUNT_REQS], counts[COUNT_TOKENS] = num_reqs, num_tokens
         if g is None or g.num_reqs < num_reqs:
             return self._launch_miss(num_reqs, num_tokens, False)
@@ -82,12 +101,12 @@ class InPlaceSteps:
 
     def _launch_miss(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
         """A step of the in-place views that the fast path's table entry does not hold:
-        the graph :meth:`_graph_for_step` picks, else the eager step (``eager_build``) under
+        the graph the table picks, else the eager step (the eager part's ``build``) under
         its reason."""
-        self._check_open()
+        self._require_open()
         host, n = self.inputs.host, self._n
         if uniform:
-            g, reason = self._graph_for_step(num_reqs, num_tokens, True, n)
+            g, reason = self.table.pick(num_reqs, num_tokens, True, n)
             seq = host.seq_lens[:num_reqs]
             if g is not None and self.validate and seq.min() < n:  # a bucket needs q <= L
                 check_seq_lens(np.full(num_reqs, n), seq.astype(np.int64), self.config)
@@ -97,14 +116,14 @@ class InPlaceSteps:
         longest = int(query_lens.max())
         all_n = int(query_lens.min()) == longest == n
         if not uniform:
-            g, reason = self._graph_for_step(num_reqs, num_tokens, all_n, longest)
+            g, reason = self.table.pick(num_reqs, num_tokens, all_n, longest)
         if g is None:
             self.stats.eager[reason] += 1
-            if self.eager_build == "graph":
-                return self.launch_graph_build(num_reqs, num_tokens, all_n)
+            if self._graph_builds:
+                return self.eager.graph_builds(num_reqs, num_tokens, all_n)
             counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens, longest,
                                   int(host.seq_lens[:num_reqs].max()))
-            return self.launch_eager(counts)
+            return self.eager.reference_builds(counts)
         g.launch()
         self.stats.count_replay(g.kind)
         return g.outputs

@@ -114,11 +114,12 @@ def _load(name: str) -> tuple[ModuleType | None, str | None]:
     if name == FLASH_MLA:
         try:
             probe = module.get_mla_metadata()[0]
-        except TypeError:  # the older API takes the lengths and plans at once
+        except TypeError:  # the older API takes the lengths and schedules at once
             probe = None
         if not hasattr(probe, "have_initialized"):
-            return None, ("flash_mla is installed but plans eagerly (the pre-2026 "
-                          "get_mla_metadata API); the lazy FlashMLASchedMeta API is needed")
+            return None, ("flash_mla is installed but schedules its tiles eagerly (the "
+                          "pre-2026 get_mla_metadata API); the lazy FlashMLASchedMeta API is "
+                          "needed")
     return module, None
 
 

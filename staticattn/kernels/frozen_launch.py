@@ -6,8 +6,8 @@ and the parameters packed once into a buffer laid out as the driver reports the 
 parameters (``cuFuncGetParamInfo``). Launching it again is one ``cuLaunchKernel`` through
 cuda-bindings, cheaper than Triton's compiled launcher with the arguments already bound, and
 much cheaper than :func:`~staticattn.kernels.launch.launch`, which also binds them and keys
-their specialisation (``docs/results/launch_costs_h200.txt``). Launch plans
-(:mod:`staticattn.graphs.launch_plans`) freeze the kernels a step's graph builds launch,
+their specialisation (``docs/results/launch_costs_h200.txt``). Recorded launches
+(:mod:`staticattn.graphs.recorded_launches`) freeze the kernels a step's graph builds launch,
 which read and write arena views at fixed addresses and take ints that depend only on the
 step's extents.
 

@@ -14,7 +14,7 @@ always takes the ordinary path.
 
 While a recorder is installed (:func:`recording`), every launch is also handed to it with
 the compiled kernel, and :func:`record_event` hands it the events the launches are ordered
-with: that is how launch plans learn what a step's builds launch.
+with: that is how the recorded launches learn what a step's builds launch.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def recording(recorder: LaunchRecorder) -> Iterator[LaunchRecorder]:
     """Hand ``recorder`` every launch and event record made inside the block.
 
     The recorder is one per process, like a stream capture's effect on the thread that
-    runs it: a launch by another thread meanwhile is handed to it too. Launch plans count
-    their capture's kernel nodes against what they were handed, so such a record comes out
+    runs it: a launch by another thread meanwhile is handed to it too. Recorded launches
+    count their capture's kernel nodes against what they were handed, so such a record comes out
     incomplete, never wrong."""
     global _recorder
     if _recorder is not None:

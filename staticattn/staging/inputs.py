@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from staticattn.arena.config import ArenaConfig
+from staticattn.arena.groups import cache_groups
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.launch import record_event
@@ -37,6 +38,7 @@ from staticattn.kernels.staging import (
     stage_uniform,
 )
 from staticattn.staging.buffers import PAD_SLOT_ID
+from staticattn.staging.replay import check_replay_start
 
 __all__ = ["ExtentViews", "HostViews", "StagedCounts", "StepInputs"]
 
@@ -93,6 +95,7 @@ class ExtentViews(NamedTuple):
     token_to_req: torch.Tensor
     swa_block_table: torch.Tensor | None
     query_lens: torch.Tensor
+    block_tables: dict[str, torch.Tensor]
     replay_start: torch.Tensor | None = None
 
 
@@ -111,6 +114,11 @@ class StepInputs:
         Device views (``swa_block_table`` is None without SWA, ``replay_start`` without
         bounded replay; ``step_counts``, ``query_lens`` and ``replay_start`` are written by
         the staging kernels).
+    block_tables : dict of str to torch.Tensor
+        The block table of every cache group with one of its own, by group name
+        (``"c2a.index_k"``, :func:`~staticattn.arena.cache_groups`), int32 device
+        ``(max_num_seqs, columns)``; empty for DeepSeek V3.2 and V4. The engine updates
+        them in place, like ``block_table``.
     host_query_start_loc, host_seq_lens, host_slot_mapping, host_counts,
     host_replay_start : torch.Tensor
         Host staging views; the eager path reads its host-side lengths from them.
@@ -133,6 +141,8 @@ class StepInputs:
         self.swa_block_table = (
             arena["input.swa_block_table"] if "input.swa_block_table" in arena else None
         )
+        self.block_tables = {g.name: arena[f"input.block_tables.{g.name}"]
+                             for g in cache_groups(self.config)}
         self.host_query_start_loc = arena["staging.query_start_loc"]
         self.host_seq_lens = arena["staging.seq_lens"]
         self.host_slot_mapping = arena["staging.slot_mapping"]
@@ -170,6 +180,7 @@ class StepInputs:
                 self.block_table[:num_reqs], self.slot_mapping[:num_tokens],
                 self.positions[:num_tokens], self.token_to_req[:num_tokens],
                 None if swa is None else swa[:num_reqs], self.query_lens[:num_reqs],
+                {name: table[:num_reqs] for name, table in self.block_tables.items()},
                 None if replay is None else replay[:num_reqs],
             )
         return views
@@ -226,7 +237,7 @@ class StepInputs:
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
         if not checked:
             self.check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
-            self.check_replay_start(replay_start, query_lens, seq_lens)
+            check_replay_start(self.config, replay_start, query_lens, seq_lens)
         self.stage_step(query_lens, seq_lens, slot_mapping, replay_start)
         host = self.host
         if pr > num_reqs:
@@ -262,30 +273,6 @@ class StepInputs:
         host.counts[COUNT_TOKENS] = num_tokens
         if host.replay_start is not None:
             host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
-
-    def check_replay_start(self, replay_start: np.ndarray | None, query_lens: np.ndarray,
-                           seq_lens: np.ndarray) -> None:
-        """Raise before anything is written unless ``replay_start`` (host ints ``(num_reqs,)``
-        or None) has one entry per request, each in ``[0, seq_lens - query_lens]`` (spec
-        deepseek-v41.md §8.1), non-zero only under bounded replay."""
-        if replay_start is None:
-            return
-        rs = np.asarray(replay_start)
-        if rs.ndim != 1 or rs.shape[0] != query_lens.shape[0] or (
-                rs.size and not np.issubdtype(rs.dtype, np.integer)):
-            raise InvalidBatchError(f"replay_start must be {query_lens.shape[0]} ints (one per "
-                                    f"request), got shape {rs.shape}, dtype {rs.dtype}")
-        if not rs.size:
-            return
-        if self.replay_start is None and rs.any():
-            raise InvalidBatchError(f"replay_start is non-zero, but architecture="
-                                    f"{self.config.architecture!r} has no bounded replay")
-        bad = np.flatnonzero((rs < 0) | (rs > seq_lens - query_lens))
-        if bad.size:
-            b = int(bad[0])
-            raise InvalidBatchError(
-                f"replay_start[{b}]={int(rs[b])} is outside [0, seq_lens - query_lens = "
-                f"{int(seq_lens[b]) - int(query_lens[b])}]")
 
     def stage_uniform_decode(self, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
         """:meth:`stage` for a uniform decode step that a graph will pad: every request

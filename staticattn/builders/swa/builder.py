@@ -60,6 +60,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import claim_arena
 from staticattn.builders.swa.combined import IndexRows
 from staticattn.builders.swa.layout import PREFILL_CHUNK_SIZE, swa_buffers
 from staticattn.builders.swa.metadata import SparseSWAMetadata
@@ -106,6 +107,8 @@ class SparseSWAMetadataBuilder:
     ((4, 1, 128), (4, 1, 128))
     """
 
+    arena: Arena | None = None  # the arena bound to, for life
+
     def __init__(self, *, prefill_chunk_size: int = PREFILL_CHUNK_SIZE, name: str = "swa",
                  row_scratch: bool = True) -> None:
         self.name = name
@@ -127,6 +130,7 @@ class SparseSWAMetadataBuilder:
         """Take the ``swa.*`` views of an allocated arena."""
         cfg = arena.config
         swa_buffers(cfg)  # the config checks
+        claim_arena(self, arena)
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
         self._views = BoundViews(arena, self.name, self._backend, self.prefill_chunk_size)
         self._dense = _dense_entries(cfg)

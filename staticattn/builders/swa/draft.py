@@ -20,6 +20,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.arena.config import round_up
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import claim_arena
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
 from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
@@ -81,6 +82,7 @@ class DraftSWAMetadataBuilder:
     """
 
     name = "swa_draft"
+    arena: Arena | None = None  # the arena bound to, for life
 
     def __init__(self, *, query_len: int | None = None) -> None:
         self.query_len = query_len
@@ -108,6 +110,7 @@ class DraftSWAMetadataBuilder:
     def bind(self, arena: Arena) -> None:
         """Take the ``swa_draft.*`` views of an allocated arena."""
         self._extent(arena.config)
+        claim_arena(self, arena)
         self._views = {name: arena[f"swa_draft.{name}"]
                        for name in ("is_valid_token", "swa_indices", "swa_lens")}
         self._config = arena.config

@@ -27,6 +27,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
+from staticattn.builders.contract import claim_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.errors import ArenaError
@@ -82,6 +83,7 @@ class DecoderReplayBuilder:
     """
 
     name = "replay"
+    arena: Arena | None = None  # the arena bound to, for life
 
     def __init__(self, *, first_layer: bool = True) -> None:
         self.swa = SparseSWAMetadataBuilder(name="replay_swa", row_scratch=False)
@@ -115,6 +117,7 @@ class DecoderReplayBuilder:
 
     def bind(self, arena: Arena) -> None:
         """Take the views of an allocated arena (and bind the SWA builders)."""
+        claim_arena(self, arena)
         v = {name: arena[f"replay.{name}"] for name in (
             "query_start_loc", "query_lens", "kv_start", "rows", "token_to_req", "positions",
             "slot_mapping", "step_counts")}

@@ -7,11 +7,17 @@ sub-batch's tokens, slots -1, padded requests' kept length and ``kv_start`` 0.
 
 from __future__ import annotations
 
-from oracle.v41_swa import Step, effective_replay, num_decodes, slot
-from staticattn.arena import ArenaConfig
+from typing import TYPE_CHECKING
+
+from staticattn.reference.v41_swa import SWAStep, effective_replay, num_decodes, slot
+
+if TYPE_CHECKING:
+    from staticattn.arena import ArenaConfig
+
+__all__ = ["draft_rows", "sub_batch"]
 
 
-def sub_batch(cfg: ArenaConfig, step: Step, num_reqs: int, num_tokens: int) -> dict:
+def sub_batch(cfg: ArenaConfig, step: SWAStep, num_reqs: int, num_tokens: int) -> dict:
     """§8.2 for ``step`` (its real requests) at extents ``num_reqs`` / ``num_tokens``: each
     request keeps its last ``min(q, W)`` rows, decodes all theirs."""
     w = cfg.sliding_window
@@ -41,14 +47,14 @@ def sub_batch(cfg: ArenaConfig, step: Step, num_reqs: int, num_tokens: int) -> d
         positions=[position[r] for r in rows] + [0] * pad_t,
         slot_mapping=[step.slots[r] for r in rows] + [-1] * pad_t,
         step_counts=[k, total, d, sum(kept[:d])],
-        step=Step(kept, list(step.seq_lens), kv_start, [step.slots[r] for r in rows],
+        step=SWAStep(kept, list(step.seq_lens), kv_start, [step.slots[r] for r in rows],
                   step.swa_table),
-        first_layer_step=Step(kept, list(step.seq_lens), replay, [step.slots[r] for r in rows],
+        first_layer_step=SWAStep(kept, list(step.seq_lens), replay, [step.slots[r] for r in rows],
                               step.swa_table),
     )
 
 
-def draft_rows(cfg: ArenaConfig, step: Step, width: int, num_tokens: int) -> dict:
+def draft_rows(cfg: ArenaConfig, step: SWAStep, width: int, num_tokens: int) -> dict:
     """§7.5: every token of request ``b`` gets the non-causal window ``[max(prefix - W, 0),
     L)``, ``prefix = L - q``, as flat SWA slots in a row of ``width``, then -1; invalid
     tokens (slot -1) and tokens past the step -1 with length 0."""

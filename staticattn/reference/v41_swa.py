@@ -1,27 +1,34 @@
-"""Oracle of the SWA builder's V4.1 outputs and of the V4/V4.1 paged prefill rows, in plain
-loops over host lists, written from the spec's words only: ``docs/spec/deepseek-v41.md``
-§7.4 (windows, gather lengths, the replay clamp), §8.1 (``replay_start``: prefilling
-requests only), ``vllm-0.33-extras.md`` §2.3-§2.5 (paged prefill rows, invalid tokens,
-the chunk plan).
+"""Oracle of the SWA builder's V4.1 outputs and of the V4/V4.1 paged prefill rows, in plain loops
+over host lists, written from the spec's words only: ``docs/spec/deepseek-v41.md`` §7.4
+(windows, gather lengths, the replay clamp), §8.1 (``replay_start``: prefilling requests only),
+``vllm-0.33-extras.md`` §2.3-§2.5 (paged prefill rows, invalid tokens, the chunk plan).
 
-The layout of a token bucket (a mixed build) is staticattn's, as ``oracle.mixed`` states:
-rows past the real step are -1 with length 0, per-request rows past the real prefills 0;
-the chunk tables hold ``max_num_seqs`` rows, zeros past the plan; a bucket's plan covers
-its real prefill requests.
+The layout of a token bucket (a mixed build) is staticattn's, as
+:mod:`~staticattn.reference.mixed` states: rows past the real step are -1 with length 0,
+per-request rows past the real prefills 0; the chunk tables hold ``max_num_seqs`` rows, zeros
+past the plan; a bucket's plan covers its real prefill requests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from staticattn.arena import ArenaConfig
+from staticattn.reference.compare import holds, same
+
+if TYPE_CHECKING:
+    from staticattn.arena import ArenaConfig
+
+__all__ = ["CHUNK_SIZE", "SWAStep", "assert_eager", "assert_mixed", "chunk_plan",
+           "decode_rows", "effective_replay", "expected_eager", "expected_mixed", "gather_len",
+           "num_decodes", "plan_ratio", "plans", "prefill_rows", "slot", "table", "window"]
 
 #: The reference's PREFILL_CHUNK_SIZE (deepseek-v41.md §2.3).
 CHUNK_SIZE = 4
 
 
 @dataclass
-class Step:
+class SWAStep:
     """The host view of a step: per request (padded ones included) its query and sequence
     length and replay start; per token its slot; SWA block-table rows."""
 
@@ -72,7 +79,7 @@ def gather_len(q: int, length: int, replay_start: int, w: int) -> int:
     return q + min(max(length - q - replay_start, 0), w - 1)
 
 
-def effective_replay(step: Step, d: int, k: int) -> list[int]:
+def effective_replay(step: SWAStep, d: int, k: int) -> list[int]:
     """§8.1: a request's replay start if it is prefilling (``d <= b < k``), else 0."""
     return [step.replay_start[b] if d <= b < k else 0 for b in range(len(step.query_lens))]
 
@@ -99,7 +106,7 @@ def chunk_plan(seq_lens: list[int], query_lens: list[int], ratio: int, w: int,
     return plan
 
 
-def prefill_rows(cfg: ArenaConfig, step: Step, td: int, nt: int, rows: int,
+def prefill_rows(cfg: ArenaConfig, step: SWAStep, td: int, nt: int, rows: int,
                  replay: list[int]) -> tuple[list[list[int]], list[int]]:
     """extras §2.3: paged prefill rows ``i < rows`` (token ``td + i``); invalid tokens and
     rows past ``nt`` -1 with length 0."""
@@ -118,7 +125,7 @@ def prefill_rows(cfg: ArenaConfig, step: Step, td: int, nt: int, rows: int,
     return out, lens
 
 
-def decode_rows(cfg: ArenaConfig, step: Step, td: int) -> tuple[list[list[int]], list[int]]:
+def decode_rows(cfg: ArenaConfig, step: SWAStep, td: int) -> tuple[list[list[int]], list[int]]:
     """§7.4 for the decode tokens ``t < td`` (decodes never replay); invalid tokens -1 / 0."""
     _, owner, position = step.tokens()
     w, bs = cfg.sliding_window, cfg.swa_block_size
@@ -140,7 +147,7 @@ def table(plan: list[tuple], rows: int) -> list[list[int]]:
     return [list(c) for c in plan] + [[0, 0, 0, 0]] * (rows - len(plan))
 
 
-def expected_eager(cfg: ArenaConfig, step: Step) -> dict:
+def expected_eager(cfg: ArenaConfig, step: SWAStep) -> dict:
     """An eager build of ``step`` (every request and token of it, padded ones included)."""
     d = num_decodes(step.query_lens, cfg.decode_threshold)
     k = len(step.query_lens)
@@ -157,7 +164,7 @@ def expected_eager(cfg: ArenaConfig, step: Step) -> dict:
                 plans=plans(cfg, step.seq_lens[d:], step.query_lens[d:]))
 
 
-def expected_mixed(cfg: ArenaConfig, step: Step, num_reqs: int, num_tokens: int) -> dict:
+def expected_mixed(cfg: ArenaConfig, step: SWAStep, num_reqs: int, num_tokens: int) -> dict:
     """A mixed build for a bucket of ``num_reqs`` requests and ``num_tokens`` tokens; the
     step's lists hold the real requests and tokens only."""
     k, nt = len(step.query_lens), len(step.slots)
@@ -177,29 +184,33 @@ def expected_mixed(cfg: ArenaConfig, step: Step, num_reqs: int, num_tokens: int)
 def assert_eager(meta, exp: dict) -> None:
     """The V4.1 / paged-prefill fields of an eager build equal the oracle's."""
     if meta.replay_start is not None:
-        assert meta.replay_start.tolist() == exp["replay_start"]
+        same("replay_start", meta.replay_start, exp["replay_start"])
     if exp["num_prefills"] == 0:
-        assert meta.prefill_swa_indices is None and meta.prefill_chunk_plans == {}
+        holds(meta.prefill_swa_indices is None and meta.prefill_chunk_plans == {},
+              "no prefill rows and no chunk plans without prefills")
         return
-    assert meta.prefill_swa_indices[:, 0].tolist() == exp["prefill_swa_indices"]
-    assert meta.prefill_swa_lens.tolist() == exp["prefill_swa_lens"]
-    assert meta.prefill_gather_lens.tolist() == exp["prefill_gather_lens"]
-    assert {n: p.host for n, p in meta.prefill_chunk_plans.items()} == exp["plans"]
+    same("prefill_swa_indices[:, 0]", meta.prefill_swa_indices[:, 0],
+         exp["prefill_swa_indices"])
+    same("prefill_swa_lens", meta.prefill_swa_lens, exp["prefill_swa_lens"])
+    same("prefill_gather_lens", meta.prefill_gather_lens, exp["prefill_gather_lens"])
+    same("host chunk plans", {n: p.host for n, p in meta.prefill_chunk_plans.items()},
+         exp["plans"])
     for name, plan in meta.prefill_chunk_plans.items():
         want = exp["plans"][name]
-        assert plan.num_chunks.tolist() == [len(want)], name
-        assert plan.chunks.tolist() == table(want, plan.chunks.shape[0]), name
+        same(f"{name} num_chunks", plan.num_chunks, [len(want)])
+        same(f"{name} chunks", plan.chunks, table(want, plan.chunks.shape[0]))
 
 
 def assert_mixed(meta, exp: dict) -> None:
     """The V4.1 / paged-prefill fields of a mixed build equal the oracle's everywhere in the
     bucket's views."""
     if meta.replay_start is not None:
-        assert meta.replay_start.tolist() == exp["replay_start"]
-    assert meta.prefill_swa_indices[:, 0].tolist() == exp["prefill_swa_indices"]
-    assert meta.prefill_swa_lens.tolist() == exp["prefill_swa_lens"]
-    assert meta.prefill_gather_lens.tolist() == exp["prefill_gather_lens"]
+        same("replay_start", meta.replay_start, exp["replay_start"])
+    same("prefill_swa_indices[:, 0]", meta.prefill_swa_indices[:, 0],
+         exp["prefill_swa_indices"])
+    same("prefill_swa_lens", meta.prefill_swa_lens, exp["prefill_swa_lens"])
+    same("prefill_gather_lens", meta.prefill_gather_lens, exp["prefill_gather_lens"])
     for name, plan in meta.prefill_chunk_plans.items():
-        assert plan.host is None
-        assert plan.chunks.tolist() == exp["tables"][name], name
-        assert plan.num_chunks.tolist() == [exp["counts"][name]], name
+        holds(plan.host is None, f"no host plan of {name} from a graph build")
+        same(f"{name} chunks", plan.chunks, exp["tables"][name])
+        same(f"{name} num_chunks", plan.num_chunks, [exp["counts"][name]])

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+__all__ = ["decode_token"]
+
 
 def decode_token(q_idx, weights, q_att, index_keys, kv, visible: int, topk: int):
     """``(ids, out)`` of one token: ``ids`` the selected key indices, best first (a list of

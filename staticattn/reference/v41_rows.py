@@ -10,8 +10,10 @@ rule; V4's kernel would shift it); FlashInfer rows of invalid tokens are -1 with
 
 from __future__ import annotations
 
-from oracle.v41_swa import (
-    Step,
+from typing import TYPE_CHECKING
+
+from staticattn.reference.v41_swa import (
+    SWAStep,
     chunk_plan,
     effective_replay,
     gather_len,
@@ -20,7 +22,11 @@ from oracle.v41_swa import (
     slot,
     window,
 )
-from staticattn.arena import ArenaConfig
+
+if TYPE_CHECKING:
+    from staticattn.arena import ArenaConfig
+
+__all__ = ["combined", "flashinfer", "n_c"]
 
 
 def n_c(p: int, ratio: int) -> int:
@@ -28,7 +34,7 @@ def n_c(p: int, ratio: int) -> int:
     return (p + 1) // ratio if ratio else 0
 
 
-def combined(cfg: ArenaConfig, step: Step, layer_type, topk: list[list[int]], k: int,
+def combined(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]], k: int,
              rows: int, real_reqs: int | None = None) -> tuple[list[list[int]], list[int]]:
     """§7.2 rows ``i < rows`` (prefill token ``Td + i``), width ``round_up(K + W, 128)``;
     ``topk[t]`` is token ``t``'s top-k row (None: ``k = c``). ``real_reqs``: the requests
@@ -71,7 +77,7 @@ def combined(cfg: ArenaConfig, step: Step, layer_type, topk: list[list[int]], k:
     return out, lens
 
 
-def flashinfer(cfg: ArenaConfig, step: Step, layer_type, topk: list[list[int]] | None,
+def flashinfer(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]] | None,
                compressed_table: list[list[int]] | None, k: int, rows: int,
                real_reqs: int | None = None) -> tuple[list[list[int]], list[int]]:
     """§7.3 rows ``t < rows``, width ``W + round_up(K, 4)``. Every token of the step's

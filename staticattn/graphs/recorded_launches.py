@@ -1,4 +1,4 @@
-"""Launch plans: a step no graph holds, run eagerly at the cost of its kernel launches.
+"""Recorded launches: a step no graph holds, run eagerly at the cost of its kernel launches.
 
 The graph builds (staging kernels, every builder's ``build_decode`` / ``build_mixed``) are
 graph-safe: at given extents -- kind, requests, tokens -- they launch the same kernels with
@@ -16,10 +16,11 @@ and frozen (:func:`~staticattn.kernels.frozen_launch.freeze`). The captured grap
 census is the proof that the record is complete: as many kernel nodes as frozen launches,
 as many event record nodes as recorded events, and nothing else. Device work that does not
 go through the recorded launch path (a torch op, a library kernel), a launch that cannot be
-frozen, or a capture that fails marks the extents unplannable, and their steps keep the
-ordinary eager builds. A plan holds the ``Batch`` and metadata the builds returned -- the
-views a replay at these extents uses -- and plans are dropped least recently used past
-``capacity`` (extents seen once past four times that).
+frozen, or a capture that fails marks the extents unrecordable, and their steps keep the
+ordinary eager builds. The recorded launches of one extents (:class:`FrozenBuilds`) hold the
+``Batch`` and metadata the builds returned -- the views a replay at these extents uses --
+and are dropped least recently used past ``capacity`` extents (extents seen once past four
+times that).
 """
 
 from __future__ import annotations
@@ -32,22 +33,24 @@ from typing import Any
 import torch
 
 from staticattn.graphs.introspect import cudart_or_none, raw_node_census
+from staticattn.graphs.records import GraphKind
 from staticattn.kernels.frozen_launch import FrozenLaunch, driver_or_none, freeze
 from staticattn.kernels.launch import recording
 
-__all__ = ["LaunchPlan", "LaunchPlans", "PlanStats"]
+__all__ = ["FrozenBuilds", "RecordedLaunchStats", "RecordedLaunches"]
 
-Builds = Callable[[str, int, int], tuple[Any, dict[str, Any]]]
+Builds = Callable[[GraphKind, int, int], tuple[Any, dict[str, Any]]]
+Extents = tuple[GraphKind, int, int]
 
 
 class _EventRecord:
-    """An event record in a plan, issued on the plan's stream like its kernels."""
+    """A recorded event record, issued on the stream of the launches beside it."""
 
     __slots__ = ("_event", "_record", "_success")
 
     def __init__(self, event: torch.cuda.Event) -> None:
         driver = driver_or_none()
-        self._event = event  # kept alive with the plan
+        self._event = event  # kept alive with the recorded launches
         self._record = lambda stream, handle=event.cuda_event: driver.cuEventRecord(handle,
                                                                                     stream)
         self._success = driver.CUresult.CUDA_SUCCESS
@@ -81,7 +84,7 @@ class _Recorder:
 
 
 @dataclass
-class LaunchPlan:
+class FrozenBuilds:
     """The frozen launches of one extents' graph builds, and what the builds returned."""
 
     actions: list[FrozenLaunch | _EventRecord]
@@ -96,76 +99,78 @@ class LaunchPlan:
 
 
 @dataclass
-class PlanStats:
-    """Steps run through a plan, plans recorded, extents found unplannable."""
+class RecordedLaunchStats:
+    """Steps run through recorded launches, extents recorded, extents found unrecordable."""
 
     hits: int = 0
     recorded: int = 0
-    unplannable: int = 0
+    unrecordable: int = 0
 
 
-class LaunchPlans:
-    """Plans by extents ``(kind, num_reqs, num_tokens)`` for ``builds``, which launches the
-    graph builds at those extents and returns ``(batch, metadata)``."""
+class RecordedLaunches:
+    """Recorded launches by extents ``(kind, num_reqs, num_tokens)`` for ``builds``, which
+    launches the graph builds at those extents and returns ``(batch, metadata)``."""
 
     def __init__(self, builds: Builds, capacity: int = 256) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self._builds = builds
         self.capacity = capacity
-        self._plans: OrderedDict[tuple[str, int, int], LaunchPlan | None] = OrderedDict()
-        self._seen: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        self._frozen: OrderedDict[Extents, FrozenBuilds | None] = OrderedDict()
+        self._seen: OrderedDict[Extents, None] = OrderedDict()
         self._side: torch.cuda.Stream | None = None
-        self._failures: dict[tuple[str, int, int], int] = {}
-        self.stats = PlanStats()
+        self._failures: dict[Extents, int] = {}
+        self.stats = RecordedLaunchStats()
 
     @staticmethod
     def available() -> bool:
-        """Plans need CUDA and cuda-bindings (driver and runtime)."""
+        """Recording needs CUDA and cuda-bindings (driver and runtime)."""
         return (torch.cuda.is_available() and driver_or_none() is not None
                 and cudart_or_none() is not None)
 
     def __len__(self) -> int:
-        return len(self._plans)
+        return len(self._frozen)
 
     def clear(self, *, keep_seen: bool = False) -> None:
-        """Drop every plan (the manager closes); with ``keep_seen`` the extents stay noted,
-        so their next step records its plan again."""
+        """Drop every record (the manager closes); with ``keep_seen`` the extents stay
+        noted, so their next step records them again."""
         if keep_seen:
-            self._seen.update(dict.fromkeys(self._plans))
+            self._seen.update(dict.fromkeys(self._frozen))
             while len(self._seen) > 4 * self.capacity:
                 self._seen.popitem(last=False)
         else:
             self._seen.clear()
-        self._plans.clear()
+        self._frozen.clear()
 
-    def run(self, kind: str, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
+    def run(self, kind: GraphKind, num_reqs: int,
+            num_tokens: int) -> tuple[Any, dict[str, Any]]:
         """Launch the graph builds at these extents -- plainly the first time, recording
-        their plan the second, through it after -- and return ``(batch, metadata)``."""
+        their launches the second, through the recorded launches after -- and return
+        ``(batch, metadata)``."""
         key = (kind, num_reqs, num_tokens)
-        plans = self._plans
-        plan = plans.get(key, False)
-        if plan is False:
+        records = self._frozen
+        frozen = records.get(key, False)
+        if frozen is False:
             if key not in self._seen:  # the first step at these extents: noted only
                 self._seen[key] = None
                 if len(self._seen) > 4 * self.capacity:
                     self._seen.popitem(last=False)
                 return self._builds(kind, num_reqs, num_tokens)
             del self._seen[key]
-            plan = self._record(key)
+            frozen = self._record(key)
         else:
-            plans.move_to_end(key)
-            if plan is not None:
+            records.move_to_end(key)
+            if frozen is not None:
                 self.stats.hits += 1
-        if plan is None:
+        if frozen is None:
             return self._builds(kind, num_reqs, num_tokens)
-        plan.launch()
-        return plan.batch, plan.metadata
+        frozen.launch()
+        return frozen.batch, frozen.metadata
 
-    def _record(self, key: tuple[str, int, int]) -> LaunchPlan | None:
-        """Record the plan for ``key`` and keep it (None: unplannable, kept too). A capture
-        that raises keeps nothing the first time: the ordinary builds then run (and raise
-        again if the step itself is at fault)."""
+    def _record(self, key: Extents) -> FrozenBuilds | None:
+        """Record the launches for ``key`` and keep them (None: unrecordable, kept too). A
+        capture that raises keeps nothing the first time: the ordinary builds then run (and
+        raise again if the step itself is at fault)."""
         try:
             recorder, census, built = self._capture(key)
         except Exception:
@@ -177,17 +182,17 @@ class LaunchPlans:
                     and census.get("kernel", 0) == recorder.kernels
                     and census.get("event_record", 0) == recorder.events
                     and set(census) <= {"kernel", "event_record", "empty"})
-        plan = LaunchPlan(recorder.actions, *built) if complete else None
-        if plan is None:
-            self.stats.unplannable += 1
+        frozen = FrozenBuilds(recorder.actions, *built) if complete else None
+        if frozen is None:
+            self.stats.unrecordable += 1
         else:
             self.stats.recorded += 1
-        self._plans[key] = plan
-        if len(self._plans) > self.capacity:
-            self._plans.popitem(last=False)
-        return plan
+        self._frozen[key] = frozen
+        if len(self._frozen) > self.capacity:
+            self._frozen.popitem(last=False)
+        return frozen
 
-    def _capture(self, key: tuple[str, int, int]):
+    def _capture(self, key: Extents):
         """Run the builds under a relaxed stream capture on a side stream, recording every
         launch: ``(recorder, node census or None, (batch, metadata) or None)``. Nothing runs
         on the device; the captured graph is destroyed."""

@@ -15,8 +15,12 @@ length ``g`` (entries ``0 .. g - 1``) becomes the number of those entries the ra
 
 from __future__ import annotations
 
-from oracle import indexer as single
-from oracle import mixed as single_mixed
+from staticattn.reference import indexer as single
+from staticattn.reference import mixed as single_mixed
+from staticattn.reference.compare import holds, same
+
+__all__ = ["assert_matches", "assert_mixed_matches", "indexer_metadata", "local_count",
+           "local_index", "mixed_indexer", "owner_of_entry", "slot_mapping"]
 
 
 def owner_of_entry(c: int, ratio: int, world: int, interleave: int) -> int:
@@ -122,13 +126,13 @@ def assert_matches(meta, expected, step, arena) -> None:
     """The single-GPU checks on the localised expectation, plus the DCP-only fields."""
     single.assert_matches(meta, expected, step, arena)
     if expected["decode"] is not None:
-        assert meta.decode.global_seq_lens.tolist() == expected["decode"]["global_seq_lens"]
-        assert meta.decode.global_seq_lens.is_contiguous()
+        same("decode.global_seq_lens", meta.decode.global_seq_lens,
+             expected["decode"]["global_seq_lens"])
+        holds(meta.decode.global_seq_lens.is_contiguous(), "decode.global_seq_lens contiguous")
     for chunk, want in zip(meta.prefill.chunks if meta.prefill else (),
                            expected["prefill"] or ()):
-        assert chunk.local_cu_seq_lens.tolist() == want["local_cu_seq_lens"]
-        assert chunk.local_total_seq_lens == want["local_total_seq_lens"]
-        assert chunk.max_local_total_seq_lens == want["max_local_total_seq_lens"]
+        for name in ("local_cu_seq_lens", "local_total_seq_lens", "max_local_total_seq_lens"):
+            same(f"prefill chunk {name}", getattr(chunk, name), want[name])
 
 
 def mixed_indexer(config, step, rank: int, num_reqs: int, num_tokens: int, chunk_rows: int):
@@ -176,8 +180,10 @@ def mixed_indexer(config, step, rank: int, num_reqs: int, num_tokens: int, chunk
 
 
 def assert_mixed_matches(meta, exp, config, step) -> None:
+    """A rank's mixed indexer build equals :func:`mixed_indexer`'s ``exp`` everywhere in the
+    bucket's views, the global lengths and the local key counts included."""
     single_mixed.assert_indexer_matches(meta, exp, config, step)
-    assert meta.decode.global_seq_lens.tolist() == exp["global_seq_lens"]
+    same("decode.global_seq_lens", meta.decode.global_seq_lens, exp["global_seq_lens"])
     plan = meta.prefill.plan
-    assert plan.local_cu_seq_lens.tolist() == exp["local_cu_seq_lens"]
-    assert plan.local_req_key_start.tolist() == exp["local_req_key_start"]
+    same("plan.local_cu_seq_lens", plan.local_cu_seq_lens, exp["local_cu_seq_lens"])
+    same("plan.local_req_key_start", plan.local_req_key_start, exp["local_req_key_start"])

@@ -21,9 +21,16 @@ fixed layout, which staticattn documents:
 
 from __future__ import annotations
 
-from oracle import indexer as indexer_oracle
-from oracle import swa as swa_oracle
-from staticattn.arena import ArenaConfig
+from typing import TYPE_CHECKING
+
+from staticattn.reference import indexer as indexer_oracle
+from staticattn.reference import swa as swa_oracle
+from staticattn.reference.compare import holds, same
+
+if TYPE_CHECKING:
+    from staticattn.arena import ArenaConfig
+
+__all__ = ["assert_indexer_matches", "assert_swa_matches", "counts", "indexer", "swa"]
 
 
 def counts(cfg: ArenaConfig, step) -> list[int]:
@@ -47,7 +54,10 @@ def _tokens(step):
 
 
 def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: int) -> dict:
-    """Every output of ``IndexerMetadataBuilder.build_mixed`` for a bucket."""
+    """Every output of ``IndexerMetadataBuilder.build_mixed`` for a bucket of ``num_reqs``
+    requests and ``num_tokens`` tokens, as a dict of plain ints and lists (the keys of
+    :func:`assert_indexer_matches`): per-token lists are ``num_tokens`` long, per-request
+    lists ``num_reqs`` long, ``chunk_bounds`` ``chunk_rows`` rows of 8 ints."""
     k, nt, d, td = counts(cfg, step)
     n, ratio = cfg.next_n, cfg.index_compress_ratio
     qsl, owner, position = _tokens(step)
@@ -57,7 +67,7 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
     padded_seq = seq + [0] * (num_reqs - k)
     padded_table = table + [[0] * len(table[0])] * (num_reqs - k)
     if cfg.dcp_world_size > 1:
-        slots = None  # each rank's own: oracle/dcp.py
+        slots = None  # each rank's own: staticattn.reference.dcp
     elif ratio > 1:
         slots = indexer_oracle.compressed_slot_mapping(
             padded_qsl, padded_seq, padded_table, cfg.storage_block_size, ratio, num_tokens)
@@ -106,7 +116,10 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
 
 
 def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
-    """Every output of ``SparseSWAMetadataBuilder.build_mixed`` for a bucket."""
+    """Every output of ``SparseSWAMetadataBuilder.build_mixed`` for a bucket, as a dict of
+    lists: per decode-token row lists of ``min(num_tokens, max_decode_tokens)`` rows (SWA
+    rows ``sliding_window`` ints, C128A rows ``c128a_max_compressed`` ints, -1 = none),
+    C128A prefill rows ``num_tokens`` long, per-request lists ``num_reqs`` long."""
     k, nt, d, td = counts(cfg, step)
     W = cfg.sliding_window
     qsl, owner, position = _tokens(step)
@@ -147,41 +160,42 @@ def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
 
 def assert_indexer_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
     """A mixed indexer build equals the oracle everywhere in the bucket's views."""
-    assert meta.slot_mapping.tolist() == exp["slot_mapping"]
+    same("slot_mapping", meta.slot_mapping, exp["slot_mapping"])
     d = meta.decode
-    assert d.seq_lens.tolist() == exp["seq_lens"]
-    assert d.decode_lens.tolist() == exp["decode_lens"]
-    assert d.schedule_metadata.tolist() == exp["schedule"]
-    assert not d.requires_padding
-    assert d.per_req_decode_lens.tolist() == exp["per_req_decode_lens"]
-    assert (d.decode_is_uniform, d.write_max_decode_len) == (False, cfg.next_n)
-    assert meta.positions.tolist() == exp["positions"]
+    same("decode.seq_lens", d.seq_lens, exp["seq_lens"])
+    same("decode.decode_lens", d.decode_lens, exp["decode_lens"])
+    same("decode.schedule_metadata", d.schedule_metadata, exp["schedule"])
+    holds(not d.requires_padding, "decode.requires_padding False")
+    same("decode.per_req_decode_lens", d.per_req_decode_lens, exp["per_req_decode_lens"])
+    same("(decode.decode_is_uniform, decode.write_max_decode_len)",
+         (d.decode_is_uniform, d.write_max_decode_len), (False, cfg.next_n))
+    same("positions", meta.positions, exp["positions"])
     k = step.num_reqs
-    assert meta.block_table[:k].tolist() == exp["batch_table"][:k]
+    same("block_table[:k]", meta.block_table[:k], exp["batch_table"][:k])
     if exp["block_table"] is not None:
-        assert d.block_table.tolist() == exp["block_table"]
+        same("decode.block_table", d.block_table, exp["block_table"])
     plan = meta.prefill.plan
-    assert meta.prefill.chunks == []
-    assert plan.chunk_bounds.tolist() == exp["chunk_bounds"]
-    assert plan.num_chunks.tolist() == [exp["num_chunks"]]
-    assert plan.cu_seq_lens.tolist() == exp["cu_seq_lens"]
-    assert plan.req_key_start.tolist() == exp["req_key_start"]
-    assert plan.cu_seqlen_ks.tolist() == exp["cu_seqlen_ks"]
-    assert plan.cu_seqlen_ke.tolist() == exp["cu_seqlen_ke"]
-    assert meta.step_counts.tolist() == counts(cfg, step)
+    same("prefill.chunks", meta.prefill.chunks, [])
+    same("plan.chunk_bounds", plan.chunk_bounds, exp["chunk_bounds"])
+    same("plan.num_chunks", plan.num_chunks, [exp["num_chunks"]])
+    same("plan.cu_seq_lens", plan.cu_seq_lens, exp["cu_seq_lens"])
+    same("plan.req_key_start", plan.req_key_start, exp["req_key_start"])
+    same("plan.cu_seqlen_ks", plan.cu_seqlen_ks, exp["cu_seqlen_ks"])
+    same("plan.cu_seqlen_ke", plan.cu_seqlen_ke, exp["cu_seqlen_ke"])
+    same("step_counts", meta.step_counts, counts(cfg, step))
 
 
 def assert_swa_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
     """A mixed SWA build equals the oracle everywhere in the bucket's views."""
-    assert meta.is_valid_token.tolist() == exp["is_valid_token"]
-    assert meta.token_to_req_indices.tolist() == exp["token_to_req"]
-    assert meta.decode_swa_indices[:, 0].tolist() == exp["swa_rows"]
-    assert meta.decode_swa_lens.tolist() == exp["swa_lens"]
+    same("is_valid_token", meta.is_valid_token, exp["is_valid_token"])
+    same("token_to_req_indices", meta.token_to_req_indices, exp["token_to_req"])
+    same("decode_swa_indices[:, 0]", meta.decode_swa_indices[:, 0], exp["swa_rows"])
+    same("decode_swa_lens", meta.decode_swa_lens, exp["swa_lens"])
     if exp["c_rows"]:
-        assert meta.c128a_decode_indices[:, 0].tolist() == exp["c_rows"]
-        assert meta.c128a_decode_lens.tolist() == exp["c_lens"]
-        assert meta.c128a_prefill_indices.tolist() == exp["cp_rows"]
-        assert meta.c128a_prefill_lens.tolist() == exp["cp_lens"]
-    assert meta.prefill_gather_lens.tolist() == exp["gather_lens"]
-    assert meta.prefill_seq_lens.tolist() == exp["prefill_seq_lens"]
-    assert meta.step_counts.tolist() == counts(cfg, step)
+        same("c128a_decode_indices[:, 0]", meta.c128a_decode_indices[:, 0], exp["c_rows"])
+        same("c128a_decode_lens", meta.c128a_decode_lens, exp["c_lens"])
+        same("c128a_prefill_indices", meta.c128a_prefill_indices, exp["cp_rows"])
+        same("c128a_prefill_lens", meta.c128a_prefill_lens, exp["cp_lens"])
+    same("prefill_gather_lens", meta.prefill_gather_lens, exp["gather_lens"])
+    same("prefill_seq_lens", meta.prefill_seq_lens, exp["prefill_seq_lens"])
+    same("step_counts", meta.step_counts, counts(cfg, step))

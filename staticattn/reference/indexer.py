@@ -7,10 +7,18 @@ Everything works on Python ints and lists; nothing here calls staticattn's kerne
 
 from __future__ import annotations
 
+from staticattn.reference.compare import holds, same
+
+__all__ = ["SPLIT_KV", "assert_matches", "cdiv", "compressed_slot_mapping", "decode_part",
+           "decode_values", "indexer_metadata", "mqa_schedule", "prefill_chunk",
+           "prefill_chunk_plan", "split_decodes_and_prefills"]
+
+
 SPLIT_KV = 256
 
 
 def cdiv(a: int, b: int) -> int:
+    """``ceil(a / b)`` for ints."""
     return -(-a // b)
 
 
@@ -37,7 +45,10 @@ def split_decodes_and_prefills(query_lens, max_query_len, num_tokens, threshold,
 
 
 def compressed_slot_mapping(qsl, seq_lens, block_table, storage_block_size, ratio, num_tokens):
-    """§4.5: the token completing a group of R positions writes compressed index p // R."""
+    """§4.5: the token completing a group of R positions writes compressed index p // R.
+
+    ``qsl``: ``R + 1`` query starts; ``seq_lens``: ``R`` ints; ``block_table``: ``R`` rows
+    of block ids. Returns ``num_tokens`` ints (-1 = no write)."""
     out = [-1] * num_tokens
     for b in range(len(seq_lens)):
         q = qsl[b + 1] - qsl[b]
@@ -51,7 +62,10 @@ def compressed_slot_mapping(qsl, seq_lens, block_table, storage_block_size, rati
 
 
 def mqa_schedule(context_lens, num_sms, legacy):
-    """deepgemm-flashmla.md §1.2 (v2.6.1), or §4.9's older remainder rule when ``legacy``."""
+    """deepgemm-flashmla.md §1.2 (v2.6.1), or §4.9's older remainder rule when ``legacy``.
+
+    ``context_lens``: rows (requests or flattened tokens) of ``next_n`` ints. Returns
+    ``num_sms + 1`` rows ``[atom index, split index]``."""
     batch, next_n = len(context_lens), len(context_lens[0])
     splits = [cdiv(row[next_n - 1], SPLIT_KV) for row in context_lens]
     prefix, running = [], 0
@@ -172,9 +186,29 @@ def prefill_chunk(qsl, seq_lens, ratio, start, end, q0=None, q1=None):
 
 
 def indexer_metadata(config, step, *, graph=False, legacy=False):
-    """Every field of the builder's output for a staged ``HostStep`` (padded extents).
+    """Every field of the builder's output for a staged step (padded extents).
 
-    ``graph``: the static uniform decode build of ``step.num_reqs_padded`` requests.
+    Parameters
+    ----------
+    config : ArenaConfig
+    step : HostStep
+        The step as the host knows it; ``R = step.num_reqs_padded`` requests and
+        ``T = step.num_tokens_padded`` tokens after padding.
+    graph : bool
+        The static uniform decode build of ``R`` requests (``build_decode``), not ``build``.
+    legacy : bool
+        The paged-MQA schedule's older remainder rule (spec §4.9).
+
+    Returns
+    -------
+    dict
+        ``num_decodes``, ``num_prefills``, ``num_decode_tokens``, ``num_prefill_tokens``
+        (ints); ``slot_mapping`` (``T`` ints, -1 = no write; None under DCP: per rank,
+        :mod:`staticattn.reference.dcp`); ``positions`` (``T`` ints); ``block_table``
+        (``R`` rows of ``max_blocks_per_req`` ints); ``decode`` (None without decodes, else
+        :func:`decode_part`'s dict: ``seq_lens`` rows of per-token lengths, ``decode_lens``,
+        ``block_table``, ``schedule`` (``num_sms + 1`` rows of two ints) ...); ``prefill``
+        (None without prefills, else a list of :func:`prefill_chunk` dicts).
     """
     n, ratio = config.next_n, config.index_compress_ratio
     qsl = step.query_start_loc
@@ -191,7 +225,7 @@ def indexer_metadata(config, step, *, graph=False, legacy=False):
             query_lens, max_q, nt, n, require_uniform=not config.use_flattening
         )
     if config.dcp_world_size > 1:
-        slots = None  # each rank's own: oracle/dcp.py
+        slots = None  # each rank's own: staticattn.reference.dcp
     elif ratio > 1:
         slots = compressed_slot_mapping(qsl, seq_lens, table, config.storage_block_size,
                                         ratio, nt)
@@ -222,46 +256,51 @@ def assert_matches(meta, expected, step, arena) -> None:
     region, every tensor is a view of the arena, and the decode lengths are contiguous."""
     device_block = arena.block("device").untyped_storage().data_ptr()
     for name in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens"):
-        assert getattr(meta, name) == expected[name], name
-    assert meta.slot_mapping.tolist() == expected["slot_mapping"]
-    assert meta.slot_mapping.untyped_storage().data_ptr() == device_block
-    assert meta.positions.tolist() == expected["positions"]
+        same(name, getattr(meta, name), expected[name])
+    same("slot_mapping", meta.slot_mapping, expected["slot_mapping"])
+    holds(meta.slot_mapping.untyped_storage().data_ptr() == device_block,
+          "slot_mapping a view of the arena")
+    same("positions", meta.positions, expected["positions"])
     rows = meta.block_table[: step.num_reqs].tolist()
-    assert rows == expected["block_table"][: step.num_reqs]
+    same("block_table", rows, expected["block_table"][: step.num_reqs])
     want = expected["decode"]
     if want is None:
-        assert meta.decode is None
+        holds(meta.decode is None, "no decode metadata")
     else:
         got = meta.decode
-        assert got.seq_lens.tolist() == want["seq_lens"]
-        assert got.seq_lens.is_contiguous()
-        assert got.decode_lens.tolist() == want["decode_lens"]
-        assert got.requires_padding == want["requires_padding"]
-        assert got.schedule_metadata.tolist() == want["schedule"]
-        assert got.per_req_decode_lens.tolist() == want["per_req_decode_lens"]
-        assert got.decode_is_uniform == want["decode_is_uniform"]
-        assert got.write_max_decode_len == want["write_max_decode_len"]
+        same("decode.seq_lens", got.seq_lens, want["seq_lens"])
+        holds(got.seq_lens.is_contiguous(), "decode.seq_lens contiguous")
+        same("decode.decode_lens", got.decode_lens, want["decode_lens"])
+        same("decode.requires_padding", got.requires_padding, want["requires_padding"])
+        same("decode.schedule_metadata", got.schedule_metadata, want["schedule"])
+        same("decode.per_req_decode_lens", got.per_req_decode_lens, want["per_req_decode_lens"])
+        same("decode.decode_is_uniform", got.decode_is_uniform, want["decode_is_uniform"])
+        same("decode.write_max_decode_len", got.write_max_decode_len, want["write_max_decode_len"])
         if want["flatten"]:
-            assert got.block_table.tolist() == want["block_table"]
+            same("decode.block_table", got.block_table, want["block_table"])
         else:
             rows = got.block_table[: step.num_reqs].tolist()
-            assert rows == [list(map(int, r)) for r in step.block_table[: len(rows)]]
+            same("decode.block_table", rows,
+                 [list(map(int, r)) for r in step.block_table[: len(rows)]])
         for t in (got.seq_lens, got.decode_lens, got.block_table, got.schedule_metadata):
-            assert t.untyped_storage().data_ptr() == device_block
+            holds(t.untyped_storage().data_ptr() == device_block,
+                  "every decode tensor a view of the arena")
     want_chunks = expected["prefill"]
     if want_chunks is None:
-        assert meta.prefill is None
+        holds(meta.prefill is None, "no prefill metadata")
         return
-    assert len(meta.prefill.chunks) == len(want_chunks)
+    same("len(prefill.chunks)", len(meta.prefill.chunks), len(want_chunks))
     for chunk, w in zip(meta.prefill.chunks, want_chunks):
         for name in ("cu_seq_lens", "cu_seqlen_ks", "cu_seqlen_ke"):
-            assert getattr(chunk, name).tolist() == w[name], name
-            assert getattr(chunk, name).untyped_storage().data_ptr() == device_block
+            same(f"prefill chunk {name}", getattr(chunk, name), w[name])
+            holds(getattr(chunk, name).untyped_storage().data_ptr() == device_block,
+                  f"prefill chunk {name} a view of the arena")
         for name in ("total_seq_lens", "token_start", "token_end", "num_reqs", "skip_kv_gather"):
-            assert getattr(chunk, name) == w[name], name
+            same(f"prefill chunk {name}", getattr(chunk, name), w[name])
         s, e = w["requests"]
         rows = chunk.block_table[: max(0, min(e, step.num_reqs) - s)].tolist()
-        assert rows == [list(map(int, r)) for r in step.block_table[s : s + len(rows)]]
+        same("prefill chunk block_table", rows,
+             [list(map(int, r)) for r in step.block_table[s : s + len(rows)]])
 
 
 def decode_values(meta) -> tuple:

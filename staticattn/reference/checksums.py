@@ -14,12 +14,17 @@ at slots.
 
 from __future__ import annotations
 
-from oracle.swa import dense_ratio, dense_width
+__all__ = ["TAIL", "expected"]
+
+from staticattn.reference.swa import dense_ratio, dense_width
 
 TAIL = 32
 
 
 def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) -> list[list[int]]:
+    """``num_tokens`` rows of ``[swa, c128a, indexer]`` sums (ints; rows past the step's
+    real tokens ``[0, 0, 0]``) for a :class:`~staticattn.reference.step.HostStep`; each cache
+    is a flat sequence of ints indexed by slot (``cache[slot]``)."""
     rows = []
     q = [int(x) for x in step.query_lens]
     d = 0

@@ -10,8 +10,16 @@ prefill rows come with their lengths.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from staticattn.arena import ArenaConfig
+from staticattn.reference.compare import holds, same
+
+if TYPE_CHECKING:
+    from staticattn.arena import ArenaConfig
+    from staticattn.reference.step import HostStep
+
+__all__ = ["SWAExpected", "assert_matches", "c128a_count", "c128a_prefill_row", "c128a_row",
+           "expected", "expected_for_step", "layer_types", "split", "swa_row"]
 
 
 @dataclass
@@ -174,8 +182,8 @@ def expected(
     )
 
 
-def expected_for_step(cfg: ArenaConfig, step) -> SWAExpected:
-    """:func:`expected` for a ``tests.support.HostStep``."""
+def expected_for_step(cfg: ArenaConfig, step: HostStep) -> SWAExpected:
+    """:func:`expected` for a :class:`~staticattn.reference.step.HostStep`."""
     return expected(
         cfg,
         [int(x) for x in step.query_lens],
@@ -188,48 +196,43 @@ def expected_for_step(cfg: ArenaConfig, step) -> SWAExpected:
     )
 
 
-def _same(name: str, got, want) -> None:
-    """``got.tolist() == want``, failing with the first differing row and both rows."""
-    got = got.tolist()
-    if got == want:
-        return
-    if len(got) != len(want):
-        raise AssertionError(f"{name}: {len(got)} rows, expected {len(want)}")
-    row = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
-    raise AssertionError(f"{name}[{row}]: got {got[row]}, expected {want[row]}")
-
-
 def assert_matches(meta, exp: SWAExpected) -> None:
     """Every field of a ``SparseSWAMetadata`` equals the oracle's (shapes included)."""
     for name in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens"):
-        assert getattr(meta, name) == getattr(exp, name), name
+        same(name, getattr(meta, name), getattr(exp, name))
     td = exp.num_decode_tokens
-    _same("is_valid_token", meta.is_valid_token, exp.is_valid_token)
-    _same("token_to_req_indices", meta.token_to_req_indices, exp.token_to_req_indices)
-    assert tuple(meta.decode_swa_indices.shape) == (td, 1, exp.window)
-    _same("decode_swa_indices[:, 0]", meta.decode_swa_indices[:, 0], exp.decode_swa_indices)
-    _same("decode_swa_lens", meta.decode_swa_lens, exp.decode_swa_lens)
+    same("is_valid_token", meta.is_valid_token, exp.is_valid_token)
+    same("token_to_req_indices", meta.token_to_req_indices, exp.token_to_req_indices)
+    same("decode_swa_indices.shape", tuple(meta.decode_swa_indices.shape), (td, 1, exp.window))
+    same("decode_swa_indices[:, 0]", meta.decode_swa_indices[:, 0], exp.decode_swa_indices)
+    same("decode_swa_lens", meta.decode_swa_lens, exp.decode_swa_lens)
     if exp.c128a_decode_indices is None:
-        assert meta.c128a_decode_indices is None and meta.c128a_decode_lens is None
+        holds(meta.c128a_decode_indices is None and meta.c128a_decode_lens is None,
+              "no C128A decode metadata")
     else:
-        assert tuple(meta.c128a_decode_indices.shape) == (td, 1, exp.c128a_width)
-        _same("c128a_decode_indices[:, 0]", meta.c128a_decode_indices[:, 0],
-              exp.c128a_decode_indices)
-        _same("c128a_decode_lens", meta.c128a_decode_lens, exp.c128a_decode_lens)
-    if exp.prefill_seq_lens is None:
-        assert meta.prefill_seq_lens is None and meta.prefill_gather_lens is None
-    else:
-        _same("prefill_seq_lens", meta.prefill_seq_lens, exp.prefill_seq_lens)
-        _same("prefill_gather_lens", meta.prefill_gather_lens, exp.prefill_gather_lens)
-    if exp.c128a_prefill_indices is None:
-        assert meta.c128a_prefill_indices is None and meta.c128a_prefill_lens is None
-    else:
-        _same("c128a_prefill_indices", meta.c128a_prefill_indices, exp.c128a_prefill_indices)
-        _same("c128a_prefill_lens", meta.c128a_prefill_lens, exp.c128a_prefill_lens)
+        same("c128a_decode_indices.shape", tuple(meta.c128a_decode_indices.shape),
+             (td, 1, exp.c128a_width))
+        same("c128a_decode_indices[:, 0]", meta.c128a_decode_indices[:, 0],
+             exp.c128a_decode_indices)
+        same("c128a_decode_lens", meta.c128a_decode_lens, exp.c128a_decode_lens)
+    _optional(meta, exp, ("prefill_seq_lens", "prefill_gather_lens"), "prefill metadata")
+    _optional(meta, exp, ("c128a_prefill_indices", "c128a_prefill_lens"),
+              "C128A prefill metadata")
     for layer_type in ("swaonly", "c4a", "c128a"):
         plan = meta.tile_sched(layer_type)
         if td and layer_type in exp.layer_types:
-            assert plan is not None and not plan.have_initialized, layer_type
-            assert plan.tile_scheduler_metadata is None and plan.num_splits is None
+            holds(plan is not None and not plan.have_initialized,
+                  f"an uninitialised tile plan for {layer_type}")
+            holds(plan.tile_scheduler_metadata is None and plan.num_splits is None,
+                  f"an empty tile plan for {layer_type}")
         else:
-            assert plan is None, layer_type
+            holds(plan is None, f"no tile plan for {layer_type}")
+
+
+def _optional(meta, exp: SWAExpected, names: tuple[str, ...], what: str) -> None:
+    """The fields ``names`` equal the oracle's, or are all None where the oracle has none."""
+    if getattr(exp, names[0]) is None:
+        holds(all(getattr(meta, name) is None for name in names), f"no {what}")
+        return
+    for name in names:
+        same(name, getattr(meta, name), getattr(exp, name))

@@ -1,0 +1,145 @@
+"""The checks that need no CUDA graph: a step's builds against :mod:`staticattn.reference`.
+
+Two comparisons, on any device (the CPU included):
+
+1. the built-in builders' reference builds (``build``) of a step, field by field, against
+   the reference (the plain-Python oracle written from the spec): :func:`reference_mismatch`;
+2. the user's step fed by the builds a graph holds, run eagerly, against the same step fed
+   by the reference builds, outputs bit for bit (a capture of the graph builds replays what
+   they compute here).
+
+:func:`check_eagerly` runs both on random steps; the demo and the examples use them where no
+graph can be captured. What only a capture can show (host syncs, allocations, addresses,
+replay against eager, staging races) needs a GPU: :func:`~staticattn.checks.check_graph_safety`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+from tqdm import tqdm
+
+from staticattn.bench.random_batches import random_mixed_step
+from staticattn.builders.batch import Batch
+from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.graphs.manager import GraphManager
+from staticattn.graphs.options import EagerBuild
+from staticattn.reference import dcp, indexer, swa
+from staticattn.reference.compare import ReferenceMismatch
+from staticattn.reference.step import HostStep
+
+__all__ = ["CAPTURE_ONLY", "EagerCheck", "check_eagerly", "reference_mismatch"]
+
+#: What only a captured graph shows (the graph checks of ``check_graph_safety``).
+CAPTURE_ONLY = ("host syncs and reads during capture", "allocations during capture",
+                "stable addresses", "replay equal to eager", "staging races",
+                "memory freed under a graph")
+
+
+def _compared_builders(builders: Iterable) -> list[str]:
+    """Names of the builders the reference covers (the built-in indexer and sparse SWA)."""
+    return [b.name for b in builders
+            if isinstance(b, (IndexerMetadataBuilder, SparseSWAMetadataBuilder))]
+
+
+def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: np.ndarray,
+                       slot_mapping: np.ndarray) -> str | None:
+    """Stage the step, run the built-in builders' reference builds and compare every field
+    with the reference; the first difference (builder and field named), or None.
+
+    ``query_lens``, ``seq_lens``: host ints ``(num_reqs,)``, decodes first; ``slot_mapping``:
+    int64 ``(num_tokens,)``. The block-table rows are read from the arena (the engine wrote
+    them). Other builders are not compared. Overwrites the staging and the metadata views:
+    call it between steps, never while a replay may still read them."""
+    cfg, inputs = manager.config, manager.inputs
+    q, s = np.asarray(query_lens), np.asarray(seq_lens)
+    r = int(q.shape[0])
+    swa_rows = inputs.swa_block_table
+    step = HostStep(q, s, np.asarray(slot_mapping), inputs.block_table[:r].cpu().numpy(),
+                    None if swa_rows is None else swa_rows[:r].cpu().numpy(), r, int(q.sum()))
+    counts = inputs.stage(q, s, slot_mapping)
+    inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
+    batch = Batch.from_staged(inputs, counts)
+    for builder in manager.builders:
+        try:
+            if isinstance(builder, IndexerMetadataBuilder):
+                meta = builder.build(batch)
+                if cfg.dcp_world_size > 1:
+                    want = dcp.indexer_metadata(cfg, step, cfg.dcp_rank)
+                    dcp.assert_matches(meta, want, step, manager.arena)
+                else:
+                    want = indexer.indexer_metadata(cfg, step)
+                    indexer.assert_matches(meta, want, step, manager.arena)
+            elif isinstance(builder, SparseSWAMetadataBuilder):
+                swa.assert_matches(builder.build(batch), swa.expected_for_step(cfg, step))
+        except ReferenceMismatch as exc:
+            return f"{builder.name}: {exc}"
+    return None
+
+
+@dataclass(slots=True)
+class EagerCheck:
+    """What :func:`check_eagerly` found: steps run, and how many differed."""
+
+    steps: int = 0
+    output_mismatches: int = 0
+    reference_mismatches: int = 0
+    compared: tuple[str, ...] = ()
+    first_mismatch: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.output_mismatches == 0 and self.reference_mismatches == 0
+
+    def add(self, outputs_equal: bool, mismatch: str | None) -> None:
+        """Count one step: its outputs equal or not, its metadata's first difference."""
+        self.steps += 1
+        self.output_mismatches += not outputs_equal
+        self.reference_mismatches += mismatch is not None
+        if self.first_mismatch is None:
+            self.first_mismatch = mismatch or (None if outputs_equal else (
+                "the step's outputs differ between the graph builds and the reference builds"))
+
+    def lines(self) -> list[str]:
+        """The result as printable lines."""
+        compared = ", ".join(self.compared) or "none of the builders (not built-in)"
+        out = [f"{self.steps} random steps run eagerly:",
+               f"  the step's outputs, graph builds vs reference builds: "
+               f"{self.output_mismatches} mismatches",
+               f"  metadata vs the reference ({compared}): {self.reference_mismatches} "
+               "mismatches"]
+        if self.first_mismatch:
+            out.append(f"  first: {self.first_mismatch[:300]}")
+        return out
+
+    def to_dict(self) -> dict:
+        """The result as JSON-ready values."""
+        return {"steps": self.steps, "output_mismatches": self.output_mismatches,
+                "reference_mismatches": self.reference_mismatches,
+                "compared": list(self.compared), "first_mismatch": self.first_mismatch}
+
+
+def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
+                  num_kv_blocks: int = 4096, max_seq_len: int | None = None,
+                  progress: bool = False) -> EagerCheck:
+    """Run ``num_steps`` random steps (decodes, then extends and fresh prefills) through
+    ``manager`` eagerly: the step fed by the graph builds against the step fed by the
+    reference builds, and the reference builds' metadata against the reference.
+
+    ``max_seq_len`` bounds the drawn contexts (the reference's loops grow with them);
+    ``progress`` shows a progress bar. Runs on any device; captures nothing."""
+    rng = np.random.default_rng(seed)
+    check = EagerCheck(compared=tuple(_compared_builders(manager.builders)))
+    for _ in tqdm(range(num_steps), desc="eager checks", unit="step", disable=not progress,
+                  leave=False):
+        step = random_mixed_step(manager.inputs, rng, num_kv_blocks=num_kv_blocks,
+                                 max_seq_len=max_seq_len)
+        q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
+        ours = snapshot_outputs(manager.run(q, s, slots, eager=EagerBuild.GRAPH).outputs)
+        theirs = snapshot_outputs(manager.run_eager(q, s, slots))
+        check.add(same_outputs(ours, theirs), reference_mismatch(manager, q, s, slots))
+    return check

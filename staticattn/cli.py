@@ -1,0 +1,258 @@
+"""The command line's arguments: the parser, and every check an argument gets before the
+command says or does anything else (an invalid argument exits 2 with one line naming it)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+from collections.abc import Callable
+from typing import Any
+
+from staticattn.errors import StepSpecError
+
+__all__ = ["build_parser", "load_step", "validate"]
+
+PRESETS = ("deepseek-v4", "deepseek-v3.2")
+MAX_SEED = 2**32 - 1
+
+DESCRIPTION = """\
+staticattn: sparse-attention metadata (DeepSeek V3.2 indexer, V4 sparse SWA) built inside
+CUDA graphs from a static buffer arena.
+
+  demo   a synthetic serving loop, every step checked (without CUDA: run eagerly on the
+         CPU and checked against the reference)
+  check  graph-capture sanity checks of a step (needs CUDA)
+  bench  replay latency per batch size, and other benches (needs CUDA)
+
+Batch sizes are counted in requests and contexts in tokens, in every command.
+'staticattn COMMAND --help' describes each command's flags."""
+
+#: The bench flags each other bench does not use (an error when given, rather than ignored).
+UNUSED = {
+    "--mix": ("batch_requests", "consumer", "step", "staging_guard", "next_n",
+              "max_model_len", "preset"),
+    "--breakdown": ("batch_requests", "consumer", "step"),
+    "--context": ("staging_guard",),
+    "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len"),
+}
+
+JSON_HELP = ("print the result as JSON: to stdout (no value, or -) instead of the text, or "
+             "into this file beside the text")
+
+
+def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an int in ``[low, high]`` (no upper bound when None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``staticattn`` parser: ``demo``, ``check`` and ``bench``, every flag with help."""
+    # No abbreviations: a renamed flag's old spelling must not pass as a prefix of the new.
+    p = argparse.ArgumentParser(prog="staticattn", description=DESCRIPTION, allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    d = sub.add_parser("demo", help="a synthetic serving loop, every step checked",
+                       allow_abbrev=False,
+                       description="A synthetic serving loop with chunked prefill through the "
+                       "graph manager. On a GPU every step replays a graph and is checked "
+                       "against the eager reference build; without CUDA every step runs "
+                       "eagerly on the CPU kernels and is checked against the reference "
+                       "build and the plain-Python reference. Ends with a PASS or FAIL line; "
+                       "exit 0 on PASS, 1 on FAIL.")
+    d.add_argument("--steps", type=int_in(1), default=None,
+                   help="steps to run (default: 300 with CUDA, 60 without)")
+    d.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help="seed of the random requests (default: 0)")
+    d.add_argument("--consumer", choices=["gather", "real"], default="gather",
+                   help="gather: the built-in consumer, every step replays; real: DeepGEMM + "
+                   "FlashMLA on decode graphs, steps with prefills eager (falls back to "
+                   "gather, saying why, where neither library can run)")
+    d.add_argument("--dcp", type=int_in(2), default=None, metavar="WORLD",
+                   help="decode context parallelism over WORLD >= 2 ranks, one process each: "
+                   "torchrun --nproc-per-node WORLD -m staticattn demo --dcp WORLD")
+    d.add_argument("--dcp-preset", choices=PRESETS, default="deepseek-v4",
+                   help="the model of the --dcp demo's arena (default: deepseek-v4)")
+    d.add_argument("--no-progress", action="store_true", help="no progress bars")
+    d.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                   help=JSON_HELP)
+    d.set_defaults(cmd_parser=d)
+    for name, help_, text in (
+            ("check", "graph-capture sanity checks (needs CUDA)",
+             "Capture a step (the built-in gather consumer, or --step) per batch size under "
+             "guards and replay it against eager runs on random batches: host syncs, "
+             "allocations, addresses, replay vs eager, staging races. Ends with a PASS or "
+             "FAIL line; exit 0 on PASS, 1 on FAIL, 2 without CUDA or on a bad argument."),
+            ("bench", "replay latency per batch size (needs CUDA)",
+             "Host and GPU time of a step replayed through its graph against the same step "
+             "run eagerly, per batch size; --mix, --breakdown, --context and --dcp measure "
+             "other things (one at a time).")):
+        c = sub.add_parser(name, help=help_, description=text, allow_abbrev=False)
+        c.set_defaults(cmd_parser=c)
+        _config_flags(c)
+        if name == "check":
+            c.add_argument("--batch-requests", type=int_in(1), nargs="+", default=None,
+                           metavar="R", help="batch sizes to capture, in requests (default: "
+                           "the smallest, a middle and the largest capture size)")
+            c.add_argument("--batches", type=int_in(1), default=100,
+                           help="random batches replayed per batch size, each also run "
+                           "eagerly (default: 100)")
+            c.add_argument("--dot", default=None, metavar="DIR",
+                           help="write a DOT dump of each captured graph into DIR")
+        else:
+            _bench_flags(c)
+        c.add_argument("--no-progress", action="store_true", help="no progress bars")
+        c.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                       help=JSON_HELP)
+    return p
+
+
+def _config_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--preset", default="deepseek-v4", choices=PRESETS,
+                   help="the model of the arena (default: deepseek-v4)")
+    c.add_argument("--next-n", type=int_in(1, 16), default=None,
+                   help="tokens per decode request: 1 + speculative tokens (default: the "
+                   "preset's)")
+    c.add_argument("--max-model-len", type=int_in(1), default=None, metavar="TOKENS",
+                   help="the context limit in tokens (default: the preset's, 1M for "
+                   "deepseek-v4, 160K for deepseek-v3.2)")
+    c.add_argument("--step", default=None, metavar="MODULE:FUNCTION",
+                   help="your step instead of the built-in one: FUNCTION(config) returns a "
+                   "callable (batch, metadata) -> outputs")
+    c.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
+                   help="seed of the random batches (default: 0)")
+
+
+def _bench_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--batch-requests", type=int_in(1), nargs="+", default=None, metavar="R",
+                   help="batch sizes, in requests (default: every capture size; --context: "
+                   "32; --dcp: 1 8 16)")
+    c.add_argument("--reps", type=int_in(1), default=200,
+                   help="timed steps per batch size (default: 200)")
+    c.add_argument("--consumer", choices=["none", "gather", "real"], default="none",
+                   help="the step after the metadata build: none, the built-in gather "
+                   "consumer, or DeepGEMM + FlashMLA (default: none)")
+    c.add_argument("--mix", action="store_true",
+                   help="steps of a loaded server with chunked prefill (the reference mixed "
+                   "batch on V4 n=1, n=2 and V3.2 n=1; a chunked-prefill trace), token-bucket "
+                   "graphs vs the eager reference builds")
+    c.add_argument("--breakdown", action="store_true",
+                   help="host time per phase of the captured and eager paths, next to the "
+                   "one-kernel launch floor")
+    c.add_argument("--context", type=int_in(1), nargs="+", default=None, metavar="TOKENS",
+                   help="contexts in tokens: the decode step with every context <= C replayed "
+                   "through a graph captured for --max-model-len and one captured for C")
+    c.add_argument("--dcp", type=int_in(2), default=None, metavar="WORLD",
+                   help="decode context parallelism over WORLD >= 2 ranks, one process each: "
+                   "torchrun --nproc-per-node WORLD -m staticattn bench --dcp WORLD")
+    c.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
+                   help="where the graphs record the event the host waits for before "
+                   "rewriting the staging: after the staging kernels or at the step's end "
+                   "(default: staging)")
+    c.add_argument("--plot", default=None, metavar="PNG",
+                   help="a plot of the batch-size or --mix bench (needs matplotlib: the plot "
+                   "extra)")
+
+
+def config_of(args: argparse.Namespace, device: str):
+    """The ArenaConfig of ``check`` / ``bench`` arguments on ``device``."""
+    from staticattn.arena import ArenaConfig
+
+    overrides: dict[str, Any] = {"device": device}
+    if args.next_n is not None:
+        overrides["num_speculative_tokens"] = args.next_n - 1
+    if args.max_model_len is not None:
+        overrides["max_model_len"] = args.max_model_len
+    return ArenaConfig.preset(args.preset, **overrides)
+
+
+def load_step(spec: str) -> Callable:
+    """The function ``module:function`` names, or :class:`StepSpecError` saying why not."""
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise StepSpecError(f"--step {spec!r}: expected MODULE:FUNCTION, e.g. my_steps:make")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise StepSpecError(f"--step {spec}: cannot import {module_name!r}: "
+                            f"{type(exc).__name__}: {exc}") from None
+    try:
+        value = getattr(module, name)
+    except AttributeError:
+        raise StepSpecError(f"--step {spec}: module {module_name!r} has no attribute "
+                            f"{name!r}") from None
+    if not callable(value):
+        raise StepSpecError(f"--step {spec}: {module_name}.{name} is a "
+                            f"{type(value).__name__}, not a function of the config")
+    return value
+
+
+def validate(args: argparse.Namespace, cuda: bool) -> None:
+    """Check what argparse cannot (combinations, bounds from the config, the step, the
+    plot); ``args.cmd_parser.error`` (exit 2) on the first problem."""
+    error = args.cmd_parser.error
+    if args.cmd == "demo":
+        return
+    if args.cmd == "bench":
+        modes = [f"--{m}" for m in ("mix", "breakdown", "context", "dcp")
+                 if getattr(args, m) not in (None, False)]
+        if len(modes) > 1:
+            error(f"{' and '.join(modes)}: one bench at a time")
+        if args.plot is not None:
+            if modes and modes[0] != "--mix":
+                error(f"--plot: {modes[0]} has no plot (the batch-size and --mix benches do)")
+            if importlib.util.find_spec("matplotlib") is None:
+                error("--plot needs matplotlib, the plot extra: pip install matplotlib (or "
+                      "pip install '.[plot]' in a clone of staticattn)")
+        if args.step and args.consumer != "none":
+            error(f"--step and --consumer {args.consumer}: one step at a time")
+        ignored = [f"--{name.replace('_', '-')}" for name in UNUSED.get(modes[0], ())
+                   if getattr(args, name) != args.cmd_parser.get_default(name)] if modes else []
+        if ignored:
+            error(f"{modes[0]} times fixed steps of its own: {', '.join(ignored)} would be "
+                  "ignored")
+        if args.dcp is not None:
+            return  # its own small arena per rank (distributed/world.py)
+        if args.consumer == "real" and cuda:
+            from staticattn.kernels.dsa_libs import available, import_error
+
+            if not any(available().values()):
+                why = "; ".join(f"{name}: {import_error(name)}" for name in sorted(available()))
+                error(f"--consumer real: no real consumer can run here ({why})")
+    from staticattn.errors import ConfigError
+
+    try:
+        cfg = config_of(args, "cuda" if cuda else "cpu")
+    except ConfigError as exc:
+        error(str(exc))
+    if cfg.max_model_len < cfg.block_size:
+        error(f"--max-model-len {cfg.max_model_len}: at least one KV block of {args.preset}, "
+              f"{cfg.block_size} tokens")
+    if args.batch_requests:
+        most = min(cfg.max_num_seqs, cfg.max_num_batched_tokens // cfg.next_n)
+        over = [r for r in args.batch_requests if r > most]
+        if over:
+            error(f"--batch-requests {' '.join(map(str, over))}: at most {most} requests fit "
+                  f"a step of {args.preset} (max_num_seqs {cfg.max_num_seqs}, "
+                  f"{cfg.max_num_batched_tokens} tokens of next_n {cfg.next_n})")
+    if getattr(args, "context", None):
+        over = [c for c in args.context if c > cfg.max_model_len]
+        if over:
+            error(f"--context {' '.join(map(str, over))}: beyond --max-model-len "
+                  f"{cfg.max_model_len}")
+    if args.step:
+        try:
+            load_step(args.step)
+        except StepSpecError as exc:
+            error(str(exc))
