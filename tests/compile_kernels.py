@@ -129,10 +129,9 @@ def cases():
         }, dict(WRITE_SEQ_LENS=device_counts, DEVICE_COUNTS=device_counts,
                 HAS_REPLAY=device_counts, BLOCK=128)
 
-    for from_host in (True, False):
-        yield staging._replay_start_kernel(), {
-            **ptrs("host_replay_start counts replay_start_out", I32), "num_reqs": 1}, dict(
-            FROM_HOST=from_host, BLOCK=256)
+    yield staging._replay_start_kernel(), {
+        **ptrs("host_replay_start counts replay_start_out", I32), "num_reqs": 1}, dict(
+        BLOCK=256)
     for device_counts in (True, False):
         for has_topk in (True, False):
             yield swa_combined._combined_kernel(), {

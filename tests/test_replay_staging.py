@@ -1,8 +1,7 @@
 """Bounded replay's per-request input (``docs/spec/deepseek-v41.md`` §8.1): declared only
 for architectures with bounded replay, staged after the split so that only prefill
-requests carry it, checked before anything is written, and read by the graph manager's
-graph builds from the in-place host view (``GraphManager.run`` stages zeros: no request
-replays)."""
+requests carry it (whichever staging found the split), checked before anything is
+written. Through the graph manager's entry points: ``tests/test_v41_replay_start.py``."""
 
 from __future__ import annotations
 
@@ -10,12 +9,11 @@ import numpy as np
 import pytest
 import torch
 from support import DEVICE
-from v41_swa_steps import EXAMPLE_V41, example_step
+from v41_swa_steps import EXAMPLE_V41
 
 from staticattn.arena import ArenaConfig
-from staticattn.builders import Batch, SparseSWAMetadataBuilder, make_arena
+from staticattn.builders import Batch, make_arena
 from staticattn.errors import InvalidBatchError
-from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.model import ARCHITECTURES
 
 
@@ -38,17 +36,20 @@ def test_declared_by_the_architecture_row():
 
 
 def test_only_prefill_requests_carry_it(backend):
-    """Decodes (a verify of 2 <= next_n) and padded requests read 0 whatever was staged."""
+    """Decodes (a verify of 2 <= next_n) and padded requests read 0 whatever was staged
+    (the checks refuse a decode's start; unchecked, the device drops it)."""
     _, _, inputs = _inputs(backend)
     q, lens = np.array([2, 4, 6]), np.array([10, 9, 20])
+    with pytest.raises(InvalidBatchError, match=r"replay_start\[0\]=5 is given for a decode"):
+        inputs.stage(q, lens, np.arange(12), replay_start=np.array([5, 3, 7]))
     counts = inputs.stage(q, lens, np.arange(12), num_reqs_padded=4,
-                          replay_start=np.array([5, 3, 7]))
+                          replay_start=np.array([5, 3, 7]), checked=True)
     inputs.copy_to_device(4, 12)
     batch = Batch.from_staged(inputs, counts)
     assert batch.replay_start.tolist() == [0, 3, 7, 0]
     assert inputs.step_counts.tolist()[2] == 1  # D = 1
     # A token bucket: the spare request slots read 0 too.
-    inputs.stage(q, lens, np.arange(12), replay_start=np.array([5, 3, 7]))
+    inputs.stage(q, lens, np.arange(12), replay_start=np.array([5, 3, 7]), checked=True)
     inputs.copy_to_device(4, 16)
     assert Batch.for_mixed_capture(inputs, 4, 16).replay_start.tolist() == [0, 3, 7, 0]
     # No replay_start: nothing replays.
@@ -57,7 +58,7 @@ def test_only_prefill_requests_carry_it(backend):
     assert inputs.replay_start[:3].tolist() == [0, 0, 0]
 
 
-def test_uniform_and_device_started_steps_replay_nothing(backend):
+def test_uniform_steps_replay_nothing_device_started_ones_read_the_host(backend):
     _, _, inputs = _inputs(backend)
     inputs.stage(np.array([5, 6]), np.array([10, 20]), np.arange(11),
                  replay_start=np.array([4, 9]))
@@ -66,12 +67,16 @@ def test_uniform_and_device_started_steps_replay_nothing(backend):
     inputs.stage_uniform_decode(np.array([10, 20]), np.arange(4))
     inputs.copy_to_device(2, 4, uniform=True)
     assert Batch.for_decode_capture(inputs, 2).replay_start is None
-    # A step whose query starts a drafter wrote on the device: no replay staged.
-    inputs.query_start_loc[:3] = torch.tensor([0, 5, 11], dtype=torch.int32)
+    # A step whose query starts a kernel wrote on the device: the host's starts (none
+    # given: 0s), for the prefills of the device's split only.
+    inputs.query_start_loc[:3] = torch.tensor([0, 1, 7], dtype=torch.int32)
     inputs.seq_lens[:2] = torch.tensor([10, 20], dtype=torch.int32)
     inputs.stage_device_step(2)
-    inputs.copy_to_device(2, 11, device_starts=True)
+    inputs.copy_to_device(2, 7, device_starts=True)
     assert inputs.replay_start[:2].tolist() == [0, 0]
+    inputs.stage_device_step(2, np.array([3, 9]))
+    inputs.copy_to_device(2, 7, device_starts=True)
+    assert inputs.replay_start[:2].tolist() == [0, 9]
 
 
 @pytest.mark.parametrize("rs, match", [
@@ -79,6 +84,8 @@ def test_uniform_and_device_started_steps_replay_nothing(backend):
     ([-1, 0], r"replay_start\[0\]=-1"),
     ([0], "must be 2 ints"),
     ([0.5, 0.0], "must be 2 ints"),
+    ([1, 0], r"replay_start\[0\]=1 is given for a decode \(query_lens\[0\]=2 <= "
+             r"decode_threshold=2"),
 ])
 def test_bad_replay_starts_are_refused_before_any_write(rs, match):
     _, _, inputs = _inputs()
@@ -89,42 +96,11 @@ def test_bad_replay_starts_are_refused_before_any_write(rs, match):
     assert (inputs.host.seq_lens == before[1]).all()
 
 
-def test_an_architecture_without_bounded_replay_refuses_non_zero_starts():
+@pytest.mark.parametrize("rs", [[2], [0]])
+def test_an_architecture_without_bounded_replay_refuses_starts(rs):
     v4 = ArenaConfig.deepseek_v4(device=DEVICE, max_num_seqs=4, max_model_len=256,
                                  max_num_batched_tokens=32)
     _, inputs = make_arena(v4, [])
-    with pytest.raises(InvalidBatchError, match="no bounded replay"):
-        inputs.stage(np.array([6]), np.array([9]), np.arange(6), replay_start=np.array([2]))
-    inputs.stage(np.array([6]), np.array([9]), np.arange(6), replay_start=np.array([0]))
-
-
-class PrefillLens:
-    """A step whose output is the SWA metadata's paged prefill lengths."""
-
-    def __init__(self, config: ArenaConfig) -> None:
-        self.out = torch.zeros(config.max_num_batched_tokens, dtype=torch.int32, device=DEVICE)
-
-    def __call__(self, batch, metadata):
-        lens = metadata["swa"].prefill_swa_lens
-        self.out[: lens.shape[0]].copy_(lens)
-        return self.out[: batch.num_actual_tokens]
-
-
-def test_graph_builds_read_the_in_place_view(backend):
-    """Through the graph manager's graph builds (run eagerly here): the in-place host view
-    carries replay starts to the device; ``run`` stages none (what it must pass once it
-    takes them: ``stage_step(q, s, slots, replay_start)``)."""
-    cfg = ArenaConfig(**{**EXAMPLE_V41, "kernel_backend": backend})
-    builder = SparseSWAMetadataBuilder()
-    arena, inputs = make_arena(cfg, [builder])
-    gm = GraphManager(arena, inputs, [builder], PrefillLens(cfg), GraphOptions(progress=False))
-    step, _ = example_step(cfg, [1, 8], [7, 12], [[1, 2], [1, 2, 3]])
-    inputs.swa_block_table[:2].copy_(torch.from_numpy(step.swa_block_table))
-    args = (step.query_lens, step.seq_lens, step.slot_mapping)
-    assert gm.run(*args).outputs.tolist()[:8] == [4] * 8
-    views = gm.begin_step()
-    views.seq_lens[:2], views.slot_mapping[:9] = step.seq_lens, step.slot_mapping
-    views.query_start_loc[:3] = [0, 1, 9]
-    views.replay_start[:2] = [6, 4]  # the decode's 6 is never read
-    assert gm.launch(2, 9).tolist()[:8] == [1, 2, 3, 4, 4, 4, 4, 4]
-    assert inputs.replay_start[:2].tolist() == [0, 4]
+    with pytest.raises(InvalidBatchError, match="has no bounded replay: pass None"):
+        inputs.stage(np.array([6]), np.array([9]), np.arange(6), replay_start=np.array(rs))
+    inputs.stage(np.array([6]), np.array([9]), np.arange(6))

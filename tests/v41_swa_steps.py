@@ -11,7 +11,7 @@ from support import DEVICE, _t, host_steps, slots_for
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.reference.step import HostStep
-from staticattn.reference.v41_swa import SWAStep
+from staticattn.reference.v41_swa import SWAStep, num_decodes
 
 #: The worked examples' geometry (docs/spec/deepseek-v41.md §11): W = 4, SWA pages of 4,
 #: compressed kernel block 8, K = 4, types {swaonly, c2a, c1a}, one draft token.
@@ -111,12 +111,12 @@ def oracle_step(step: HostStep, replay_start, *, padded: bool) -> SWAStep:
 def replayed_steps(draw, config: ArenaConfig, kinds=("decode", "mixed", "prefill"),
                    max_reqs: int | None = None):
     """``support.host_steps`` with a replay start per request: for a prefill request any
-    position of its context (0 most often), for the others whatever the engine left there
-    (the staging zeroes them)."""
+    position of its context (0 most often), 0 for the decodes (only prefills replay)."""
     step = draw(host_steps(config, kinds=kinds, max_reqs=max_reqs,
                            max_seq_len=config.max_model_len))
-    rs = []
-    for q, length in zip(step.query_lens, step.seq_lens):
+    d = num_decodes(step.query_lens.tolist(), config.decode_threshold)
+    rs = [0] * d
+    for q, length in zip(step.query_lens[d:], step.seq_lens[d:]):
         context = int(length) - int(q)
         rs.append(draw(st.sampled_from([0, context, draw(st.integers(0, context))]))
                   if context else 0)

@@ -16,13 +16,22 @@ a synchronisation every step. Here the boundaries never leave the device:
   positions, each token's request and the decode/prefill split on the device;
 * the builders' mixed builds (:meth:`build_mixed`) read every count from the device.
 
+With bounded replay (DeepSeek V4.1, ``docs/spec/deepseek-v41.md`` §8.1) the host also
+knows each request's ``replay_start`` (the scheduler decides it), and hands it to
+:meth:`DeviceLengthSteps.launch`: it is staged from the host like any step's, for the
+prefill requests of the device's split (0s at capture and where none is given).
+
 Contract (nothing on the host can check values it never sees): the producer's query starts
 are non-decreasing from 0, each ``seq_lens[b] >= q_b``, slots address the KV pool or are
--1. The host checks ``k`` and ``T`` against the capacities; the staging caps ``nt`` at
-``T``, so a producer that overshoots loses tokens instead of writing out of bounds.
+-1; a request's ``replay_start`` is at most its context ``seq_lens[b] - q_b`` and 0 for a
+decode (the host checks only that it is given where the architecture replays, one per
+request, none negative). The host checks ``k`` and ``T`` against the capacities; the
+staging caps ``nt`` at ``T``, so a producer that overshoots loses tokens instead of
+writing out of bounds.
 
 A step no captured bucket holds runs eagerly: the producer runs, its lengths are read back
-(one synchronisation) and the reference builds run on them.
+(one synchronisation) and the reference builds run on them (the replay starts fully
+checked, then).
 """
 
 from __future__ import annotations
@@ -42,7 +51,7 @@ from staticattn.graphs.options import EagerBuild
 from staticattn.graphs.records import CapturedGraph, GraphKind
 from staticattn.graphs.sizes import bucket_requests, default_mixed_buckets, normalize_mixed_buckets
 from staticattn.graphs.table import GraphTable
-from staticattn.staging import StepInputs
+from staticattn.staging import StepInputs, replay_start_array
 
 __all__ = ["DeviceLengthSteps", "ProducerFn"]
 
@@ -126,14 +135,18 @@ class DeviceLengthSteps:
         requests, or None."""
         return self.table.holding(DEVICE_LENGTHS, num_reqs, num_tokens)
 
-    def launch(self, num_reqs: int, num_tokens: int) -> Any:
+    def launch(self, num_reqs: int, num_tokens: int, *, replay_start=None) -> Any:
         """Run a step of ``num_reqs`` requests and at most ``num_tokens`` tokens whose
         boundaries the producer decides on the device.
+
+        ``replay_start``: host ints ``(num_reqs,)`` or None (nothing replays), each request's
+        first replayed position, under the module's contract.
 
         Replays the smallest bucket that holds it (outputs at the bucket's extent; the
         first ``nt`` rows are the step's, valid until the next step); else runs eagerly.
         Raises :class:`CapacityError` / :class:`InvalidBatchError` before anything is
-        written when ``num_reqs`` or ``num_tokens`` is out of range.
+        written when ``num_reqs`` or ``num_tokens`` is out of range, or ``replay_start``
+        is given without bounded replay, of another length or negative.
         """
         self.manager.require_open()
         num_reqs, num_tokens = int(num_reqs), int(num_tokens)
@@ -141,11 +154,13 @@ class DeviceLengthSteps:
             raise InvalidBatchError(f"a step needs at least one request and a token bound "
                                     f">= 0; got num_reqs={num_reqs}, num_tokens={num_tokens}")
         check_capacity(num_reqs, num_tokens, self.config)
+        if replay_start is not None:
+            replay_start = replay_start_array(self.config, replay_start, num_reqs)
         g = self.graph_for(num_reqs, num_tokens)
         if g is None:
             self.eager["no bucket" if len(self.table) else "not captured"] += 1
-            return self._eager(num_reqs, num_tokens)
-        self.inputs.stage_device_step(num_reqs)
+            return self._eager(num_reqs, num_tokens, replay_start)
+        self.inputs.stage_device_step(num_reqs, replay_start)
         g.launch()
         self.replays += 1
         return g.outputs
@@ -159,12 +174,13 @@ class DeviceLengthSteps:
         slots = self.inputs.slot_mapping[: int(qsl[-1])].cpu().numpy()
         return np.diff(qsl), seq, slots
 
-    def _eager(self, num_reqs: int, num_tokens: int) -> Any:
+    def _eager(self, num_reqs: int, num_tokens: int, replay_start) -> Any:
         """The producer eagerly, its lengths read back, the reference builds on them."""
         self.inputs.wait_staging_free()
         self.producer(self.inputs, num_reqs, num_tokens)
         q, s, slots = self.read_step(num_reqs)
-        return self.manager.run(q, s, slots, eager=EagerBuild.REFERENCE).outputs
+        return self.manager.run(q, s, slots, replay_start=replay_start,
+                                eager=EagerBuild.REFERENCE).outputs
 
     def describe(self) -> str:
         """One line per captured graph and the step counts."""

@@ -3,7 +3,8 @@ writes a step straight into the pinned staging views and launches it with one ca
 
 ``views = begin_step()`` waits until the previous replay has read the staging; the engine
 writes ``views.seq_lens[:k]``, ``views.slot_mapping[:t]`` (and ``views.query_start_loc[:
-k + 1]`` for a step of any composition); ``launch(k)`` or ``launch(k, t)`` checks the
+k + 1]`` for a step of any composition, with DeepSeek V4.1's bounded replay
+``views.replay_start[:k]`` too); ``launch(k)`` or ``launch(k, t)`` checks the
 written prefixes in a few vectorized passes (:class:`~staticattn.builders.validation.views.
 ViewChecks`) and launches the graph that holds the step. Nothing is converted or copied on
 the host.
@@ -62,7 +63,10 @@ class InPlaceSteps:
 
         ``launch(k)``: a uniform decode step of ``k`` requests (``next_n`` tokens each;
         ``seq_lens[:k]`` and ``slot_mapping[: k * next_n]`` written). ``launch(k, t)``: a step
-        of any composition (``query_start_loc[: k + 1]`` written too, ending at ``t``).
+        of any composition (``query_start_loc[: k + 1]`` written too, ending at ``t``; with
+        bounded replay ``replay_start[:k]`` too: each prefill request's first replayed
+        position, 0 for the decodes and where nothing replays -- the graph stages it for the
+        prefill requests; ``launch(k)`` does not read it).
 
         The step goes to the graph ``GraphManager.run`` would pick: a uniform decode step
         beyond the decode graphs to the token bucket that holds it (its query starts are then

@@ -15,15 +15,20 @@ Workflow:
    warmed up first at minimal sequence lengths.
 3. Per step, either
 
-   * ``run(query_lens, seq_lens, slot_mapping)`` -- validate, write the host arrays into the
-     staging and launch: a uniform decode step replays the smallest decode graph that holds
-     it, any other step the smallest token bucket that holds it; only a step beyond every
-     captured graph runs eagerly (the manager counts why); or
+   * ``run(query_lens, seq_lens, slot_mapping, replay_start=None)`` -- validate, write the
+     host arrays into the staging and launch: a uniform decode step replays the smallest
+     decode graph that holds it, any other step the smallest token bucket that holds it;
+     only a step beyond every captured graph runs eagerly (the manager counts why); or
    * the in-place API of an engine's decode loop: ``views = begin_step()`` (waits until the
      previous replay has read the staging), write ``views.seq_lens[:k]``,
      ``views.slot_mapping[:t]`` (and ``views.query_start_loc[: k + 1]`` for a step of any
-     composition) directly, then ``launch(k)`` (uniform decode) or ``launch(k, t)``:
-     bounds checked in a few vectorized passes, one graph launch, nothing else.
+     composition, and with bounded replay ``views.replay_start[:k]``) directly, then
+     ``launch(k)`` (uniform decode) or ``launch(k, t)``: bounds checked in a few vectorized
+     passes, one graph launch, nothing else.
+
+   ``replay_start`` (DeepSeek V4.1's bounded replay, ``docs/spec/deepseek-v41.md`` §8.1):
+   each prefill request's first replayed position, 0 for decodes; a step input like the
+   lengths, which every graph but a uniform decode one stages (captured with 0s).
 
    Block tables are not arguments: the engine updates the rows that changed in
    ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
@@ -106,8 +111,9 @@ class GraphManager:
         ``max_model_len``). The manager does not check it per step: route only steps whose
         sequences fit (:class:`~staticattn.graphs.ContextGraphs` does).
 
-    The step APIs are the parts': ``run(query_lens, seq_lens, slot_mapping, *, eager=None)``
-    (:meth:`StepRunner.run <staticattn.graphs.runner.StepRunner.run>`), ``begin_step()`` and
+    The step APIs are the parts': ``run(query_lens, seq_lens, slot_mapping, *,
+    replay_start=None, eager=None)`` (:meth:`StepRunner.run
+    <staticattn.graphs.runner.StepRunner.run>`), ``begin_step()`` and
     ``launch(num_reqs, num_tokens=None)`` (:class:`~staticattn.graphs.in_place.
     InPlaceSteps`).
 
@@ -267,11 +273,12 @@ class GraphManager:
         return self.table.pool_bytes
 
     # ---------------------------------------------------------------- eagerly
-    def run_eager(self, q, s, slots) -> Any:
+    def run_eager(self, q, s, slots, replay_start=None) -> Any:
         """Stage, build every builder eagerly (the reference builds), run the step; outputs
-        for the real tokens. Host ints: ``q``, ``s`` ``(num_reqs,)``, ``slots``
-        ``(num_tokens,)``, checked by the caller."""
-        return self.eager.reference_builds(self.inputs.stage(q, s, slots))
+        for the real tokens. Host ints: ``q``, ``s``, ``replay_start`` (or None)
+        ``(num_reqs,)``, ``slots`` ``(num_tokens,)``, checked by the caller."""
+        return self.eager.reference_builds(self.inputs.stage(q, s, slots,
+                                                             replay_start=replay_start))
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:

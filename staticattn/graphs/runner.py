@@ -1,6 +1,7 @@
 """The array part of :class:`~staticattn.graphs.GraphManager`: a step handed as host
-arrays (``run(query_lens, seq_lens, slot_mapping)``) is checked, written into the staging and
-replayed through the smallest graph that holds it, else run eagerly and counted."""
+arrays (``run(query_lens, seq_lens, slot_mapping)``, with DeepSeek V4.1's ``replay_start``)
+is checked, written into the staging and replayed through the smallest graph that holds it,
+else run eagerly and counted."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from staticattn.graphs.options import EagerBuild, GraphOptions
 from staticattn.graphs.pool import GraphPool
 from staticattn.graphs.records import CapturedGraph, GraphKind, RunResult, RunStats
 from staticattn.graphs.table import GraphTable
-from staticattn.staging import StepInputs
+from staticattn.staging import StepInputs, check_replay_start
 
 __all__ = ["StepRunner"]
 
@@ -69,6 +70,7 @@ class StepRunner:
         seq_lens: Sequence[int] | np.ndarray,
         slot_mapping: Sequence[int] | np.ndarray,
         *,
+        replay_start: Sequence[int] | np.ndarray | None = None,
         eager: EagerBuild | None = None,
     ) -> RunResult:
         """Run one step: replay the graph that holds it, else eagerly.
@@ -79,6 +81,14 @@ class StepRunner:
             Decodes first (the batch is reordered decode -> extend -> prefill).
         slot_mapping : int64 ``(num_tokens,)``
             -1 = do not write.
+        replay_start : int ``(num_reqs,)``, optional
+            Bounded replay (an architecture with it: DeepSeek V4.1,
+            ``docs/spec/deepseek-v41.md`` §8.1): each prefill request's first replayed
+            position after a prefix hit, ``0 <= replay_start <= seq_lens - query_lens``; 0
+            for the decodes. Staged like the other step inputs (a graph reads it from the
+            staging, captured with 0s). None: no request replays. Checked whenever given
+            (:func:`~staticattn.staging.replay.check_replay_start`), before anything is
+            written.
         eager : EagerBuild, optional
             Run eagerly through these builds even if a graph could replay the step (A/B
             checks, benchmarks), counted under the reason "forced".
@@ -100,7 +110,7 @@ class StepRunner:
         # O(1) tests first: a step whose token count is not k * next_n is not uniform. Then
         # the query lengths against k * [next_n] in their dtype, byte for byte: one memcmp,
         # cheaper than ``(q == n).all()``'s reduction.
-        if ((eager is None or eager is _GRAPH) and 0 < k < len(table)
+        if ((eager is None or eager is _GRAPH) and replay_start is None and 0 < k < len(table)
                 and slots.shape[0] == k * n and q.dtype.kind in "iu" and q.tobytes() == (
                     self._decode_queries.get((k, q.dtype)) or self._decode_query(k, q.dtype))
                 and (
@@ -117,7 +127,7 @@ class StepRunner:
                     return self._replay(g, k * n)
                 self.inputs.stage_uniform_decode(s, slots)
                 return self._eager_graph_build(k, k * n, True, reason)
-        return self._run_general(q, s, slots, eager)
+        return self._run_general(q, s, slots, eager, replay_start)
 
     def _decode_query(self, num_reqs: int, dtype: np.dtype) -> bytes:
         """The bytes of ``num_reqs`` query lengths of ``next_n`` in ``dtype`` (byte order
@@ -132,7 +142,8 @@ class StepRunner:
         return (s.ndim == 1 and s.shape[0] == num_reqs
                 and num_reqs * self._n <= self.config.max_num_batched_tokens)
 
-    def _run_general(self, q, s, slots, eager: EagerBuild | None) -> RunResult:
+    def _run_general(self, q, s, slots, eager: EagerBuild | None,
+                     replay_start=None) -> RunResult:
         """Every step the decode replay path did not take: check, then replay the graph
         that holds it, or run eagerly."""
         if eager is not None and not isinstance(eager, EagerBuild):
@@ -148,6 +159,9 @@ class StepRunner:
                                    num_kv_blocks=self._num_kv_blocks,
                                    decode_threshold=cfg.decode_threshold)
             lengths = int(q.min()), int(q.max())
+        if replay_start is not None:
+            replay_start = np.asarray(replay_start)
+            check_replay_start(cfg, replay_start, q, s)
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
         shortest, longest = lengths
         uniform = longest == self._n == shortest
@@ -156,14 +170,15 @@ class StepRunner:
         else:
             g, reason = self.table.pick(k, num_tokens, uniform, longest)
         if g is not None:
-            self.stage_for_graph(q, s, slots, g.kind is _DECODE)
+            self.stage_for_graph(q, s, slots, g.kind is _DECODE, replay_start)
             return self._replay(g, num_tokens)
         if (eager or self._eager_build) is _GRAPH:
             if not self.validate:  # the extents still bound every kernel
                 self.inputs.check_extents(q, s, slots, k, num_tokens)
-            self.stage_for_graph(q, s, slots, uniform)
+            self.stage_for_graph(q, s, slots, uniform, replay_start)
             return self._eager_graph_build(k, num_tokens, uniform, reason)
-        counts = self.inputs.stage(q, s, slots, checked=self.validate)
+        counts = self.inputs.stage(q, s, slots, checked=self.validate,
+                                   replay_start=replay_start)
         events = self._record_start()
         outputs = self.eager.reference_builds(counts)
         self._record_end(events)
@@ -171,15 +186,16 @@ class StepRunner:
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
 
     def stage_for_graph(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
-                        uniform: bool) -> None:
+                        uniform: bool, replay_start: np.ndarray | None = None) -> None:
         """Write a checked step into the staging that a graph's staging kernels (or the
         same builds run eagerly) read: for a uniform decode step (``uniform``) the lengths,
-        slots and request count only, else the query starts and token count too. Host
-        ints: ``q``, ``s`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``."""
+        slots and request count only (its decodes replay nothing), else the query starts,
+        token count and replay starts (None: 0s) too. Host ints: ``q``, ``s``,
+        ``replay_start`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``."""
         if uniform:
             self.inputs.stage_uniform_decode(s, slots)
         else:
-            self.inputs.stage_step(q, s, slots)
+            self.inputs.stage_step(q, s, slots, replay_start)
 
     def _eager_graph_build(self, num_reqs: int, num_tokens: int, uniform: bool,
                            reason: str) -> RunResult:

@@ -193,23 +193,22 @@ def stage_device(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
 
 
 def stage_replay_start(backend: str, host_replay_start: torch.Tensor,
-                       step_counts: torch.Tensor, replay_start: torch.Tensor, num_reqs: int,
-                       *, from_host: bool = True) -> None:
+                       step_counts: torch.Tensor, replay_start: torch.Tensor,
+                       num_reqs: int) -> None:
     """Stage the bounded-replay starts (``docs/spec/deepseek-v41.md`` §8.1) after the split:
     ``replay_start[b] = host_replay_start[b]`` for the prefill requests ``D <= b < k`` of
-    ``step_counts``, 0 for decodes and padded requests (only prefilling requests replay);
-    all 0 with ``from_host=False`` (a step staged on the device carries none). One kernel
-    over the static extent of ``num_reqs`` requests; int32 ``(>= num_reqs,)`` host (pinned)
-    and device views."""
+    ``step_counts``, 0 for decodes and padded requests (only prefilling requests replay),
+    whichever staging found the split (a step whose lengths a device kernel wrote has its
+    replay starts from the host too). One kernel over the static extent of ``num_reqs``
+    requests; int32 ``(>= num_reqs,)`` host (pinned) and device views."""
     if backend == "triton":
         launch(_replay_start_kernel(), (grid_size(num_reqs, _BLOCK),),
-            host_replay_start, step_counts, replay_start, num_reqs, FROM_HOST=from_host,
-            BLOCK=_BLOCK,
+            host_replay_start, step_counts, replay_start, num_reqs, BLOCK=_BLOCK,
         )
         return
     dev = replay_start.device
     b = torch.arange(num_reqs, device=dev)
-    prefill = (b >= step_counts[COUNT_DECODES]) & (b < step_counts[COUNT_REQS]) & from_host
+    prefill = (b >= step_counts[COUNT_DECODES]) & (b < step_counts[COUNT_REQS])
     host = host_replay_start[:num_reqs].to(dev, non_blocking=True)
     replay_start[:num_reqs].copy_(torch.where(prefill, host, 0))
 
@@ -369,13 +368,10 @@ def _replay_start_kernel():
 
     @triton.jit(do_not_specialize=["num_reqs"])
     def replay_start_kernel(host_replay_start, counts, replay_start_out, num_reqs,
-                            FROM_HOST: tl.constexpr, BLOCK: tl.constexpr):
+                            BLOCK: tl.constexpr):
         b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        if FROM_HOST:
-            prefill = (b >= tl.load(counts + 2)) & (b < tl.load(counts))
-            value = tl.load(host_replay_start + b, mask=prefill, other=0)
-        else:
-            value = tl.zeros([BLOCK], tl.int32)
+        prefill = (b >= tl.load(counts + 2)) & (b < tl.load(counts))
+        value = tl.load(host_replay_start + b, mask=prefill, other=0)
         tl.store(replay_start_out + b, value, mask=b < num_reqs)
 
     return replay_start_kernel

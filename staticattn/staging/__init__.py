@@ -8,10 +8,10 @@ from staticattn.kernels.staging import (
 )
 from staticattn.staging.buffers import NULL_BLOCK_ID, PAD_SLOT_ID, input_buffers
 from staticattn.staging.inputs import HostViews, StagedCounts, StepInputs
-from staticattn.staging.replay import check_replay_start
+from staticattn.staging.replay import check_replay_start, replay_start_array
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "HostViews",
     "NULL_BLOCK_ID", "PAD_SLOT_ID", "StagedCounts", "StepInputs", "check_replay_start",
-    "input_buffers",
+    "input_buffers", "replay_start_array",
 ]

@@ -225,7 +225,8 @@ class StepInputs:
             skip the checks of the extents.
         replay_start : int array ``(num_reqs,)``, optional
             Bounded replay (``docs/spec/deepseek-v41.md`` §8.1): each request's first
-            replayed position, ``0 <= replay_start <= seq_lens - query_lens``; only prefill
+            replayed position, ``0 <= replay_start <= seq_lens - query_lens``, 0 for the
+            decodes (:func:`~staticattn.staging.replay.check_replay_start`); only prefill
             requests' values reach the device (:func:`~staticattn.kernels.staging.
             stage_replay_start`). None: no request replays (all 0).
         """
@@ -289,12 +290,16 @@ class StepInputs:
         host.slot_mapping[: slot_mapping.shape[0]] = slot_mapping
         host.counts[COUNT_REQS] = num_reqs
 
-    def stage_device_step(self, num_reqs: int) -> None:
+    def stage_device_step(self, num_reqs: int, replay_start: np.ndarray | None = None) -> None:
         """The host half of a step whose query starts, lengths and slots an earlier kernel
-        writes on the device: only the request count ``k`` (its extent is checked by the
-        caller)."""
+        writes on the device: the request count ``k`` (its extent is checked by the caller)
+        and, with bounded replay, each request's ``replay_start`` (host ints ``(k,)``, read
+        for the prefill requests only; None: all 0)."""
         self.wait_staging_free()
-        self.host.counts[COUNT_REQS] = num_reqs
+        host = self.host
+        host.counts[COUNT_REQS] = num_reqs
+        if host.replay_start is not None:
+            host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
 
     @property
     def staging_events(self) -> tuple[torch.cuda.Event, ...]:
@@ -360,8 +365,11 @@ class StepInputs:
         which stages in one kernel that finds each token's request by division.
         ``device_starts=True``: the device views ``query_start_loc[: k + 1]``,
         ``seq_lens[:k]`` and ``slot_mapping[:nt]`` were written on the device (an earlier
-        kernel of the same stream), only ``k`` on the host (:meth:`stage_device_step`); they
-        are padded in place and ``nt = min(query_start_loc[k], num_tokens)``.
+        kernel of the same stream), only ``k`` (and the replay starts) on the host
+        (:meth:`stage_device_step`); they are padded in place and ``nt =
+        min(query_start_loc[k], num_tokens)``. With bounded replay every step but a uniform
+        one then stages ``replay_start`` from the host for the prefill requests of the
+        device's split (the host wrote 0s where a step replays nothing).
         """
         if device_starts:
             stage_device(self.backend, self._views, num_reqs, num_tokens,
@@ -375,7 +383,7 @@ class StepInputs:
             # After the split (the kernel reads D); uniform steps are decodes and their
             # batches carry no replay_start (Batch.for_decode_capture).
             stage_replay_start(self.backend, self.host_replay_start, self.step_counts,
-                               self.replay_start, num_reqs, from_host=not device_starts)
+                               self.replay_start, num_reqs)
         if mark:
             self.mark_staging_read()
 

@@ -9,6 +9,9 @@ decode step is not checked for ``L >= next_n``: that would cost one more pass, a
 sequence only gives its first tokens negative positions, which every kernel clamps (no
 read or write leaves its buffer). Decode-first order is not required on this path either:
 the split is found on the device, and a decode behind a prefill is built as a prefill.
+With bounded replay a step of any composition also has its ``replay_start[:k]`` checked
+(:func:`~staticattn.staging.replay.check_replay_start`: inside each context, 0 for the
+decodes) when any of it is non-zero; a uniform decode step does not read it.
 :func:`~staticattn.builders.validation.host.validate_host_step` is the full check, and
 :meth:`GraphManager.run` applies it.
 
@@ -29,6 +32,7 @@ from staticattn.builders.validation.values import (
 )
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.staging.inputs import HostViews
+from staticattn.staging.replay import check_replay_start
 
 __all__ = ["ViewChecks"]
 
@@ -65,7 +69,10 @@ class ViewChecks:
         # the check of a small prefix).
         self._decode_views: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_views: dict[int, np.ndarray] = {}
-        self._start_views: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._start_views: dict[int, tuple] = {}
+        # Non-zero starts read as uint32 have a non-zero maximum: one pass finds any.
+        self._replay_u32 = None if host.replay_start is None else host.replay_start.view(
+            np.uint32)
 
     def decode(self, num_reqs: int) -> None:
         """A uniform decode step of ``num_reqs`` requests (``next_n`` tokens each; an int:
@@ -95,9 +102,11 @@ class ViewChecks:
         views = self._start_views.get(num_reqs)
         if views is None:
             qsl = self.host.query_start_loc
+            replay = self._replay_u32
             views = self._start_views[num_reqs] = (
-                qsl[1 : num_reqs + 1], qsl[:num_reqs], self._seq_u32[:num_reqs])
-        ends, starts, seq = views
+                qsl[1 : num_reqs + 1], qsl[:num_reqs], self._seq_u32[:num_reqs],
+                None if replay is None else replay[:num_reqs])
+        ends, starts, seq, replay = views
         qsl = self.host.query_start_loc
         if qsl[0] != 0 or qsl[num_reqs] != num_tokens:
             raise InvalidBatchError(
@@ -110,6 +119,9 @@ class ViewChecks:
             query_lens = check_non_decreasing("query_start_loc",
                                               qsl[: num_reqs + 1].astype(np.int64))
             check_seq_lens(query_lens, self.host.seq_lens[:num_reqs].astype(np.int64), cfg)
+        if replay is not None and replay.item(replay.argmax()):
+            check_replay_start(cfg, self.host.replay_start[:num_reqs], ends - starts,
+                               self.host.seq_lens[:num_reqs])
         self._slots(num_tokens)
 
     def _slots(self, num_tokens: int) -> None:
