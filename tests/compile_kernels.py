@@ -61,9 +61,10 @@ def cases():
     dcp_args = dict.fromkeys("dcp_world dcp_rank dcp_interleave".split(), 1)
     decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out counts "
                      "token_to_req global_seq_lens", I32),
-              **ptrs("positions slots_out own_slots", I64), **dict.fromkeys(
+              **ptrs("positions slots_out own_slots", I64), "replay_start": I32,
+              **dict.fromkeys(
                   "bt_stride table_stride num_decodes num_rows width num_cols compress_ratio "
-                  "storage_bs num_slot_tokens".split(), 1), **dcp_args}
+                  "storage_bs num_slot_tokens window".split(), 1), **dcp_args}
     for flatten in (True, False):
         for slots in (True, False):
             for device_counts in (True, False):
@@ -71,11 +72,11 @@ def cases():
                     yield indexer_kernel._decode_kernel(), decode, dict(
                         DECODE=True, FLATTEN=flatten, SLOTS=slots,
                         DEVICE_COUNTS=device_counts, DCP=dcp, GATE=slots and not dcp,
-                        BLOCK=128, COLS=64)
+                        REPLAY=slots and device_counts and not dcp, BLOCK=128, COLS=64)
     for dcp, gate in ((True, False), (False, False), (False, True)):
         yield indexer_kernel._decode_kernel(), {**decode, "seq_lens": I64}, dict(
             DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, DCP=dcp, GATE=gate,
-            BLOCK=128, COLS=64)
+            REPLAY=gate, BLOCK=128, COLS=64)
     for legacy in (True, False):
         yield mqa_schedule._schedule_kernel(), {
             "lens": I32, "out": I32, **dict.fromkeys(
@@ -161,8 +162,8 @@ def cases():
                 "swa_bt_stride nt_static num_tokens window".split(), 1)}, dict(
             WIDTH=192, SWA_BLOCK=32, DEVICE_COUNTS=device_counts, ROWS=2, BLOCK_W=256)
 
-    kv = {**ptrs("qsl token_to_req", I32), **ptrs("positions own_slots", I64),
-          "num_reqs": 1, "num_tokens": 1}
+    kv = {**ptrs("qsl token_to_req replay_start", I32), **ptrs("positions own_slots", I64),
+          "window": 1, "num_reqs": 1, "num_tokens": 1}
     for j in range(3):
         kv.update({**ptrs(f"table{j} counts{j} ring_table{j}", I32),
                    **ptrs(f"slots{j} ring{j}", I64), **dict.fromkeys(
@@ -170,7 +171,8 @@ def cases():
     for num_types, gate, ring in ((1, True, False), (2, True, True), (3, False, True)):
         flags = {f"{name}{j}": value for j in range(3)
                  for name, value in (("GATE", gate), ("RING", ring))}
-        yield compressed_kv._kernel(), kv, dict(NUM_TYPES=num_types, **flags, BLOCK=256)
+        yield compressed_kv._kernel(), kv, dict(NUM_TYPES=num_types, HAS_REPLAY=gate, **flags,
+                                                BLOCK=256)
     for device_counts in (True, False):
         yield compressed_topk._kernel(), {
             **ptrs("topk token_to_req table out lens_out counts", I32), "own_slots": I64,

@@ -77,9 +77,10 @@ def make_step(
     )
 
 
-def stage(inputs: StepInputs, step: HostStep) -> Batch:
-    """Write the step's block tables into the arena, stage the small inputs, run the
-    staging kernel, and return the arena-view batch (padded extents)."""
+def stage(inputs: StepInputs, step: HostStep, replay_start=None) -> Batch:
+    """Write the step's block tables into the arena, stage the small inputs (and the replay
+    starts, given), run the staging kernel, and return the arena-view batch (padded
+    extents)."""
     r = step.num_reqs
     inputs.block_table[:r].copy_(_t(step.block_table))
     if step.swa_block_table is not None:
@@ -87,6 +88,7 @@ def stage(inputs: StepInputs, step: HostStep) -> Batch:
     counts = inputs.stage(
         step.query_lens, step.seq_lens, step.slot_mapping,
         num_reqs_padded=step.num_reqs_padded, num_tokens_padded=step.num_tokens_padded,
+        replay_start=replay_start,
     )
     inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
     return Batch.from_staged(inputs, counts)

@@ -1,5 +1,6 @@
-"""The worked examples of ``docs/spec/deepseek-v41.md`` §11, cases 1-3, as exact tests of the
-fields the compressed builder and the two indexers own: compressed slots (c1a, c2a), index-K
+"""The worked examples of ``docs/spec/deepseek-v41.md`` §11, cases 1-4, as exact tests of the
+fields the compressed builder and the two indexers own (case 4, bounded replay: the
+compressed and index-K slots): compressed slots (c1a, c2a), index-K
 slots, ring slots, entry counts, indexer decode lengths (varlen and native), prefill key
 ranges, and the decode operand from a local top-k; eager and graph-safe builds, both kernel
 backends.
@@ -9,8 +10,7 @@ Geometry (§11): window 4 on 4-token SWA pages, compressed and index-K block ``B
 are used as given; c1a's are the ones its group slots imply (``[24..28]``: row ``[3]``;
 ``[40..48]``: ``[5, 6]``), and c1a's index-K table, which the spec does not give, is chosen.
 
-Case 4 (bounded replay) is not here: its compressed slots need the requests' ``replay_start``,
-a staging input this package does not have yet.
+Case 4's SWA rows are ``tests/test_v41_swa_examples.py``'s.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def _world(backend: str, num_spec: int = 0, **kw):
     return cfg, builders, inputs
 
 
-def _stage(cfg, inputs, query_lens, seq_lens, tables, pad_reqs=None, pad_tokens=None):
+def _stage(cfg, inputs, query_lens, seq_lens, tables, pad_reqs=None, pad_tokens=None,
+           replay_start=None):
     """Write the group tables (rows as given, zero-padded), stage the step with SWA slots."""
     r = len(query_lens)
     swa = np.arange(1, 1 + r * cfg.max_swa_blocks_per_req, dtype=INT).reshape(r, -1)
@@ -54,7 +55,7 @@ def _stage(cfg, inputs, query_lens, seq_lens, tables, pad_reqs=None, pad_tokens=
         view.zero_()
         for b, row in enumerate(rows):
             view[b, : len(row)] = torch.tensor(row, dtype=torch.int32)
-    return step, stage(inputs, step)
+    return step, stage(inputs, step, None if replay_start is None else np.asarray(replay_start))
 
 
 CASE1_TABLES = {
@@ -176,3 +177,38 @@ def test_case3_mixed_batch(backend, flatten):
         (chunk,) = meta.prefill.chunks
         assert chunk.cu_seqlen_ke.tolist() == ke
         assert chunk.cu_seqlen_ks.tolist() == [0] * 4 + [ks] * 5
+
+
+CASE4_TABLES = {"c1a.compressed_kv": [[3, 4]], "c1a.index_k": [[1, 2]],
+                "c2a.compressed_kv": [[11, 15]], "c2a.index_k": [[1, 2]],
+                "c2a.compressor_state": [[1]]}
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_case4_bounded_replay(backend, mixed):
+    """One request, ``L = 12``, ``q = 8`` (positions 4..11), after an 8-token prefix hit:
+    ``replay_start = 4``. The replayed positions 4..7 write no compressed entry (p = 5 and 7
+    would have written c2a's 46 and 47), in the compressed and the index-K groups; the
+    entries they may read, and the ring slots, are as without replay."""
+    cfg, b, inputs = _world(backend)
+    _, batch = _stage(cfg, inputs, [8], [12], CASE4_TABLES, replay_start=[4])
+    if mixed:
+        inputs.copy_to_device(4, 16)
+        batch = Batch.for_mixed_capture(inputs, 4, 16)
+    kv = (b["compressed"].build_mixed(batch) if mixed else b["compressed"].build(batch)).types
+    pad = [-1] * 8 if mixed else []
+    assert kv["c1a"].slot_mapping.tolist() == [-1] * 4 + [32, 33, 34, 35] + pad
+    assert kv["c2a"].slot_mapping.tolist() == [-1] * 5 + [60, -1, 61] + pad
+    zeros = [0] * len(pad)
+    assert kv["c1a"].entry_counts.tolist() == list(range(5, 13)) + zeros
+    assert kv["c2a"].entry_counts.tolist() == [2, 3, 3, 4, 4, 5, 5, 6] + zeros
+    assert kv["c2a"].ring_slot_mapping.tolist() == [12, 13, 14, 15, 8, 9, 10, 11] + pad
+    # The index-K groups alike (rows [1, 2]; c2a S = 4).
+    index = {n: (b[f"indexer.{n}"].build_mixed(batch) if mixed else b[f"indexer.{n}"].build(
+        batch)).slot_mapping.tolist() for n in ("c1a", "c2a")}
+    assert index == {"c1a": [-1] * 4 + [16, 17, 18, 19] + pad,
+                     "c2a": [-1] * 5 + [8, -1, 9] + pad}
+    # Without the replay the same step writes every entry its positions complete.
+    _, batch = _stage(cfg, inputs, [8], [12], CASE4_TABLES, replay_start=[0])
+    kv = b["compressed"].build(batch).types
+    assert kv["c2a"].slot_mapping.tolist() == [-1, 46, -1, 47, -1, 60, -1, 61]

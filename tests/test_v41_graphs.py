@@ -6,7 +6,8 @@ counts -- and derives the c1a and c2a decode operands from top-k rows it owns. R
 steps of every composition go through ``GraphManager.run`` (on CPU: the eager fallback that
 launches the graph builds, ``build_decode`` / ``build_mixed``), the reference eager builds
 (``eager=EagerBuild.REFERENCE``) and the in-place API (``begin_step`` / ``launch``), the
-block tables written in place into ``inputs.block_tables``; each equals the oracle. On a
+block tables written in place into ``inputs.block_tables``, the prefills' replay starts
+handed to ``run`` and written into the in-place view; each equals the oracle. On a
 GPU the graphs are captured first and every step replays one.
 """
 
@@ -94,15 +95,17 @@ def _check_every_path(cfg, inputs, gm, slots_step, v41, seed: int) -> None:
                                                  .reshape(len(rows), cfg.index_topk))
     want = expected(cfg, v41, topk)
     args = (step.query_lens, step.seq_lens, step.slot_mapping)
-    res = gm.run(*args)
+    res = gm.run(*args, replay_start=v41.replay_start)
     assert res.outputs.tolist() == want
     if DEVICE == "cuda":
         assert res.mode == "graph", res.reason
-    assert gm.run(*args, eager=EagerBuild.REFERENCE).outputs.tolist() == want
+    assert gm.run(*args, replay_start=v41.replay_start,
+                  eager=EagerBuild.REFERENCE).outputs.tolist() == want
     views = gm.begin_step()
     k, t = step.num_reqs, step.num_tokens
     views.seq_lens[:k], views.slot_mapping[:t] = step.seq_lens, step.slot_mapping
     views.query_start_loc[: k + 1] = np.concatenate(([0], np.cumsum(step.query_lens)))
+    views.replay_start[:k] = v41.replay_start
     # A replayed graph returns its captured (padded) outputs: the step's own rows lead.
     assert gm.launch(k, t)[:t].tolist() == want
 

@@ -1,5 +1,6 @@
 """DeepSeek V4.1 test support: configs of the V4.1-Flash shapes with small capacities, steps
-with a block table per cache group, staging them, and a hypothesis strategy."""
+with a block table per cache group and bounded-replay starts, staging them, and a hypothesis
+strategy."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from support import DEVICE, _t, host_steps, make_step, stage
 from staticattn.arena import ArenaConfig, cache_groups
 from staticattn.builders import Batch
 from staticattn.reference.v41_compressed import V41Step
+from staticattn.reference.v41_swa import num_decodes
 
 SMALL = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096,
              max_prefill_workspace=3000, max_logits_bytes=200_000, num_sms=8)
@@ -51,10 +53,15 @@ def write_tables(inputs, v41: V41Step) -> None:
         inputs.block_tables[name][: table.shape[0]].copy_(_t(table))
 
 
+def replay_starts(v41: V41Step) -> np.ndarray | None:
+    """The step's replay starts as the staging takes them (None: nothing replays)."""
+    return None if v41.replay_start is None else np.asarray(v41.replay_start, np.int32)
+
+
 def stage_v41(inputs, v41: V41Step) -> Batch:
-    """Tables in place, then ``support.stage`` (padded extents)."""
+    """Tables in place, then ``support.stage`` (padded extents) with the replay starts."""
     write_tables(inputs, v41)
-    return stage(inputs, v41.step)
+    return stage(inputs, v41.step, replay_start=replay_starts(v41))
 
 
 def stage_mixed_v41(inputs, v41: V41Step, num_reqs: int, num_tokens: int) -> Batch:
@@ -63,14 +70,21 @@ def stage_mixed_v41(inputs, v41: V41Step, num_reqs: int, num_tokens: int) -> Bat
     step = v41.step
     inputs.block_table[: step.num_reqs].copy_(_t(step.block_table))
     inputs.swa_block_table[: step.num_reqs].copy_(_t(step.swa_block_table))
-    inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping)
+    inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping,
+                 replay_start=replay_starts(v41))
     inputs.copy_to_device(num_reqs, num_tokens)
     return Batch.for_mixed_capture(inputs, num_reqs, num_tokens)
 
 
 @st.composite
 def v41_steps(draw, cfg: ArenaConfig, **kw):
-    """``support.host_steps`` with random group tables."""
+    """``support.host_steps`` with random group tables and, for the prefill requests, replay
+    starts inside their contexts (0 most often; decodes 0)."""
     step = draw(host_steps(cfg, **kw))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
-    return V41Step(step, group_tables(cfg, step.num_reqs, rng))
+    d = num_decodes(step.query_lens.tolist(), cfg.decode_threshold)
+    starts = [0] * d
+    for q, length in zip(step.query_lens[d:], step.seq_lens[d:]):
+        context = int(length) - int(q)
+        starts.append(draw(st.sampled_from([0, 0, context, int(rng.integers(0, context + 1))])))
+    return V41Step(step, group_tables(cfg, step.num_reqs, rng), starts)

@@ -9,7 +9,11 @@ For token ``t`` of request ``b`` at position ``p`` and a type of ratio ``R`` wit
   ``k = p // R``: ``bt[b, k // S] * S + k % S`` (int64) if ``(p + 1) % R == 0``, else -1.
   ``R = 1`` (V4.1's c1a) is the token's own entry, ``bt[b, p // BS] * BS + p % BS``; ``R = 2``
   (c2a) writes from odd positions only. With the type's own-slot gate (V4.1) a token whose
-  own slot (the staged slot mapping) is -1 writes nothing either;
+  own slot (the staged slot mapping) is -1 writes nothing either, nor does a token that
+  bounded replay recomputes (``docs/spec/deepseek-v41.md`` §8.1): ``replay_start[b] > 0`` and
+  ``replay_start[b] <= p < replay_start[b] + W`` -- the reference sets those tokens' slots
+  to -1 in the compressed and index-K groups only (the SWA slots this package stages stay
+  valid), and its entries are in the prefix cache already;
 * **entry count** ``n_c(p) = floor((p + 1) / R)``: the complete compressed entries at or
   before ``p`` (c1a ``p + 1``: its own entry included);
 * **ring slot** (a type with its own compressor ring, V4.1's c2a):
@@ -23,6 +27,11 @@ ring slot from a stale position (spec §5.3); ours give -1.
 Example (spec §11 case 1, ``BS = 8``): request 1, ``L = q = 9``, c2a table row ``[12, 16]``
 (``S = 4``) -> ``[-1, 48, -1, 49, -1, 50, -1, 51, -1]``; ring block 2, ``cap = 8`` ->
 ``[16, ..., 23, 16]``; c2a counts ``[0, 1, 1, 2, 2, 3, 3, 4, 4]``.
+
+Example (spec §11 case 4, ``W = 4``): one request, ``L = 12``, ``q = 8`` (positions 4..11),
+``replay_start = 4``: positions 4..7 are replayed, so c1a (row ``[3, 4]``) gives
+``[-1, -1, -1, -1, 32, 33, 34, 35]`` and c2a (row ``[11, 15]``, ``S = 4``) ``[-1, -1, -1, -1,
+-1, 60, -1, 61]``.
 
 One launch serves up to :data:`TYPES_PER_LAUNCH` types (every DeepSeek model has at most two
 kv-source types); more take one launch per group of that many.
@@ -84,6 +93,8 @@ def compressed_kv_slots(
     *,
     num_reqs: int,
     num_tokens: int,
+    replay_start: torch.Tensor | None = None,
+    window: int = 0,
 ) -> None:
     """Write every type's outputs for tokens ``[0, num_tokens)``.
 
@@ -100,6 +111,11 @@ def compressed_kv_slots(
     types : sequence of CompressedKVType
     num_reqs, num_tokens : int
         Static extent (the captured size or bucket under a graph).
+    replay_start : int32 device ``(>= num_reqs,)`` or None
+        Bounded replay: each request's first replayed position (0: none); the ``window``
+        positions from it write no entry of a gated type. None: nothing replays.
+    window : int
+        ``W``, the replayed span (with ``replay_start``).
 
     Graph-safe with either backend: static extents, no host read.
     """
@@ -107,7 +123,7 @@ def compressed_kv_slots(
         return
     if backend == "triton":
         for first in range(0, len(types), TYPES_PER_LAUNCH):
-            _launch(query_start_loc, positions, token_to_req, own_slots,
+            _launch(query_start_loc, positions, token_to_req, own_slots, replay_start, window,
                     types[first:first + TYPES_PER_LAUNCH], num_reqs, num_tokens)
         return
     t = torch.arange(num_tokens, device=positions.device)
@@ -115,6 +131,9 @@ def compressed_kv_slots(
     pos = torch.where(real, positions[:num_tokens], 0)
     req = torch.where(real, token_to_req[:num_tokens].long(), 0)
     own_ok = own_slots[:num_tokens] >= 0
+    if replay_start is not None:
+        start = replay_start[req].long()
+        own_ok = own_ok & ~((start > 0) & (pos >= start) & (pos < start + window))
     for ty in types:
         r, s = ty.compress_ratio, ty.entries_per_block
         valid = real & ((pos + 1) % r == 0)
@@ -130,7 +149,8 @@ def compressed_kv_slots(
             ty.ring_out[:num_tokens].copy_(torch.where(real & (ring_block != 0), ring, -1))
 
 
-def _launch(qsl, positions, token_to_req, own_slots, types, num_reqs, num_tokens) -> None:
+def _launch(qsl, positions, token_to_req, own_slots, replay_start, window, types, num_reqs,
+            num_tokens) -> None:
     args, constexprs = [], {}
     for j in range(TYPES_PER_LAUNCH):
         # Slots past the types given repeat the first type's tensors, never read.
@@ -143,9 +163,10 @@ def _launch(qsl, positions, token_to_req, own_slots, types, num_reqs, num_tokens
                  ty.ring_out if ring else ty.slots_out]
         constexprs[f"GATE{j}"] = ty.own_slot_gate
         constexprs[f"RING{j}"] = ring
+    replay = replay_start is not None
     launch(_kernel(), (grid_size(num_tokens, _BLOCK),), qsl, positions, token_to_req,
-           own_slots, num_reqs, num_tokens, *args, NUM_TYPES=len(types), **constexprs,
-           BLOCK=_BLOCK)
+           own_slots, replay_start if replay else qsl, window, num_reqs, num_tokens, *args,
+           NUM_TYPES=len(types), HAS_REPLAY=replay, **constexprs, BLOCK=_BLOCK)
 
 
 @lazy_jit
@@ -176,14 +197,15 @@ def _kernel():
 
     @triton.jit
     def compressed_kv_kernel(
-        qsl, positions, token_to_req, own_slots, num_reqs, num_tokens,
+        qsl, positions, token_to_req, own_slots, replay_start, window, num_reqs, num_tokens,
         table0, stride0, ratio0, entries0, slots0, counts0, ring_table0, ring_stride0, cap0,
         ring0,
         table1, stride1, ratio1, entries1, slots1, counts1, ring_table1, ring_stride1, cap1,
         ring1,
         table2, stride2, ratio2, entries2, slots2, counts2, ring_table2, ring_stride2, cap2,
         ring2,
-        NUM_TYPES: tl.constexpr, GATE0: tl.constexpr, RING0: tl.constexpr,
+        NUM_TYPES: tl.constexpr, HAS_REPLAY: tl.constexpr, GATE0: tl.constexpr,
+        RING0: tl.constexpr,
         GATE1: tl.constexpr, RING1: tl.constexpr, GATE2: tl.constexpr, RING2: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
@@ -193,6 +215,9 @@ def _kernel():
         pos = tl.load(positions + i, mask=real, other=0)
         req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
         own_ok = tl.load(own_slots + i, mask=real, other=-1) >= 0
+        if HAS_REPLAY:
+            start = tl.load(replay_start + req, mask=real, other=0)
+            own_ok = own_ok & ~((start > 0) & (pos >= start) & (pos < start + window))
         compressed_kv_type(i, in_range, real, pos, req, own_ok, table0, stride0, ratio0,
                            entries0, slots0, counts0, ring_table0, ring_stride0, cap0, ring0,
                            GATE0, RING0)

@@ -50,6 +50,8 @@ def compressed_slot_mapping(
     compress_ratio: int,
     dcp: DCPShard | None = None,
     own_slots: torch.Tensor | None = None,
+    replay_start: torch.Tensor | None = None,
+    window: int = 0,
 ) -> None:
     """Write the compressed slot of tokens ``[0, num_tokens)`` into ``out[:num_tokens]``.
 
@@ -77,6 +79,12 @@ def compressed_slot_mapping(
     own_slots : int64 device ``(>= num_tokens,)`` or None
         Each token's own slot (the staged slot mapping); given, a token whose own slot is -1
         writes nothing (V4.1's rule). None: the position alone decides (V4's).
+    replay_start : int32 device ``(>= num_reqs,)`` or None
+        Bounded replay (``docs/spec/deepseek-v41.md`` §8.1, with ``own_slots``): a token at
+        ``0 < replay_start[b] <= p < replay_start[b] + window`` writes nothing either (the
+        reference turns its index-K slot to -1; the entry is in the prefix cache).
+    window : int
+        ``W``, the replayed span.
 
     Graph-safe with either backend: no host read, no data-dependent Python branch.
     """
@@ -87,7 +95,7 @@ def compressed_slot_mapping(
         # runs both modes in one launch).
         launch_slots_kernel(query_start_loc, positions, token_to_req, block_table, out,
                             num_reqs, num_tokens, storage_block_size, compress_ratio, dcp,
-                            own_slots)
+                            own_slots, replay_start, window)
         return
     t = torch.arange(num_tokens, device=out.device)
     real = t < query_start_loc[num_reqs]
@@ -95,6 +103,9 @@ def compressed_slot_mapping(
     valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
     if own_slots is not None:
         valid = valid & (own_slots[:num_tokens] >= 0)
+    if replay_start is not None:
+        start = replay_start[torch.where(real, token_to_req[:num_tokens].long(), 0)].long()
+        valid = valid & ~((start > 0) & (pos >= start) & (pos < start + window))
     k = torch.where(valid, pos, 0) // compress_ratio
     if dcp is not None and dcp.world > 1:
         valid = valid & (dcp_owner(k, dcp.world, dcp.interleave) == dcp.rank)

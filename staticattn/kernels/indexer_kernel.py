@@ -28,7 +28,8 @@ def launch_decode_kernel(
     decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
     width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
     num_slot_tokens: int, *, decode: bool, flatten: bool, step_counts=None,
-    dcp: DCPShard | None = None, global_seq_lens=None, own_slots=None,
+    dcp: DCPShard | None = None, global_seq_lens=None, own_slots=None, replay_start=None,
+    window: int = 0,
 ) -> None:
     """One launch of the indexer kernel over ``extent`` rows or tokens: the decode tensors
     (``decode``) and/or the compressed slots of tokens ``[0, num_slot_tokens)``
@@ -37,7 +38,8 @@ def launch_decode_kernel(
     are only the static capacities. With ``dcp`` (decode context parallelism) lengths and
     slots are this rank's, and ``global_seq_lens`` receives the global lengths. With
     ``own_slots`` (int64 device, the staged slot mapping) a token whose own slot is -1 writes
-    no compressed slot."""
+    no compressed slot, nor (with ``replay_start``, int32 device per request) a token that
+    bounded replay recomputes: ``0 < replay_start[b] <= p < replay_start[b] + window``."""
     sharded = dcp is not None and dcp.world > 1
     world, rank, interleave = (dcp.world, dcp.rank, dcp.interleave) if sharded else (1, 0, 1)
     launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
@@ -47,22 +49,24 @@ def launch_decode_kernel(
         decode_seq_lens if global_seq_lens is None else global_seq_lens,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
         num_slot_tokens, world, rank, interleave, slots_out if own_slots is None else own_slots,
+        qsl if replay_start is None else replay_start, window,
         DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
         DEVICE_COUNTS=step_counts is not None, DCP=sharded, GATE=own_slots is not None,
-        BLOCK=BLOCK, COLS=COLS,
+        REPLAY=replay_start is not None, BLOCK=BLOCK, COLS=COLS,
     )
 
 
 def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs: int,
                         num_tokens: int, storage_block_size: int, compress_ratio: int,
-                        dcp: DCPShard | None = None, own_slots=None) -> None:
+                        dcp: DCPShard | None = None, own_slots=None, replay_start=None,
+                        window: int = 0) -> None:
     """The kernel in its slots-only mode: compressed slots of tokens ``[0, num_tokens)``
     (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
     launch_decode_kernel(
         num_tokens, 1, qsl, out, block_table, positions,
         token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
         storage_block_size, num_tokens, decode=False, flatten=False, dcp=dcp,
-        own_slots=own_slots,
+        own_slots=own_slots, replay_start=replay_start, window=window,
     )
 
 
@@ -79,10 +83,10 @@ def _decode_kernel():
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_stride, slots_out, counts,
         global_seq_lens, num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs,
-        num_slot_tokens, dcp_world, dcp_rank, dcp_interleave, own_slots,
+        num_slot_tokens, dcp_world, dcp_rank, dcp_interleave, own_slots, replay_start, window,
         DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
         DEVICE_COUNTS: tl.constexpr, DCP: tl.constexpr, GATE: tl.constexpr,
-        BLOCK: tl.constexpr, COLS: tl.constexpr,
+        REPLAY: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         col_block = tl.program_id(1)
@@ -98,6 +102,11 @@ def _decode_kernel():
                 if GATE:
                     # A token whose own slot is -1 writes no entry (V4.1, spec §5.1).
                     valid = valid & (tl.load(own_slots + i, mask=real, other=-1) >= 0)
+                if REPLAY:
+                    # Nor does a token bounded replay recomputes (spec §8.1).
+                    req = tl.load(token_to_req + i, mask=real, other=0)
+                    start = tl.load(replay_start + req, mask=real, other=0)
+                    valid = valid & ~((start > 0) & (pos >= start) & (pos < start + window))
                 k = tl.where(valid, pos, 0) // compress_ratio
                 if DCP:
                     # Only the rank that holds entry k writes it, at its local index.

@@ -4,7 +4,10 @@ padded tokens get ring slot -1 (the reference's FULL graphs give them request 0'
 §5.3), and the decode top-k operand of an invalid token is a row of -1 with length 0.
 
 A step is a :class:`V41Step`: a :class:`~staticattn.reference.step.HostStep` (the staged slot
-mapping is the SWA group's) plus one block table per cache group, ``"<type>.<cache>"``. The
+mapping is the SWA group's) plus one block table per cache group, ``"<type>.<cache>"``, and
+the requests' bounded-replay starts (§8.1): the reference's ``_pad_replayed_slots_kernel``
+turns the slots of replayed tokens to -1 in the compressed and index-K groups, which the
+own-slot rule then reads (:func:`group_own_slots`). The
 indexer's decode lengths and prefill chunks follow the same formulas as V4's with the type's
 ratio, so :func:`indexer_metadata` and :func:`mixed_indexer` hand the V3.2/V4 oracles a view
 of the config and step per type and replace the slot mapping, which V4.1 computes from the
@@ -28,10 +31,12 @@ RATIOS = {"c1a": 1, "c2a": 2}
 
 @dataclass
 class V41Step:
-    """A host step and its cache groups' block tables (real rows, int32 ``(num_reqs, C)``)."""
+    """A host step, its cache groups' block tables (real rows, int32 ``(num_reqs, C)``) and
+    each request's replay start as a prefilling request carries it (None: all 0)."""
 
     step: object
     tables: dict[str, np.ndarray]
+    replay_start: list[int] | None = None
 
     def rows(self, group: str, num_reqs: int) -> list[list[int]]:
         """The group's table as lists, padded requests' rows all 0 (the null block)."""
@@ -54,6 +59,16 @@ def tokens(step) -> tuple[list[int], list[int], list[int]]:
         owner += [b] * int(q)
         position += [int(L) - int(q) + j for j in range(int(q))]
     return owner, position, [int(s) for s in step.slot_mapping]
+
+
+def group_own_slots(v41: V41Step, window: int) -> list[int]:
+    """§8.1: a token's slot in the compressed and index-K groups -- the staged (SWA) slot,
+    -1 where its request replays it: ``replay_start > 0`` and ``replay_start <= p <
+    replay_start + W`` (a request with ``replay_start = 0`` is skipped)."""
+    owner, position, own = tokens(v41.step)
+    starts = v41.replay_start or [0] * len(v41.step.query_lens)
+    return [-1 if 0 < starts[b] <= p < starts[b] + window else slot
+            for b, p, slot in zip(owner, position, own)]
 
 
 def compressed_slots(ratio: int, entries: int, table, owner, position, own, num_tokens,
@@ -103,7 +118,8 @@ def global_topk(topk_rows, owner, valid, table, entries):
 def compressed(cfg, v41: V41Step, num_reqs: int, num_tokens: int) -> dict:
     """Per kv-source type: ``slot_mapping``, ``entry_counts`` and (c2a) ``ring_slot_mapping``
     over ``num_tokens`` tokens of ``num_reqs`` requests (padding included)."""
-    owner, position, own = tokens(v41.step)
+    owner, position, _ = tokens(v41.step)
+    own = group_own_slots(v41, cfg.sliding_window)
     out = {}
     for name, ratio in RATIOS.items():
         entries = cfg.block_size // ratio
@@ -123,11 +139,11 @@ def compressed(cfg, v41: V41Step, num_reqs: int, num_tokens: int) -> dict:
 def index_k_slots(cfg, v41: V41Step, name: str, num_reqs: int, num_tokens: int) -> list[int]:
     """§5.2: the index-K slot mapping of type ``name`` (the compressed rule on its own
     group's table)."""
-    owner, position, own = tokens(v41.step)
+    owner, position, _ = tokens(v41.step)
     ratio = RATIOS[name]
     return compressed_slots(ratio, cfg.block_size // ratio,
-                            v41.rows(f"{name}.index_k", num_reqs), owner, position, own,
-                            num_tokens)
+                            v41.rows(f"{name}.index_k", num_reqs), owner, position,
+                            group_own_slots(v41, cfg.sliding_window), num_tokens)
 
 
 class _TypeConfig:

@@ -10,8 +10,10 @@ top-k types it holds the decode operand a layer derives from its top-k
 
 What differs per type is its row: the ratio ``R``, ``S = block_size // R``, the table (its
 ``<type>.compressed_kv`` group's under V4.1, the main one under V4) and the own-slot rule
-(V4.1: a token whose staged slot is -1 writes nothing; V4 keeps v0.20.2's position-only rule,
-so its C4A slots equal the indexer's compressed slot mapping).
+(V4.1: a token whose staged slot is -1 writes nothing, nor does a token that bounded replay
+recomputes -- ``batch.replay_start``, ``docs/spec/deepseek-v41.md`` §8.1, §11 case 4: the
+staged slots are the SWA group's, which replay leaves valid; V4 keeps v0.20.2's
+position-only rule, so its C4A slots equal the indexer's compressed slot mapping).
 
 Differences from the reference, each on purpose:
 
@@ -186,7 +188,8 @@ class CompressedMetadataBuilder:
         compressed_kv_slots(
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
             batch.slot_mapping, [self._kernel_type(ty, tables, rings) for ty in self.types],
-            num_reqs=batch.num_reqs, num_tokens=num_tokens,
+            num_reqs=batch.num_reqs, num_tokens=num_tokens, replay_start=batch.replay_start,
+            window=self.config.sliding_window or 0,
         )
         per_type = {
             ty.name: CompressedKVMetadata(
