@@ -13,7 +13,11 @@ from staticattn.graphs import CapturedGraph, GraphKind
 from staticattn.graphs.capturer import GraphSpec
 from staticattn.graphs.sizes import bucket_requests
 
-__all__ = ["emulated", "graphs_for"]
+__all__ = ["BUCKETS", "SIZES", "emulated", "graphs_for"]
+
+#: Decode graphs and token buckets (tokens) for the worked examples' geometry
+#: (``v41_swa_steps.EXAMPLE_V41``: next_n 2, 4 requests, 32 tokens).
+SIZES, BUCKETS = (2, 4, 8), (16, 32)
 
 
 def emulated(spec: GraphSpec) -> CapturedGraph:
@@ -25,7 +29,7 @@ def emulated(spec: GraphSpec) -> CapturedGraph:
                          None, spec.body, "eagerly")
 
 
-def graphs_for(gm, sizes: Sequence[int], buckets: Sequence[int]) -> None:
+def graphs_for(gm, sizes: Sequence[int] = SIZES, buckets: Sequence[int] = BUCKETS) -> None:
     """Decode graphs of ``sizes`` and token buckets ``buckets`` (tokens) for manager ``gm``:
     captured on CUDA, else emulated."""
     if DEVICE == "cuda":

@@ -15,11 +15,18 @@ import functools
 import numpy as np
 import pytest
 import torch
-from emulated_graphs import emulated, graphs_for
-from hypothesis import HealthCheck, given, settings
+from emulated_graphs import BUCKETS, emulated, graphs_for
+from hypothesis import given, settings
 from support import DEVICE, _t
 from toy import ToyBuilder, ToyStep
-from v41_swa_steps import EXAMPLE_V41, example_step, oracle_step, replayed_steps
+from v41_swa_steps import (
+    EXAMPLE_V41,
+    FIXTURE_OK,
+    example_step,
+    oracle_step,
+    replayed_steps,
+    write_step_tables,
+)
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import SparseSWAMetadataBuilder, make_arena
@@ -35,9 +42,6 @@ from staticattn.graphs import (
 from staticattn.graphs.capturer import GraphSpec
 from staticattn.graphs.sizes import bucket_requests
 from staticattn.reference import v41_swa
-
-FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
-SIZES, BUCKETS = (2, 4, 8), (16, 32)
 
 
 class ReplayView:
@@ -113,13 +117,14 @@ def _world(backend: str):
     step = ReplayView(cfg)
     options = GraphOptions(progress=False)
     gm = GraphManager(arena, inputs, [builder], step, options)
-    graphs_for(gm, SIZES, BUCKETS)
+    graphs_for(gm)
     reference = GraphManager(arena, inputs, [builder], step, GraphOptions(
         progress=False, eager_build=EagerBuild.REFERENCE))
     contexts = ContextGraphs(arena, inputs, [builder], step, contexts=[16, 64],
                              options=options)
     for bucket in contexts.context_buckets:
-        graphs_for(bucket.manager, SIZES, BUCKETS if bucket.context_len == 64 else ())
+        widest = bucket.context_len == cfg.max_model_len
+        graphs_for(bucket.manager, buckets=BUCKETS if widest else ())
     producer = Producer(cfg)
     device_steps = DeviceLengthSteps(gm, producer)
     if DEVICE == "cuda":
@@ -131,12 +136,6 @@ def _world(backend: str):
                 GraphKind.DEVICE_LENGTHS, size, k, lambda k=k: inputs.stage_device_step(k),
                 lambda k=k, size=size: device_steps.body(k, size))))
     return cfg, inputs, gm, reference, contexts, device_steps, producer
-
-
-def _write_tables(inputs, step) -> None:
-    r = step.num_reqs
-    inputs.block_table[:r].copy_(_t(step.block_table))
-    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
 
 
 def _in_place(manager, step, rs):
@@ -155,7 +154,7 @@ def test_every_entry_point_equals_the_oracle(backend):
     @given(replayed_steps(cfg, kinds=("uniform_decode", "decode", "mixed", "prefill")))
     def check(drawn):
         step, rs = drawn
-        _write_tables(inputs, step)
+        write_step_tables(inputs, step)
         want, n = expected(cfg, step, rs), step.num_tokens
         args = (step.query_lens, step.seq_lens, step.slot_mapping)
         res = gm.run(*args, replay_start=rs)
@@ -183,7 +182,7 @@ def test_without_graphs_device_length_steps_run_the_reference_builds(backend):
     producer = Producer(cfg)
     bare = DeviceLengthSteps(gm, producer)
     step, rs = replayed_step(cfg)
-    _write_tables(inputs, step)
+    write_step_tables(inputs, step)
     producer.hold(step)
     out = bare.launch(step.num_reqs, step.num_tokens, replay_start=rs)
     assert listed(out, step.num_tokens) == expected(cfg, step, rs)
@@ -229,13 +228,13 @@ BAD = {
 def test_bad_replay_starts_are_refused_before_anything_is_written(entry, bad):
     cfg, inputs, gm, reference, contexts, device_steps, producer = _world("torch")
     step, _ = replayed_step(cfg)
-    _write_tables(inputs, step)
+    write_step_tables(inputs, step)
     rs, match = BAD[bad]
     args = (step.query_lens, step.seq_lens, step.slot_mapping)
     if entry == "device lengths":
         if bad in ("past the context", "for a decode"):
             pytest.skip("the lengths are the device's: the contract, not a host check")
-        runs = lambda: (producer.calls, device_steps.replays, dict(device_steps.eager))  # noqa: E731
+        runs = lambda: (producer.calls, device_steps.replays, dict(device_steps.eager))
         calls, before = runs(), _written(inputs, gm.stats)
         with pytest.raises(InvalidBatchError, match=match):
             device_steps.launch(step.num_reqs, step.num_tokens, replay_start=rs)

@@ -5,6 +5,7 @@ strategy that adds replay starts to ``support.host_steps``."""
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from support import DEVICE, _t, host_steps, slots_for
 
@@ -60,6 +61,17 @@ def example_step(cfg: ArenaConfig, query_lens, seq_lens, swa_rows=(), *, replay_
     step = HostStep(q, length, slots, main, swa, num_reqs_padded or r,
                     num_tokens_padded or int(q.sum()))
     return step, list(replay_start or [0] * r)
+
+
+#: Hypothesis health checks a test over a shared (cached) arena waives.
+FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+
+
+def write_step_tables(inputs, step: HostStep) -> None:
+    """The step's main and SWA block-table rows into the arena, in place."""
+    r = step.num_reqs
+    inputs.block_table[:r].copy_(_t(step.block_table))
+    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
 
 
 def stage_eager(inputs, step: HostStep, replay_start) -> Batch:
