@@ -192,9 +192,6 @@ class IndexerMetadataBuilder:
         self.compressed_slot_mapping = (
             arena[f"{name}.compressed_slot_mapping"] if kind.computes_slots(cfg) else None
         )
-        # The gate reads the staged slot mapping (V4.1's own-slot rule) and the batch's
-        # replay starts: a token bounded replay recomputes writes no index-K entry (§8.1).
-        self._gated = kind.own_slot_gate
         # Views cut once per extent and kept, per binding: a builder bound to another arena
         # must never hand out views of the previous one.
         self._decode_views = functools.lru_cache(maxsize=4096)(self._cut_decode_views)
@@ -344,9 +341,8 @@ class IndexerMetadataBuilder:
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
             storage_block_size=self.index.storage_block_size, slot_tokens=slot_tokens,
             step_counts=step_counts, dcp=self.dcp, global_seq_lens=self.decode_global_seq_lens,
-            own_slots=batch.slot_mapping if self._gated and slots_out is not None else None,
-            replay_start=batch.replay_start if self._gated and slots_out is not None else None,
-            window=self.config.sliding_window or 0,
+            **(self.index.slot_gate(batch, self.config.sliding_window or 0)
+               if slots_out is not None else {}),
         )
         seq_lens, global_seq_lens, decode_lens, expanded_rows = self._decode_views(
             rows, width, layout.flatten)
@@ -390,9 +386,7 @@ class IndexerMetadataBuilder:
             self.index.table(batch), self.compressed_slot_mapping, num_reqs=batch.num_reqs,
             num_tokens=num_tokens, storage_block_size=self.index.storage_block_size,
             compress_ratio=self.compress_ratio, dcp=self.dcp,
-            own_slots=batch.slot_mapping if self._gated else None,
-            replay_start=batch.replay_start if self._gated else None,
-            window=self.config.sliding_window or 0,
+            **self.index.slot_gate(batch, self.config.sliding_window or 0),
         )
         return self._slot_views(num_tokens)
 
