@@ -16,10 +16,10 @@ __all__ = ["main", "print_check_report"]
 
 
 def _builders(config):
-    from staticattn.builders.indexer.builder import IndexerMetadataBuilder
-    from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+    """The builders every layer type of ``config`` needs (``default_builders``)."""
+    from staticattn.builders import default_builders
 
-    return [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if config.has_swa else [])
+    return default_builders(config)
 
 
 def _make_step(spec: str | None, config):
@@ -57,7 +57,7 @@ def cmd_demo(args) -> int:
     from staticattn.demo import run_demo
 
     return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress,
-                    consumer=args.consumer, json_path=args.json)
+                    consumer=args.consumer, json_path=args.json, preset=args.preset)
 
 
 def cmd_check(args, cuda: bool) -> int:
@@ -134,13 +134,22 @@ def cmd_bench(args, cuda: bool) -> int:
     from staticattn.bench.replay import run_bench
     from staticattn.graphs.sizes import default_capture_sizes
 
-    n = cfg.next_n
-    sizes = ([r * n for r in args.batch_requests] if args.batch_requests
-             else default_capture_sizes(cfg))
-    report = run_bench(cfg, lambda: _builders(cfg), step, sizes, reps=args.reps,
-                       preset=args.preset, consumer_name=name, seed=args.seed,
-                       progress=progress, staging_guard=StagingGuard(args.staging_guard))
-    return _save(report, args, report.header() + "\n" + report.table())
+    reports = []
+    for preset in [args.preset, *(args.compare or ())]:
+        cfg = config_of(args, "cuda", preset)
+        n = cfg.next_n
+        sizes = ([r * n for r in args.batch_requests] if args.batch_requests
+                 else default_capture_sizes(cfg))
+        reports.append(run_bench(cfg, lambda c=cfg: _builders(c), step, sizes,
+                                 reps=args.reps, preset=preset, consumer_name=name,
+                                 seed=args.seed, progress=progress,
+                                 staging_guard=StagingGuard(args.staging_guard)))
+    if len(reports) == 1:
+        return _save(reports[0], args, reports[0].header() + "\n" + reports[0].table())
+    from staticattn.bench.compare import PresetComparison
+
+    comparison = PresetComparison(reports)
+    return _save(comparison, args, comparison.text())
 
 
 def _bench_step(args) -> tuple:

@@ -10,15 +10,28 @@ from collections.abc import Callable
 from typing import Any
 
 from staticattn.errors import StepSpecError
+from staticattn.model import PRESETS as MODEL_PRESETS
+from staticattn.model import architecture, layer_type
 
 __all__ = ["build_parser", "load_step", "validate"]
 
-PRESETS = ("deepseek-v4", "deepseek-v3.2")
+
+def _dcp_served(name: str) -> bool:
+    """Whether decode context parallelism serves every layer of preset ``name``."""
+    fields = MODEL_PRESETS[name].fields
+    arch = architecture(fields["architecture"])
+    return all(layer_type(arch.layer_type_name(ratio, i)).dcp_served
+               for i, ratio in enumerate(fields["compress_ratios"]))
+
+
+#: The presets every command takes (``staticattn.model.PRESETS``), and those ``--dcp`` serves.
+PRESETS = tuple(MODEL_PRESETS)
+DCP_PRESETS = tuple(name for name in PRESETS if _dcp_served(name))
 MAX_SEED = 2**32 - 1
 
 DESCRIPTION = """\
-staticattn: sparse-attention metadata (DeepSeek V3.2 indexer, V4 sparse SWA) built inside
-CUDA graphs from a static buffer arena.
+staticattn: sparse-attention metadata (DeepSeek V3.2 indexer, V4 sparse SWA, V4.1 c1a/c2a)
+built inside CUDA graphs from a static buffer arena.
 
   demo   a synthetic serving loop, every step checked (without CUDA: run eagerly on the
          CPU and checked against the reference)
@@ -31,10 +44,10 @@ Batch sizes are counted in requests and contexts in tokens, in every command.
 #: The bench flags each other bench does not use (an error when given, rather than ignored).
 UNUSED = {
     "--mix": ("batch_requests", "consumer", "step", "staging_guard", "next_n",
-              "max_model_len", "preset"),
-    "--breakdown": ("batch_requests", "consumer", "step"),
-    "--context": ("staging_guard",),
-    "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len"),
+              "max_model_len", "preset", "compare"),
+    "--breakdown": ("batch_requests", "consumer", "step", "compare"),
+    "--context": ("staging_guard", "compare"),
+    "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len", "compare"),
 }
 
 JSON_HELP = ("print the result as JSON: to stdout (no value, or -) instead of the text, or "
@@ -73,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "exit 0 on PASS, 1 on FAIL.")
     d.add_argument("--steps", type=int_in(1), default=None,
                    help="steps to run (default: 300 with CUDA, 60 without)")
+    d.add_argument("--preset", default="deepseek-v4", choices=PRESETS,
+                   help="the model of the arena (default: deepseek-v4); without CUDA its "
+                   "capacities are shrunk (32 requests, 1024 tokens, 16K context)")
     d.add_argument("--seed", type=int_in(0, MAX_SEED), default=0,
                    help="seed of the random requests (default: 0)")
     d.add_argument("--consumer", choices=["gather", "real"], default="gather",
@@ -82,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dcp", type=int_in(2), default=None, metavar="WORLD",
                    help="decode context parallelism over WORLD >= 2 ranks, one process each: "
                    "torchrun --nproc-per-node WORLD -m staticattn demo --dcp WORLD")
-    d.add_argument("--dcp-preset", choices=PRESETS, default="deepseek-v4",
+    d.add_argument("--dcp-preset", choices=DCP_PRESETS, default="deepseek-v4",
                    help="the model of the --dcp demo's arena (default: deepseek-v4)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
@@ -126,7 +142,7 @@ def _config_flags(c: argparse.ArgumentParser) -> None:
                    "preset's)")
     c.add_argument("--max-model-len", type=int_in(1), default=None, metavar="TOKENS",
                    help="the context limit in tokens (default: the preset's, 1M for "
-                   "deepseek-v4, 160K for deepseek-v3.2)")
+                   "deepseek-v4 and deepseek-v4.1-*, 160K for deepseek-v3.2)")
     c.add_argument("--step", default=None, metavar="MODULE:FUNCTION",
                    help="your step instead of the built-in one: FUNCTION(config) returns a "
                    "callable (batch, metadata) -> outputs")
@@ -143,6 +159,10 @@ def _bench_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--consumer", choices=["none", "gather", "real"], default="none",
                    help="the step after the metadata build: none, the built-in gather "
                    "consumer, or DeepGEMM + FlashMLA (default: none)")
+    c.add_argument("--compare", choices=PRESETS, nargs="+", default=None, metavar="PRESET",
+                   help="the same bench on these presets too, their rows beside --preset's "
+                   "with the ratios to it (e.g. --preset deepseek-v4 --compare "
+                   "deepseek-v4.1-flash; the batch-size bench only)")
     c.add_argument("--mix", action="store_true",
                    help="steps of a loaded server with chunked prefill (the reference mixed "
                    "batch on V4 n=1, n=2 and V3.2 n=1; a chunked-prefill trace), token-bucket "
@@ -165,8 +185,9 @@ def _bench_flags(c: argparse.ArgumentParser) -> None:
                    "extra)")
 
 
-def config_of(args: argparse.Namespace, device: str):
-    """The ArenaConfig of ``check`` / ``bench`` arguments on ``device``."""
+def config_of(args: argparse.Namespace, device: str, preset: str | None = None):
+    """The ArenaConfig of ``check`` / ``bench`` arguments on ``device`` (of ``preset``
+    instead of ``--preset`` when given: a ``--compare`` preset)."""
     from staticattn.arena import ArenaConfig
 
     overrides: dict[str, Any] = {"device": device}
@@ -174,7 +195,7 @@ def config_of(args: argparse.Namespace, device: str):
         overrides["num_speculative_tokens"] = args.next_n - 1
     if args.max_model_len is not None:
         overrides["max_model_len"] = args.max_model_len
-    return ArenaConfig.preset(args.preset, **overrides)
+    return ArenaConfig.preset(preset or args.preset, **overrides)
 
 
 def load_step(spec: str) -> Callable:
@@ -212,6 +233,8 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
         if args.plot is not None:
             if modes and modes[0] != "--mix":
                 error(f"--plot: {modes[0]} has no plot (the batch-size and --mix benches do)")
+            if args.compare:
+                error("--plot: --compare has no plot (one preset's batch-size bench has)")
             if importlib.util.find_spec("matplotlib") is None:
                 error("--plot needs matplotlib, the plot extra: pip install matplotlib (or "
                       "pip install '.[plot]' in a clone of staticattn)")
@@ -223,6 +246,9 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
             error(f"{modes[0]} times fixed steps of its own: {', '.join(ignored)} would be "
                   "ignored")
         if args.dcp is not None:
+            if args.preset not in DCP_PRESETS:
+                error(f"--preset {args.preset}: decode context parallelism does not serve its "
+                      f"layer types; --dcp takes {', '.join(DCP_PRESETS)}")
             return  # its own small arena per rank (distributed/world.py)
         if args.consumer == "real" and cuda:
             from staticattn.kernels.dsa_libs import available, import_error
@@ -233,6 +259,8 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
     from staticattn.errors import ConfigError
 
     try:
+        for preset in getattr(args, "compare", None) or ():
+            config_of(args, "cuda" if cuda else "cpu", preset)
         cfg = config_of(args, "cuda" if cuda else "cpu")
     except ConfigError as exc:
         error(str(exc))

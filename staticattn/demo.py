@@ -25,12 +25,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from staticattn.arena import ArenaConfig, cdiv
-from staticattn.builders import make_arena
-from staticattn.builders.indexer.builder import IndexerMetadataBuilder
-from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.arena import ArenaConfig, cache_groups, cdiv
+from staticattn.bench.random_batches import group_columns
+from staticattn.builders import default_builders, make_arena
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
-from staticattn.checks.reference_check import reference_mismatch
+from staticattn.checks.reference_check import compared_builders, reference_mismatch
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions
@@ -53,6 +52,8 @@ class Request:
     prompt_left: int  # prompt tokens not yet prefilled
     swa_row: np.ndarray
     main_row: np.ndarray
+    #: Its rows of the cache groups' tables (DeepSeek V4.1), by group name.
+    group_rows: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -71,6 +72,8 @@ class DemoReport:
     host_us: list = field(default_factory=list)
     gpu_us: list = field(default_factory=list)
     check_kind: str = ""
+    #: The builders whose reference builds are compared with the reference.
+    compared: str = "indexer, swa"
 
     @property
     def ok(self) -> bool:
@@ -92,8 +95,8 @@ class DemoReport:
             f"steps {self.steps}: replayed {self.replayed} ({self.replayed_mixed} through token "
             f"buckets), eager {sum(self.eager.values())}" + (f" ({reasons})" if reasons else ""),
             f"checked {self.checked} steps ({self.check_kind}): {self.mismatches} mismatches",
-            f"checked {self.reference_checked} steps' reference builds (indexer and SWA "
-            f"metadata, field by field) against staticattn.reference: "
+            f"checked {self.reference_checked} steps' reference builds ({self.compared}; "
+            f"field by field) against staticattn.reference: "
             f"{self.reference_mismatches} mismatches",
         ]
         if self.first_mismatch:
@@ -133,13 +136,17 @@ class SyntheticServer:
         main = rng.integers(1, NUM_KV_BLOCKS, size=cdiv(final, cfg.block_size), dtype=np.int32)
         swa = rng.integers(1, NUM_KV_BLOCKS, size=cdiv(final, cfg.swa_block_size),
                            dtype=np.int32)
-        return Request(row, context, prompt, swa, main)
+        groups = {g.name: rng.integers(1, NUM_KV_BLOCKS, size=group_columns(g, cfg, final),
+                                       dtype=np.int32) for g in cache_groups(cfg)}
+        return Request(row, context, prompt, swa, main, groups)
 
     def _write_row(self, r: Request) -> None:
-        """An engine writes a request's row when it is placed, not every step."""
+        """An engine writes a request's rows when it is placed, not every step."""
         self.inputs.block_table[r.row, : r.main_row.shape[0]].copy_(torch.from_numpy(r.main_row))
         self.inputs.swa_block_table[r.row, : r.swa_row.shape[0]].copy_(
             torch.from_numpy(r.swa_row))
+        for name, row in r.group_rows.items():
+            self.inputs.block_tables[name][r.row, : row.shape[0]].copy_(torch.from_numpy(row))
 
     def _place(self, r: Request, row: int) -> None:
         if r.row != row:
@@ -189,7 +196,7 @@ class SyntheticServer:
             r.seq_len = min(r.seq_len, self.cfg.max_model_len - 2 * n - 600)
 
 
-def _consumer(cuda: bool, choice: str, say: Callable[[str], None]):
+def _consumer(cuda: bool, choice: str, say: Callable[[str], None], preset: str):
     """``(config, step factory, description)``: the built-in gather consumer (every step
     graph-first), or the real kernels (DeepGEMM, FlashMLA), which serve decode tokens only:
     with them only decode steps replay, and steps with prefills run eagerly. Asked for the
@@ -202,8 +209,8 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None]):
         if any(have.values()):
             # The real indexer materialises fp32 logits (tokens x max context) and the
             # attention step owns bf16 outputs per layer: smaller capacities keep both small.
-            cfg = ArenaConfig.deepseek_v4(max_model_len=65536, max_num_seqs=64,
-                                          max_num_batched_tokens=2048)
+            cfg = ArenaConfig.preset(preset, max_model_len=65536, max_num_seqs=64,
+                                     max_num_batched_tokens=2048)
             names = " + ".join(k for k, v in sorted(have.items()) if v)
             return cfg, lambda c: real_consumer_step(c, num_kv_blocks=NUM_KV_BLOCKS), (
                 f"real kernels ({names})")
@@ -211,41 +218,46 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None]):
         say(f"--consumer real: no real consumer can run here ({why}); falling back to the "
             "built-in gather consumer")
     if cuda:
-        cfg = ArenaConfig.deepseek_v4()
+        cfg = ArenaConfig.preset(preset)
     else:
-        cfg = ArenaConfig.deepseek_v4(max_num_seqs=32, max_num_batched_tokens=1024,
-                                      max_model_len=16384, device="cpu")
+        cfg = ArenaConfig.preset(preset, max_num_seqs=32, max_num_batched_tokens=1024,
+                                 max_model_len=16384, device="cpu")
     return cfg, lambda c: GatherConsumer(c, NUM_KV_BLOCKS), "built-in gather consumer"
 
 
 def run_demo(steps: int | None = None, seed: int = 0, progress: bool = True,
-             consumer: str = "gather", json_path: str | None = None) -> int:
+             consumer: str = "gather", json_path: str | None = None,
+             preset: str = "deepseek-v4") -> int:
     """Run the demo; returns the process exit code (0 when every check passed).
 
-    ``consumer``: "gather" (the built-in consumer; every step replays) or "real" (DeepGEMM +
-    FlashMLA on decode graphs; steps with prefills run eagerly). ``steps``: default
+    ``preset``: the model (:data:`staticattn.model.PRESETS`; without CUDA at smaller
+    capacities), served by ``default_builders``. ``consumer``: "gather" (the built-in
+    consumer; every step replays) or "real" (DeepGEMM + FlashMLA on decode graphs; steps
+    with prefills run eagerly). ``steps``: default
     :data:`DEFAULT_STEPS` of the machine. ``json_path``: the report as JSON into this file, or
     to stdout for "-" (the text then goes to stderr).
     """
     out = sys.stderr if json_path == "-" else sys.stdout
     say = lambda msg: print(msg, file=out, flush=True)
     cuda = torch.cuda.is_available()
-    cfg, make_step, consumer_name = _consumer(cuda, consumer, say)
+    cfg, make_step, consumer_name = _consumer(cuda, consumer, say, preset)
     if not cuda:
         say("no CUDA device: running the same loop eagerly on the CPU kernels (smaller "
             "capacities), each step checked against the reference build and the reference")
     if steps is None:
         steps = DEFAULT_STEPS["cuda" if cuda else "cpu"]
-    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
-    say(f"arena for the DeepSeek-V4-like preset (next_n {cfg.next_n}, window "
-        f"{cfg.sliding_window}, compress ratios {cfg.compress_ratios}):")
+    report_compared = ", ".join(compared_builders(builders))
+    say(f"arena for the {preset} preset (next_n {cfg.next_n}, window {cfg.sliding_window}, "
+        f"layer types {', '.join(t.name for t in cfg.layer_types)}; builders "
+        f"{', '.join(b.name for b in builders)}):")
     say(arena.describe())
     say(f"consumer step: {consumer_name}")
     rng = np.random.default_rng(seed)
     server = SyntheticServer(inputs, rng, max_active=min(cfg.max_num_seqs, 256 if cuda else 24),
                              max_len=min(cfg.max_model_len, 200_000))
-    report = DemoReport()
+    report = DemoReport(compared=report_compared)
     options = GraphOptions(progress=progress, time_gpu=cuda)
     with GraphManager(arena, inputs, builders, make_step(cfg), options) as gm:
         if cuda:

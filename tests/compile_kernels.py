@@ -20,6 +20,7 @@ except ImportError:
 import torch
 
 from staticattn.consumers import checksums as gather_checksums
+from staticattn.consumers import compressed_checksums
 from staticattn.kernels import (
     compressed_kv,
     compressed_topk,
@@ -186,13 +187,18 @@ def cases():
               "out": I64, **dict.fromkeys(
                   "bt_stride swa_bt_stride i_bt_stride swa_size c_size i_size swa_rows "
                   "pre_rows cp_rows i_rows i_width i_decode_tokens max_chunks window swa_bs "
-                  "c_entries storage_bs".split(), 1)}
+                  "c_entries storage_bs out_stride".split(), 1)}
     for everything in (True, False):
         yield gather_checksums._gather_kernel(), gather, dict(
             HAS_S=everything, HAS_PRE=everything, HAS_C=everything, HAS_CP=everything,
             HAS_I=True, HAS_PLAN=everything, I_FLATTEN=everything,
             I_DEVICE_COUNTS=everything, C_WIDTH=8192, BLOCK_W=128, BLOCK_C=1024, TAIL=32,
-            BLOCK_CHUNKS=64)
+            BLOCK_CHUNKS=64, I_COL=2 if everything else 3, WRITE_SC=everything)
+    compressed = {**ptrs("token_to_req counts table entry_counts kv_cache ring_cache", I32),
+                  **ptrs("out slots ring_slots", I64), **dict.fromkeys(
+                      "out_stride table_stride kv_size ring_size entries".split(), 1)}
+    for ring in (True, False):
+        yield compressed_checksums._checksum_kernel(), compressed, dict(RING=ring, TAIL=32)
 
 
 def main() -> int:

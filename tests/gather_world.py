@@ -15,6 +15,12 @@ def gather_world(cfg, num_kv_blocks: int = 100_000):
                                              else [])
     arena, inputs = make_arena(cfg, builders)
     consumer = GatherConsumer(cfg, num_kv_blocks=num_kv_blocks)
-    caches = [c.cpu().tolist() for c in (consumer.swa_cache, consumer.c128a_cache,
-                                         consumer.index_cache)]
+    caches = [consumer.caches[name].cpu().tolist() for name in ("swa", "c128a", "indexer")]
     return arena, inputs, builders, consumer, caches
+
+
+def consume(consumer, builders, batch, build: str) -> list[list[int]]:
+    """The consumer's rows fed by every builder's ``build`` ("build", "build_decode",
+    "build_mixed") of ``batch``."""
+    metadata = {b.name: getattr(b, build)(batch) for b in builders}
+    return consumer(batch, metadata).tolist()

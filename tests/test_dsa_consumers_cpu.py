@@ -172,7 +172,7 @@ def test_errors_without_the_libraries():
 
 
 def test_config_errors():
-    with pytest.raises(ConfigError, match="storage_block_size=128"):
+    with pytest.raises(ConfigError, match=r"dsa pages hold 128 \(block_size 128 // R 1\)"):
         IndexerTopKStep(_v32(block_size=128), logits_fn=emulated_paged_mqa_logits)
     with pytest.raises(ConfigError, match="sliding_window"):
         SparseDecodeStep(_v32(), decode_fn=emulated_flash_mla)

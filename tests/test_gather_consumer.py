@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gather_world import gather_world
+from gather_world import consume, gather_world
 from hypothesis import given, settings
 from support import DEVICE, host_steps, stage
 from test_mixed_builds import CONFIGS, bucket_for, stage_mixed
@@ -23,11 +23,6 @@ def _world(name: str, backend: str):
     return cfg, builders, inputs, consumer, caches
 
 
-def _consume(consumer, builders, batch, build: str):
-    metadata = {b.name: getattr(b, build)(batch) for b in builders}
-    return consumer(batch, metadata).tolist()
-
-
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_checksums_match_the_oracle_through_every_build(backend, name):
     cfg, builders, inputs, consumer, caches = _world(name, backend)
@@ -37,17 +32,17 @@ def test_checksums_match_the_oracle_through_every_build(backend, name):
     @given(host_steps(cfg, max_seq_len=4096))
     def check(step):
         want = checksums.expected(cfg, step, *caches, step.num_tokens_padded)
-        assert _consume(consumer, builders, stage(inputs, step), "build") == want
+        assert consume(consumer, builders, stage(inputs, step), "build") == want
         num_reqs, num_tokens = bucket_for(cfg, step.num_tokens,
                                           np.random.default_rng(step.num_tokens))
-        got = _consume(consumer, builders, stage_mixed(inputs, step, num_reqs, num_tokens),
+        got = consume(consumer, builders, stage_mixed(inputs, step, num_reqs, num_tokens),
                        "build_mixed")
         assert got == checksums.expected(cfg, step, *caches, num_tokens)
         if (step.query_lens == cfg.next_n).all():
             stage(inputs, step)
             inputs.copy_to_device(step.num_reqs_padded, step.num_tokens_padded, uniform=True)
             batch = Batch.for_decode_capture(inputs, step.num_reqs_padded)
-            assert _consume(consumer, builders, batch, "build_decode") == want
+            assert consume(consumer, builders, batch, "build_decode") == want
 
     check()
 
@@ -62,4 +57,4 @@ def test_host_planned_sub_chunks_beyond_one_per_request(backend):
     batch = stage(inputs, step)
     assert len(builders[0].build(batch).prefill.chunks) > cfg.max_num_seqs + 1
     want = checksums.expected(cfg, step, *caches, step.num_tokens)
-    assert _consume(consumer, builders, stage(inputs, step), "build") == want
+    assert consume(consumer, builders, stage(inputs, step), "build") == want

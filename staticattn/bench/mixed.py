@@ -1,7 +1,8 @@
 """Mixed-step benchmark: the steps of a loaded server with chunked prefill, replayed through
 token-bucket graphs, against the reference eager build of the same steps.
 
-Scenarios (each on its own config, graphs captured for every token bucket):
+Scenarios (each on its own config, graphs captured for every token bucket; DeepSeek V4 and
+V4.1-Flash side by side, V3.2 for the reference batch):
 
 * ``reference mixed batch``: 16 decodes (``next_n`` tokens each, contexts up to 32K), a
   fresh 3,000-token prefill and a 3,000-token chunk continuing at context 20,000;
@@ -33,12 +34,14 @@ from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild, GraphOptions
 
-__all__ = ["MIXED_SCENARIOS", "MixedReport", "MixedRow", "reference_mixed_batch",
+__all__ = ["MIXED_SCENARIOS", "TRACE_SCENARIOS", "MixedReport", "MixedRow", "reference_mixed_batch",
            "run_mixed_bench"]
 
 #: (label, preset, next_n) of the configs the reference mixed batch runs on.
 MIXED_SCENARIOS = (("V4", "deepseek-v4", 1), ("V4", "deepseek-v4", 2),
-                   ("V3.2", "deepseek-v3.2", 1))
+                   ("V3.2", "deepseek-v3.2", 1), ("V4.1", "deepseek-v4.1-flash", 2))
+#: (label, preset, next_n) of the configs the chunked-prefill trace runs on.
+TRACE_SCENARIOS = (("V4", "deepseek-v4", 2), ("V4.1", "deepseek-v4.1-flash", 2))
 
 
 @dataclass(slots=True)
@@ -147,7 +150,8 @@ def run_mixed_bench(
     rng = np.random.default_rng(seed)
     scenarios = [(label, preset, n, "reference mixed batch")
                  for label, preset, n in MIXED_SCENARIOS]
-    scenarios.append(("V4", "deepseek-v4", 2, "chunked-prefill trace"))
+    scenarios += [(label, preset, n, "chunked-prefill trace")
+                  for label, preset, n in TRACE_SCENARIOS]
     for model, preset, n, scenario in scenarios:
         cfg = ArenaConfig.preset(preset, num_speculative_tokens=n - 1)
         builders = builders_factory(cfg)

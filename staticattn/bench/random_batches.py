@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from staticattn.arena import ArenaConfig, cdiv
+from staticattn.arena import ArenaConfig, cache_groups, cdiv
 from staticattn.staging import PAD_SLOT_ID, StepInputs
 
 __all__ = [
@@ -35,9 +35,11 @@ def write_block_rows(
     ``[1, num_kv_blocks)`` (0 is the null block); returns the host rows written.
 
     Only the first ``cdiv(max(seq_lens), block_size)`` columns are written, as an engine
-    writes only the blocks a request owns; lengths bound every read. ``seq_lens``: host
-    ints ``(num_reqs,)``; returns ``(main, swa)``: the int32 ``(num_reqs, columns)`` host
-    rows of each table (``swa`` None without SWA layers)."""
+    writes only the blocks a request owns; lengths bound every read. The tables of the
+    config's cache groups (DeepSeek V4.1: ``inputs.block_tables``) get the columns
+    ``max(seq_lens)`` tokens need, a ring its one block. ``seq_lens``: host ints
+    ``(num_reqs,)``; returns ``(main, swa)``: the int32 ``(num_reqs, columns)`` host rows of
+    each table (``swa`` None without SWA layers)."""
     cfg = inputs.config
     r = seq_lens.shape[0]
     longest = int(seq_lens.max()) if r else 0
@@ -47,7 +49,19 @@ def write_block_rows(
     if inputs.swa_block_table is not None:
         swa = _random_rows(inputs.swa_block_table, r, cdiv(longest, cfg.swa_block_size), rng,
                            num_kv_blocks)
+    for group in cache_groups(cfg):
+        _random_rows(inputs.block_tables[group.name], r, group_columns(group, cfg, longest),
+                     rng, num_kv_blocks)
     return main, swa
+
+
+def group_columns(group, cfg: ArenaConfig, tokens: int) -> int:
+    """Columns of a cache group's table that ``tokens`` tokens use: one for a ring, else
+    the blocks of their ``cdiv(tokens, R)`` entries at ``block_size // R`` a block."""
+    if group.columns == 1:
+        return 1
+    t = group.layer_type
+    return cdiv(cdiv(tokens, t.compress_ratio), t.entries_per_block(cfg.block_size))
 
 
 def _random_rows(table: torch.Tensor, rows: int, cols: int, rng: np.random.Generator,
@@ -181,6 +195,11 @@ class DecodeStream:
             self.swa = _random_rows(inputs.swa_block_table, r,
                                     cdiv(self.max_seq_len, cfg.swa_block_size), rng,
                                     num_kv_blocks)
+        # The cache groups' tables are written once: their rows never change the step's
+        # host arrays, only what the builds read through them.
+        for group in cache_groups(cfg):
+            _random_rows(inputs.block_tables[group.name], r,
+                         group_columns(group, cfg, self.max_seq_len), rng, num_kv_blocks)
 
     def _rewrite(self, table: torch.Tensor, host: np.ndarray, rows: np.ndarray) -> None:
         fresh = self.rng.integers(1, self.num_kv_blocks, size=(rows.shape[0], host.shape[1]),

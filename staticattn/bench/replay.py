@@ -98,6 +98,7 @@ def run_bench(
                 Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps)),
                 Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps,
                                          validate=False)),
+                g.capture_s,
             ))
     return report
 

@@ -39,6 +39,8 @@ class BenchRow:
     in_place_host_us: Stat | None = None
     #: The same with the manager's ``validate`` off (the engine vouches for the views).
     in_place_unchecked_host_us: Stat | None = None
+    #: Wall time of capturing this size's graph (seconds).
+    capture_s: float | None = None
 
     @property
     def host_ratio(self) -> float:

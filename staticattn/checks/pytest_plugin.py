@@ -62,8 +62,9 @@ def assert_graph_safe(
     step : callable ``(batch, metadata) -> outputs``
         The step under test (outputs: tensors, leading dimension tokens).
     config : ArenaConfig, optional
-        Builds the arena and the default builders (the indexer, plus sparse SWA when the
-        config has SWA layers). Ignored when ``arena`` and ``inputs`` are given.
+        Builds the arena and the default builders (``default_builders(config)``: an
+        indexer per index type, compressed KV and sparse SWA where the config's layer types
+        need them; DeepSeek V4.1 included). Ignored when ``arena`` and ``inputs`` are given.
     builders, arena, inputs : optional
         An arena of your own (from :func:`staticattn.builders.make_arena`) and its builders.
     sizes, batches, seed, check_kwargs
@@ -104,12 +105,9 @@ def _arena_for(config, builders):
     from staticattn.builders import make_arena
 
     if builders is None:
-        from staticattn.builders.indexer.builder import IndexerMetadataBuilder
-        from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+        from staticattn.builders import default_builders
 
-        builders = [IndexerMetadataBuilder()]
-        if config.has_swa:
-            builders.append(SparseSWAMetadataBuilder())
+        builders = default_builders(config)
     arena, inputs = make_arena(config, builders)
     return arena, inputs, builders
 

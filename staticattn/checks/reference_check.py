@@ -23,16 +23,18 @@ from tqdm import tqdm
 
 from staticattn.bench.random_batches import random_mixed_step
 from staticattn.builders.batch import Batch
+from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild
-from staticattn.reference import dcp, indexer, swa
+from staticattn.reference import compressed, dcp, indexer, swa, v41_compressed
 from staticattn.reference.compare import ReferenceMismatch
 from staticattn.reference.step import HostStep
 
-__all__ = ["CAPTURE_ONLY", "EagerCheck", "check_eagerly", "reference_mismatch"]
+__all__ = ["CAPTURE_ONLY", "EagerCheck", "check_eagerly", "compared_builders",
+           "reference_mismatch"]
 
 #: What only a captured graph shows (the graph checks of ``check_graph_safety``).
 CAPTURE_ONLY = ("host syncs and reads during capture", "allocations during capture",
@@ -40,10 +42,29 @@ CAPTURE_ONLY = ("host syncs and reads during capture", "allocations during captu
                 "memory freed under a graph")
 
 
-def _compared_builders(builders: Iterable) -> list[str]:
-    """Names of the builders the reference covers (the built-in indexer and sparse SWA)."""
-    return [b.name for b in builders
-            if isinstance(b, (IndexerMetadataBuilder, SparseSWAMetadataBuilder))]
+#: The built-in builders the reference covers.
+_COMPARED = (IndexerMetadataBuilder, SparseSWAMetadataBuilder, CompressedMetadataBuilder)
+
+
+def compared_builders(builders: Iterable) -> list[str]:
+    """Names of the builders the reference covers (the built-in indexers, sparse SWA and
+    compressed KV)."""
+    return [b.name for b in builders if isinstance(b, _COMPARED)]
+
+
+def _expected_indexer(cfg, builder, step: HostStep, tables: dict) -> tuple[dict, HostStep]:
+    """The reference of one indexer builder's build and the step it addresses: a DeepSeek
+    V4.1 index type's (its own ratio and ``index_k`` table), a rank's under decode context
+    parallelism, else the one indexer's."""
+    prefix = "indexer."
+    if builder.name.startswith(prefix):
+        v41 = v41_compressed.V41Step(step, tables)
+        name = builder.name[len(prefix):]
+        return (v41_compressed.indexer_metadata(cfg, v41, name),
+                v41_compressed.type_view(cfg, v41, name)[1])
+    if cfg.dcp_world_size > 1:
+        return dcp.indexer_metadata(cfg, step, cfg.dcp_rank), step
+    return indexer.indexer_metadata(cfg, step), step
 
 
 def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: np.ndarray,
@@ -53,29 +74,31 @@ def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: 
 
     ``query_lens``, ``seq_lens``: host ints ``(num_reqs,)``, decodes first; ``slot_mapping``:
     int64 ``(num_tokens,)``. The block-table rows are read from the arena (the engine wrote
-    them). Other builders are not compared. Overwrites the staging and the metadata views:
-    call it between steps, never while a replay may still read them."""
+    them, the cache groups' tables too). Other builders are not compared. Overwrites the
+    staging and the metadata views: call it between steps, never while a replay may still
+    read them."""
     cfg, inputs = manager.config, manager.inputs
     q, s = np.asarray(query_lens), np.asarray(seq_lens)
     r = int(q.shape[0])
     swa_rows = inputs.swa_block_table
     step = HostStep(q, s, np.asarray(slot_mapping), inputs.block_table[:r].cpu().numpy(),
                     None if swa_rows is None else swa_rows[:r].cpu().numpy(), r, int(q.sum()))
+    tables = {name: table[:r].cpu().numpy() for name, table in inputs.block_tables.items()}
     counts = inputs.stage(q, s, slot_mapping)
     inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
     batch = Batch.from_staged(inputs, counts)
     for builder in manager.builders:
         try:
             if isinstance(builder, IndexerMetadataBuilder):
-                meta = builder.build(batch)
-                if cfg.dcp_world_size > 1:
-                    want = dcp.indexer_metadata(cfg, step, cfg.dcp_rank)
-                    dcp.assert_matches(meta, want, step, manager.arena)
-                else:
-                    want = indexer.indexer_metadata(cfg, step)
-                    indexer.assert_matches(meta, want, step, manager.arena)
+                want, addressed = _expected_indexer(cfg, builder, step, tables)
+                check = dcp if cfg.dcp_world_size > 1 else indexer
+                check.assert_matches(builder.build(batch), want, addressed, manager.arena)
             elif isinstance(builder, SparseSWAMetadataBuilder):
                 swa.assert_matches(builder.build(batch), swa.expected_for_step(cfg, step))
+            elif isinstance(builder, CompressedMetadataBuilder):
+                want = compressed.expected(cfg, step, tables, list(kv_source_types(cfg)), r,
+                                           step.num_tokens)
+                compressed.assert_matches(builder.build(batch), want)
         except ReferenceMismatch as exc:
             return f"{builder.name}: {exc}"
     return None
@@ -133,7 +156,7 @@ def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
     ``max_seq_len`` bounds the drawn contexts (the reference's loops grow with them);
     ``progress`` shows a progress bar. Runs on any device; captures nothing."""
     rng = np.random.default_rng(seed)
-    check = EagerCheck(compared=tuple(_compared_builders(manager.builders)))
+    check = EagerCheck(compared=tuple(compared_builders(manager.builders)))
     for _ in tqdm(range(num_steps), desc="eager checks", unit="step", disable=not progress,
                   leave=False):
         step = random_mixed_step(manager.inputs, rng, num_kv_blocks=num_kv_blocks,

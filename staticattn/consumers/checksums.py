@@ -48,6 +48,12 @@ class GatherArgs:
     swa: dict[str, Any] | None = None
     indexer: dict[str, Any] | None = None
     plan: tuple[torch.Tensor, ...] | None = None
+    #: The output column of the indexer checksum (2; DeepSeek V4.1 launches once per index
+    #: type, each into a column of its own).
+    index_column: int = 2
+    #: Whether this launch writes the SWA and C128A columns (0, 1): the first launch of a
+    #: step does, the other index types' launches leave them.
+    window_columns: bool = True
 
     def set_swa(self, md) -> None:
         """Read the sparse SWA metadata: decode window and C128A rows, prefill gather lengths."""
@@ -79,7 +85,9 @@ class GatherArgs:
 
 
 def gather_checksums(backend: str, a: GatherArgs, out: torch.Tensor) -> None:
-    """Write ``out[:num_tokens]`` (int64 ``(num_tokens, 3)``); see the module docstring."""
+    """Write columns 0, 1 (when ``a.window_columns``) and ``a.index_column`` of
+    ``out[:num_tokens]`` (int64 ``(num_tokens, columns)``, contiguous rows); see the module
+    docstring."""
     if a.num_tokens == 0:
         return
     if backend == "triton":
@@ -112,8 +120,10 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
     b = torch.where(real, a.token_to_req[: a.num_tokens].long(), 0)
     p = torch.where(real, a.positions[: a.num_tokens], 0)
     swa_cache, c128a_cache, index_cache = a.caches
-    out.zero_()
-    if a.swa is not None:
+    out[:, a.index_column].zero_()
+    if a.window_columns:
+        out[:, :2].zero_()
+    if a.swa is not None and a.window_columns:
         s = a.swa
         rows = s["lens"].shape[0]
         dec = t < td
@@ -147,7 +157,7 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
                                    keep)
             out[:, 1] = torch.where(dec & real, c_dec, c_pre)
     if a.indexer is not None:
-        out[:, 2] = _index_sums(a, t, real, b, p, index_cache)
+        out[:, a.index_column] = _index_sums(a, t, real, b, p, index_cache)
 
 
 def _index_sums(a: GatherArgs, t, real, b, p, cache):
@@ -189,7 +199,7 @@ def _index_sums(a: GatherArgs, t, real, b, p, cache):
 def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
     swa, idx, plan = a.swa or {}, a.indexer or {}, a.plan
     placeholder = a.token_to_req  # an int32 view for absent parts; never dereferenced
-    has_s = bool(swa)
+    has_s = bool(swa) and a.window_columns
     has_pre = has_s and swa["gather_lens"] is not None
     has_c = has_s and swa["c_indices"] is not None
     has_cp = has_c and swa["cp_indices"] is not None
@@ -217,12 +227,12 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
         swa["cp_indices"].shape[0] if has_cp else 0,
         i_lens.shape[0] if has_i else 0, i_lens.shape[1] if has_i else 1,
         idx.get("decode_tokens", 0), bounds.shape[0] if plan is not None else 0,
-        a.window, a.swa_block_size, a.c128a_entries, a.storage_block_size,
+        a.window, a.swa_block_size, a.c128a_entries, a.storage_block_size, out.stride(0),
         HAS_S=has_s, HAS_PRE=has_pre, HAS_C=has_c, HAS_CP=has_cp, HAS_I=has_i,
         HAS_PLAN=plan is not None, I_FLATTEN=bool(idx.get("flatten")),
         I_DEVICE_COUNTS=bool(idx.get("device_counts")), C_WIDTH=c_width,
         BLOCK_W=pow2_at_least(a.window, 16), BLOCK_C=min(pow2_at_least(c_width, 16), 1024),
-        TAIL=INDEX_TAIL, BLOCK_CHUNKS=64,
+        TAIL=INDEX_TAIL, BLOCK_CHUNKS=64, I_COL=a.index_column, WRITE_SC=a.window_columns,
     )
 
 
@@ -251,12 +261,12 @@ def _gather_kernel():
         i_lens, i_bt, i_bt_stride, bounds, num_chunks, cu, ks, ke,
         swa_cache, c_cache, i_cache, swa_size, c_size, i_size,
         swa_rows, pre_rows, cp_rows, i_rows, i_width, i_decode_tokens, max_chunks,
-        window, swa_bs, c_entries, storage_bs,
+        window, swa_bs, c_entries, storage_bs, out_stride,
         HAS_S: tl.constexpr, HAS_PRE: tl.constexpr, HAS_C: tl.constexpr,
         HAS_CP: tl.constexpr, HAS_I: tl.constexpr, HAS_PLAN: tl.constexpr,
         I_FLATTEN: tl.constexpr, I_DEVICE_COUNTS: tl.constexpr, C_WIDTH: tl.constexpr,
         BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, TAIL: tl.constexpr,
-        BLOCK_CHUNKS: tl.constexpr,
+        BLOCK_CHUNKS: tl.constexpr, I_COL: tl.constexpr, WRITE_SC: tl.constexpr,
     ):
         t = tl.program_id(0)
         real = t < tl.load(counts + 1)
@@ -349,8 +359,10 @@ def _gather_kernel():
             m = tl.where(pre, (i >= lo_t) & (k >= 0), False)
             i_sum += paged_sum(bt + b * bt_stride, tl.maximum(k, 0), m, storage_bs, i_cache,
                                i_size)
-        tl.store(out + t * 3, tl.sum(s_sum, 0))
-        tl.store(out + t * 3 + 1, tl.sum(c_sum, 0))
-        tl.store(out + t * 3 + 2, tl.sum(i_sum, 0))
+        row_out = out + t.to(tl.int64) * out_stride
+        if WRITE_SC:
+            tl.store(row_out, tl.sum(s_sum, 0))
+            tl.store(row_out + 1, tl.sum(c_sum, 0))
+        tl.store(row_out + I_COL, tl.sum(i_sum, 0))
 
     return gather_kernel

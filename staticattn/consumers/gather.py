@@ -18,6 +18,12 @@ int64 (padded tokens: zeros):
   table (native or flattened), a prefill token through its key range ``[ks, ke)`` in its
   chunk's gathered K, the request's keys starting at its chunk's ``cu_seq_lens`` entry.
 
+DeepSeek V4.1 (two index types, compressed caches of their own, :meth:`GatherConsumer.columns`):
+an indexer column per index type (``indexer.c1a``, ``indexer.c2a``: its keys through its
+``index_k`` group's table), and per kv-source type two columns of the compressed builder's
+outputs (:mod:`staticattn.consumers.compressed_checksums`): the entries the token may read,
+and the entry and compressor-ring row it writes. C128A is absent there (column 1 is 0).
+
 Each checksum is a function of the token alone when the metadata is right, whichever build
 made it (a decode graph, a mixed graph, the reference's eager build with its own layouts and
 splits), so comparing the rows of a replay and an eager run compares all metadata through a
@@ -33,24 +39,39 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
+from staticattn.builders.compressed.builder import kv_source_types, ring_capacity
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.consumers.checksums import GatherArgs, gather_checksums
+from staticattn.consumers.compressed_checksums import CompressedArgs, compressed_checksums
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.indexer_plan import CHUNK_FIELDS
+from staticattn.model import Addressing, Cache, LayerType
 
 __all__ = ["GatherConsumer"]
 
 
 class GatherConsumer:
-    """Callable step ``(batch, metadata) -> (num_tokens, 3) int64`` over owned buffers.
+    """Callable step ``(batch, metadata) -> (num_tokens, columns)`` int64 over owned buffers.
 
     Parameters
     ----------
     config : ArenaConfig
     num_kv_blocks : int
-        Blocks of each fake cache; block ids of the batch must be below it.
+        Blocks of each fake cache; block ids of the batch (every table's) must be below it.
     seed : int
         Fills the caches with random values.
+
+    Attributes
+    ----------
+    columns : list of str
+        What each output column sums: ``"swa"``, ``"c128a"``, one per index type (its
+        indexer builder's name: ``"indexer"``, or ``"indexer.c1a"`` ...), then per
+        kv-source type with cache groups of its own ``"<type>.read"``, ``"<type>.write"``
+        (DeepSeek V3.2 and V4: the first three only).
+    caches : dict of str to int32 device tensor
+        The fake caches by name: ``"swa"``, ``"c128a"``, each index type's by its indexer
+        column name, each own-group kv-source type's ``"<type>.compressed_kv"`` and (with a
+        ring) ``"<type>.compressor_state"``; flat, indexed by slot.
     """
 
     def __init__(self, config: ArenaConfig, num_kv_blocks: int = 4096, seed: int = 0) -> None:
@@ -61,15 +82,28 @@ class GatherConsumer:
         def cache(entries: int) -> torch.Tensor:
             return torch.randint(0, 1 << 20, (entries,), generator=gen, dtype=torch.int32).to(dev)
 
-        self.swa_cache = cache(num_kv_blocks * config.swa_block_size)
-        self.c128a_cache = cache(num_kv_blocks * _dense_entries_per_block(config))
-        self.index_cache = cache(num_kv_blocks * config.storage_block_size)
+        types = config.index_layer_types
+        self._index = [(f"indexer.{t.name}" if len(types) > 1 else "indexer", t) for t in types]
+        self._kv = [t for t in kv_source_types(config) if t.addressing is Addressing.OWN_GROUPS]
+        self.columns = ["swa", "c128a", *(name for name, _ in self._index),
+                        *(f"{t.name}.{x}" for t in self._kv for x in ("read", "write"))]
+        self.caches = {"swa": cache(num_kv_blocks * config.swa_block_size),
+                       "c128a": cache(num_kv_blocks * _dense_entries_per_block(config))}
+        for name, t in self._index:
+            self.caches[name] = cache(num_kv_blocks * t.entries_per_block(config.block_size))
+        for t in self._kv:
+            self.caches[t.group(Cache.COMPRESSED_KV)] = cache(
+                num_kv_blocks * t.entries_per_block(config.block_size))
+            if Cache.COMPRESSOR_STATE in t.owns:
+                self.caches[t.group(Cache.COMPRESSOR_STATE)] = cache(
+                    num_kv_blocks * ring_capacity(config.num_speculative_tokens))
         t, r = config.max_num_batched_tokens, config.max_num_seqs
-        self.out = torch.zeros(t, 3, dtype=torch.int64, device=dev)
+        self.out = torch.zeros(t, len(self.columns), dtype=torch.int64, device=dev)
         # A host-planned prefill laid out as a device plan (eager builds only), with as many
         # rows as the device plan can need (query sub-chunks included).
-        self.chunk_table = torch.zeros(max_chunks(config, r, t), CHUNK_FIELDS,
-                                       dtype=torch.int32, device=dev)
+        rows = max((max_chunks(config, r, t, x.compress_ratio) for _, x in self._index),
+                   default=1)
+        self.chunk_table = torch.zeros(rows, CHUNK_FIELDS, dtype=torch.int32, device=dev)
         self.cu_seq_lens = torch.zeros(2 * r, dtype=torch.int32, device=dev)
         self.ks = torch.zeros(t, dtype=torch.int32, device=dev)
         self.ke = torch.zeros(t, dtype=torch.int32, device=dev)
@@ -78,21 +112,51 @@ class GatherConsumer:
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
         num_tokens = batch.num_actual_tokens
         out = self.out[:num_tokens]
-        gather_checksums(self.backend, self._args(batch, metadata), out)
+        out.zero_()
+        # One launch per index type: the first also sums the window and C128A columns.
+        for column, (name, layer_type) in enumerate(self._index, start=2):
+            args = self._args(batch, metadata, name, layer_type)
+            args.index_column, args.window_columns = column, column == 2
+            gather_checksums(self.backend, args, out)
+        if not self._index:
+            gather_checksums(self.backend, self._args(batch, metadata, None, None), out)
+        compressed = metadata.get("compressed")
+        first = 2 + len(self._index)
+        for j, t in enumerate(self._kv):
+            if compressed is not None:
+                compressed_checksums(self.backend, self._compressed_args(batch, compressed, t),
+                                     out[:, first + 2 * j:])
         return out
 
-    def _args(self, batch: Batch, metadata: dict) -> GatherArgs:
-        swa, idx = metadata.get("swa"), metadata.get("indexer")
+    def _compressed_args(self, batch: Batch, md, t: LayerType) -> CompressedArgs:
+        kv = md.types[t.name]
+        return CompressedArgs(
+            num_tokens=batch.num_actual_tokens, token_to_req=batch.token_to_req,
+            step_counts=batch.step_counts, block_table=kv.block_table,
+            entries_per_block=kv.entries_per_block, entry_counts=kv.entry_counts,
+            slot_mapping=kv.slot_mapping, ring_slot_mapping=kv.ring_slot_mapping,
+            kv_cache=self.caches[t.group(Cache.COMPRESSED_KV)],
+            ring_cache=self.caches.get(t.group(Cache.COMPRESSOR_STATE)))
+
+    def _args(self, batch: Batch, metadata: dict, name: str | None,
+              layer_type: LayerType | None) -> GatherArgs:
+        swa, idx = metadata.get("swa"), metadata.get(name) if name else None
         cfg = self.config
+        # The index type's K table (V4.1: its group's; otherwise the main one, which also
+        # addresses C128A: no config has both).
+        table = (batch.table_of(layer_type, Cache.INDEX_K) if layer_type is not None
+                 else batch.block_table)
+        index_cache = self.caches[name] if name else self.caches["c128a"]
         args = GatherArgs(
             num_tokens=batch.num_actual_tokens, token_to_req=batch.token_to_req,
             positions=batch.positions, query_start_loc=batch.query_start_loc,
-            block_table=batch.block_table, swa_block_table=batch.swa_block_table,
-            step_counts=batch.step_counts, caches=(self.swa_cache, self.c128a_cache,
-                                                   self.index_cache),
+            block_table=table, swa_block_table=batch.swa_block_table,
+            step_counts=batch.step_counts, caches=(self.caches["swa"], self.caches["c128a"],
+                                                   index_cache),
             window=cfg.sliding_window or 1, swa_block_size=cfg.swa_block_size,
             c128a_entries=_dense_entries_per_block(cfg),
-            storage_block_size=cfg.storage_block_size,
+            storage_block_size=(layer_type.entries_per_block(cfg.block_size)
+                                if layer_type is not None else cfg.block_size),
         )
         if swa is not None:
             args.set_swa(swa)

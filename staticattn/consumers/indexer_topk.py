@@ -23,8 +23,11 @@ the graph's pool); it never leaves the step. Prefill tokens (eager mixed steps) 
 their logits come from ``fp8_mqa_logits``, which this consumer does not run.
 
 On sm90 DeepGEMM takes ``next_n`` in (1, 2) natively and 64-entry pages only, so the
-config's ``storage_block_size`` must be 64 (V3.2: block 64, R = 1; V4: block 256, R = 4);
-``next_n >= 3`` reaches it flattened (the builder's layout, one row per token).
+index type's pages must hold 64 entries (V3.2: block 64, R = 1; V4: block 256, R = 4;
+V4.1 on the SM90 block 64: ``c1a`` only, ``c2a``'s pages hold 32 --
+:func:`index_type_unserved`); ``next_n >= 3`` reaches it flattened (the builder's layout,
+one row per token). A config with several index types (V4.1) takes one step per type
+(``index_type=``), each reading its own ``md["indexer.<type>"]``.
 
 The step's inputs are owned buffers the caller fills before each step: ``q`` (e4m3
 ``(max_decode_tokens, H, D)``), ``weights`` (fp32 ``(max_decode_tokens, H)``) and the
@@ -43,8 +46,9 @@ from staticattn.builders.batch import Batch
 from staticattn.consumers.caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.dsa_libs import DEEP_GEMM, require
+from staticattn.model import LayerType
 
-__all__ = ["IndexerTopKStep", "LogitsFn"]
+__all__ = ["IndexerTopKStep", "LogitsFn", "index_type_unserved"]
 
 #: ``(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len) -> logits``,
 #: DeepGEMM's ``fp8_paged_mqa_logits`` signature (keyword ``clean_logits`` dropped).
@@ -65,7 +69,12 @@ class IndexerTopKStep:
     Parameters
     ----------
     config : ArenaConfig
-        ``storage_block_size`` must be 64; on CUDA ``num_sms`` must equal DeepGEMM's.
+        The index type's K pages must hold 64 entries (:func:`index_type_unserved`); on
+        CUDA ``num_sms`` must equal DeepGEMM's.
+    index_type : str, optional
+        The index-owning layer type whose indexer metadata (``md["indexer.<type>"]``) it
+        reads, for a config with several (DeepSeek V4.1: "c1a", "c2a"); default the
+        config's one (``md["indexer"]``).
     num_kv_blocks : int
         Blocks of the owned K cache; block ids of the batch must be below it.
     num_heads, head_dim : int
@@ -89,19 +98,18 @@ class IndexerTopKStep:
         self,
         config: ArenaConfig,
         *,
+        index_type: str | None = None,
         num_kv_blocks: int = 4096,
         num_heads: int = 64,
         head_dim: int = 128,
         topk: int | None = None,
         logits_fn: LogitsFn | None = None,
     ) -> None:
-        if config.storage_block_size != INDEXER_BLOCK:
-            raise ConfigError(
-                f"DeepGEMM's paged MQA logits read 64-entry pages on sm90, but this config "
-                f"stores storage_block_size={config.storage_block_size} indexer entries per "
-                "block (block_size // index_compress_ratio); use block_size 64 with R=1 "
-                "(V3.2) or 256 with R=4 (V4)"
-            )
+        row = (config.index_layer_type if index_type is None
+               else _index_row(config, index_type))
+        why = index_type_unserved(config, row)
+        if why is not None:
+            raise ConfigError(why)
         if num_heads not in _HEADS or head_dim not in _HEAD_DIMS:
             raise ConfigError(f"num_heads={num_heads}, head_dim={head_dim}: the sm90 kernel "
                               f"takes heads in {_HEADS} and head dims in {_HEAD_DIMS}")
@@ -117,9 +125,12 @@ class IndexerTopKStep:
                 )
             logits_fn = _deep_gemm_logits(dg)
         self.config = config
+        #: The metadata it reads (``md[name]``), the builder's name.
+        self.name = "indexer" if index_type is None else f"indexer.{index_type}"
+        self.compress_ratio = max(row.compress_ratio, 1)
         self.logits_fn = logits_fn
         self.num_heads, self.head_dim = num_heads, head_dim
-        self.max_context_len = cdiv(config.max_model_len, config.index_compress_ratio)
+        self.max_context_len = cdiv(config.max_model_len, self.compress_ratio)
         self.topk = min(topk or config.index_topk, self.max_context_len)
         dev = config.torch_device
         rows, ctx, k = config.max_decode_tokens, self.max_context_len, self.topk
@@ -141,7 +152,7 @@ class IndexerTopKStep:
 
     def __call__(self, batch: Batch, md: dict[str, Any]) -> torch.Tensor:
         out = self.out[: batch.num_actual_tokens]
-        self.topk_into(md["indexer"], out)
+        self.topk_into(md[self.name], out)
         return out
 
     def topk_into(self, idx_md, out: torch.Tensor) -> None:
@@ -191,8 +202,32 @@ class IndexerTopKStep:
         compressed length rounded up to whole 256-key splits, at most the capacity's. In a
         graph ``max_seq_len`` is the bound it was captured for (a context bucket's, or
         ``max_model_len``); eagerly, the step's own longest sequence."""
-        keys = cdiv(max(int(max_seq_len), 1), self.config.index_compress_ratio)
+        keys = cdiv(max(int(max_seq_len), 1), self.compress_ratio)
         return min(self.max_context_len, cdiv(keys, _SPLIT) * _SPLIT)
+
+
+def _index_row(config: ArenaConfig, name: str) -> LayerType:
+    rows = {t.name: t for t in config.index_layer_types}
+    if name not in rows:
+        raise ConfigError(f"index_type {name!r}: this config's index-owning layer types are "
+                          f"{list(rows)}")
+    return rows[name]
+
+
+def index_type_unserved(config: ArenaConfig, row: LayerType) -> str | None:
+    """Why DeepGEMM's paged MQA logits cannot serve the index type ``row`` of ``config``
+    on SM90, or None when they can: the sm90 kernel reads index-K pages of exactly 64
+    entries (it asserts ``block_kv == 64``; SM100 also takes 32), and a type's pages hold
+    ``block_size // R`` entries. DeepSeek V4.1 on the SM90 kernel block (64): ``c1a`` 64
+    (served), ``c2a`` 32 (not); on the SM100 block (128): ``c1a`` 128 (not), ``c2a`` 64."""
+    entries = row.entries_per_block(config.block_size)
+    if entries == INDEXER_BLOCK:
+        return None
+    return (f"index type {row.name!r}: DeepGEMM's sm90 paged MQA logits read index-K pages "
+            f"of {INDEXER_BLOCK} entries (the kernel asserts block_kv == {INDEXER_BLOCK}), "
+            f"but {row.name} pages hold {entries} (block_size {config.block_size} // R "
+            f"{max(row.compress_ratio, 1)}); block_size "
+            f"{INDEXER_BLOCK * max(row.compress_ratio, 1)} would serve it")
 
 
 def _deep_gemm_logits(dg) -> LogitsFn:

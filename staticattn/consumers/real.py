@@ -5,7 +5,9 @@ chains them.
   masked top-k (the indexer, V3.2 and V4);
 * :class:`~staticattn.consumers.sparse_decode.SparseDecodeStep` -- FlashMLA sparse FP8
   decode over the SWA window + C4A / C128A keys (V4);
-* :class:`DSADecodeStep` -- both, as one step: the indexer's top-k feeds the C4A layers.
+* :class:`DSADecodeStep` -- both, as one step: the indexer's top-k feeds the C4A layers;
+* :class:`~staticattn.consumers.v41_decode.V41DecodeStep` -- DeepSeek V4.1: an indexer per
+  index type, its top-k turned into the type's compressed slots, FlashMLA per layer type.
 
 :func:`real_consumer_step` returns the richest of these the machine can run (for the demo and
 the benchmark); :func:`real_consumers_available` says what is importable. Both libraries are
@@ -30,13 +32,14 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
-from staticattn.consumers.indexer_topk import IndexerTopKStep
+from staticattn.consumers.indexer_topk import IndexerTopKStep, index_type_unserved
 from staticattn.consumers.sparse_decode import SparseDecodeStep
+from staticattn.consumers.v41_decode import V41DecodeStep
 from staticattn.errors import BackendUnavailableError, ConfigError
 from staticattn.kernels.dsa_libs import DEEP_GEMM, FLASH_MLA, available, import_error
 from staticattn.model import Reads
 
-__all__ = ["DSADecodeStep", "real_consumer_step", "real_consumers_available"]
+__all__ = ["DSADecodeStep", "V41DecodeStep", "real_consumer_step", "real_consumers_available"]
 
 
 def real_consumers_available() -> dict[str, bool]:
@@ -84,6 +87,9 @@ class DSADecodeStep:
 def real_consumer_step(config: ArenaConfig, **kwargs):
     """The real consumers this machine can run, as one step for ``config``:
 
+    * DeepGEMM and FlashMLA, a config with several index types (DeepSeek V4.1):
+      :class:`V41DecodeStep` over the index types DeepGEMM's sm90 logits serve (V4.1 on the
+      SM90 block: c1a; c2a's 32-entry pages are not, :func:`index_type_unserved`);
     * DeepGEMM and FlashMLA, V4-like config: :class:`DSADecodeStep`;
     * DeepGEMM only, or a config without SWA (V3.2): :class:`IndexerTopKStep`;
     * FlashMLA only, V4-like config: :class:`SparseDecodeStep` without C4A layers.
@@ -92,6 +98,16 @@ def real_consumer_step(config: ArenaConfig, **kwargs):
     applies. ``kwargs`` go to the chosen class.
     """
     have = available()
+    index_types = config.index_layer_types
+    if len(index_types) > 1:
+        served = [t.name for t in index_types if index_type_unserved(config, t) is None]
+        if have[DEEP_GEMM] and have[FLASH_MLA] and served:
+            return V41DecodeStep(config, index_types=served, **kwargs)
+        why = "; ".join(index_type_unserved(config, t) or f"{t.name}: served"
+                        for t in index_types)
+        raise BackendUnavailableError(
+            f"no real consumer can run here: deep_gemm: {import_error(DEEP_GEMM) or 'ok'}; "
+            f"flash_mla: {import_error(FLASH_MLA) or 'ok'}; index types: {why}")
     if have[DEEP_GEMM] and have[FLASH_MLA] and config.has_swa:
         return DSADecodeStep(config, **kwargs)
     if have[DEEP_GEMM]:

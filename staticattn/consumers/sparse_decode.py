@@ -48,7 +48,8 @@ from staticattn.errors import ConfigError, GraphError
 from staticattn.kernels.dsa_libs import FLASH_MLA, require
 from staticattn.model import Reads
 
-__all__ = ["SparseDecodeStep", "DecodeFn"]
+__all__ = ["DecodeFn", "SparseDecodeStep", "check_attention_config", "check_sched",
+           "decode_layers", "layer_buffers"]
 
 #: ``flash_mla_with_kvcache``'s signature.
 DecodeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -101,7 +102,7 @@ class SparseDecodeStep:
         softmax_scale: float | None = None,
         decode_fn: DecodeFn | None = None,
     ) -> None:
-        _check_config(config, num_heads)
+        check_attention_config(config, num_heads)
         present = {t.name: t for t in config.layer_types if t.window}
         if layer_types is None:
             layer_types = [n for n, t in present.items() if t.reads is not Reads.TOPK or with_c4a]
@@ -114,7 +115,8 @@ class SparseDecodeStep:
             )
         #: What each layer type reads beside its window, from the table.
         self.reads = {n: present[n].reads for n in layer_types}
-        self._real = decode_fn is None
+        #: Whether ``decode_fn`` is FlashMLA's (its tile-scheduler holders are checked).
+        self.checks_sched = decode_fn is None
         if decode_fn is None:
             decode_fn = require(FLASH_MLA).flash_mla_with_kvcache
             if config.torch_device.type != "cuda":
@@ -123,16 +125,11 @@ class SparseDecodeStep:
         self.decode_fn = decode_fn
         self.num_heads = num_heads
         self.scale = MODEL1_DIM ** -0.5 if softmax_scale is None else float(softmax_scale)
-        self.layers = [(i * len(layer_types) + j, t) for j, t in enumerate(layer_types)
-                       for i in range(layers_per_type)]
-        self.layers.sort()
         self.layer_types = tuple(layer_types)
+        self.layers, self.q, self.attn_sink, self.swa_cache = layer_buffers(
+            config, layer_types, layers_per_type, num_heads, num_kv_blocks)
         dev = config.torch_device
         rows, n = config.max_decode_tokens, len(self.layers)
-        self.q = torch.zeros(n, rows, 1, num_heads, MODEL1_DIM, dtype=torch.bfloat16,
-                             device=dev)
-        self.attn_sink = torch.zeros(n, num_heads, dtype=torch.float32, device=dev)
-        self.swa_cache = alloc_model1_cache(num_kv_blocks, config.swa_block_size, dev)
         dense = config.dense_layer_type
         self.c128a_cache = (alloc_model1_cache(num_kv_blocks,
                                                dense.entries_per_block(config.block_size), dev)
@@ -181,17 +178,7 @@ class SparseDecodeStep:
             idx, lens = self._c4a_slots(batch, swa, c4a_topk[:td])
             extra[Reads.TOPK] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,
                                      extra_topk_length=lens)
-        for layer, layer_type in self.layers:
-            sched = swa.tile_sched(layer_type)
-            if self._real:
-                _check_sched(sched, layer_type)
-            o, _ = self.decode_fn(
-                self.q[layer, :td], self.swa_cache, None, None, MODEL1_DIM, sched,
-                softmax_scale=self.scale, is_fp8_kvcache=True,
-                indices=swa.decode_swa_indices, attn_sink=self.attn_sink[layer],
-                topk_length=swa.decode_swa_lens, **extra[self.reads[layer_type]],
-            )
-            out[:td, layer].copy_(o.view(td, self.num_heads, MODEL1_DIM))
+        decode_layers(self, swa, {t: extra[r] for t, r in self.reads.items()}, out[:td])
         return out
 
     def _c4a_slots(self, batch: Batch, swa, topk: torch.Tensor):
@@ -211,7 +198,46 @@ class SparseDecodeStep:
         return idx, lens
 
 
-def _check_config(config: ArenaConfig, num_heads: int) -> None:
+def layer_buffers(config: ArenaConfig, layer_types: Sequence[str], layers_per_type: int,
+                  num_heads: int, num_kv_blocks: int):
+    """``(layers, q, attn_sink, swa_cache)`` of an attention step: ``layers_per_type``
+    layers of each type interleaved as ``(layer index, type)``, their queries bf16
+    ``(num_layers, max_decode_tokens, 1, H, 512)``, sinks fp32 ``(num_layers, H)``, and the
+    window's MODEL1 cache (``swa_block_size`` tokens a page)."""
+    layers = sorted((i * len(layer_types) + j, t) for j, t in enumerate(layer_types)
+                    for i in range(layers_per_type))
+    dev = config.torch_device
+    q = torch.zeros(len(layers), config.max_decode_tokens, 1, num_heads, MODEL1_DIM,
+                    dtype=torch.bfloat16, device=dev)
+    attn_sink = torch.zeros(len(layers), num_heads, dtype=torch.float32, device=dev)
+    return layers, q, attn_sink, alloc_model1_cache(num_kv_blocks, config.swa_block_size, dev)
+
+
+def decode_layers(step, swa, extra: dict[str, dict], out: torch.Tensor) -> None:
+    """Run every layer of ``step`` through its ``decode_fn`` and copy each result into
+    ``out[:, layer]`` (bf16 ``(Td, num_layers, H, 512)``): the window of ``swa`` (the SWA
+    metadata) over ``step.swa_cache``, the layer type's tile-scheduler holder, and the
+    type's extra keys (``extra[type]``: FlashMLA's ``extra_*`` keywords, empty for a
+    window-only type). ``step`` offers ``layers``, ``q``, ``attn_sink``, ``swa_cache``,
+    ``scale``, ``num_heads``, ``decode_fn`` and whether it is the real library
+    (``checks_sched``)."""
+    td = out.shape[0]
+    for layer, layer_type in step.layers:
+        sched = swa.tile_sched(layer_type)
+        if step.checks_sched:
+            check_sched(sched, layer_type)
+        o, _ = step.decode_fn(
+            step.q[layer, :td], step.swa_cache, None, None, MODEL1_DIM, sched,
+            softmax_scale=step.scale, is_fp8_kvcache=True,
+            indices=swa.decode_swa_indices, attn_sink=step.attn_sink[layer],
+            topk_length=swa.decode_swa_lens, **extra[layer_type],
+        )
+        out[:, layer].copy_(o.view(td, step.num_heads, MODEL1_DIM))
+
+
+def check_attention_config(config: ArenaConfig, num_heads: int) -> None:
+    """:class:`ConfigError` unless FlashMLA's sparse decode serves the config's window and
+    ``num_heads`` query heads."""
     if config.sliding_window is None:
         raise ConfigError("the sparse attention step needs a DeepSeek V4-like config "
                           "(sliding_window set)")
@@ -222,7 +248,8 @@ def _check_config(config: ArenaConfig, num_heads: int) -> None:
         raise ConfigError(f"num_heads={num_heads}: FlashMLA's sparse decode takes {_HEADS}")
 
 
-def _check_sched(sched: Any, layer_type: str) -> None:
+def check_sched(sched: Any, layer_type: str) -> None:
+    """:class:`GraphError` unless ``sched`` is FlashMLA's tile-scheduler holder."""
     if sched is None or type(sched).__name__ != "FlashMLASchedMeta":
         raise GraphError(
             f"md['swa'].tile_sched({layer_type!r}) is {type(sched).__name__}, not FlashMLA's "

@@ -10,12 +10,21 @@ the cache entries attention would read, summed (see staticattn.consumers.gather)
 A decode token (query length at most ``next_n``, before the first longer request) whose slot
 is -1 reads nothing through the SWA and C128A metadata (length 0); the indexer does not look
 at slots.
+
+DeepSeek V4.1 (:func:`expected_v41`, columns ``swa, c128a, indexer.c1a, indexer.c2a,
+c1a.read, c1a.write, c2a.read, c2a.write``): each index type's keys ``n = (p + 1) // R``
+through its ``<type>.index_k`` table (``block_size // R`` entries per block); per kv-source
+type the last ``min(n, 32)`` of its ``n`` compressed entries through its
+``<type>.compressed_kv`` table (read), and the entry the token writes (``(p + 1) % R == 0``
+and its own slot not -1) plus its compressor-ring row (``ring_block * cap + p % cap``, none
+for the null ring block 0) (write).
 """
 
 from __future__ import annotations
 
-__all__ = ["TAIL", "expected"]
+__all__ = ["TAIL", "expected", "expected_v41"]
 
+from staticattn.reference import v41_compressed as v41_oracle
 from staticattn.reference.swa import dense_ratio, dense_width
 
 TAIL = 32
@@ -25,7 +34,13 @@ def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) ->
     """``num_tokens`` rows of ``[swa, c128a, indexer]`` sums (ints; rows past the step's
     real tokens ``[0, 0, 0]``) for a :class:`~staticattn.reference.step.HostStep`; each cache
     is a flat sequence of ints indexed by slot (``cache[slot]``)."""
-    rows = []
+    rows = [[swa, c128a, _index(cfg, step, b, p, index_cache)]
+            for b, p, swa, c128a in _windows(cfg, step, swa_cache, c128a_cache)]
+    return rows + [[0, 0, 0]] * (num_tokens - len(rows))
+
+
+def _windows(cfg, step, swa_cache, c128a_cache):
+    """Per real token ``(request, position, swa sum, c128a sum)``."""
     q = [int(x) for x in step.query_lens]
     d = 0
     while d < len(q) and q[d] <= cfg.decode_threshold:
@@ -36,14 +51,10 @@ def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) ->
         for j in range(qb):
             p = int(L) - qb + j
             dead = t < td and int(step.slot_mapping[t]) < 0
-            rows.append([
-                0 if dead or not cfg.has_swa else _swa(cfg, step, b, p, swa_cache),
-                0 if dead or cfg.dense_layer_type is None else _c128a(cfg, step, b, p,
-                                                                         c128a_cache),
-                _index(cfg, step, b, p, index_cache),
-            ])
+            yield (b, p, 0 if dead or not cfg.has_swa else _swa(cfg, step, b, p, swa_cache),
+                   0 if dead or cfg.dense_layer_type is None else _c128a(cfg, step, b, p,
+                                                                         c128a_cache))
             t += 1
-    return rows + [[0, 0, 0]] * (num_tokens - t)
 
 
 def _swa(cfg, step, b, p, cache) -> int:
@@ -65,4 +76,43 @@ def _index(cfg, step, b, p, cache) -> int:
     row = step.block_table[b]
     n = max(p + 1, 0) // cfg.index_compress_ratio
     return sum(int(cache[int(row[k // size]) * size + k % size])
+               for k in range(max(n - TAIL, 0), n))
+
+
+def expected_v41(cfg, v41, caches: dict, num_tokens: int) -> list[list[int]]:
+    """``num_tokens`` rows of the eight DeepSeek V4.1 sums (rows past the real tokens all 0)
+    for a :class:`~staticattn.reference.v41_compressed.V41Step`; ``caches`` by the gather
+    consumer's names (``"swa"``, ``"indexer.c1a"``, ``"c2a.compressed_kv"``,
+    ``"c2a.compressor_state"``, ...), each a flat sequence of ints indexed by slot."""
+    _, _, own = v41_oracle.tokens(v41.step)
+    cap = v41_oracle.ring_capacity(cfg.num_speculative_tokens)
+    rows = []
+    for t, (b, p, swa, c128a) in enumerate(_windows(cfg, v41.step, caches["swa"],
+                                                     caches["c128a"])):
+        row = [swa, c128a]
+        for name, ratio in v41_oracle.RATIOS.items():
+            per = cfg.block_size // ratio
+            table = v41.tables[f"{name}.index_k"][b]
+            row.append(_tail(caches[f"indexer.{name}"], table, per, (p + 1) // ratio))
+        for name, ratio in v41_oracle.RATIOS.items():
+            per = cfg.block_size // ratio
+            kv = caches[f"{name}.compressed_kv"]
+            row.append(_tail(kv, v41.tables[f"{name}.compressed_kv"][b], per, (p + 1) // ratio))
+            written = 0
+            if (p + 1) % ratio == 0 and own[t] != -1:
+                k = p // ratio
+                written += int(kv[int(v41.tables[f"{name}.compressed_kv"][b][k // per]) * per
+                                  + k % per])
+            ring = v41.tables.get(f"{name}.compressor_state")
+            if ring is not None and int(ring[b][0]) != 0:
+                written += int(caches[f"{name}.compressor_state"][int(ring[b][0]) * cap
+                                                                  + p % cap])
+            row.append(written)
+        rows.append(row)
+    return rows + [[0] * 8] * (num_tokens - len(rows))
+
+
+def _tail(cache, table_row, per: int, n: int) -> int:
+    """The last ``min(n, TAIL)`` of ``n`` entries through one block-table row."""
+    return sum(int(cache[int(table_row[k // per]) * per + k % per])
                for k in range(max(n - TAIL, 0), n))
