@@ -18,7 +18,8 @@ One module per concern:
   parallelism;
 * :mod:`~staticattn.reference.checksums` -- what the built-in gather consumer must write;
 * :mod:`~staticattn.reference.topk_attention` -- the reference decode-context-parallel
-  consumer's top-k and attention for one token.
+  consumer's top-k and attention for one token;
+* :mod:`~staticattn.reference.short_topk` -- the short-context top-k fill, per row.
 
 Example::
 

@@ -86,8 +86,8 @@ class CompressedMetadata:
     step_counts: torch.Tensor | None
     backend: str
 
-    def decode_topk(self, layer_type: str,
-                    topk_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_topk(self, layer_type: str, topk_indices: torch.Tensor, *,
+                    short_context_fill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode operand of one layer of ``layer_type`` from its top-k (spec §7.1):
         global slots of the type's compressed cache and their counts, written into the
         type's ``decode_topk_indices`` / ``decode_topk_lens`` and returned. Graph-safe: one
@@ -99,6 +99,11 @@ class CompressedMetadata:
             A top-k type of :attr:`types` ("c1a").
         topk_indices : int32 device ``(>= num_decode_tokens, K)``
             The indexer's request-local top-k rows, decode tokens first (-1 = none).
+        short_context_fill : bool
+            Decide the short-context fill per row on the device (``vllm-0.33-extras.md``
+            §4): a token whose ``n_c(p)`` (:attr:`CompressedKVMetadata.entry_counts`) fits
+            ``K`` reads all its ``n`` entries, ``0..n-1``, whatever its top-k row holds --
+            so the layer may leave such rows unscored. The set equals the scored one.
 
         Returns
         -------
@@ -125,5 +130,6 @@ class CompressedMetadata:
             self.backend, topk_indices, self.token_to_req, self.slot_mapping, kv.block_table,
             out.view(out.shape[0], out.shape[2]), kv.decode_topk_lens, num_rows=td,
             entries_per_block=kv.entries_per_block, step_counts=self.step_counts,
+            entry_counts=kv.entry_counts if short_context_fill else None,
         )
         return out, kv.decode_topk_lens
