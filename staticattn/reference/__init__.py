@@ -19,7 +19,8 @@ One module per concern:
 * :mod:`~staticattn.reference.checksums` -- what the built-in gather consumer must write;
 * :mod:`~staticattn.reference.topk_attention` -- the reference decode-context-parallel
   consumer's top-k and attention for one token;
-* :mod:`~staticattn.reference.short_topk` -- the short-context top-k fill, per row.
+* :mod:`~staticattn.reference.short_topk` -- the short-context top-k fill, per row;
+* :mod:`~staticattn.reference.compressor` -- the compressor's step flag (``c128_boundary``).
 
 Example::
 

@@ -44,6 +44,11 @@ class CompressedKVMetadata:
         Filled by :meth:`CompressedMetadata.decode_topk` (a top-k type only).
     decode_topk_lens : int32 device ``(Td,)`` or None
         Likewise.
+    entry_written : int32 device ``(1,)`` or None
+        A type that reads every entry (C128A): 1 when some token of the step writes an
+        entry (``slot_mapping >= 0``: a real token with ``(p + 1) % R == 0``), else 0 -- the
+        reference's ``CompressorMetadata.c128_boundary`` as a device flag, so a compressor
+        kernel can skip its store on the device inside a graph. None for other types.
     """
 
     layer_type: str
@@ -56,6 +61,7 @@ class CompressedKVMetadata:
     ring_capacity: int
     decode_topk_indices: torch.Tensor | None
     decode_topk_lens: torch.Tensor | None
+    entry_written: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
