@@ -20,7 +20,9 @@ One module per concern:
 * :mod:`~staticattn.reference.topk_attention` -- the reference decode-context-parallel
   consumer's top-k and attention for one token;
 * :mod:`~staticattn.reference.short_topk` -- the short-context top-k fill, per row;
-* :mod:`~staticattn.reference.compressor` -- the compressor's step flag (``c128_boundary``).
+* :mod:`~staticattn.reference.compressor` -- the compressor's step flag (``c128_boundary``);
+* :mod:`~staticattn.reference.dcp_topk` -- the exact top-k merge of decode and prefill rows
+  under decode context parallelism.
 
 Example::
 
