@@ -8,12 +8,14 @@
   (``e % world == r``), ascending, at their local slots: local index ``l = e // world``,
   slot ``bt[l // S] * S + l % S``.
 
-An invalid token has no share on any rank.
+An invalid token has no share on any rank. The writer of the C128A layout: the token at
+``p`` with ``(p + 1) % 128 == 0`` completes entry ``e = p // 128`` and writes it only on
+rank ``e % world``, at the local slot of ``e // world``.
 """
 
 from __future__ import annotations
 
-__all__ = ["c128a_share", "swa_share"]
+__all__ = ["c128a_share", "c128a_write_slot", "swa_share"]
 
 
 def swa_share(position: int, window: int, block_row, block_size: int, world: int, rank: int,
@@ -36,3 +38,17 @@ def c128a_share(position: int, max_entries: int, block_row, entries_per_block: i
             page = int(block_row[local // entries_per_block])
             out.append(page * entries_per_block + local % entries_per_block)
     return out
+
+
+def c128a_write_slot(position: int, block_row, entries_per_block: int, world: int, rank: int,
+                     ratio: int = 128) -> int:
+    """The local slot the token at ``position`` writes its completed entry to on ``rank``,
+    -1 when it completes none or the entry is another rank's."""
+    if (position + 1) % ratio != 0:
+        return -1
+    e = position // ratio
+    if e % world != rank:
+        return -1
+    local = e // world
+    return int(block_row[local // entries_per_block]) * entries_per_block + (
+        local % entries_per_block)
