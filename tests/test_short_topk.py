@@ -183,11 +183,14 @@ def _run_all(gm, step, inputs, keys, steps, eager_each: bool):
 ORDER = ["short", "long", "short", "both", "long", "short"]
 
 
-def test_short_then_long_steps_through_the_eager_paths(backend):
+@pytest.mark.parametrize("capturable", [False, True], ids=["emulated", "graph-safe-logits"])
+def test_short_then_long_steps_through_the_eager_paths(backend, capturable):
     """CPU (and GPU without capture): the graph builds run eagerly at each step's extents,
     short, long and both in turn through the same buffers, equal the reference build."""
     cfg, builders, arena, inputs, step = _world(backend)
     keys = fill_indexer_cache(step)
+    if capturable:
+        step.logits_fn = _graph_safe_logits(keys)
     gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
     steps = _steps(inputs, np.random.default_rng(7), ORDER)
     filled, scored = _run_all(gm, step, inputs, keys, steps, eager_each=True)
@@ -209,6 +212,25 @@ def test_without_the_fill_the_rows_are_scored(backend):
                     keys)
 
 
+def _graph_safe_logits(keys: torch.Tensor):
+    """The emulated paged-MQA logits without a host read (capturable): every column scored
+    through the block table, the caller masks past the lengths. ``keys`` float
+    ``(blocks, 64, D)``, the dequantised cache."""
+    flat = keys.reshape(-1, keys.shape[-1])
+    page = keys.shape[1]
+
+    def logits(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len):
+        rows, width, heads, dim = q.shape
+        j = torch.arange(max_context_len, device=q.device)
+        table = block_table.repeat_interleave(width, dim=0)
+        col = torch.div(j, page, rounding_mode="floor").clamp(max=table.shape[1] - 1)
+        k = flat[table[:, col].long() * page + j % page]
+        s = torch.einsum("ehd,ejd->ehj", q.reshape(rows * width, heads, dim).float(), k)
+        return (s.relu() * weights[:, :, None]).sum(1)
+
+    return logits
+
+
 @pytest.mark.gpu
 def test_graphs_captured_short_replay_long_and_short_rows():
     """vLLM #52492: the graphs are captured at minimal lengths (every row fits); replayed
@@ -216,6 +238,7 @@ def test_graphs_captured_short_replay_long_and_short_rows():
     oracle -- and the recorded launches (a step beyond every graph) likewise."""
     cfg, builders, arena, inputs, step = _world("triton")
     keys = fill_indexer_cache(step)
+    step.logits_fn = _graph_safe_logits(keys)
     gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
     gm.capture([2, 4, 8], buckets=())
     steps = _steps(inputs, np.random.default_rng(11), ORDER * 2)
