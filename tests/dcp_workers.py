@@ -51,8 +51,8 @@ def random_step(cfg, rng: np.random.Generator, num_reqs: int | None = None):
     return make_step(cfg, q, seq, rng=rng)
 
 
-def _join(rank: int, out: str, world: int = WORLD) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+def _join(rank: int, out: str, world: int = WORLD, backend: str = "gloo") -> None:
+    dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank,
                             world_size=world, timeout=timedelta(seconds=60))
 
 
@@ -197,6 +197,48 @@ def consumer_steps(rank: int, out: str) -> None:
             ids, att = gm.run(step["query_lens"], step["seq_lens"], step["slot_mapping"]).outputs
             results.append({"ids": ids.tolist(), "out": att.tolist()})
         record["steps"].append(results)
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+MERGE_TOPK = 8
+
+
+def merge_rows(rng: np.random.Generator) -> list[list[float]]:
+    """A prefill chunk's rows of global scores (a few values: ties), then a decode row."""
+    rows = [rng.integers(-3, 6, size=int(rng.integers(0, 40))).astype(float).tolist()
+            for _ in range(int(rng.integers(1, 6)))]
+    return rows + [rng.normal(size=int(rng.integers(0, 30))).tolist()]
+
+
+def topk_merge_rows(rank: int, out: str, device: str = "cpu") -> None:
+    """Every rank ranks the keys it holds of the same random rows (chunk-wide logits with
+    row starts, as a prefill chunk's) and merges through :class:`DCPTopKMerge` (gloo on
+    CPU, NCCL with ``device="cuda"``: one GPU per rank); records the merged ids."""
+    from staticattn.consumers.dcp_topk import DCPTopKMerge
+    from staticattn.reference import dcp_topk as oracle
+
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    _join(rank, out, backend="nccl" if device != "cpu" else "gloo")
+    cfg = config(rank).replace(device=device)
+    interleave = cfg.cp_kv_cache_interleave_size // cfg.index_compress_ratio
+    merge = DCPTopKMerge(cfg, dist.group.WORLD, topk=MERGE_TOPK, local_k=MERGE_TOPK,
+                         max_rows=8)
+    rng = np.random.default_rng(99)  # the same rows on every rank
+    record = {"ids": []}
+    for _ in range(20):
+        rows = merge_rows(rng)
+        held = [[r[x] for x in oracle.local_keys(len(r), WORLD, rank, interleave)]
+                for r in rows]
+        starts = [sum(len(h) for h in held[:i]) for i in range(len(rows))]
+        logits = torch.zeros(len(rows), max(1, sum(len(h) for h in held)))
+        for i, h in enumerate(held):
+            logits[i, starts[i]: starts[i] + len(h)] = torch.tensor(h)
+        tops = torch.tensor([oracle.exact_topk(h, MERGE_TOPK) for h in held])
+        ids = merge(tops.to(device), logits.to(device), torch.tensor(starts, device=device))
+        record["ids"].append(ids.tolist())
     dist.destroy_process_group()
     _write(out, rank, record)
 

@@ -22,6 +22,7 @@ from staticattn.builders import (
 from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.compressed_kv import CompressedKVType, compressed_kv_slots
 from staticattn.model import Addressing, Cache, layer_type
+from staticattn.reference import compressor
 from staticattn.reference import v41_compressed as oracle
 
 SMALL = dict(max_num_seqs=8, max_num_batched_tokens=256, max_model_len=4096, num_sms=8,
@@ -112,11 +113,30 @@ def test_v4_types_keep_v4_rules(backend):
             assert kv.entry_counts.tolist() == oracle.entry_counts(ratio, position, nt)
             assert kv.ring_slot_mapping is None and kv.ring_capacity == 0
         assert meta.types["c128a"].decode_topk_indices is None
+        # c128_boundary, a device flag: a request's new tokens complete a C128A entry.
+        assert meta.types["c4a"].entry_written is None
+        want_flag = compressor.c128_boundary(step.query_lens, step.seq_lens)
+        assert meta.types["c128a"].entry_written.tolist() == [int(want_flag)]
         assert (meta.types["c4a"].slot_mapping.tolist()
                 == indexer.build(batch).slot_mapping.tolist())
         assert r >= step.num_reqs
 
     check()
+
+
+@pytest.mark.parametrize("query_lens,seq_lens,want", [
+    ([3], [300], 0), ([200], [300], 1), ([1, 1], [128, 5], 1), ([1, 2], [127, 257], 1),
+    ([1, 2], [127, 258], 0)])
+def test_the_c128_boundary_flag(backend, query_lens, seq_lens, want):
+    """§4.3's ``c128_boundary`` as a device flag, the same from every build, padding
+    included; a -1 slot token still completes its entry (V4: no own-slot gate)."""
+    cfg = ArenaConfig.deepseek_v4(**SMALL, kernel_backend=backend)
+    compressed = CompressedMetadataBuilder()
+    _, inputs = make_arena(cfg, [compressed])
+    assert compressor.c128_boundary(query_lens, seq_lens) == bool(want)
+    step = make_step(cfg, query_lens, seq_lens, invalid_tokens=(0,))
+    batch = stage(inputs, step)
+    assert compressed.build(batch).types["c128a"].entry_written.tolist() == [want]
 
 
 def test_one_kernel_serves_any_number_of_types(backend):

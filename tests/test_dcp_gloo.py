@@ -1,5 +1,6 @@
 """Decode context parallelism across processes on the CPU: two ranks joined by gloo.
 
+* the exact top-k merge of prefill and decode rows (:class:`DCPTopKMerge`);
 * consistent steps: each rank builds its own metadata for the same random steps (after the
   cross-rank step check); the ranks all-gather their outputs and each rank's equals the
   per-rank oracle, the local lengths add up to the global ones, and the SWA rows are the same
@@ -118,6 +119,33 @@ def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
             np.testing.assert_allclose(dcp["out"][t], out, rtol=1e-4, atol=1e-5)
             tokens += 1
     assert len(records[0]["steps"]) == workers.CONSUMER_STEPS and tokens > 0
+
+
+def test_prefill_and_decode_rows_merge_to_the_exact_topk(tmp_path):
+    """§7.1's merge over gloo: the ranks' local top-k of a prefill chunk's rows (chunk-wide
+    logits, row starts) and a decode row merge, on every rank, to the single-GPU top-k."""
+    _check_merged(_spawn(workers.topk_merge_rows, tmp_path))
+
+
+@pytest.mark.multigpu
+def test_prefill_and_decode_rows_merge_over_nccl(tmp_path):
+    """The same merge with one GPU per rank, the candidates all-gathered over NCCL."""
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
+    _check_merged(_spawn(functools.partial(workers.topk_merge_rows, device="cuda"),
+                         tmp_path))
+
+
+def _check_merged(records: list[dict]) -> None:
+    from staticattn.reference import dcp_topk
+
+    assert records[0] == records[1]
+    rng = np.random.default_rng(99)
+    for ids in records[0]["ids"]:
+        rows = workers.merge_rows(rng)
+        assert ids == [dcp_topk.exact_topk(r, workers.MERGE_TOPK) for r in rows]
 
 
 def test_inconsistent_steps_fail_on_every_rank_before_staging(tmp_path):

@@ -24,6 +24,7 @@ from staticattn.builders import Batch, default_builders, make_arena
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference import mixed as mixed_oracle
+from staticattn.reference import short_topk
 from staticattn.reference import swa as swa_oracle
 from staticattn.reference import v41_compressed as oracle
 
@@ -68,7 +69,7 @@ def check_compressed(cfg, meta, v41, num_reqs: int, num_tokens: int, td: int, se
         if "ring_slot_mapping" not in fields:
             assert kv.ring_slot_mapping is None
     rows = meta.num_decode_tokens
-    owner, _, own = oracle.tokens(v41.step)
+    owner, position, own = oracle.tokens(v41.step)
     own = own + [-1] * (rows - len(own))
     valid = [t < td and own[t] >= 0 for t in range(rows)]
     owner = owner + [0] * (rows - len(owner))
@@ -80,6 +81,16 @@ def check_compressed(cfg, meta, v41, num_reqs: int, num_tokens: int, td: int, se
         want_rows, want_lens = oracle.global_topk(topk, owner, valid, table,
                                                   cfg.block_size // oracle.RATIOS[name])
         assert indices.shape == (rows, 1, cfg.index_topk)
+        assert indices[:, 0].tolist() == want_rows, name
+        assert lens.tolist() == want_lens, name
+        # The short-context fill, per row: rows whose n_c(p) fits K read every entry.
+        ratio, k = oracle.RATIOS[name], cfg.index_topk
+        filled = [short_topk.topk_row(position[t], ratio, k, topk[t]) if valid[t] else topk[t]
+                  for t in range(rows)]
+        indices, lens = meta.decode_topk(name, rows_in.reshape(rows, k),
+                                         short_context_fill=True)
+        want_rows, want_lens = oracle.global_topk(filled, owner, valid, table,
+                                                  cfg.block_size // ratio)
         assert indices[:, 0].tolist() == want_rows, name
         assert lens.tolist() == want_lens, name
 

@@ -33,16 +33,17 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
+from staticattn.consumers.dcp_topk import gather_rank_major
 from staticattn.kernels.dcp import (
     dcp_global_index,
     dcp_local_count,
     dcp_local_index,
     dcp_owner,
 )
+from staticattn.kernels.dcp_topk import merge_candidates
 
 __all__ = ["DCPDecodeAttention"]
 
@@ -189,25 +190,11 @@ class DCPDecodeAttention:
         mine[..., 1] = torch.where(torch.isfinite(best), ids, -1)
 
     def _gather(self, buffer: torch.Tensor) -> None:
-        """Every rank's ``buffer[rank]`` into ``buffer[r]`` of every rank, in place (one
-        contiguous block per rank)."""
-        if self.world == 1:
-            return
-        whole = buffer.view(self.world * buffer.shape[1], *buffer.shape[2:])
-        _all_gather(whole, buffer[self.rank], group=self.group)
+        gather_rank_major(buffer, self.world, self.rank, self.group)
 
     def _global_topk(self, n: int, cand: torch.Tensor) -> torch.Tensor:
-        pairs = cand.permute(1, 0, 2, 3).reshape(n, -1, 2)
-        scores, ids = pairs[..., 0], pairs[..., 1].to(torch.int64)
-        # By score, best first; among equal scores the smaller id (empty ones, -1, last).
-        by_id = torch.sort(torch.where(ids < 0, torch.iinfo(torch.int64).max, ids), dim=1,
-                           stable=True).indices
-        scores, ids = scores.gather(1, by_id), ids.gather(1, by_id)
-        order = torch.sort(scores, dim=1, descending=True, stable=True).indices
-        k = min(self.topk, order.shape[1])
         out = self._ids[:n]
-        out[:, :k] = ids.gather(1, order[:, :k])
-        out[:, k:] = -1
+        merge_candidates(cand, out)
         return out
 
     def _attend(self, n: int, ids: torch.Tensor, table: torch.Tensor,
@@ -233,7 +220,3 @@ class DCPDecodeAttention:
         torch.sum(weight[..., None] * att[..., : self.head_dim], dim=0, out=out)
         return out
 
-
-#: ``(output, input, group=)``: the in-place all-gather into one tensor (its newer name
-#: where this torch has it).
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

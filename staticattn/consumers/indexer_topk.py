@@ -15,7 +15,12 @@ token):
 3. ``torch.topk(masked, K, sorted=True, out=(values, indices))`` into owned buffers;
 4. ``out[e] = indices`` as int32, ``-1`` where ``index >= seq_lens[e]`` (rows shorter than
    ``K``). Valid entries come first (sorted by logit), so ``count(out[e] >= 0) = min(K,
-   seq_lens[e])`` and the valid ones are a prefix: what FlashMLA's ``topk_length`` expects.
+   seq_lens[e])`` and the valid ones are a prefix: what FlashMLA's ``topk_length`` expects;
+5. the short-context fill (``vllm-0.33-extras.md`` §4), decided per row on the device: a
+   token whose ``seq_lens[e]`` keys fit the ``K`` columns gets ``[0, ..., n - 1, -1, ...]``
+   (the same set as its scored row, in position order); longer rows keep their scored top-k.
+   No host branch decides it, so a graph captured over short sequences replays long ones
+   scored (vLLM #52492) and the reverse.
 
 Everything has a fixed shape per captured size and no host read, so the whole consumer is
 recorded in the graph. DeepGEMM's logits tensor is allocated per call (inside a capture: from
@@ -45,7 +50,9 @@ from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
 from staticattn.consumers.caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.errors import ConfigError, InvalidBatchError
+from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.dsa_libs import DEEP_GEMM, require
+from staticattn.kernels.short_topk import fill_short_context_topk
 from staticattn.model import LayerType
 
 __all__ = ["IndexerTopKStep", "LogitsFn", "index_type_unserved"]
@@ -85,6 +92,8 @@ class IndexerTopKStep:
     logits_fn : callable, optional
         Stand-in for ``deep_gemm.fp8_paged_mqa_logits`` (a torch emulation lets the CPU
         tests run this step); default DeepGEMM's, which needs CUDA.
+    short_context_fill : bool
+        Fill the rows whose keys fit the top-k (step 5); default True.
 
     Attributes
     ----------
@@ -104,6 +113,7 @@ class IndexerTopKStep:
         head_dim: int = 128,
         topk: int | None = None,
         logits_fn: LogitsFn | None = None,
+        short_context_fill: bool = True,
     ) -> None:
         row = (config.index_layer_type if index_type is None
                else _index_row(config, index_type))
@@ -129,10 +139,12 @@ class IndexerTopKStep:
         self.name = "indexer" if index_type is None else f"indexer.{index_type}"
         self.compress_ratio = max(row.compress_ratio, 1)
         self.logits_fn = logits_fn
+        self.short_context_fill = short_context_fill
         self.num_heads, self.head_dim = num_heads, head_dim
         self.max_context_len = cdiv(config.max_model_len, self.compress_ratio)
         self.topk = min(topk or config.index_topk, self.max_context_len)
         dev = config.torch_device
+        self.backend = resolve_backend(config.kernel_backend, dev)
         rows, ctx, k = config.max_decode_tokens, self.max_context_len, self.topk
         self.q = torch.zeros(rows, num_heads, head_dim, dtype=torch.uint8,
                              device=dev).view(torch.float8_e4m3fn)
@@ -196,6 +208,9 @@ class IndexerTopKStep:
         dst[:, :k].masked_fill_(invalid, -1)
         if k < dst.shape[1]:
             dst[:, k:].fill_(-1)  # a step no wider than k keys: the rest is "no key"
+        if self.short_context_fill:
+            fill_short_context_topk(self.backend, dst, dec.seq_lens.view(entries),
+                                    num_rows=entries)
 
     def context_width(self, max_seq_len: int) -> int:
         """Logits columns a step whose sequences are at most ``max_seq_len`` long needs: its

@@ -15,6 +15,11 @@ Example (spec §11 case 2, c2a, ``S = 4``): table rows ``[11, 0]`` and ``[12, 13
 
 Difference from the reference, on purpose: an index whose page lies past the table's width
 (which a correct indexer never produces) reads nothing: -1, not counted.
+
+With ``entry_counts`` the short-context fill (``vllm-0.33-extras.md`` §4,
+:mod:`staticattn.kernels.short_topk`) is decided per row in the same launch: a token whose
+``n = n_c(p)`` fits the width ``K`` reads ``k = j`` for ``j < n`` (then -1) instead of its
+top-k row, which a layer may then leave unscored.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def global_topk_slots(
     num_rows: int,
     entries_per_block: int,
     step_counts: torch.Tensor | None = None,
+    entry_counts: torch.Tensor | None = None,
 ) -> None:
     """Write the global slots and lengths of decode rows ``[0, num_rows)``.
 
@@ -76,8 +82,10 @@ def global_topk_slots(
         launch(_kernel(), (grid_size(num_rows, _ROWS),), topk_indices, topk_indices.stride(0),
                token_to_req, own_slots, block_table, block_table.stride(0),
                block_table.shape[1], out, out.stride(0), lens_out,
-               step_counts if step_counts is not None else lens_out, num_rows, width,
-               entries_per_block, DEVICE_COUNTS=step_counts is not None, ROWS=_ROWS,
+               step_counts if step_counts is not None else lens_out,
+               entry_counts if entry_counts is not None else lens_out, num_rows, width,
+               entries_per_block, DEVICE_COUNTS=step_counts is not None,
+               FILL=entry_counts is not None, ROWS=_ROWS,
                COLS=min(pow2_at_least(width), _MAX_COLS))
         return
     rows = torch.arange(num_rows, device=out.device)
@@ -85,6 +93,10 @@ def global_topk_slots(
     if step_counts is not None:
         valid = valid & (rows < step_counts[COUNT_DECODE_TOKENS])
     k = topk_indices[:num_rows].long()
+    if entry_counts is not None:
+        n = entry_counts[:num_rows].long()[:, None]
+        cols = torch.arange(width, device=out.device)[None, :]
+        k = torch.where(n <= width, torch.where(cols < n, cols, -1), k)
     col = torch.div(k, entries_per_block, rounding_mode="floor")
     ok = valid[:, None] & (k >= 0) & (col < block_table.shape[1])
     req = torch.where(valid, token_to_req[:num_rows].long(), 0)
@@ -102,8 +114,9 @@ def _kernel():
     @triton.jit
     def global_topk_kernel(
         topk, topk_stride, token_to_req, own_slots, table, table_stride, num_cols, out,
-        out_stride, lens_out, counts, num_rows, width, entries,
-        DEVICE_COUNTS: tl.constexpr, ROWS: tl.constexpr, COLS: tl.constexpr,
+        out_stride, lens_out, counts, entry_counts, num_rows, width, entries,
+        DEVICE_COUNTS: tl.constexpr, FILL: tl.constexpr, ROWS: tl.constexpr,
+        COLS: tl.constexpr,
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = rows < num_rows
@@ -112,6 +125,9 @@ def _kernel():
             live = live & (rows < tl.load(counts + 3))
         valid = live & (tl.load(own_slots + rows, mask=live, other=-1) >= 0)
         req = tl.load(token_to_req + rows, mask=valid, other=0).to(tl.int64)
+        if FILL:
+            n = tl.load(entry_counts + rows, mask=valid, other=0)
+            fits = valid & (n <= width)
         rows64 = rows.to(tl.int64)
         lens = tl.zeros([ROWS], dtype=tl.int32)
         for c0 in range(0, width, COLS):
@@ -119,6 +135,9 @@ def _kernel():
             cells = in_rows[:, None] & (cols < width)[None, :]
             k = tl.load(topk + rows64[:, None] * topk_stride + cols[None, :],
                         mask=valid[:, None] & cells, other=-1)
+            if FILL:
+                fill = tl.where(cols[None, :] < n[:, None], cols[None, :], -1)
+                k = tl.where(fits[:, None], fill, k)
             # k >= 0 where it counts, so the truncating // and % are floors.
             page = k // entries
             ok = (k >= 0) & (page < num_cols)

@@ -25,6 +25,12 @@ One module per concern:
   rows;
 * :mod:`~staticattn.reference.v41_replay` -- the decoder-replay sub-batch and the DSpark
   draft rows.
+* :mod:`~staticattn.reference.short_topk` -- the short-context top-k fill, per row;
+* :mod:`~staticattn.reference.compressor` -- the compressor's step flag (``c128_boundary``);
+* :mod:`~staticattn.reference.dcp_topk` -- the exact top-k merge of decode and prefill rows
+  under decode context parallelism;
+* :mod:`~staticattn.reference.dcp_shares` -- one rank's SWA window and C128A entries when
+  they are sharded instead of replicated.
 
 Example::
 

@@ -40,6 +40,7 @@ from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.compressed_kv import CompressedKVType, compressed_kv_slots
+from staticattn.kernels.entry_boundary import entry_written
 from staticattn.model import Cache, LayerType, Reads
 from staticattn.staging import PAD_SLOT_ID
 
@@ -75,7 +76,9 @@ class CompressedMetadataBuilder:
     - ``entry_counts`` int32 ``(T,)``;
     - with a ring of its own: ``ring_slot_mapping`` int64 ``(T,)``, initially -1;
     - a top-k type: ``decode_topk_indices`` int32 ``(Td, 1, K)``, initially -1, and
-      ``decode_topk_lens`` int32 ``(Td,)``.
+      ``decode_topk_lens`` int32 ``(Td,)``;
+    - a type that reads every entry (C128A): ``entry_written`` int32 ``(1,)``, the
+      reference's ``c128_boundary`` as a device flag (a second launch).
 
     One launch per build (up to three types, :data:`~staticattn.kernels.compressed_kv.
     TYPES_PER_LAUNCH`), the same in :meth:`build`, :meth:`build_decode` and
@@ -124,6 +127,8 @@ class CompressedMetadataBuilder:
                 decls += [BufferDecl(f"{name}.decode_topk_indices", (td, 1, k), torch.int32,
                                      fill=-1),
                           BufferDecl(f"{name}.decode_topk_lens", (td,), torch.int32)]
+            if ty.reads is Reads.ALL:
+                decls.append(BufferDecl(f"{name}.entry_written", (1,), torch.int32))
         return decls
 
     def bind(self, arena: Arena) -> None:
@@ -140,7 +145,7 @@ class CompressedMetadataBuilder:
 
         self._views = {ty.name: {w: view(ty, w) for w in (
             "slot_mapping", "entry_counts", "ring_slot_mapping", "decode_topk_indices",
-            "decode_topk_lens")} for ty in self.types}
+            "decode_topk_lens", "entry_written")} for ty in self.types}
         # Views cut once per extent and kept, per binding.
         self._cut = functools.lru_cache(maxsize=4096)(self._cut_views)
 
@@ -191,6 +196,11 @@ class CompressedMetadataBuilder:
             num_reqs=batch.num_reqs, num_tokens=num_tokens, replay_start=batch.replay_start,
             window=self.config.sliding_window or 0,
         )
+        for ty in self.types:
+            flag = views[ty.name]["entry_written"]
+            if flag is not None:
+                entry_written(self.backend, views[ty.name]["slot_mapping"], flag,
+                              num_tokens=num_tokens)
         per_type = {
             ty.name: CompressedKVMetadata(
                 layer_type=ty.name, compress_ratio=max(ty.compress_ratio, 1),
@@ -224,6 +234,7 @@ class CompressedMetadataBuilder:
             ring_slot_mapping=cut(v["ring_slot_mapping"], num_tokens),
             decode_topk_indices=cut(v["decode_topk_indices"], decode_rows),
             decode_topk_lens=cut(v["decode_topk_lens"], decode_rows),
+            entry_written=v["entry_written"],
         ) for name, v in self._views.items()}
 
     def _check_batch(self, batch: Batch) -> None:

@@ -44,6 +44,11 @@ class CompressedKVMetadata:
         Filled by :meth:`CompressedMetadata.decode_topk` (a top-k type only).
     decode_topk_lens : int32 device ``(Td,)`` or None
         Likewise.
+    entry_written : int32 device ``(1,)`` or None
+        A type that reads every entry (C128A): 1 when some token of the step writes an
+        entry (``slot_mapping >= 0``: a real token with ``(p + 1) % R == 0``), else 0 -- the
+        reference's ``CompressorMetadata.c128_boundary`` as a device flag, so a compressor
+        kernel can skip its store on the device inside a graph. None for other types.
     """
 
     layer_type: str
@@ -56,6 +61,7 @@ class CompressedKVMetadata:
     ring_capacity: int
     decode_topk_indices: torch.Tensor | None
     decode_topk_lens: torch.Tensor | None
+    entry_written: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -86,8 +92,8 @@ class CompressedMetadata:
     step_counts: torch.Tensor | None
     backend: str
 
-    def decode_topk(self, layer_type: str,
-                    topk_indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def decode_topk(self, layer_type: str, topk_indices: torch.Tensor, *,
+                    short_context_fill: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The decode operand of one layer of ``layer_type`` from its top-k (spec §7.1):
         global slots of the type's compressed cache and their counts, written into the
         type's ``decode_topk_indices`` / ``decode_topk_lens`` and returned. Graph-safe: one
@@ -99,6 +105,11 @@ class CompressedMetadata:
             A top-k type of :attr:`types` ("c1a").
         topk_indices : int32 device ``(>= num_decode_tokens, K)``
             The indexer's request-local top-k rows, decode tokens first (-1 = none).
+        short_context_fill : bool
+            Decide the short-context fill per row on the device (``vllm-0.33-extras.md``
+            §4): a token whose ``n_c(p)`` (:attr:`CompressedKVMetadata.entry_counts`) fits
+            ``K`` reads all its ``n`` entries, ``0..n-1``, whatever its top-k row holds --
+            so the layer may leave such rows unscored. The set equals the scored one.
 
         Returns
         -------
@@ -125,5 +136,6 @@ class CompressedMetadata:
             self.backend, topk_indices, self.token_to_req, self.slot_mapping, kv.block_table,
             out.view(out.shape[0], out.shape[2]), kv.decode_topk_lens, num_rows=td,
             entries_per_block=kv.entries_per_block, step_counts=self.step_counts,
+            entry_counts=kv.entry_counts if short_context_fill else None,
         )
         return out, kv.decode_topk_lens
