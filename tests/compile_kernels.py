@@ -24,10 +24,13 @@ from staticattn.consumers import compressed_checksums
 from staticattn.kernels import (
     compressed_kv,
     compressed_topk,
+    dcp_shares,
+    entry_boundary,
     indexer_kernel,
     indexer_plan,
     indexer_prefill,
     mqa_schedule,
+    short_topk,
     staging,
     swa_combined,
     swa_decode,
@@ -174,12 +177,26 @@ def cases():
                  for name, value in (("GATE", gate), ("RING", ring))}
         yield compressed_kv._kernel(), kv, dict(NUM_TYPES=num_types, HAS_REPLAY=gate, **flags,
                                                 BLOCK=256)
-    for device_counts in (True, False):
+    for device_counts, fill in ((True, False), (False, True), (True, True)):
         yield compressed_topk._kernel(), {
-            **ptrs("topk token_to_req table out lens_out counts", I32), "own_slots": I64,
+            **ptrs("topk token_to_req table out lens_out counts entry_counts", I32),
+            "own_slots": I64,
             **dict.fromkeys("topk_stride table_stride num_cols out_stride num_rows width "
                             "entries".split(), 1)}, dict(
-            DEVICE_COUNTS=device_counts, ROWS=4, COLS=512)
+            DEVICE_COUNTS=device_counts, FILL=fill, ROWS=4, COLS=512)
+    yield short_topk._kernel(), {**ptrs("topk key_counts", I32), **dict.fromkeys(
+        "topk_stride num_rows width".split(), 1)}, dict(ROWS=4, COLS=512)
+    yield entry_boundary._kernel(), {"slots": I64, "flag_out": I32, "num_tokens": 1}, dict(
+        BLOCK=1024)
+    yield dcp_shares._swa_kernel(), {**ptrs("rows lens out lens_out", I32), "positions": I64,
+                                     **dict.fromkeys("rows_stride out_stride num_rows width "
+                                                     "world rank interleave".split(), 1)}, dict(
+        ROWS=4, COLS=128)
+    yield dcp_shares._c128a_kernel(), {**ptrs("lens token_to_req table out lens_out", I32),
+                                       **dict.fromkeys("table_stride num_cols out_stride "
+                                                       "num_rows width entries world "
+                                                       "rank".split(), 1)}, dict(
+        ROWS=4, COLS=128)
 
     gather = {**ptrs("token_to_req qsl bt swa_bt counts swa_idx swa_len gather_lens "
                      "pre_seq_lens c_idx c_len cp_idx cp_len i_lens i_bt bounds num_chunks cu "
