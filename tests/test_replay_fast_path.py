@@ -24,8 +24,9 @@ from staticattn.builders.validation.values import slot_bound
 from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import CapacityError, InvalidBatchError
 
-CFG = ArenaConfig.deepseek_v4(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
-                              device="cpu")
+# Short sequences and small blocks (a V4 block is 256 tokens, longer than the whole range).
+CFG = ArenaConfig.deepseek_v32(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
+                               block_size=16, num_speculative_tokens=1, device="cpu")
 
 
 @settings(max_examples=2000)
