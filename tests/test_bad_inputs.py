@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import DEVICE
+from support import DEVICE, quiet
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders import make_arena
@@ -25,7 +25,7 @@ from staticattn.errors import (
     InvalidBatchError,
     StaticAttnError,
 )
-from staticattn.graphs import GraphManager, GraphOptions, normalize_capture_sizes
+from staticattn.graphs import GraphManager, normalize_capture_sizes
 
 CUDA = torch.cuda.is_available()
 
@@ -109,7 +109,7 @@ def world():
     arena, inputs = make_arena(cfg, builders)
     step = GatherConsumer(cfg, num_kv_blocks=512)
     gm = GraphManager(arena, inputs, builders, step,
-                      GraphOptions(progress=False, num_kv_blocks=512))
+                      quiet(num_kv_blocks=512))
     if CUDA:
         gm.capture([2, 8])
     good = (np.array([2, 2]), np.array([300, 2000]), np.array([5, 6, 70, 71]))
@@ -180,7 +180,7 @@ def test_misuse(world):
 
 def test_closed_manager_refuses(world):
     cfg, arena, inputs, gm, good = world
-    other = GraphManager(arena, inputs, gm.builders, gm.step, GraphOptions(progress=False))
+    other = GraphManager(arena, inputs, gm.builders, gm.step, quiet())
     other.close()
     _after_bad(world, lambda: other.run(*good), GraphError, "closed")
     _after_bad(world, lambda: other.capture([2]), GraphError, "closed")
@@ -196,7 +196,7 @@ def test_step_that_breaks_capture_is_a_graph_error_and_leaves_the_rest_usable(wo
             out.zero_()
         return out
 
-    bad = GraphManager(arena, inputs, gm.builders, syncing_step, GraphOptions(progress=False))
+    bad = GraphManager(arena, inputs, gm.builders, syncing_step, quiet())
     current = torch.cuda.current_stream()
     _after_bad(world, lambda: bad.capture([4], buckets=()), GraphError,
                "capturing the decode graph of 4 tokens failed")

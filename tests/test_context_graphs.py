@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import DEVICE
+from support import DEVICE, quiet
 from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
@@ -18,7 +18,6 @@ from staticattn.graphs import (
     CapturedGraph,
     ContextGraphs,
     GraphKind,
-    GraphOptions,
     default_context_buckets,
 )
 from staticattn.graphs.contexts import normalize_context_buckets
@@ -48,7 +47,7 @@ def _graphs(cfg, decode_tokens: int = 32):
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device),
-                       options=GraphOptions(progress=False))
+                       options=quiet())
     for bucket in cg.context_buckets:
         bucket.manager.table.add(_emulated_decode_graph(bucket.manager, decode_tokens))
     return cg, inputs

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
@@ -150,7 +151,8 @@ def test_view_checks_reject_exactly_the_invalid_steps(k, steps, seq, slots, plan
     else:
         with pytest.raises((InvalidBatchError, CapacityError)):
             checks.step(k, t)
-    decode_ok = all(0 <= x <= CFG.max_model_len for x in seq[:k]) and all(
+    # A uniform decode step's sequences hold its next_n tokens (L >= next_n).
+    decode_ok = all(CFG.next_n <= x <= CFG.max_model_len for x in seq[:k]) and all(
         -1 <= x and (bound is None or x < bound) for x in slots[: k * CFG.next_n])
     if decode_ok:
         checks.decode(k)
@@ -186,11 +188,11 @@ def test_uniform_staging_equals_general_staging():
 def _manager():
     from toy import ToyBuilder
 
-    from staticattn.graphs import GraphManager, GraphOptions
+    from staticattn.graphs import GraphManager
 
     b = ToyBuilder()
     arena, inputs = make_arena(CFG, [b])
-    return GraphManager(arena, inputs, [b], lambda batch, md: None, GraphOptions(progress=False))
+    return GraphManager(arena, inputs, [b], lambda batch, md: None, quiet())
 
 
 _INT_DTYPES = [np.dtype(t).newbyteorder(order) for t in
