@@ -19,8 +19,10 @@ except ImportError:
 
 import torch
 
-from staticattn.consumers import gather_kernel
+from staticattn.consumers import checksums as gather_checksums
 from staticattn.kernels import (
+    compressed_kv,
+    compressed_topk,
     indexer_kernel,
     indexer_plan,
     indexer_prefill,
@@ -55,7 +57,7 @@ def cases():
     dcp_args = dict.fromkeys("dcp_world dcp_rank dcp_interleave".split(), 1)
     decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out counts "
                      "token_to_req global_seq_lens", I32),
-              **ptrs("positions slots_out", I64), **dict.fromkeys(
+              **ptrs("positions slots_out own_slots", I64), **dict.fromkeys(
                   "bt_stride table_stride num_decodes num_rows width num_cols compress_ratio "
                   "storage_bs num_slot_tokens".split(), 1), **dcp_args}
     for flatten in (True, False):
@@ -64,11 +66,12 @@ def cases():
                 for dcp in (True, False):
                     yield indexer_kernel._decode_kernel(), decode, dict(
                         DECODE=True, FLATTEN=flatten, SLOTS=slots,
-                        DEVICE_COUNTS=device_counts, DCP=dcp, BLOCK=128, COLS=64)
-    for dcp in (True, False):
+                        DEVICE_COUNTS=device_counts, DCP=dcp, GATE=slots and not dcp,
+                        BLOCK=128, COLS=64)
+    for dcp, gate in ((True, False), (False, False), (False, True)):
         yield indexer_kernel._decode_kernel(), {**decode, "seq_lens": I64}, dict(
-            DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, DCP=dcp, BLOCK=128,
-            COLS=64)
+            DECODE=False, FLATTEN=False, SLOTS=True, DEVICE_COUNTS=False, DCP=dcp, GATE=gate,
+            BLOCK=128, COLS=64)
     for legacy in (True, False):
         yield mqa_schedule._schedule_kernel(), {
             "lens": I32, "out": I32, **dict.fromkeys(
@@ -117,6 +120,23 @@ def cases():
                 "num_decodes num_prefills window".split(), 1)}, dict(
             WRITE_SEQ_LENS=device_counts, DEVICE_COUNTS=device_counts, BLOCK=128)
 
+    kv = {**ptrs("qsl token_to_req", I32), **ptrs("positions own_slots", I64),
+          "num_reqs": 1, "num_tokens": 1}
+    for j in range(3):
+        kv.update({**ptrs(f"table{j} counts{j} ring_table{j}", I32),
+                   **ptrs(f"slots{j} ring{j}", I64), **dict.fromkeys(
+                       f"stride{j} ratio{j} entries{j} ring_stride{j} cap{j}".split(), 1)})
+    for num_types, gate, ring in ((1, True, False), (2, True, True), (3, False, True)):
+        flags = {f"{name}{j}": value for j in range(3)
+                 for name, value in (("GATE", gate), ("RING", ring))}
+        yield compressed_kv._kernel(), kv, dict(NUM_TYPES=num_types, **flags, BLOCK=256)
+    for device_counts in (True, False):
+        yield compressed_topk._kernel(), {
+            **ptrs("topk token_to_req table out lens_out counts", I32), "own_slots": I64,
+            **dict.fromkeys("topk_stride table_stride num_cols out_stride num_rows width "
+                            "entries".split(), 1)}, dict(
+            DEVICE_COUNTS=device_counts, ROWS=4, COLS=512)
+
     gather = {**ptrs("token_to_req qsl bt swa_bt counts swa_idx swa_len gather_lens "
                      "pre_seq_lens c_idx c_len cp_idx cp_len i_lens i_bt bounds num_chunks cu "
                      "ks ke swa_cache c_cache i_cache", I32), "positions": I64,
@@ -125,7 +145,7 @@ def cases():
                   "pre_rows cp_rows i_rows i_width i_decode_tokens max_chunks window swa_bs "
                   "c_entries storage_bs".split(), 1)}
     for everything in (True, False):
-        yield gather_kernel._gather_kernel(), gather, dict(
+        yield gather_checksums._gather_kernel(), gather, dict(
             HAS_S=everything, HAS_PRE=everything, HAS_C=everything, HAS_CP=everything,
             HAS_I=True, HAS_PLAN=everything, I_FLATTEN=everything,
             I_DEVICE_COUNTS=everything, C_WIDTH=8192, BLOCK_W=128, BLOCK_C=1024, TAIL=32,

@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from staticattn.reference import dcp as oracle
-from staticattn.reference import dcp_attention
+from staticattn.reference import topk_attention
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -111,7 +111,7 @@ def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
         for t in range(len(data["seq_lens"]) * n):
             b, c = divmod(t, n)
             visible = (int(data["seq_lens"][b]) - n + 1 + c) // ratio
-            ids, out = dcp_attention.decode_token(
+            ids, out = topk_attention.decode_token(
                 data["q"][t].numpy(), data["weights"][t].numpy(), data["q_att"][t].numpy(),
                 data["keys"][b].numpy(), data["kv"][b].numpy(), visible, TOPK)
             assert dcp["ids"][t] == ids + [-1] * (TOPK - len(ids))

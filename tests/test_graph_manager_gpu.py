@@ -10,7 +10,7 @@ from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.graphs import GraphManager
+from staticattn.graphs import GraphKind, GraphManager
 
 pytestmark = pytest.mark.gpu
 
@@ -84,7 +84,7 @@ def test_every_step_replays_with_token_buckets():
             res = gm.run(q, s, np.arange(int(q.sum())))
             assert res.outputs.tolist() == toy_expected(q, s)
             modes.append((res.mode, res.graph_kind))
-        assert set(modes) <= {("graph", "decode"), ("graph", "mixed")}
+        assert set(modes) <= {("graph", GraphKind.DECODE), ("graph", GraphKind.MIXED)}
         assert gm.stats.eager_total == 0 and gm.stats.mixed_replays > 0
 
 

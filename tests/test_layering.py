@@ -40,13 +40,15 @@ ALLOWED = {
 }
 #: Rooms inside ``builders``, by concern -> the rooms of ``builders`` each may import. The
 #: core (``builders``: the contract, the batch) imports none of them; the package's
-#: ``__init__`` re-exports them all. The indexer and the SWA builder never import each other.
+#: ``__init__`` re-exports them all. The indexer, SWA and compressed builders never import
+#: each other.
 BUILDER_ROOMS = {
     "builders": set(),
     "builders.validation": {"builders"},
     "builders.attention_utils": {"builders", "builders.validation"},
     "builders.indexer": {"builders", "builders.validation", "builders.attention_utils"},
     "builders.swa": {"builders", "builders.validation", "builders.attention_utils"},
+    "builders.compressed": {"builders", "builders.validation", "builders.attention_utils"},
 }
 #: The modules of ``graphs``, bottom up: each may import only those before it. The
 #: manager's parts (pool, table, capturer, eager, in-place and array steps) sit beneath it

@@ -136,7 +136,7 @@ def test_the_host_waits_for_an_in_flight_replay(staging_guard, guarded):
 def test_replays_with_the_guard_at_the_end_compute_their_steps():
     """300 steps of random sizes through run() and the in-place launch, back to back
     (the host stages each while the last may still run), every output as staged."""
-    cfg, inputs, gm = _manager("step")
+    cfg, inputs, gm = _manager(StagingGuard.STEP)
     n, size = cfg.next_n, S * cfg.next_n
     rng = np.random.default_rng(0)
     outs = []

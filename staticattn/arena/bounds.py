@@ -10,20 +10,42 @@ is a :class:`~staticattn.errors.ConfigError` naming the field, its value and the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from staticattn.errors import ConfigError
 
-if TYPE_CHECKING:
-    from staticattn.arena.config import ArenaConfig
-
-__all__ = ["INT32_MAX", "check_bounds"]
+__all__ = ["INT32_MAX", "Capacities", "check_bounds"]
 
 #: The largest value an int32 position, length or offset holds.
 INT32_MAX = 2**31 - 1
 
 
-def check_bounds(config: ArenaConfig) -> None:
+class Capacities(Protocol):
+    """What :func:`check_bounds` reads of an :class:`~staticattn.arena.ArenaConfig` (a
+    protocol, so that this module needs no import of the config that calls it)."""
+
+    next_n: int
+    block_size: int
+    swa_block_size: int
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_prefill_workspace: int
+    max_logits_bytes: int
+
+    @property
+    def has_swa(self) -> bool: ...
+    @property
+    def max_blocks_per_req(self) -> int: ...
+    @property
+    def max_swa_blocks_per_req(self) -> int: ...
+    @property
+    def max_decode_tokens(self) -> int: ...
+    @property
+    def dense_width(self) -> int: ...
+
+
+def check_bounds(config: Capacities) -> None:
     """Raise a :class:`ConfigError` for the first capacity past its bound (see the module).
 
     ``max_model_len`` must hold one block of each cache group and one decode step (``next_n``

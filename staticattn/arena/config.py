@@ -57,13 +57,12 @@ class ArenaConfig:
         MTP draft tokens per decode step; ``next_n = 1 + num_speculative_tokens``.
     architecture : str
         The model family, whose encoding maps ``compress_ratios`` to layer types
-        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32" or "deepseek_v4".
+        (:data:`staticattn.model.ARCHITECTURES`): "deepseek_v32", "deepseek_v4" or
+        "deepseek_v41".
     compress_ratios : tuple of int
         One compress ratio per layer, in the family's encoding (``(1,)`` for V3.2; V4: 1 =
         SWA-only, 4 = C4A, 128 = C128A; V4.1: 0 = SWA-only, 1 = c1a, 2 = c2a). The layer
-        types present (:attr:`layer_types`) decide every per-type buffer and output; the
-        indexer's K cache has the ratio of the type that owns it
-        (:attr:`index_compress_ratio`).
+        types present (:attr:`layer_types`) decide every per-type buffer and output.
     kv_source_layers, index_source_layers : tuple of int or None
         DeepSeek V4.1's cache sharing: the layers that own the compressed caches, and those
         that run the indexer; every other compressed layer reads the nearest source at or
@@ -284,8 +283,7 @@ class ArenaConfig:
 
     @property
     def layer_types(self) -> tuple[LayerType, ...]:
-        """The distinct layer types of the model, rows of
-        :data:`staticattn.model.LAYER_TYPES`, in the table's order."""
+        """The model's distinct layer types (:data:`~staticattn.model.LAYER_TYPES` order)."""
         return self._types
 
     @property
@@ -339,13 +337,12 @@ class ArenaConfig:
 
     @property
     def storage_block_size(self) -> int:
-        """Compressed indexer-K entries per block: ``block_size // index_compress_ratio``."""
+        """Indexer-K entries per block, ``block_size // index_compress_ratio`` (one type)."""
         return self.block_size // self.index_compress_ratio
 
     @property
     def max_blocks_per_req(self) -> int:
-        """Columns of the main block table: under DCP a rank's local blocks, one per
-        ``block_size * dcp_world_size`` tokens."""
+        """Main block-table columns (a rank's local blocks: ``block_size * W`` tokens each)."""
         return cdiv(self.max_model_len, self.block_size * self.dcp_world_size)
 
     @property
@@ -356,8 +353,7 @@ class ArenaConfig:
     @property
     def dcp_sharded_ratios(self) -> tuple[int, ...]:
         """Compress ratios of the caches DCP shards, which the interleave must respect: the
-        indexer's and those of the types the table marks sharded (C4A; C128A and the SWA
-        window are replicated)."""
+        indexer's and the sharded types' (C4A; C128A and the SWA window are replicated)."""
         return tuple(sorted({self.index_compress_ratio} | {
             t.compress_ratio for t in self._types if t.dcp_sharded and t.compress_ratio}))
 

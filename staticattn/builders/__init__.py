@@ -1,5 +1,6 @@
 """Batch description, validation, host-side planning and the metadata builders."""
 
+from staticattn.arena import ArenaConfig
 from staticattn.builders.attention_utils.chunking import (
     split_indexer_prefill_chunks,
     split_prefill_chunks,
@@ -35,6 +36,7 @@ from staticattn.builders.attention_utils.split import (
     split_decodes_prefills_and_extends,
 )
 from staticattn.builders.batch import Batch
+from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
 from staticattn.builders.contract import MetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
@@ -42,8 +44,8 @@ from staticattn.builders.validation.batch_checks import validate
 from staticattn.builders.validation.host import validate_host_step
 
 __all__ = [
-    "Batch", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",
-    "make_arena",
+    "Batch", "CompressedMetadataBuilder", "IndexerMetadataBuilder", "MetadataBuilder",
+    "SparseSWAMetadataBuilder", "default_builders", "make_arena",
     "CONV1D_BLOCK_M", "KV_CACHE_LAYOUT_ENV", "KVCacheLayout", "ListReorderState",
     "ReorderState", "compute_causal_conv1d_metadata", "conv1d_buffers",
     "get_dcp_local_seq_lens", "get_kv_cache_layout", "is_valid_kv_cache_layout",
@@ -53,3 +55,25 @@ __all__ = [
     "set_kv_cache_layout", "split_decodes_and_prefills", "split_decodes_prefills_and_extends",
     "split_indexer_prefill_chunks", "split_prefill_chunks", "validate", "validate_host_step",
 ]
+
+
+def default_builders(config: ArenaConfig) -> list[MetadataBuilder]:
+    """Fresh builders serving every layer type of ``config``: an indexer per index-owning
+    type (one unnamed ``"indexer"`` when the model has one such type, ``"indexer.<type>"``
+    each when it has several: DeepSeek V4.1), the compressed-KV builder when a type owns a
+    compressed KV cache (DeepSeek V4, V4.1; not under decode context parallelism), the
+    sparse SWA builder when a type attends a window.
+
+    >>> cfg = ArenaConfig.preset("deepseek-v4.1-flash", device="cpu")
+    >>> [b.name for b in default_builders(cfg)]
+    ['indexer.c1a', 'indexer.c2a', 'compressed', 'swa']
+    """
+    index_types = config.index_layer_types
+    builders: list[MetadataBuilder] = (
+        [IndexerMetadataBuilder(t.name) for t in index_types] if len(index_types) > 1
+        else [IndexerMetadataBuilder()])
+    if kv_source_types(config) and config.dcp_world_size == 1:
+        builders.append(CompressedMetadataBuilder())
+    if config.has_swa:
+        builders.append(SparseSWAMetadataBuilder())
+    return builders

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from staticattn.errors import InvalidBatchError
+from staticattn.model import Addressing, Cache, LayerType
 from staticattn.staging.inputs import StagedCounts, StepInputs
 
 __all__ = ["Batch"]
@@ -62,6 +63,9 @@ class Batch:
         step of any composition (:meth:`for_mixed_capture`) reads instead of host values.
     query_lens : int32 device ``(num_reqs,)`` or None
         Each request's query length, derived by the staging kernel (0 for padding).
+    block_tables : dict of str to int32 device ``(num_reqs, columns)``, or None
+        The tables of the cache groups with tables of their own, by group name
+        (``"c2a.index_k"``; :func:`~staticattn.arena.cache_groups`): DeepSeek V4.1's.
     """
 
     query_start_loc: torch.Tensor
@@ -81,6 +85,7 @@ class Batch:
     is_prefilling: torch.Tensor | None = None
     step_counts: torch.Tensor | None = None
     query_lens: torch.Tensor | None = None
+    block_tables: dict[str, torch.Tensor] | None = None
     #: :meth:`host_arrays`, once computed; not an argument, and not carried over by
     #: ``dataclasses.replace`` (a replaced batch recomputes it).
     _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
@@ -101,6 +106,21 @@ class Batch:
             )
         return self.step_counts
 
+    def table_of(self, layer_type: LayerType, cache: Cache) -> torch.Tensor:
+        """The block table addressing ``cache`` of ``layer_type`` (int32 device
+        ``(num_reqs, columns)``): its group's under :attr:`Addressing.OWN_GROUPS`, else the
+        main ``block_table``."""
+        if layer_type.addressing is Addressing.MAIN_TABLE:
+            return self.block_table
+        tables = self.block_tables or {}
+        name = layer_type.group(cache)
+        if name not in tables:
+            raise InvalidBatchError(
+                f"the batch has no block table of cache group {name!r}; build it from an "
+                "arena whose config has that layer type (Batch.from_inputs)"
+            )
+        return tables[name]
+
     def host_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(query_start_loc, query_lens, seq_lens)`` of the host copies as numpy arrays,
         int32 ``(num_reqs + 1,)``, ``(num_reqs,)``, ``(num_reqs,)``: computed once per batch, for
@@ -120,7 +140,8 @@ class Batch:
         return cls(v.query_start_loc, v.query_start_loc_cpu, v.seq_lens, v.seq_lens_cpu,
                    num_reqs, num_tokens, max_query_len, max_seq_len, v.block_table,
                    v.slot_mapping, v.positions, v.token_to_req, v.swa_block_table,
-                   step_counts=inputs.step_counts, query_lens=v.query_lens)
+                   step_counts=inputs.step_counts, query_lens=v.query_lens,
+                   block_tables=v.block_tables)
 
     @classmethod
     def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:

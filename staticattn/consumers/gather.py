@@ -34,7 +34,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.indexer.prefill import max_chunks
-from staticattn.consumers.gather_kernel import GatherArgs, gather_checksums
+from staticattn.consumers.checksums import GatherArgs, gather_checksums
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.indexer_plan import CHUNK_FIELDS
 

@@ -14,6 +14,12 @@ tokens get -1.
 Tokens are read through the staging kernel's ``positions`` and ``token_to_req`` views; tokens
 past the real ones (``t >= query_start_loc[num_reqs]``, graph padding) always get -1.
 
+DeepSeek V4.1's rule (vLLM 0.33, ``docs/spec/deepseek-v41.md`` §5.1-§5.2), with ``own_slots``:
+a token whose own slot is -1 (padding, a token the engine does not write) writes no entry
+either; ``R = 1`` then gives the token's own entry ``k = p``, ``S = block_size``: slot
+``bt[b, p // S] * S + p % S``. Example (spec §11 case 1, c2a index K, ``S = 4``): request 0,
+``L = q = 5``, row ``[31]``: ``[-1, 124, -1, 125, -1]``.
+
 Under decode context parallelism (``dcp``) each rank writes only the entries it holds:
 entry ``k`` lives on rank ``(k // J) % W`` at local index ``(k // (J W)) J + k % J``
 (``J = I // R``, :mod:`staticattn.kernels.dcp`), and the block table is the rank's local
@@ -43,6 +49,7 @@ def compressed_slot_mapping(
     storage_block_size: int,
     compress_ratio: int,
     dcp: DCPShard | None = None,
+    own_slots: torch.Tensor | None = None,
 ) -> None:
     """Write the compressed slot of tokens ``[0, num_tokens)`` into ``out[:num_tokens]``.
 
@@ -67,6 +74,9 @@ def compressed_slot_mapping(
     dcp : DCPShard or None
         This rank's shard (``interleave = I // R``): only its entries get a slot, through
         its local ``block_table``. None: no context parallelism.
+    own_slots : int64 device ``(>= num_tokens,)`` or None
+        Each token's own slot (the staged slot mapping); given, a token whose own slot is -1
+        writes nothing (V4.1's rule). None: the position alone decides (V4's).
 
     Graph-safe with either backend: no host read, no data-dependent Python branch.
     """
@@ -76,12 +86,15 @@ def compressed_slot_mapping(
         # The indexer's one Triton kernel, in its slots-only mode (the uniform decode build
         # runs both modes in one launch).
         launch_slots_kernel(query_start_loc, positions, token_to_req, block_table, out,
-                            num_reqs, num_tokens, storage_block_size, compress_ratio, dcp)
+                            num_reqs, num_tokens, storage_block_size, compress_ratio, dcp,
+                            own_slots)
         return
     t = torch.arange(num_tokens, device=out.device)
     real = t < query_start_loc[num_reqs]
     pos = positions[:num_tokens]
     valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
+    if own_slots is not None:
+        valid = valid & (own_slots[:num_tokens] >= 0)
     k = torch.where(valid, pos, 0) // compress_ratio
     if dcp is not None and dcp.world > 1:
         valid = valid & (dcp_owner(k, dcp.world, dcp.interleave) == dcp.rank)

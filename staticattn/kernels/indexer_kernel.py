@@ -28,14 +28,16 @@ def launch_decode_kernel(
     decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
     width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
     num_slot_tokens: int, *, decode: bool, flatten: bool, step_counts=None,
-    dcp: DCPShard | None = None, global_seq_lens=None,
+    dcp: DCPShard | None = None, global_seq_lens=None, own_slots=None,
 ) -> None:
     """One launch of the indexer kernel over ``extent`` rows or tokens: the decode tensors
     (``decode``) and/or the compressed slots of tokens ``[0, num_slot_tokens)``
     (``num_slot_tokens > 0``). With ``step_counts`` (int32 device, the staging's
     ``[k, nt, D, Td]``) the decode extent is read there and ``num_decodes`` / ``num_rows``
     are only the static capacities. With ``dcp`` (decode context parallelism) lengths and
-    slots are this rank's, and ``global_seq_lens`` receives the global lengths."""
+    slots are this rank's, and ``global_seq_lens`` receives the global lengths. With
+    ``own_slots`` (int64 device, the staged slot mapping) a token whose own slot is -1 writes
+    no compressed slot."""
     sharded = dcp is not None and dcp.world > 1
     world, rank, interleave = (dcp.world, dcp.rank, dcp.interleave) if sharded else (1, 0, 1)
     launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
@@ -44,21 +46,23 @@ def launch_decode_kernel(
         qsl if step_counts is None else step_counts,
         decode_seq_lens if global_seq_lens is None else global_seq_lens,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
-        num_slot_tokens, world, rank, interleave, DECODE=decode, FLATTEN=flatten,
-        SLOTS=num_slot_tokens > 0, DEVICE_COUNTS=step_counts is not None, DCP=sharded,
+        num_slot_tokens, world, rank, interleave, slots_out if own_slots is None else own_slots,
+        DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
+        DEVICE_COUNTS=step_counts is not None, DCP=sharded, GATE=own_slots is not None,
         BLOCK=BLOCK, COLS=COLS,
     )
 
 
 def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs: int,
                         num_tokens: int, storage_block_size: int, compress_ratio: int,
-                        dcp: DCPShard | None = None) -> None:
+                        dcp: DCPShard | None = None, own_slots=None) -> None:
     """The kernel in its slots-only mode: compressed slots of tokens ``[0, num_tokens)``
     (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
     launch_decode_kernel(
         num_tokens, 1, qsl, out, block_table, positions,
         token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
         storage_block_size, num_tokens, decode=False, flatten=False, dcp=dcp,
+        own_slots=own_slots,
     )
 
 
@@ -75,10 +79,10 @@ def _decode_kernel():
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_stride, slots_out, counts,
         global_seq_lens, num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs,
-        num_slot_tokens, dcp_world, dcp_rank, dcp_interleave,
+        num_slot_tokens, dcp_world, dcp_rank, dcp_interleave, own_slots,
         DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
-        DEVICE_COUNTS: tl.constexpr, DCP: tl.constexpr, BLOCK: tl.constexpr,
-        COLS: tl.constexpr,
+        DEVICE_COUNTS: tl.constexpr, DCP: tl.constexpr, GATE: tl.constexpr,
+        BLOCK: tl.constexpr, COLS: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         col_block = tl.program_id(1)
@@ -91,6 +95,9 @@ def _decode_kernel():
                 real = in_range & (i < tl.load(qsl + num_decodes))
                 pos = tl.load(positions + i, mask=real, other=-1)
                 valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
+                if GATE:
+                    # A token whose own slot is -1 writes no entry (V4.1, spec §5.1).
+                    valid = valid & (tl.load(own_slots + i, mask=real, other=-1) >= 0)
                 k = tl.where(valid, pos, 0) // compress_ratio
                 if DCP:
                     # Only the rank that holds entry k writes it, at its local index.

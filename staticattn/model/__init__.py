@@ -2,7 +2,14 @@
 (:mod:`.layer_types`) and the model families' encodings and presets (:mod:`.presets`).
 Everything above reads these tables; nothing here imports anything but the errors."""
 
-from staticattn.model.layer_types import LAYER_TYPES, Cache, LayerType, Reads, layer_type
+from staticattn.model.layer_types import (
+    LAYER_TYPES,
+    Addressing,
+    Cache,
+    LayerType,
+    Reads,
+    layer_type,
+)
 from staticattn.model.presets import (
     ARCHITECTURES,
     PRESETS,
@@ -13,6 +20,6 @@ from staticattn.model.presets import (
 )
 from staticattn.model.sources import LayerSources, resolve_sources
 
-__all__ = ["ARCHITECTURES", "Architecture", "Cache", "LAYER_TYPES", "LayerSources", "LayerType",
-           "ModelPreset", "PRESETS", "Reads", "architecture", "layer_type", "model_preset",
-           "resolve_sources"]
+__all__ = ["ARCHITECTURES", "Addressing", "Architecture", "Cache", "LAYER_TYPES", "LayerSources",
+           "LayerType", "ModelPreset", "PRESETS", "Reads", "architecture", "layer_type",
+           "model_preset", "resolve_sources"]

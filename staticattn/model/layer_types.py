@@ -7,16 +7,16 @@ row; code that differs per type reads the row instead of branching on a name, so
 is a new row (plus, where a model family encodes it, an entry of its ratio encoding in
 :mod:`staticattn.model.presets`).
 
-=========  ==  ======  ========  ==========================================  ============
-type       R   window  reads     owns (as a source layer)                    DCP
-=========  ==  ======  ========  ==========================================  ============
-dsa        1   no      top-k     index K                                     sharded
-swaonly    0   yes     --        --                                          --
-c4a        4   yes     top-k     compressed KV, index K, compressor state    sharded
-c128a      128 yes     all       compressed KV, compressor state             replicated
-c1a        1   yes     top-k     compressed KV, index K                      not served
-c2a        2   yes     top-k     compressed KV, index K, compressor state    not served
-=========  ==  ======  ========  ==========================================  ============
+=========  ==  ======  ========  ==========================================  ==========  ======
+type       R   window  reads     owns (as a source layer)                    DCP         tables
+=========  ==  ======  ========  ==========================================  ==========  ======
+dsa        1   no      top-k     index K                                     sharded     main
+swaonly    0   yes     --        --                                          --          --
+c4a        4   yes     top-k     compressed KV, index K, compressor state    sharded     main
+c128a      128 yes     all       compressed KV, compressor state             replicated  main
+c1a        1   yes     top-k     compressed KV, index K                      not served  own
+c2a        2   yes     top-k     compressed KV, index K, compressor state    not served  own
+=========  ==  ======  ========  ==========================================  ==========  ======
 
 ``dsa`` is DeepSeek V3.2's sparse MLA layer: the indexer scores the uncompressed cache
 (``R = 1``) and the layer attends its top-k. The DeepSeek V4 types (spec §6.1) attend their
@@ -32,7 +32,9 @@ compressed cache (one entry per token, its own entry included: ``n_c(p) = p + 1`
 and the indexer's top-k; they differ in the compressed page (``block_size // R`` entries),
 hence separate tile-scheduler holders. Under V4.1 only *source* layers own caches; the
 other layers of a type read the nearest source at or below them (:mod:`.sources`).
-Decode context parallelism does not serve them (``dcp_served``).
+Decode context parallelism does not serve them (``dcp_served``). Each of their caches is a
+KV-cache group with its own block table (``addressing``, spec §4), and a token whose own slot
+is -1 writes no compressed entry (``own_slot_gate``, spec §5.1).
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from dataclasses import dataclass
 
 from staticattn.errors import ConfigError
 
-__all__ = ["Cache", "LAYER_TYPES", "LayerType", "Reads", "layer_type"]
+__all__ = ["Addressing", "Cache", "LAYER_TYPES", "LayerType", "Reads", "layer_type"]
 
 
 class Reads(enum.Enum):
@@ -67,6 +69,18 @@ class Cache(enum.Enum):
     COMPRESSOR_STATE = "compressor_state"
 
 
+class Addressing(enum.Enum):
+    """Through which block tables a source layer's caches are addressed."""
+
+    #: The main cache group's one block table (``input.block_table``): DeepSeek V3.2's and
+    #: V4's caches, ``block_size // R`` entries per block.
+    MAIN_TABLE = "main_table"
+    #: One KV-cache group, so one block table, per owned cache (DeepSeek V4.1,
+    #: ``docs/spec/deepseek-v41.md`` §4): ``<type>.compressed_kv``, ``<type>.index_k``
+    #: and ``<type>.compressor_state`` (a ring: one block per request).
+    OWN_GROUPS = "own_groups"
+
+
 @dataclass(frozen=True, slots=True)
 class LayerType:
     """One row of the table.
@@ -82,14 +96,21 @@ class LayerType:
     reads : Reads
         What it reads of the compressed entries.
     owns : frozenset of Cache
-        The caches a source layer of this type owns, addressed through the main cache
-        group's block table (``block_size // R`` entries per block).
+        The caches a source layer of this type owns (``block_size // R`` entries per block,
+        addressed as ``addressing`` says).
     dcp_sharded : bool
         Under decode context parallelism its compressed caches are dealt over the ranks (the
         indexer's and the top-k types'); otherwise every rank holds all of them.
     dcp_served : bool
         Decode context parallelism serves the type at all (the reference refuses DCP for
         DeepSeek V4.1's layers).
+    addressing : Addressing
+        Whether the owned caches are addressed through the main block table or through a
+        block table of their own each (:meth:`group`).
+    own_slot_gate : bool
+        A token whose own slot (the staged slot mapping) is -1 writes no compressed KV or
+        index-K entry (vLLM 0.33's rule, ``docs/spec/deepseek-v41.md`` §5.1); without it
+        the entry's slot follows from the position alone (v0.20.2's, for V4's types).
     """
 
     name: str
@@ -99,6 +120,8 @@ class LayerType:
     owns: frozenset[Cache]
     dcp_sharded: bool
     dcp_served: bool = True
+    addressing: Addressing = Addressing.MAIN_TABLE
+    own_slot_gate: bool = False
 
     @property
     def compressed(self) -> bool:
@@ -115,6 +138,11 @@ class LayerType:
         if not self.compress_ratio:
             return 0
         return max(position + 1, 0) // self.compress_ratio
+
+    def group(self, cache: Cache) -> str:
+        """The name of the cache group (and block table) of ``cache`` under
+        :attr:`Addressing.OWN_GROUPS`: ``"c2a.index_k"``."""
+        return f"{self.name}.{cache.value}"
 
     def entries_per_block(self, block_size: int) -> int:
         """Compressed entries per block of ``block_size`` tokens (at least 1)."""
@@ -133,12 +161,14 @@ class LayerType:
 
 
 def _row(name: str, ratio: int, window: bool, reads: Reads, owns: tuple[Cache, ...],
-         dcp_sharded: bool, dcp_served: bool = True) -> tuple[str, LayerType]:
-    return name, LayerType(name, ratio, window, reads, frozenset(owns), dcp_sharded,
-                           dcp_served)
+         dcp_sharded: bool, **fields) -> tuple[str, LayerType]:
+    return name, LayerType(name, ratio, window, reads, frozenset(owns), dcp_sharded, **fields)
 
 
 _KV, _IDX, _STATE = Cache.COMPRESSED_KV, Cache.INDEX_K, Cache.COMPRESSOR_STATE
+#: DeepSeek V4.1's types (vLLM 0.33): not served under DCP, a cache group per owned cache,
+#: and the own-slot rule.
+_V41 = dict(dcp_served=False, addressing=Addressing.OWN_GROUPS, own_slot_gate=True)
 
 #: Every layer type, in a fixed order (the order of every per-type output).
 LAYER_TYPES: dict[str, LayerType] = dict([
@@ -146,8 +176,8 @@ LAYER_TYPES: dict[str, LayerType] = dict([
     _row("swaonly", 0, True, Reads.NONE, (), False),
     _row("c4a", 4, True, Reads.TOPK, (_KV, _IDX, _STATE), True),
     _row("c128a", 128, True, Reads.ALL, (_KV, _STATE), False),
-    _row("c1a", 1, True, Reads.TOPK, (_KV, _IDX), True, dcp_served=False),
-    _row("c2a", 2, True, Reads.TOPK, (_KV, _IDX, _STATE), True, dcp_served=False),
+    _row("c1a", 1, True, Reads.TOPK, (_KV, _IDX), True, **_V41),
+    _row("c2a", 2, True, Reads.TOPK, (_KV, _IDX, _STATE), True, **_V41),
 ])
 
 

@@ -17,7 +17,7 @@ One module per concern:
 * :mod:`~staticattn.reference.dcp` -- one rank's indexer metadata under decode context
   parallelism;
 * :mod:`~staticattn.reference.checksums` -- what the built-in gather consumer must write;
-* :mod:`~staticattn.reference.dcp_attention` -- the reference decode-context-parallel
+* :mod:`~staticattn.reference.topk_attention` -- the reference decode-context-parallel
   consumer's top-k and attention for one token.
 
 Example::

@@ -10,6 +10,7 @@ import torch
 
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig
+from staticattn.arena.groups import cache_groups
 from staticattn.kernels.staging import NUM_COUNTS
 
 __all__ = ["input_buffers", "PAD_SLOT_ID", "NULL_BLOCK_ID"]
@@ -27,7 +28,9 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
     ``(max_num_seqs,)``, ``slot_mapping`` / ``positions`` int64 ``(max_num_batched_tokens,)``,
     ``token_to_req`` int32 ``(max_num_batched_tokens,)``, ``block_table`` int32
     ``(max_num_seqs, max_blocks_per_req)``, and with SWA ``swa_block_table`` int32
-    ``(max_num_seqs, max_swa_blocks_per_req)``; ``step_counts`` int32 ``(4,)``: the real
+    ``(max_num_seqs, max_swa_blocks_per_req)``; per cache group with a table of its own
+    (:func:`~staticattn.arena.cache_groups`, DeepSeek V4.1) ``block_tables.<group>`` int32
+    ``(max_num_seqs, group.columns)``; ``step_counts`` int32 ``(4,)``: the real
     requests and tokens and the decode/prefill split, and ``query_lens`` int32
     ``(max_num_seqs,)``, each request's query length, derived on the device
     (:mod:`staticattn.kernels.staging`).
@@ -53,4 +56,6 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
         decls.append(
             BufferDecl("input.swa_block_table", (r, config.max_swa_blocks_per_req), torch.int32)
         )
+    decls += [BufferDecl(f"input.block_tables.{g.name}", (r, g.columns), torch.int32)
+              for g in cache_groups(config)]
     return decls

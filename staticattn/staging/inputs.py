@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from staticattn.arena.config import ArenaConfig
+from staticattn.arena.groups import cache_groups
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.launch import record_event
@@ -87,6 +88,7 @@ class ExtentViews(NamedTuple):
     token_to_req: torch.Tensor
     swa_block_table: torch.Tensor | None
     query_lens: torch.Tensor
+    block_tables: dict[str, torch.Tensor]
 
 
 class StepInputs:
@@ -103,6 +105,11 @@ class StepInputs:
     swa_block_table, step_counts, query_lens : torch.Tensor
         Device views (``swa_block_table`` is None without SWA; ``step_counts`` and
         ``query_lens`` are derived by the staging kernels).
+    block_tables : dict of str to torch.Tensor
+        The block table of every cache group with one of its own, by group name
+        (``"c2a.index_k"``, :func:`~staticattn.arena.cache_groups`), int32 device
+        ``(max_num_seqs, columns)``; empty for DeepSeek V3.2 and V4. The engine updates
+        them in place, like ``block_table``.
     host_query_start_loc, host_seq_lens, host_slot_mapping, host_counts : torch.Tensor
         Host staging views; the eager path reads its host-side lengths from them.
     host : HostViews
@@ -124,6 +131,8 @@ class StepInputs:
         self.swa_block_table = (
             arena["input.swa_block_table"] if "input.swa_block_table" in arena else None
         )
+        self.block_tables = {g.name: arena[f"input.block_tables.{g.name}"]
+                             for g in cache_groups(self.config)}
         self.host_query_start_loc = arena["staging.query_start_loc"]
         self.host_seq_lens = arena["staging.seq_lens"]
         self.host_slot_mapping = arena["staging.slot_mapping"]
@@ -157,6 +166,7 @@ class StepInputs:
                 self.block_table[:num_reqs], self.slot_mapping[:num_tokens],
                 self.positions[:num_tokens], self.token_to_req[:num_tokens],
                 None if swa is None else swa[:num_reqs], self.query_lens[:num_reqs],
+                {name: table[:num_reqs] for name, table in self.block_tables.items()},
             )
         return views
 

@@ -1,5 +1,6 @@
-"""The sparse-attention indexer's metadata builder (DeepSeek V3.2, and V4 with ``R = 4``),
-graph-safe, writing only into arena views (spec §4).
+"""The sparse-attention indexer's metadata builder (DeepSeek V3.2; V4 with ``R = 4``; V4.1's
+``c1a`` and ``c2a``, one builder each), graph-safe, writing only into arena views (spec §4;
+``docs/spec/deepseek-v41.md`` §5.2, §6).
 
 Per step it produces (:mod:`staticattn.builders.indexer.metadata`):
 
@@ -43,6 +44,7 @@ from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import claim_arena
+from staticattn.builders.indexer.index_type import index_type
 from staticattn.builders.indexer.layout import (
     DecodeLayout,
     DecodeLens,
@@ -60,7 +62,6 @@ from staticattn.builders.indexer.prefill import IndexerPrefill
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.compressed_slots import compressed_slot_mapping
-from staticattn.kernels.dcp import DCPShard
 from staticattn.kernels.indexer_decode import indexer_decode_tensors
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 from staticattn.staging import PAD_SLOT_ID
@@ -71,7 +72,7 @@ __all__ = ["IndexerMetadataBuilder", "flattens"]
 class IndexerMetadataBuilder:
     """Builds :class:`IndexerMetadata` into the arena.
 
-    Buffers (``indexer.*``, device, from :meth:`buffers`), with ``Tdec = max_decode_tokens``
+    Buffers (``<name>.*``, device, from :meth:`buffers`), with ``Tdec = max_decode_tokens``
     (``max_num_seqs * next_n``, at most ``max_num_batched_tokens``) and
     ``T = max_num_batched_tokens``:
 
@@ -80,10 +81,11 @@ class IndexerMetadataBuilder:
     - ``schedule_metadata`` int32 ``(num_sms + 1, 2)``: the paged-MQA-logits schedule;
     - ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)``: prefill key ranges, by global token;
     - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
-    - ``expanded_block_table`` int32 ``(Tdec, max_blocks_per_req)``: with MTP
-      (``next_n > 1``), which the mixed build always flattens;
-    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1`` or under
-      decode context parallelism (the rank's own slots, see below);
+    - ``expanded_block_table`` int32 ``(Tdec, C)`` (``C`` the index-K table's columns):
+      with MTP (``next_n > 1``), which the mixed build always flattens;
+    - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1``, for a type
+      with its own index-K table, or under decode context parallelism (the rank's own
+      slots, see below);
     - ``decode_global_seq_lens`` int32 ``(Tdec,)``: under decode context parallelism only;
     - ``prefill_chunks`` int32 ``(C, 8)``, ``num_prefill_chunks`` int32 ``(1,)``,
       ``req_key_start`` int32 ``(max_num_seqs,)``: the device chunk plan of the mixed build
@@ -103,8 +105,19 @@ class IndexerMetadataBuilder:
     global lengths (the same plan on every rank) and carry the rank's local row bounds
     (:class:`IndexerPrefillChunkMetadata`). The rank is a static int of the arena.
 
+    One builder serves one index-owning layer type (:mod:`.index_type`): its ratio ``R``,
+    its entries per block ``S = block_size // R`` and the block table its index K is
+    addressed through come from the type's row. Under DeepSeek V4.1 (two types) each type
+    has its own builder, named ``"indexer.<type>"`` (metadata key and buffer prefix), whose
+    index K lives in the ``<type>.index_k`` cache group: its slot mapping is computed from
+    that group's table (``R = 1``: the token's own entry; ``R = 2``: odd positions, entry
+    ``p // 2``), and a token whose own staged slot is -1 writes nothing.
+
     Parameters
     ----------
+    layer_type : str or None
+        The index-owning type served ("c1a"); None: the config's only one, under the name
+        ``"indexer"`` (DeepSeek V3.2 and V4).
     legacy_schedule : bool
         Split the paged-MQA-logits work with DeepGEMM v2.1-v2.3's remainder rule (the
         reference engine's pinned DeepGEMM) instead of v2.4+'s. Either covers all work.
@@ -125,32 +138,35 @@ class IndexerMetadataBuilder:
     [[9, 10], [6, 7], [0, 0]]
     """
 
-    name = "indexer"
     arena: Arena | None = None  # the arena bound to, for life
-
-    def __init__(self, *, legacy_schedule: bool = False) -> None:
+    def __init__(self, layer_type: str | None = None, *, legacy_schedule: bool = False) -> None:
+        self.layer_type = layer_type
+        #: Metadata key and buffer prefix: "indexer", or "indexer.<type>" for a named type.
+        self.name = "indexer" if layer_type is None else f"indexer.{layer_type}"
         self.legacy_schedule = legacy_schedule
         self.config: ArenaConfig | None = None
-        self.prefill = IndexerPrefill()
+        self.prefill = IndexerPrefill(self.name)
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
-        """The ``indexer.*`` declarations for ``config`` (listed in the class docstring)."""
-        rows, tokens = config.max_decode_tokens, config.max_num_batched_tokens
+        """The ``<name>.*`` declarations for ``config`` (listed in the class docstring; the
+        compressed slot mapping also for a type with its own index-K table)."""
+        kind = index_type(config, self.layer_type)
+        rows, tokens, name = config.max_decode_tokens, config.max_num_batched_tokens, self.name
         decls = [
-            BufferDecl("indexer.decode_lens", (rows,), torch.int32),
-            BufferDecl("indexer.decode_seq_lens", (rows,), torch.int32),
-            BufferDecl("indexer.schedule_metadata", (config.num_sms + 1, 2), torch.int32),
-            *IndexerPrefill.buffers(config),
+            BufferDecl(f"{name}.decode_lens", (rows,), torch.int32),
+            BufferDecl(f"{name}.decode_seq_lens", (rows,), torch.int32),
+            BufferDecl(f"{name}.schedule_metadata", (config.num_sms + 1, 2), torch.int32),
+            *self.prefill.buffers(config, kind.compress_ratio),
         ]
         if config.next_n > 1:
-            decls.append(BufferDecl("indexer.expanded_block_table",
-                                    (rows, config.max_blocks_per_req), torch.int32))
-        if config.index_compress_ratio > 1 or config.dcp_world_size > 1:
-            decls.append(BufferDecl("indexer.compressed_slot_mapping", (tokens,), torch.int64,
+            decls.append(BufferDecl(f"{name}.expanded_block_table", (rows, kind.table_columns),
+                                    torch.int32))
+        if kind.computes_slots(config):
+            decls.append(BufferDecl(f"{name}.compressed_slot_mapping", (tokens,), torch.int64,
                                     fill=PAD_SLOT_ID))
         if config.dcp_world_size > 1:
-            decls.append(BufferDecl("indexer.decode_global_seq_lens", (rows,), torch.int32))
+            decls.append(BufferDecl(f"{name}.decode_global_seq_lens", (rows,), torch.int32))
         return decls
 
     def bind(self, arena: Arena) -> None:
@@ -158,26 +174,26 @@ class IndexerMetadataBuilder:
         binding from here on."""
         claim_arena(self, arena)
         cfg = arena.config
+        kind = self.index = index_type(cfg, self.layer_type)
         self.config = cfg
         self.backend = resolve_backend(cfg.kernel_backend, arena.device)
-        self.compress_ratio = cfg.index_compress_ratio
-        self.decode_lens = arena["indexer.decode_lens"]
-        self.decode_seq_lens = arena["indexer.decode_seq_lens"]
-        self.schedule_metadata = arena["indexer.schedule_metadata"]
+        self.compress_ratio = kind.compress_ratio
+        name = self.name
+        self.decode_lens = arena[f"{name}.decode_lens"]
+        self.decode_seq_lens = arena[f"{name}.decode_seq_lens"]
+        self.schedule_metadata = arena[f"{name}.schedule_metadata"]
         self.expanded_block_table = (
-            arena["indexer.expanded_block_table"] if cfg.next_n > 1 else None
+            arena[f"{name}.expanded_block_table"] if cfg.next_n > 1 else None
         )
-        sharded = cfg.dcp_world_size > 1
-        self.dcp = (DCPShard(cfg.dcp_world_size, cfg.dcp_rank, cfg.dcp_compressed_interleave)
-                    if sharded else None)
-        self.decode_global_seq_lens = (
-            arena["indexer.decode_global_seq_lens"] if sharded else None
-        )
-        self.prefill.bind(arena, self.backend)
+        self.dcp = kind.dcp_shard(cfg)
+        sharded = self.dcp is not None
+        self.decode_global_seq_lens = arena[f"{name}.decode_global_seq_lens"] if sharded else None
+        self.prefill.bind(arena, self.backend, kind)
         self.compressed_slot_mapping = (
-            arena["indexer.compressed_slot_mapping"]
-            if self.compress_ratio > 1 or sharded else None
+            arena[f"{name}.compressed_slot_mapping"] if kind.computes_slots(cfg) else None
         )
+        # The gate reads the staged slot mapping (V4.1's own-slot rule).
+        self._gated = kind.own_slot_gate
         # Views cut once per extent and kept, per binding: a builder bound to another arena
         # must never hand out views of the previous one.
         self._decode_views = functools.lru_cache(maxsize=4096)(self._cut_decode_views)
@@ -217,7 +233,7 @@ class IndexerMetadataBuilder:
             seq_lens=batch.seq_lens, max_seq_len=batch.max_seq_len, slot_mapping=slots,
             num_decodes=d, num_decode_tokens=td, num_prefills=p, num_prefill_tokens=tp,
             prefill=prefill, decode=decode, step_counts=batch.step_counts,
-            positions=batch.positions, block_table=batch.block_table,
+            positions=batch.positions, block_table=self.index.table(batch),
         )
 
     def build_decode(self, batch: Batch) -> IndexerMetadata:
@@ -319,20 +335,22 @@ class IndexerMetadataBuilder:
     ) -> IndexerDecodeMetadata:
         rows, width = layout.rows, layout.width
         expanded = self.expanded_block_table if layout.flatten else None
+        block_table = self.index.table(batch)
         indexer_decode_tensors(
-            self.backend, batch.query_start_loc, batch.seq_lens, batch.block_table,
+            self.backend, batch.query_start_loc, batch.seq_lens, block_table,
             batch.positions, batch.token_to_req, self.decode_lens, self.decode_seq_lens,
             expanded, num_decodes=num_decodes, num_rows=rows, width=width,
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
-            storage_block_size=self.config.storage_block_size, slot_tokens=slot_tokens,
+            storage_block_size=self.index.storage_block_size, slot_tokens=slot_tokens,
             step_counts=step_counts, dcp=self.dcp, global_seq_lens=self.decode_global_seq_lens,
+            own_slots=batch.slot_mapping if self._gated and slots_out is not None else None,
         )
         seq_lens, global_seq_lens, decode_lens, expanded_rows = self._decode_views(
             rows, width, layout.flatten)
         paged_mqa_schedule(self.backend, seq_lens, self.schedule_metadata,
                            legacy_remainder=self.legacy_schedule)
         whole = num_decodes == batch.num_reqs
-        table = batch.block_table if whole else batch.block_table[:num_decodes]
+        table = block_table if whole else block_table[:num_decodes]
         per_req = batch.query_lens
         if per_req is not None and not whole:
             per_req = per_req[:num_decodes]
@@ -366,9 +384,10 @@ class IndexerMetadataBuilder:
             return batch.slot_mapping
         compressed_slot_mapping(
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
-            batch.block_table, self.compressed_slot_mapping, num_reqs=batch.num_reqs,
-            num_tokens=num_tokens, storage_block_size=self.config.storage_block_size,
+            self.index.table(batch), self.compressed_slot_mapping, num_reqs=batch.num_reqs,
+            num_tokens=num_tokens, storage_block_size=self.index.storage_block_size,
             compress_ratio=self.compress_ratio, dcp=self.dcp,
+            own_slots=batch.slot_mapping if self._gated else None,
         )
         return self._slot_views(num_tokens)
 

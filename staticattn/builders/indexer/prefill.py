@@ -13,12 +13,13 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.chunking import split_indexer_prefill_chunks
 from staticattn.builders.batch import Batch
+from staticattn.builders.indexer.index_type import IndexType
 from staticattn.builders.indexer.metadata import (
     IndexerPrefillChunkMetadata,
     IndexerPrefillMetadata,
     IndexerPrefillPlan,
 )
-from staticattn.kernels.dcp import DCPShard, dcp_local_count
+from staticattn.kernels.dcp import dcp_local_count
 from staticattn.kernels.indexer_plan import (
     CHUNK_FIELDS,
     max_prefill_chunks,
@@ -29,17 +30,20 @@ from staticattn.kernels.indexer_prefill import indexer_prefill_chunk
 __all__ = ["IndexerPrefill", "max_chunks"]
 
 
-def max_chunks(config: ArenaConfig, num_reqs: int, num_tokens: int) -> int:
-    """Rows of the device chunk plan for ``num_reqs`` requests / ``num_tokens`` tokens."""
-    return max_prefill_chunks(num_reqs, num_tokens,
-                              config.max_model_len // config.index_compress_ratio,
+def max_chunks(config: ArenaConfig, num_reqs: int, num_tokens: int,
+               compress_ratio: int | None = None) -> int:
+    """Rows of the device chunk plan for ``num_reqs`` requests / ``num_tokens`` tokens of an
+    index K of ratio ``compress_ratio`` (default: the config's one index type's)."""
+    ratio = config.index_compress_ratio if compress_ratio is None else compress_ratio
+    return max_prefill_chunks(num_reqs, num_tokens, config.max_model_len // ratio,
                               config.max_logits_bytes // 4)
 
 
 class IndexerPrefill:
     """The prefill views and their two builds.
 
-    Buffers (``indexer.*``, device; ``T = max_num_batched_tokens``, ``R = max_num_seqs``):
+    Buffers (``<name>.*``, device, ``name`` the builder's: ``indexer`` or
+    ``indexer.<type>``; ``T = max_num_batched_tokens``, ``R = max_num_seqs``):
     ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)`` (key ranges by global token);
     ``cu_seq_lens`` int32 ``(2R,)`` (requests ``[s, e)`` own ``[2s, s + e + 1)``, disjoint
     for disjoint ranges, so every chunk of a step keeps its own view); ``prefill_chunks``
@@ -49,43 +53,46 @@ class IndexerPrefill:
     ``local_req_key_start`` int32 ``(R,)``, as ``req_key_start``: the rank's local keys.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "indexer") -> None:
+        self.name = name
         self.config: ArenaConfig | None = None
 
-    @staticmethod
-    def buffers(config: ArenaConfig) -> list[BufferDecl]:
-        """The prefill part's declarations: per-token key ranges int32 ``(T,)``, chunk key
-        prefix sums, the device chunk plan and its per-request key starts."""
-        tokens, reqs = config.max_num_batched_tokens, config.max_num_seqs
+    def buffers(self, config: ArenaConfig, compress_ratio: int) -> list[BufferDecl]:
+        """The prefill part's declarations for an index K of ratio ``compress_ratio``:
+        per-token key ranges int32 ``(T,)``, chunk key prefix sums, the device chunk plan
+        and its per-request key starts."""
+        tokens, reqs, name = config.max_num_batched_tokens, config.max_num_seqs, self.name
         return [
-            BufferDecl("indexer.cu_seqlen_ks", (tokens,), torch.int32),
-            BufferDecl("indexer.cu_seqlen_ke", (tokens,), torch.int32),
-            BufferDecl("indexer.cu_seq_lens", (2 * reqs,), torch.int32),
-            BufferDecl("indexer.prefill_chunks",
-                       (max_chunks(config, reqs, tokens), CHUNK_FIELDS), torch.int32),
-            BufferDecl("indexer.num_prefill_chunks", (1,), torch.int32),
-            BufferDecl("indexer.req_key_start", (reqs,), torch.int32),
-        ] + ([BufferDecl("indexer.local_cu_seq_lens", (2 * reqs,), torch.int32),
-              BufferDecl("indexer.local_req_key_start", (reqs,), torch.int32)]
+            BufferDecl(f"{name}.cu_seqlen_ks", (tokens,), torch.int32),
+            BufferDecl(f"{name}.cu_seqlen_ke", (tokens,), torch.int32),
+            BufferDecl(f"{name}.cu_seq_lens", (2 * reqs,), torch.int32),
+            BufferDecl(f"{name}.prefill_chunks",
+                       (max_chunks(config, reqs, tokens, compress_ratio), CHUNK_FIELDS),
+                       torch.int32),
+            BufferDecl(f"{name}.num_prefill_chunks", (1,), torch.int32),
+            BufferDecl(f"{name}.req_key_start", (reqs,), torch.int32),
+        ] + ([BufferDecl(f"{name}.local_cu_seq_lens", (2 * reqs,), torch.int32),
+              BufferDecl(f"{name}.local_req_key_start", (reqs,), torch.int32)]
              if config.dcp_world_size > 1 else [])
 
-    def bind(self, arena: Arena, backend: str) -> None:
-        """Take the prefill views of an allocated arena; kernels run on ``backend``."""
-        self.config = arena.config
+    def bind(self, arena: Arena, backend: str, index: IndexType) -> None:
+        """Take the prefill views of an allocated arena for the index K ``index``; kernels
+        run on ``backend``."""
+        self.config = cfg = arena.config
         self.backend = backend
-        self.compress_ratio = arena.config.index_compress_ratio
-        self.cu_seqlen_ks = arena["indexer.cu_seqlen_ks"]
-        self.cu_seqlen_ke = arena["indexer.cu_seqlen_ke"]
-        self.cu_seq_lens = arena["indexer.cu_seq_lens"]
-        self.prefill_chunks = arena["indexer.prefill_chunks"]
-        self.num_prefill_chunks = arena["indexer.num_prefill_chunks"]
-        self.req_key_start = arena["indexer.req_key_start"]
-        cfg = arena.config
-        sharded = cfg.dcp_world_size > 1
-        self.dcp = (DCPShard(cfg.dcp_world_size, cfg.dcp_rank, cfg.dcp_compressed_interleave)
-                    if sharded else None)
-        self.local_cu_seq_lens = arena["indexer.local_cu_seq_lens"] if sharded else None
-        self.local_req_key_start = arena["indexer.local_req_key_start"] if sharded else None
+        self.index = index
+        self.compress_ratio = index.compress_ratio
+        name = self.name
+        self.cu_seqlen_ks = arena[f"{name}.cu_seqlen_ks"]
+        self.cu_seqlen_ke = arena[f"{name}.cu_seqlen_ke"]
+        self.cu_seq_lens = arena[f"{name}.cu_seq_lens"]
+        self.prefill_chunks = arena[f"{name}.prefill_chunks"]
+        self.num_prefill_chunks = arena[f"{name}.num_prefill_chunks"]
+        self.req_key_start = arena[f"{name}.req_key_start"]
+        self.dcp = index.dcp_shard(cfg)
+        sharded = self.dcp is not None
+        self.local_cu_seq_lens = arena[f"{name}.local_cu_seq_lens"] if sharded else None
+        self.local_req_key_start = arena[f"{name}.local_req_key_start"] if sharded else None
 
     # ------------------------------------------------------------------ host plan
     def host_keys(self, batch: Batch) -> np.ndarray:
@@ -152,7 +159,7 @@ class IndexerPrefill:
                   else (query_slice.start, query_slice.stop))
         local_total, max_local_total = self._local_totals(batch, start, end, total)
         return IndexerPrefillChunkMetadata(
-            block_table=batch.block_table[start:end],
+            block_table=self.index.table(batch)[start:end],
             cu_seqlen_ks=self.cu_seqlen_ks[first + lo : first + hi],
             cu_seqlen_ke=self.cu_seqlen_ke[first + lo : first + hi],
             cu_seq_lens=self._cu_seq_lens_region(start, end),
@@ -171,10 +178,10 @@ class IndexerPrefill:
         sharded = self.dcp is not None
         r, t = batch.num_reqs, batch.num_actual_tokens
         plan = IndexerPrefillPlan(
-            chunk_bounds=self.prefill_chunks[: max_chunks(cfg, r, t)],
+            chunk_bounds=self.prefill_chunks[: max_chunks(cfg, r, t, self.compress_ratio)],
             num_chunks=self.num_prefill_chunks, cu_seq_lens=self.cu_seq_lens[: 2 * r],
             req_key_start=self.req_key_start[:r], cu_seqlen_ks=self.cu_seqlen_ks[:t],
-            cu_seqlen_ke=self.cu_seqlen_ke[:t], block_table=batch.block_table,
+            cu_seqlen_ke=self.cu_seqlen_ke[:t], block_table=self.index.table(batch),
             local_cu_seq_lens=self.local_cu_seq_lens[: 2 * r] if sharded else None,
             local_req_key_start=self.local_req_key_start[:r] if sharded else None,
         )

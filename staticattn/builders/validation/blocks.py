@@ -20,12 +20,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from staticattn.arena.config import cdiv
+from staticattn.arena.config import ArenaConfig, cdiv
+from staticattn.arena.groups import CacheGroup, cache_groups
 from staticattn.builders.validation.values import check_block_ids, tokens_per_block
 from staticattn.errors import InvalidBatchError
+from staticattn.model import Cache
 from staticattn.staging.inputs import StepInputs
 
-__all__ = ["BlockIds"]
+__all__ = ["BlockIds", "group_tokens_per_column"]
 
 
 class BlockIds:
@@ -36,8 +38,9 @@ class BlockIds:
     ----------
     inputs : StepInputs
         The arena's inputs; their tables are ``block_table`` (the main cache group, a column
-        per ``block_size * dcp_world_size`` tokens) and, with SWA, ``swa_block_table`` (a
-        column per ``swa_block_size`` tokens).
+        per ``block_size * dcp_world_size`` tokens), with SWA ``swa_block_table`` (a column
+        per ``swa_block_size`` tokens), and ``block_tables[group]`` of each cache group with
+        a table of its own (:func:`group_tokens_per_column`).
     num_kv_blocks : int
         Blocks of the KV pool.
     """
@@ -50,6 +53,9 @@ class BlockIds:
         if inputs.swa_block_table is not None:
             self.tables["swa_block_table"] = (inputs.swa_block_table,
                                               tokens_per_block(cfg, swa=True))
+        for group in cache_groups(cfg):
+            self.tables[group.name] = (inputs.block_tables[group.name],
+                                       group_tokens_per_column(group, cfg))
         #: The tables the host reads for free, as numpy views: every table of a CPU arena.
         self.host_tables = [(name, t.numpy(), per_block) for name, (t, per_block)
                             in self.tables.items() if t.device.type == "cpu"]
@@ -63,18 +69,19 @@ class BlockIds:
             return
         longest = seq_lens.item(seq_lens.argmax())
         for name, table, per_block in self.host_tables:
-            used = table[:num_reqs, : cdiv(longest, per_block)]
-            # Over the rectangle first: two passes, and exact only when every id in it is
-            # valid; columns past a shorter row's end may hold anything.
-            if used.size and (used.item(used.argmin()) < 0
-                              or used.item(used.argmax()) >= self.num_kv_blocks):
-                check_block_ids(name, used, seq_lens.astype(np.int64), per_block,
+            # One pass over the rectangle the longest row reaches, unsigned: a negative id
+            # is past every pool. Exact only when every id in it is valid; columns past a
+            # shorter row's end may hold anything, so a hit is confirmed per row.
+            used = table[:num_reqs, : cdiv(longest, per_block)].view(np.uint32)
+            if used.size and used.max() >= self.num_kv_blocks:
+                check_block_ids(name, table[:num_reqs], seq_lens.astype(np.int64), per_block,
                                 self.num_kv_blocks)
 
     def write(self, table: str, row: int, block_ids, start: int = 0) -> None:
-        """Write ``block_ids`` (host ints ``(n,)``) into ``table`` (``"block_table"`` or
-        ``"swa_block_table"``) at ``[row, start : start + n]``, after checking the row, the
-        columns and every id; a typed error before anything is written otherwise.
+        """Write ``block_ids`` (host ints ``(n,)``) into ``table`` (``"block_table"``,
+        ``"swa_block_table"`` or a cache group's name, ``"c2a.index_k"``) at
+        ``[row, start : start + n]``, after checking the row, the columns and every id; a
+        typed error before anything is written otherwise.
 
         One copy to the device per call: write a row's new blocks together. Waits for
         nothing: like any in-place update of a table, do it between steps, never while a
@@ -102,3 +109,13 @@ class BlockIds:
                 f"{self.num_kv_blocks}) (num_kv_blocks: the KV pool's blocks)")
         view[row, start : start + ids.size].copy_(
             torch.from_numpy(ids.astype(np.int32, copy=False)))
+
+
+def group_tokens_per_column(group: CacheGroup, config: ArenaConfig) -> int:
+    """Tokens one column of a cache group's table spans: ``R * S`` (``S`` entries of one
+    per ``R`` tokens; ``cdiv(cdiv(L, R), S) = cdiv(L, R * S)``), and for a compressor ring,
+    whose one column every non-empty request uses, ``max_model_len``."""
+    if group.cache is Cache.COMPRESSOR_STATE:
+        return config.max_model_len
+    t = group.layer_type
+    return max(t.compress_ratio, 1) * t.entries_per_block(config.block_size)
