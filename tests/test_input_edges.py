@@ -112,6 +112,7 @@ def test_uniform_staging_pads_over_stale_values(backend):
     seq, slots = np.array([7, 300], np.int32), np.array([5, -1, 70, 71])
     inputs.stage_uniform_decode(seq, slots)
     inputs.copy_to_device(6, 6 * n, uniform=True)
+    assert inputs.query_start_loc[:7].tolist() == [0, n, 2 * n] + [2 * n] * 4
     assert inputs.seq_lens[:6].tolist() == [7, 300, 0, 0, 0, 0]
     assert inputs.slot_mapping[: 6 * n].tolist() == [5, -1, 70, 71] + [-1] * (4 * n)
     assert inputs.query_lens[:6].tolist() == [n, n, 0, 0, 0, 0]
@@ -160,3 +161,37 @@ def test_the_table_never_picks_a_bucket_short_of_requests():
             assert g.num_reqs >= reqs and g.size >= tokens
             holding = [t for t in (4, 8, 32) if t >= tokens and min(16, t) >= reqs]
             assert g.size == min(holding)
+
+
+def test_zero_token_requests_never_replay_a_decode_graph():
+    """``[next_n, 0]`` is not a uniform decode step: a decode graph of two requests would
+    stage two requests of ``next_n`` tokens. It runs eagerly (no bucket captured)."""
+    gm = _toy_manager(())
+    n = gm.config.next_n
+    gm.table.add(emulated_graph(gm, GraphKind.DECODE, 2 * n))
+    for dtype in (np.int64, np.uint8):
+        q, s = np.array([n, 0], dtype), np.array([5, 5], dtype)
+        res = gm.run(q, s, np.arange(n))
+        assert res.mode == "eager" and res.outputs.tolist() == toy_expected(q, s)
+
+
+def test_a_step_filling_the_bucket_slots_exactly_replays_that_bucket():
+    """Four requests, four tokens: the 4-token bucket's four slots hold the step (the
+    launch returns its outputs at the bucket's extent: 4 rows, not the 32-token bucket's)."""
+    with _toy_manager((4, 32)) as gm:
+        q, s = np.array([1, 1, 1, 1]), np.array([3, 4, 5, 6])
+        out = _enter(gm, "launch_step", q, s, np.arange(4))()
+        assert out.shape[0] == 4 and out.tolist() == toy_expected(q, s)
+        res = gm.run(q, s, np.arange(4))
+        assert (res.mode, res.graph_size) == ("graph", 4)
+
+
+@pytest.mark.parametrize("tokens", [16, 100, 256, 8192])
+def test_default_buckets_rise_strictly_to_the_capacity(tokens):
+    """Bucket edges: every default bucket once, the last exactly max_num_batched_tokens."""
+    from staticattn.graphs.sizes import default_mixed_buckets
+
+    cfg = ArenaConfig.deepseek_v32(max_num_seqs=16, max_num_batched_tokens=tokens,
+                                   max_model_len=2048, device=DEVICE)
+    buckets = default_mixed_buckets(cfg)
+    assert buckets[-1] == tokens and all(a < b for a, b in zip(buckets, buckets[1:]))

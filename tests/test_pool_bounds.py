@@ -142,8 +142,10 @@ def test_write_blocks_checks_row_columns_and_ids_before_writing(preset):
         ids = np.arange(1, min(width, 3) + 1)
         gm.write_blocks(name, 2, ids)
         assert table[2, : ids.size].tolist() == ids.tolist()
+        last = min(width, 2) - 1  # the bad id's column: the second, or a ring's only one
         for args, fragment in [((name, 2, [POOL]), f"{name}[2, 0]={POOL}"),
-                               ((name, 2, [1, -1][-width:]), f"{name}[2, {min(width, 2) - 1}]=-1"),
+                               ((name, 2, [1, -1][-width:]), f"{name}[2, {last}]=-1"),
+                               ((name, 2, [1, POOL][-width:]), f"{name}[2, {last}]={POOL}"),
                                ((name, cfg.max_num_seqs, [1]), "outside"),
                                ((name, 0, [1], width), "outside"),
                                ((name, 0, np.array([1.0])), "integers"),
@@ -156,3 +158,9 @@ def test_every_cache_group_has_its_table_checked():
     _, _, inputs, gm = _world("deepseek-v4.1-flash")
     groups = {g.name for g in cache_groups(cfg)}
     assert groups and groups <= set(gm.block_ids.tables)
+
+
+def test_a_step_of_no_request_checks_no_block():
+    _, _, inputs, gm = _world("deepseek-v4")
+    inputs.block_table[0, 0] = POOL
+    gm.block_ids.check_step(0, np.zeros(0, np.int64))  # nothing used, nothing to read

@@ -10,6 +10,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 from stateful_api import PATHS, ApiMachine
 
+pytestmark = pytest.mark.skipif(stateful_api.CUDA, reason="on a GPU the machine captures real "
+                                "graphs: test_stateful_api_gpu.py runs it there")
+
 CASES = [("deepseek-v3.2", "torch", 25), ("deepseek-v4", "torch", 25),
          ("deepseek-v4.1-flash", "torch", 12), ("deepseek-v4", "triton", 5)]
 
