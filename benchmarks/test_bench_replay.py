@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
@@ -34,7 +34,8 @@ def manager(request):
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     step = GatherConsumer(cfg) if request.param == "gather" else (lambda batch, md: None)
-    gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, step,
+                      GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS))
     gm.capture([b * cfg.next_n for b in SIZES], buckets=())
     yield request.param, gm
     gm.close()

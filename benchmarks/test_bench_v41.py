@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.bench.replay import step_times_us
 from staticattn.builders import default_builders, make_arena
 from staticattn.graphs import GraphManager, GraphOptions
@@ -53,7 +53,8 @@ def managers():
             builders = default_builders(cfg)
             arena, inputs = make_arena(cfg, builders)
             gm = GraphManager(arena, inputs, builders, lambda batch, md: None,
-                              GraphOptions(progress=False, time_gpu=True))
+                              GraphOptions(progress=False, time_gpu=True,
+                                           num_kv_blocks=NUM_KV_BLOCKS))
             gm.capture()
             made[preset] = gm
         return made[preset]

@@ -23,6 +23,7 @@ import torch
 
 from examples.plugin_project.my_step import MyStep, MyStepWithSync, config
 from staticattn import GraphManager, GraphOptions, check_graph_safety, make_arena
+from staticattn.bench.random_batches import NUM_KV_BLOCKS
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
 from staticattn.checks import check_eagerly
 from staticattn.checks.reference_check import CAPTURE_ONLY
@@ -42,7 +43,8 @@ def main() -> int:
         print("no CUDA: running the checks that need no graph capture")
         passed = {}
         for name, step in steps.items():
-            with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
+            options = GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS)
+            with GraphManager(arena, inputs, builders, step, options) as gm:
                 found = check_eagerly(gm, num_steps=args.batches, seed=0)
             print(f"--- the step {name}:")
             print("\n".join(found.lines()))

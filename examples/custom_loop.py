@@ -72,7 +72,7 @@ def main() -> int:
     first_mismatch = None
     print("graphs: captured below" if cuda else "no CUDA: every step runs eagerly on the CPU")
     with GraphManager(arena, inputs, builders, WindowAttention(cfg, device),
-                      GraphOptions(progress=False)) as gm:
+                      GraphOptions(progress=False, num_kv_blocks=NUM_BLOCKS)) as gm:
         if cuda:
             gm.capture()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -102,12 +102,14 @@ def main() -> int:
                                      (r["swa_blocks"], cfg.swa_block_size)):
                     while len(blocks) * size < length:  # grow a block at a time
                         blocks.append(free.pop())
-                # This step's order is the batch order: write its rows in place.
-                inputs.block_table[b, : len(r["blocks"])] = torch.tensor(r["blocks"])
-                inputs.swa_block_table[b, : len(r["swa_blocks"])] = torch.tensor(r["swa_blocks"])
-                pos = np.arange(r["done"], length)
-                table = np.array(r["blocks"])
-                slots.append(table[pos // cfg.block_size] * cfg.block_size + pos % cfg.block_size)
+                # This step's order is the batch order: write its rows in place, each id
+                # checked against the KV pool.
+                gm.write_blocks("block_table", b, r["blocks"])
+                gm.write_blocks("swa_block_table", b, r["swa_blocks"])
+                # The slot mapping addresses the SWA group's cache (its blocks bound it).
+                pos, size = np.arange(r["done"], length), cfg.swa_block_size
+                table = np.array(r["swa_blocks"])
+                slots.append(table[pos // size] * size + pos % size)
                 seq_lens.append(length)
             q, seq, slot = np.array(query_lens), np.array(seq_lens), np.concatenate(slots)
             k, t = len(q), int(q.sum())

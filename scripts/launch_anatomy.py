@@ -22,7 +22,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import host_times_us, launch_floor
-from staticattn.bench.random_batches import fixed_step
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, fixed_step
 from staticattn.builders.contract import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
@@ -126,7 +126,8 @@ def main() -> None:
     print(f"preset {args.preset}, next_n {n}, {k} requests, staging guard after the "
           f"{args.staging_guard}; host us, medians of {args.reps}")
     print(f"one-kernel floor through cudaGraphLaunch: {floor['raw_launch_host_us'].median:.2f}")
-    options = GraphOptions(progress=False, staging_guard=StagingGuard(args.staging_guard))
+    options = GraphOptions(progress=False, staging_guard=StagingGuard(args.staging_guard),
+                           num_kv_blocks=NUM_KV_BLOCKS)
     with GraphManager(arena, inputs, builders, lambda b, md: None, options) as gm:
         gm.capture([k * n], buckets=())
         g = gm.table.decode[k]

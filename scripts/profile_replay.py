@@ -12,7 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import DecodeStream
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, DecodeStream
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.graphs import GraphManager, GraphOptions
 
@@ -30,7 +30,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     stream = DecodeStream(inputs, rng)
     with GraphManager(arena, inputs, builders, lambda b, m: None,
-                      GraphOptions(progress=False)) as gm:
+                      GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS)) as gm:
         gm.capture([b * cfg.next_n for b in args.batch_requests])
         for b in args.batch_requests:
             st = stream.next(b)

@@ -29,7 +29,7 @@ def main() -> None:
         arena, inputs = make_arena(cfg, builders)
         rng = np.random.default_rng(0)
         with GraphManager(arena, inputs, builders, GatherConsumer(cfg, 512),
-                          GraphOptions(progress=False)) as gm:
+                          GraphOptions(progress=False, num_kv_blocks=512)) as gm:
             n = cfg.next_n
             gm.capture([n, 4 * n, 16 * n])
             stream = DecodeStream(inputs, rng, num_kv_blocks=512)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import DecodeStream
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, DecodeStream
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
@@ -92,7 +92,8 @@ def main() -> int:
               "length_mismatches": 0, "eager_mismatches": 0}
     replayed = eager = None
     report["staging_guard"] = args.staging_guard
-    options = GraphOptions(progress=False, staging_guard=StagingGuard(args.staging_guard))
+    options = GraphOptions(progress=False, staging_guard=StagingGuard(args.staging_guard),
+                           num_kv_blocks=NUM_KV_BLOCKS)
     with GraphManager(arena, inputs, builders, consumer, options) as gm:
         gm.capture(buckets=None if args.mix else ())
         sizes = gm.capture_sizes

@@ -264,9 +264,6 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
         cfg = config_of(args, "cuda" if cuda else "cpu")
     except ConfigError as exc:
         error(str(exc))
-    if cfg.max_model_len < cfg.block_size:
-        error(f"--max-model-len {cfg.max_model_len}: at least one KV block of {args.preset}, "
-              f"{cfg.block_size} tokens")
     if args.batch_requests:
         most = min(cfg.max_num_seqs, cfg.max_num_batched_tokens // cfg.next_n)
         over = [r for r in args.batch_requests if r > most]

@@ -258,7 +258,7 @@ def run_demo(steps: int | None = None, seed: int = 0, progress: bool = True,
     server = SyntheticServer(inputs, rng, max_active=min(cfg.max_num_seqs, 256 if cuda else 24),
                              max_len=min(cfg.max_model_len, 200_000))
     report = DemoReport(compared=report_compared)
-    options = GraphOptions(progress=progress, time_gpu=cuda)
+    options = GraphOptions(progress=progress, time_gpu=cuda, num_kv_blocks=NUM_KV_BLOCKS)
     with GraphManager(arena, inputs, builders, make_step(cfg), options) as gm:
         if cuda:
             _capture(gm, consumer_name.startswith("real"), say)

@@ -177,7 +177,12 @@ def consumer_steps(rank: int, out: str) -> None:
     ``distributed.world.random_decode_step``) through its own metadata build and the DCP
     consumer (gloo collectives); rank 0 also runs them at world 1 (the single-GPU step).
     Each records its top-k ids and outputs."""
-    from staticattn.distributed.world import dcp_world, random_decode_step, write_decode_step
+    from staticattn.distributed.world import (
+        dcp_world,
+        kv_pool_blocks,
+        random_decode_step,
+        write_decode_step,
+    )
     from staticattn.graphs import GraphManager, GraphOptions
 
     _join(rank, out)
@@ -185,7 +190,8 @@ def consumer_steps(rank: int, out: str) -> None:
     if rank == 0:
         runs.append((config(0).replace(dcp_world_size=1), None))
     worlds = [dcp_world(cfg, group) for cfg, group in runs]
-    managers = [GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False))
+    options = GraphOptions(progress=False, num_kv_blocks=kv_pool_blocks(config(rank)))
+    managers = [GraphManager(arena, inputs, [builder], consumer, options)
                 for arena, inputs, builder, consumer in worlds]
     record = {"steps": []}
     rng = np.random.default_rng(4321)  # the same seed on every rank: the same steps

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch
+from staticattn.graphs import GraphOptions
 from staticattn.reference.step import HostStep
 from staticattn.staging import StepInputs
 
@@ -18,6 +19,15 @@ from staticattn.staging import StepInputs
 #: interpreted, see conftest.py). Tests take it from here or from the ``device`` fixture and
 #: never choose a device of their own for kernel work.
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+#: The KV pool (blocks) of the tests' managers: :func:`make_step` draws block ids in
+#: ``[1, NUM_KV_BLOCKS)``, the random steps of ``staticattn.bench`` in a smaller pool.
+NUM_KV_BLOCKS = 100_000
+
+
+def quiet(**options) -> GraphOptions:
+    """The options of a test's manager: no progress bar, the tests' KV pool, then
+    ``options``."""
+    return GraphOptions(**{"progress": False, "num_kv_blocks": NUM_KV_BLOCKS, **options})
 
 
 def index_ratio_fields(ratio: int) -> dict:
@@ -48,7 +58,7 @@ def make_step(
     num_tokens_padded: int | None = None,
     invalid_tokens=(),
     rng: np.random.Generator | None = None,
-    num_blocks: int = 100_000,
+    num_blocks: int = NUM_KV_BLOCKS,
 ) -> HostStep:
     """A step with random block tables (block ids >= 1; 0 is the null block) and slots
     derived from them; ``invalid_tokens`` get slot -1."""

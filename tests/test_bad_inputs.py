@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import DEVICE
+from support import DEVICE, quiet
 
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders import make_arena
@@ -25,7 +25,7 @@ from staticattn.errors import (
     InvalidBatchError,
     StaticAttnError,
 )
-from staticattn.graphs import GraphManager, GraphOptions, normalize_capture_sizes
+from staticattn.graphs import GraphManager, normalize_capture_sizes
 
 CUDA = torch.cuda.is_available()
 
@@ -53,6 +53,25 @@ CONFIGS = [
     ("next_n over token budget", lambda: _cfg(max_num_batched_tokens=1), ConfigError,
      "max_num_batched_tokens=1"),
     ("tiny logits budget", lambda: _cfg(max_logits_bytes=2), ConfigError, "(4)"),
+    ("context shorter than a block", lambda: _cfg(max_model_len=7), ConfigError,
+     "max_model_len=7 is below block_size=256"),
+    ("context shorter than an SWA block",
+     lambda: _cfg(max_model_len=32, block_size=16, compress_ratios=(1, 4), swa_block_size=64),
+     ConfigError, "below swa_block_size=64"),
+    ("context shorter than a decode step",
+     lambda: ArenaConfig.deepseek_v32(max_model_len=2, block_size=1, num_speculative_tokens=2,
+                                      device=DEVICE), ConfigError, "below next_n=3"),
+    ("positions past int32", lambda: _cfg(max_model_len=2**40), ConfigError, "2**31 - 1"),
+    ("block table past int32 offsets",
+     lambda: ArenaConfig.deepseek_v32(max_model_len=2**31 - 64, device=DEVICE), ConfigError,
+     "(the block table)"),
+    ("dense rows past int32 offsets",
+     lambda: _cfg(max_num_batched_tokens=2**20, max_model_len=2**24), ConfigError,
+     "(the dense type's index rows)"),
+    ("prefill workspace past int32", lambda: _cfg(max_prefill_workspace=2**31), ConfigError,
+     "max_prefill_workspace"),
+    ("logits budget past int32", lambda: _cfg(max_logits_bytes=2**33), ConfigError,
+     "max_logits_bytes // 4"),
     ("unknown preset", lambda: ArenaConfig.preset("llama"), ConfigError, "deepseek-v4"),
     ("SWA builder without window",
      lambda: SparseSWAMetadataBuilder().buffers(ArenaConfig.deepseek_v32(device=DEVICE)),
@@ -90,7 +109,7 @@ def world():
     arena, inputs = make_arena(cfg, builders)
     step = GatherConsumer(cfg, num_kv_blocks=512)
     gm = GraphManager(arena, inputs, builders, step,
-                      GraphOptions(progress=False, num_kv_blocks=512))
+                      quiet(num_kv_blocks=512))
     if CUDA:
         gm.capture([2, 8])
     good = (np.array([2, 2]), np.array([300, 2000]), np.array([5, 6, 70, 71]))
@@ -161,7 +180,7 @@ def test_misuse(world):
 
 def test_closed_manager_refuses(world):
     cfg, arena, inputs, gm, good = world
-    other = GraphManager(arena, inputs, gm.builders, gm.step, GraphOptions(progress=False))
+    other = GraphManager(arena, inputs, gm.builders, gm.step, quiet())
     other.close()
     _after_bad(world, lambda: other.run(*good), GraphError, "closed")
     _after_bad(world, lambda: other.capture([2]), GraphError, "closed")
@@ -177,7 +196,7 @@ def test_step_that_breaks_capture_is_a_graph_error_and_leaves_the_rest_usable(wo
             out.zero_()
         return out
 
-    bad = GraphManager(arena, inputs, gm.builders, syncing_step, GraphOptions(progress=False))
+    bad = GraphManager(arena, inputs, gm.builders, syncing_step, quiet())
     current = torch.cuda.current_stream()
     _after_bad(world, lambda: bad.capture([4], buckets=()), GraphError,
                "capturing the decode graph of 4 tokens failed")

@@ -19,7 +19,7 @@ EXPECTED_NOTES = {"pool_allocation", "library_allocation", "graph_safe_rng",
 EXPECTED_ERRORS = {
     "sync", "host_read", "replay_mismatch", "output_not_rewritten", "repointed",
     "stale_pointer", "arena_write", "staging_race", "rng_generator", "pool_reuse",
-    "wrong_stream", "eager_failure", "capture_failure",
+    "wrong_stream", "eager_failure", "capture_failure", "extent_mismatch",
 }
 
 

@@ -40,7 +40,7 @@ BAD = [
     (["bench", "--context", "4096", "--max-model-len", "2048"],
      "--context 4096: beyond --max-model-len 2048"),
     (["check", "--max-model-len", "100"],
-     "--max-model-len 100: at least one KV block of deepseek-v4, 256 tokens"),
+     "max_model_len=100 is below block_size=256"),
     (["bench", "--mix", "--breakdown"], "--mix and --breakdown: one bench at a time"),
     (["bench", "--mix", "--batch-requests", "4"],
      "--mix times fixed steps of its own: --batch-requests would be ignored"),

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import DEVICE
-from toy import ToyBuilder, ToyStep, toy_expected
+from support import DEVICE, quiet
+from toy import ToyBuilder, ToyStep, emulated_graph, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.errors import CapacityError, GraphError
 from staticattn.graphs import (
-    CapturedGraph,
     ContextGraphs,
     GraphKind,
-    GraphOptions,
     default_context_buckets,
 )
 from staticattn.graphs.contexts import normalize_context_buckets
@@ -29,28 +27,14 @@ def _cfg(max_model_len=16384):
                                    max_model_len=max_model_len, device=DEVICE)
 
 
-def _emulated_decode_graph(m, size: int) -> CapturedGraph:
-    """A decode graph of ``size`` tokens for manager ``m`` whose launch runs the graph's body
-    eagerly: what its replay computes, on any device."""
-    k = size // m.config.next_n
-
-    def body():
-        return m.capturer.body(GraphKind.DECODE, k, size)
-
-    m.capturer.stage_warm_up(GraphKind.DECODE, k, size)
-    outputs, metadata = body()
-    return CapturedGraph(GraphKind.DECODE, size, k, None, outputs, metadata, 0.0, 0, None,
-                         body, "eagerly")
-
-
 def _graphs(cfg, decode_tokens: int = 32):
     """Context graphs whose every bucket holds a decode graph of ``decode_tokens`` tokens."""
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device),
-                       options=GraphOptions(progress=False))
+                       options=quiet())
     for bucket in cg.context_buckets:
-        bucket.manager.table.add(_emulated_decode_graph(bucket.manager, decode_tokens))
+        bucket.manager.table.add(emulated_graph(bucket.manager, GraphKind.DECODE, decode_tokens))
     return cg, inputs
 
 

@@ -14,17 +14,18 @@ import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
+from support import quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode, write_block_rows
-from staticattn.graphs import ContextGraphs, EagerBuild, GraphOptions
+from staticattn.graphs import ContextGraphs, EagerBuild
 from staticattn.kernels.dsa_libs import DEEP_GEMM, import_error
 from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
 
 STEPS = 2000
-QUIET = GraphOptions(progress=False)
+QUIET = quiet()
 
 
 def _managers(cg):

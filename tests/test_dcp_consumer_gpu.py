@@ -13,6 +13,7 @@ from staticattn.checks import check_graph_safety
 from staticattn.distributed.world import (
     dcp_config,
     dcp_world,
+    kv_pool_blocks,
     random_decode_step,
     write_decode_step,
 )
@@ -26,7 +27,8 @@ def test_replays_equal_the_eager_step(preset):
     cfg = dcp_config(preset, 1, 0, "cuda")
     arena, inputs, builder, consumer = dcp_world(cfg, None)
     rng = np.random.default_rng(0)
-    with GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False)) as gm:
+    options = GraphOptions(progress=False, num_kv_blocks=kv_pool_blocks(cfg))
+    with GraphManager(arena, inputs, [builder], consumer, options) as gm:
         gm.capture(buckets=())
         fingerprint = arena.fingerprint()
         for _ in range(200):

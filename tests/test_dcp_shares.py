@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
-from support import DEVICE, host_steps, make_step, stage
+from support import DEVICE, host_steps, make_step, quiet, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
@@ -155,7 +155,7 @@ def test_shares_replay_in_decode_graphs():
     """Captured with the SWA builder's decode build (at minimal lengths), replayed over
     random decode steps: every replay equals the eager reference build's shares."""
     from staticattn.bench.random_batches import random_uniform_decode
-    from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+    from staticattn.graphs import EagerBuild, GraphManager
 
     cfg = _v4("triton")
     builder = SparseSWAMetadataBuilder()
@@ -163,7 +163,7 @@ def test_shares_replay_in_decode_graphs():
     shares = DCPRankShares(cfg.replace(dcp_world_size=2, dcp_rank=1,
                                        cp_kv_cache_interleave_size=4))
     rng = np.random.default_rng(0)
-    with GraphManager(arena, inputs, [builder], shares, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, [builder], shares, quiet()) as gm:
         gm.capture([2, 8, 16], buckets=())
         for _ in range(50):
             k = int(rng.integers(1, 9))

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import torch
 from gather_world import gather_world
-from support import HostStep
+from support import HostStep, quiet
 from test_mixed_builds import CONFIGS
 
 from staticattn.checks import same_outputs, snapshot_outputs
-from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager, GraphOptions
+from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager
 from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
@@ -72,7 +72,7 @@ def test_drafter_decided_lengths_replay_equal_to_eager(name):
     contexts = torch.zeros(cfg.max_num_seqs, dtype=torch.int64, device="cuda")
     drafter = Drafter(cfg, contexts)
     n = cfg.next_n
-    with GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, consumer, quiet()) as gm:
         steps = DeviceLengthSteps(gm, drafter)
         steps.capture([n * k for k in (1, 2, 4, 8, 16) if n * k <= cfg.max_num_batched_tokens])
         fingerprint = arena.fingerprint()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICE, _t, host_steps
+from support import DEVICE, _t, host_steps, quiet
 from test_mixed_builds import CONFIGS, _world, bucket_for, stage_mixed
 
 from staticattn.builders import (
@@ -27,7 +27,7 @@ from staticattn.builders import (
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.errors import CapacityError, GraphError, InvalidBatchError
-from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager, GraphOptions
+from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager
 from staticattn.reference import mixed as oracle
 
 
@@ -127,7 +127,7 @@ def test_without_graphs_every_step_runs_eagerly_on_the_producers_lengths():
     inputs.block_table[:, :4].copy_(rows.to(inputs.block_table.device))
     inputs.swa_block_table[:, :4].copy_(rows.to(inputs.swa_block_table.device))
     producer = _Producer(cfg, np.array([30, 7, 100, 64, 5]))
-    with GraphManager(arena, inputs, builders, _positions_step, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, _positions_step, quiet()) as gm:
         steps = DeviceLengthSteps(gm, producer)
         for calls in range(3):
             out = steps.launch(5, 10)

@@ -15,11 +15,11 @@ import dataclasses
 import pytest
 import torch
 from hypothesis import given, settings
-from support import DEVICE, _t, host_steps, stage
+from support import DEVICE, _t, host_steps, quiet, stage
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.graphs import GraphManager
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference import swa as swa_oracle
 
@@ -74,7 +74,7 @@ def test_many_steps_on_the_gpu_eager_and_replayed(name):
     step padded to that size."""
     cfg = _config(name, "triton", "cuda")
     builders, arena, inputs = _world(cfg)
-    gm = GraphManager(arena, inputs, builders, lambda batch, md: None, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, lambda batch, md: None, quiet())
     n = cfg.next_n
     gm.capture([n * s for s in (1, 2, 4, 8, 16)])
     counts = {"eager": 0, "replayed": 0}

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from support import quiet
 
 from staticattn.kernels.dsa_libs import FLASH_MLA, import_error
 
@@ -29,7 +30,7 @@ from staticattn.builders import make_arena  # noqa: E402
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder  # noqa: E402
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder  # noqa: E402
 from staticattn.consumers.sparse_decode import SparseDecodeStep  # noqa: E402
-from staticattn.graphs import GraphManager, GraphOptions  # noqa: E402
+from staticattn.graphs import GraphManager  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 1024
@@ -45,7 +46,7 @@ def test_flashmla_sparse_decode_replays():
     deq = fill_attention_caches(step)
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
-    with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, step, quiet()) as gm:
         gm.capture(SIZES, buckets=())  # the real kernels serve decode tokens
         for size in SIZES:  # tile-scheduler metadata made inside the capture, per layer type
             md = gm.graphs[size].metadata["swa"]

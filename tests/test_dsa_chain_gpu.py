@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from support import quiet
 
 from staticattn.kernels.dsa_libs import DEEP_GEMM, FLASH_MLA, import_error
 
@@ -36,7 +37,7 @@ from staticattn.consumers.real import (  # noqa: E402
     real_consumer_step,
     real_consumers_available,
 )
-from staticattn.graphs import GraphManager, GraphOptions  # noqa: E402
+from staticattn.graphs import GraphManager  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 1024
@@ -72,7 +73,7 @@ def test_indexer_feeds_flashmla_replays():
                                                   topk[:t].cpu().numpy())
 
     t0 = time.perf_counter()
-    with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, step, quiet()) as gm:
         gm.capture(SIZES, buckets=())  # the real kernels serve decode tokens
         t1 = time.perf_counter()
         failures, counts = replay_sizes(gm, SIZES, REPLAYS, rng, BLOCKS, before, check)

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+from support import quiet
 
 from staticattn.kernels.dsa_libs import DEEP_GEMM, import_error
 
@@ -28,7 +29,7 @@ from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder  # noqa: E402
 from staticattn.consumers.indexer_topk import IndexerTopKStep  # noqa: E402
-from staticattn.graphs import GraphManager, GraphOptions  # noqa: E402
+from staticattn.graphs import GraphManager  # noqa: E402
 
 REPLAYS = 200
 BLOCKS = 2048
@@ -58,7 +59,7 @@ def test_indexer_topk_replays(name):
     keys = fill_indexer_cache(step)
     rng = np.random.default_rng(list(CONFIGS).index(name))
     t0 = time.perf_counter()
-    with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, step, quiet()) as gm:
         # Decode graphs only: the real kernels serve decode tokens. The warm-up per size is
         # one eager pass: DeepGEMM JIT-compiles there.
         gm.capture(sizes, buckets=())

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from gather_world import gather_world
 from hypothesis import given, settings
-from support import DEVICE, _t, host_steps
+from support import DEVICE, _t, host_steps, quiet
 from test_mixed_builds import CONFIGS
 
 from staticattn.errors import GraphError
-from staticattn.graphs import EagerBuild, GraphManager, GraphOptions, StagingGuard
+from staticattn.graphs import EagerBuild, GraphManager, StagingGuard
 from staticattn.graphs.records import RunResult
 from staticattn.reference import checksums
 
@@ -37,7 +37,7 @@ def _write_tables(inputs, step) -> None:
 def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, name):
     cfg = CONFIGS[name](device=DEVICE, kernel_backend=backend)
     arena, inputs, builders, consumer, caches = gather_world(cfg)
-    gm = GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, consumer, quiet())
     assert gm.eager_build is EagerBuild.GRAPH
     fingerprint = arena.fingerprint()
 
@@ -77,35 +77,33 @@ def test_the_eager_build_is_chosen_and_checked():
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     step = ToyStep(cfg, arena.device)
-    quiet = GraphOptions(progress=False)
-    assert GraphManager(arena, inputs, [b], step, quiet).eager_build is EagerBuild.GRAPH
-    ref = GraphManager(arena, inputs, [b], step,
-                       GraphOptions(progress=False, eager_build=EagerBuild.REFERENCE))
+    assert GraphManager(arena, inputs, [b], step, quiet()).eager_build is EagerBuild.GRAPH
+    ref = GraphManager(arena, inputs, [b], step, quiet(eager_build=EagerBuild.REFERENCE))
     assert ref.eager_build is EagerBuild.REFERENCE
     res = ref.run([2, 2], [9, 40], np.arange(4))
     assert isinstance(res, RunResult) and res.reason == "not-captured"
     # Either guard runs the same eager step (the event only moves inside captured graphs).
     q, lens, slots = [2, 2], [9, 40], np.arange(4)
     at_end = GraphManager(arena, inputs, [b], step,
-                          GraphOptions(staging_guard=StagingGuard.STEP, progress=False))
+                          quiet(staging_guard=StagingGuard.STEP))
     first = at_end.run(q, lens, slots, eager=EagerBuild.GRAPH).outputs.tolist()
     assert first == toy_expected(q, lens)
     assert ref.run(q, lens, slots, eager=EagerBuild.GRAPH).outputs.tolist() == first
     # Recorded launches need CUDA, Triton kernels and the graph builds.
     assert ref.eager.recorded_launches is None
-    off = GraphManager(arena, inputs, [b], step, GraphOptions(recorded_launches=0))
+    off = GraphManager(arena, inputs, [b], step, quiet(recorded_launches=0))
     assert off.eager.recorded_launches is None
     if DEVICE == "cpu":
-        assert GraphManager(arena, inputs, [b], step).eager.recorded_launches is None
+        assert GraphManager(arena, inputs, [b], step, quiet()).eager.recorded_launches is None
     # The old vocabulary is gone: a string or a bool is refused, whatever the path.
     for eager in ("fast", "graph", "reference", True, False):
         with pytest.raises(GraphError, match="eager must be None, EagerBuild"):
             ref.run([2, 2], [9, 40], np.arange(4), eager=eager)
-    only_build = GraphManager(arena, inputs, [_Reference(b)], step, quiet)
+    only_build = GraphManager(arena, inputs, [_Reference(b)], step, quiet())
     assert only_build.eager_build is EagerBuild.REFERENCE
     with pytest.raises(GraphError, match="build_decode and build_mixed"):
         GraphManager(arena, inputs, [_Reference(b)], step,
-                     GraphOptions(eager_build=EagerBuild.GRAPH))
+                     quiet(eager_build=EagerBuild.GRAPH))
 
 
 class _Reference:

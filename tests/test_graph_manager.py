@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from support import quiet
 from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
@@ -14,7 +15,6 @@ from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs import (
     GraphKind,
     GraphManager,
-    GraphOptions,
     default_capture_sizes,
     normalize_capture_sizes,
 )
@@ -52,7 +52,7 @@ def _manager():
     c = cfg()
     b = ToyBuilder()
     arena, inputs = make_arena(c, [b])
-    return GraphManager(arena, inputs, [b], ToyStep(c, arena.device), GraphOptions(progress=False))
+    return GraphManager(arena, inputs, [b], ToyStep(c, arena.device), quiet())
 
 
 def _fake(kind, size, num_reqs):

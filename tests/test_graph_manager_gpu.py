@@ -5,11 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import quiet
 from toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.graphs import GraphKind, GraphManager, GraphOptions
+from staticattn.graphs import GraphKind, GraphManager
 
 pytestmark = pytest.mark.gpu
 
@@ -21,7 +22,7 @@ def _setup(**kw):
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     return cfg, arena, inputs, GraphManager(arena, inputs, [b], ToyStep(cfg, arena.device),
-                                            GraphOptions(progress=False))
+                                            quiet())
 
 
 def test_capture_replay_pad_and_fallback():
@@ -138,7 +139,7 @@ def test_a_step_drawing_random_numbers_replays_through_replay():
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     step = _NoisyStep(cfg, arena.device)
-    with GraphManager(arena, inputs, [b], step, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, [b], step, quiet()) as gm:
         gm.capture([4], buckets=())
         assert gm.graphs[4].how == "replay"
         draws = []
@@ -164,7 +165,7 @@ def test_pool_memory_is_what_the_captures_allocate():
     def allocating(batch, md):
         return toy(batch, md) + torch.zeros(4 << 20, dtype=torch.uint8, device="cuda").sum()
 
-    with GraphManager(arena, inputs, [b], allocating, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, [b], allocating, quiet()) as gm:
         gm.capture([2, 8], buckets=())
         total = gm.pool.held_bytes()
         assert total >= 4 << 20

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import DecodeStream, random_mixed_step
@@ -18,7 +19,7 @@ from staticattn.builders import (
     make_arena,
 )
 from staticattn.consumers.gather import GatherConsumer
-from staticattn.graphs import GraphManager, GraphOptions, default_capture_sizes
+from staticattn.graphs import GraphManager, default_capture_sizes
 
 pytestmark = pytest.mark.gpu
 
@@ -30,7 +31,7 @@ def v4():
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
-    gm = GraphManager(arena, inputs, builders, GatherConsumer(cfg), GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, GatherConsumer(cfg), quiet())
     gm.capture()
     print("\n" + gm.describe())
     yield cfg, arena, inputs, gm

@@ -69,14 +69,27 @@ def test_the_options_reach_every_part():
     assert gm.eager.build is EagerBuild.REFERENCE and gm.eager.recorded_launches is None
     assert gm.slot_bound == 4 * cfg.swa_block_size == gm.in_place.checks.slot_bound
     assert gm.time_gpu is False  # asked for or not, only a CUDA arena times
-    default = GraphManager(arena, inputs, [b], step)
-    assert default.options == GraphOptions() and default.capturer.marks_after_staging
-    assert default.slot_bound is None and default.validate and default.in_place.validate
+    default = GraphManager(arena, inputs, [b], step, GraphOptions(num_kv_blocks=8))
+    assert default.options == GraphOptions(num_kv_blocks=8)
+    assert default.capturer.marks_after_staging
+    assert default.slot_bound == 8 * cfg.swa_block_size == default.runner.slot_bound
+    assert default.validate and default.in_place.validate
+    assert default.block_ids.num_kv_blocks == 8
+    # Without a pool size nothing bounds a slot: validating needs one, not validating not.
+    with pytest.raises(GraphError, match=r"GraphOptions\(num_kv_blocks=...\) is required"):
+        GraphManager(arena, inputs, [b], step)
+    unchecked = GraphManager(arena, inputs, [b], step, GraphOptions(validate=False))
+    assert unchecked.slot_bound is None and unchecked.block_ids is None
 
 
 def test_validate_switches_both_step_apis():
     cfg, arena, inputs, b, step = _world()
-    gm = GraphManager(arena, inputs, [b], step, GraphOptions(progress=False, validate=False))
+    blind = GraphManager(arena, inputs, [b], step, GraphOptions(progress=False, validate=False))
+    with pytest.raises(GraphError, match="num_kv_blocks"):
+        blind.validate = True
+    assert blind.validate is False
+    gm = GraphManager(arena, inputs, [b], step,
+                      GraphOptions(progress=False, validate=False, num_kv_blocks=8))
     n = cfg.next_n
     views = gm.begin_step()
     views.seq_lens[:1], views.slot_mapping[:n] = [cfg.max_model_len + 1], np.arange(n)
@@ -108,16 +121,18 @@ def test_the_constructor_refuses_what_it_cannot_work_with():
     assert repr(arena) in str(info.value) and repr(other_arena) in str(info.value)
     with pytest.raises(GraphError, match="inputs are not the step inputs"):
         GraphManager(arena, other_inputs, [b], step)
-    with pytest.raises(GraphError, match="context_len"):
-        GraphManager(arena, inputs, [b], step, context_len=cfg.max_model_len + 1)
-    gm = GraphManager(arena, inputs, [b], step, GraphOptions(progress=False), context_len=64)
+    pool = GraphOptions(progress=False, num_kv_blocks=8)
+    for bad in (cfg.max_model_len + 1, 0, True, 64.0):
+        with pytest.raises(GraphError, match="context_len"):
+            GraphManager(arena, inputs, [b], step, pool, context_len=bad)
+    gm = GraphManager(arena, inputs, [b], step, pool, context_len=64)
     assert gm.context_len == 64 and gm.capturer.context_len == 64
-    assert GraphManager(arena, inputs, [b], step).context_len == cfg.max_model_len
+    assert GraphManager(arena, inputs, [b], step, pool).context_len == cfg.max_model_len
 
 
 def test_a_closed_manager_refuses_every_step_api():
     cfg, arena, inputs, b, step = _world()
-    gm = GraphManager(arena, inputs, [b], step, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, [b], step, GraphOptions(progress=False, num_kv_blocks=8))
     n = cfg.next_n
     gm.close()
     assert gm.closed

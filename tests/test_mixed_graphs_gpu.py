@@ -20,7 +20,7 @@ import pytest
 import torch
 from gather_world import gather_world
 from hypothesis import HealthCheck, assume, given, settings
-from support import _t, host_steps
+from support import _t, host_steps, quiet
 from test_mixed_builds import CONFIGS
 
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
@@ -28,7 +28,7 @@ from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.checks.views import tensors_in
 from staticattn.consumers import GatherConsumer
-from staticattn.graphs import GraphKind, GraphManager, GraphOptions
+from staticattn.graphs import GraphKind, GraphManager
 from staticattn.reference import checksums
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference import mixed as mixed_oracle
@@ -47,7 +47,7 @@ def _snapshot(metadata) -> list[torch.Tensor]:
 def test_every_step_replays_and_equals_eager_and_the_oracle(name):
     cfg = CONFIGS[name](device="cuda")
     arena, inputs, builders, consumer, caches = gather_world(cfg)
-    gm = GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, consumer, quiet())
     gm.capture()
     fingerprint = arena.fingerprint()
     counts = {GraphKind.DECODE: 0, GraphKind.MIXED: 0}
@@ -111,7 +111,7 @@ def test_a_rejected_step_leaves_everything_usable():
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     consumer = GatherConsumer(cfg, num_kv_blocks=100_000)
-    with GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, consumer, quiet()) as gm:
         gm.capture()
         good = (np.array([2, 1, 40]), np.array([100, 50, 40]), np.arange(43))
         first = snapshot_outputs(gm.run(*good).outputs)

@@ -14,10 +14,10 @@ from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 from staticattn.reference import indexer as oracle
 
 
-def _schedule(backend, lens, num_sms, legacy):
+def _schedule(backend, lens, num_sms, legacy, next_n=1):
     out = torch.full((num_sms + 1, 2), -5, dtype=torch.int32, device=DEVICE)
-    paged_mqa_schedule(backend, torch.tensor(lens, dtype=torch.int32, device=DEVICE), out,
-                       legacy_remainder=legacy)
+    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE).reshape(-1, next_n)
+    paged_mqa_schedule(backend, lens, out, legacy_remainder=legacy)
     return out.tolist()
 
 
@@ -48,6 +48,24 @@ def test_all_empty_and_strided_input(backend):
     out = torch.zeros(3, 2, dtype=torch.int32, device=DEVICE)
     paged_mqa_schedule(backend, base[:, :2], out)
     assert out.tolist() == oracle.mqa_schedule([[0, 700], [0, 300]], 2, legacy=False)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("next_n", [1, 2])
+def test_no_rows_gives_every_sm_the_sentinel(backend, legacy, next_n):
+    """A step without decode tokens: both backends write the end sentinel everywhere."""
+    assert _schedule(backend, [], 5, legacy, next_n) == [[0, 0]] * 6
+    assert oracle.mqa_schedule([], 5, legacy) == [[0, 0]] * 6
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+@pytest.mark.parametrize("rows, num_sms", [(300, 132), (1100, 7), (257, 300)])
+def test_more_rows_than_one_pass_of_the_kernel(backend, rows, num_sms, legacy):
+    """Past the Triton kernel's row tile (128) and two tiles (256), and past its chunk of the
+    total pass (1024): every row non-zero, so every tile places SMs."""
+    lens = [[1 + (b * 7919) % 3000] for b in range(rows)]
+    assert _schedule(backend, lens, num_sms, legacy) == oracle.mqa_schedule(lens, num_sms,
+                                                                            legacy)
 
 
 @st.composite

@@ -20,13 +20,13 @@ import pytest
 import torch
 from gather_world import gather_world
 from hypothesis import given, settings
-from support import _t, host_steps
+from support import _t, host_steps, quiet
 from test_mixed_builds import CONFIGS
 
 from staticattn.builders import IndexerMetadataBuilder
 from staticattn.checks.views import tensors_in
 from staticattn.errors import InvalidBatchError
-from staticattn.graphs import GraphKind, GraphManager, GraphOptions
+from staticattn.graphs import GraphKind, GraphManager
 from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
@@ -55,8 +55,8 @@ def test_recorded_launches_write_what_the_builds_write(name):
     cfg = CONFIGS[name](device="cuda")
     arena, inputs, builders, consumer, caches = gather_world(cfg)
     plain = GraphManager(arena, inputs, builders, consumer,
-                         GraphOptions(progress=False, recorded_launches=0))
-    gm = GraphManager(arena, inputs, builders, consumer, GraphOptions(progress=False))
+                         quiet(recorded_launches=0))
+    gm = GraphManager(arena, inputs, builders, consumer, quiet())
     recorded = gm.eager.recorded_launches
     assert plain.eager.recorded_launches is None and recorded is not None
     fingerprint = arena.fingerprint()
@@ -132,7 +132,7 @@ def test_a_build_recorded_launches_cannot_replay_is_unrecordable(side_effect):
     arena, inputs, _, consumer, caches = gather_world(cfg)
     builder = _SideEffectIndexer(side_effect)
     builder.bind(arena)
-    gm = GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, [builder], consumer, quiet())
     rng = np.random.default_rng(3)
     for q in ([1, 1, 1], [1, 7, 30]):
         k, t = len(q), sum(q)
@@ -150,7 +150,7 @@ def test_recorded_launches_are_bounded_and_survive_a_rejected_step():
     cfg = CONFIGS["v4-n2"](device="cuda")
     arena, inputs, builders, consumer, caches = gather_world(cfg)
     gm = GraphManager(arena, inputs, builders, consumer,
-                      GraphOptions(progress=False, recorded_launches=2))
+                      quiet(recorded_launches=2))
     n = cfg.next_n
     steps = [([n] * k, [100 * (i + 1)] * k) for i, k in enumerate((1, 2, 3))]
     recorded = gm.eager.recorded_launches

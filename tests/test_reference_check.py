@@ -11,12 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from support import DEVICE
+from support import DEVICE, quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.checks import check_eagerly, reference_mismatch
-from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.graphs import GraphManager
 from staticattn.reference.compare import ReferenceMismatch, holds, same
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +54,7 @@ def _manager(step=None):
     inputs.swa_block_table[:8].copy_(torch.from_numpy(
         np.arange(8 * cfg.max_swa_blocks_per_req, dtype=np.int32).reshape(8, -1) % 4000 + 1))
     return GraphManager(arena, inputs, builders, step or (lambda batch, md: None),
-                        GraphOptions(progress=False))
+                        quiet())
 
 
 def test_reference_mismatch_passes_a_true_build_and_names_a_wrong_one(monkeypatch):

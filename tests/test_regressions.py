@@ -14,14 +14,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from support import DEVICE
+from support import DEVICE, quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import fixed_step
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.consumers import GatherConsumer
-from staticattn.graphs import EagerBuild, GraphKind, GraphManager, GraphOptions
+from staticattn.graphs import EagerBuild, GraphKind, GraphManager
 from staticattn.kernels.mqa_schedule import paged_mqa_schedule
 from staticattn.reference import indexer as oracle
 
@@ -40,7 +40,7 @@ def _world(**overrides):
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     gm = GraphManager(arena, inputs, builders, GatherConsumer(cfg, num_kv_blocks=1 << 16),
-                      GraphOptions(progress=False))
+                      quiet())
     return cfg, inputs, gm
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support import quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
@@ -24,8 +25,9 @@ from staticattn.builders.validation.values import slot_bound
 from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import CapacityError, InvalidBatchError
 
-CFG = ArenaConfig.deepseek_v4(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
-                              device="cpu")
+# Short sequences and small blocks (a V4 block is 256 tokens, longer than the whole range).
+CFG = ArenaConfig.deepseek_v32(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
+                               block_size=16, num_speculative_tokens=1, device="cpu")
 
 
 @settings(max_examples=2000)
@@ -149,7 +151,8 @@ def test_view_checks_reject_exactly_the_invalid_steps(k, steps, seq, slots, plan
     else:
         with pytest.raises((InvalidBatchError, CapacityError)):
             checks.step(k, t)
-    decode_ok = all(0 <= x <= CFG.max_model_len for x in seq[:k]) and all(
+    # A uniform decode step's sequences hold its next_n tokens (L >= next_n).
+    decode_ok = all(CFG.next_n <= x <= CFG.max_model_len for x in seq[:k]) and all(
         -1 <= x and (bound is None or x < bound) for x in slots[: k * CFG.next_n])
     if decode_ok:
         checks.decode(k)
@@ -185,11 +188,11 @@ def test_uniform_staging_equals_general_staging():
 def _manager():
     from toy import ToyBuilder
 
-    from staticattn.graphs import GraphManager, GraphOptions
+    from staticattn.graphs import GraphManager
 
     b = ToyBuilder()
     arena, inputs = make_arena(CFG, [b])
-    return GraphManager(arena, inputs, [b], lambda batch, md: None, GraphOptions(progress=False))
+    return GraphManager(arena, inputs, [b], lambda batch, md: None, quiet())
 
 
 _INT_DTYPES = [np.dtype(t).newbyteorder(order) for t in

@@ -20,14 +20,14 @@ from dsa_reference import (
 )
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICE
+from support import DEVICE, quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.indexer_topk import IndexerTopKStep
-from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+from staticattn.graphs import EagerBuild, GraphManager
 from staticattn.kernels.compressed_topk import global_topk_slots
 from staticattn.kernels.short_topk import fill_short_context_topk
 from staticattn.reference import short_topk as oracle
@@ -191,7 +191,7 @@ def test_short_then_long_steps_through_the_eager_paths(backend, capturable):
     keys = fill_indexer_cache(step)
     if capturable:
         step.logits_fn = _graph_safe_logits(keys)
-    gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, step, quiet())
     steps = _steps(inputs, np.random.default_rng(7), ORDER)
     filled, scored = _run_all(gm, step, inputs, keys, steps, eager_each=True)
     assert filled > 0 and scored > 0
@@ -204,7 +204,7 @@ def test_without_the_fill_the_rows_are_scored(backend):
     step = IndexerTopKStep(cfg, num_kv_blocks=BLOCKS, logits_fn=emulated_paged_mqa_logits,
                            short_context_fill=False)
     keys = fill_indexer_cache(step)
-    gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, step, quiet())
     (s,) = _steps(inputs, np.random.default_rng(3), ["short"])
     new_indexer_inputs(step, 0)
     with pytest.raises(AssertionError):
@@ -239,14 +239,14 @@ def test_graphs_captured_short_replay_long_and_short_rows():
     cfg, builders, arena, inputs, step = _world("triton")
     keys = fill_indexer_cache(step)
     step.logits_fn = _graph_safe_logits(keys)
-    gm = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, step, quiet())
     gm.capture([2, 4, 8], buckets=())
     steps = _steps(inputs, np.random.default_rng(11), ORDER * 2)
     filled, scored = _run_all(gm, step, inputs, keys, steps, eager_each=True)
     assert filled > 0 and scored > 0
     assert gm.stats.replays > 0
     # Beyond every graph: the recorded launches of the graph builds.
-    gm2 = GraphManager(arena, inputs, builders, step, GraphOptions(progress=False))
+    gm2 = GraphManager(arena, inputs, builders, step, quiet())
     filled, scored = _run_all(gm2, step, inputs, keys, _steps(inputs, np.random.default_rng(5),
                                                               ORDER * 2), eager_each=False)
     assert filled > 0 and scored > 0

@@ -8,12 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from support import quiet
 from test_staging_gpu import S
 from test_staging_gpu import _expected as staging_step_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.graphs import GraphKind, GraphManager, GraphOptions, StagingGuard
+from staticattn.graphs import GraphKind, GraphManager, StagingGuard
 from staticattn.graphs.introspect import cudart_or_none
 
 pytestmark = pytest.mark.gpu
@@ -41,7 +42,7 @@ def _manager(staging_guard, buckets=()):
         return inputs.positions[:size] + inputs.seq_lens[t2r]
 
     gm = GraphManager(arena, inputs, builders, step,
-                      GraphOptions(progress=False, staging_guard=staging_guard))
+                      quiet(staging_guard=staging_guard))
     gm.capture([size], buckets=buckets)
     return cfg, inputs, gm
 

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 import pytest
+from support import quiet
 
 from staticattn.kernels.dsa_libs import DEEP_GEMM, FLASH_MLA, import_error
 
@@ -31,7 +32,7 @@ from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import default_builders, make_arena  # noqa: E402
 from staticattn.consumers.real import V41DecodeStep, real_consumer_step  # noqa: E402
 from staticattn.errors import ConfigError  # noqa: E402
-from staticattn.graphs import GraphManager, GraphOptions  # noqa: E402
+from staticattn.graphs import GraphManager  # noqa: E402
 
 REPLAYS = 100
 BLOCKS = 1024
@@ -67,7 +68,7 @@ def test_v41_indexers_feed_flashmla_replays(preset, block_size, served):
         return v41_problems(step, inputs, s, out, keys, deq)
 
     t0 = time.perf_counter()
-    with GraphManager(arena, inputs, builders, step, GraphOptions(progress=False)) as gm:
+    with GraphManager(arena, inputs, builders, step, quiet()) as gm:
         gm.capture(SIZES, buckets=())  # the real kernels serve decode tokens
         t1 = time.perf_counter()
         failures, counts = replay_sizes(gm, SIZES, REPLAYS, rng, BLOCKS,

@@ -16,12 +16,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 from hypothesis import given, settings
-from support import DEVICE, _t
+from support import DEVICE, _t, quiet
 from test_v41_builds import random_topk
 from v41_steps import v41_config, v41_steps, write_tables
 
 from staticattn.builders import default_builders, make_arena
-from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+from staticattn.graphs import EagerBuild, GraphManager
 from staticattn.reference import mixed as mixed_oracle
 from staticattn.reference import v41_compressed as oracle
 
@@ -78,7 +78,7 @@ def _world(backend: str):
     arena, inputs = make_arena(cfg, builders)
     step = SlotsStep(cfg, arena.device)
     return cfg, arena, inputs, GraphManager(arena, inputs, builders, step,
-                                             GraphOptions(progress=False)), step
+                                             quiet()), step
 
 
 def _check_every_path(cfg, inputs, gm, slots_step, v41, seed: int) -> None:

@@ -21,7 +21,7 @@ import torch
 import v41_swa_steps as steps
 from emulated_graphs import graphs_for
 from hypothesis import given, settings
-from support import DEVICE
+from support import DEVICE, quiet
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import (
@@ -31,7 +31,7 @@ from staticattn.builders import (
     make_arena,
 )
 from staticattn.builders.swa.draft import draft_swa_width
-from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+from staticattn.graphs import EagerBuild, GraphManager
 from staticattn.reference import v41_replay, v41_swa
 
 gpu = pytest.mark.gpu
@@ -80,7 +80,7 @@ def _replay_world(backend: str):
     cfg = ArenaConfig(**{**steps.EXAMPLE_V41, "kernel_backend": backend})
     builders = [SparseSWAMetadataBuilder(), DecoderReplayBuilder(first_layer=False)]
     arena, inputs = make_arena(cfg, builders)
-    gm = GraphManager(arena, inputs, builders, SubBatchStep(cfg), GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, builders, SubBatchStep(cfg), quiet())
     graphs_for(gm)
     return cfg, inputs, gm
 
@@ -128,7 +128,7 @@ def _draft_world(backend: str):
     cfg = ArenaConfig(**{**steps.EXAMPLE_V41, "kernel_backend": backend})
     builder = DraftSWAMetadataBuilder()
     arena, inputs = make_arena(cfg, [builder])
-    gm = GraphManager(arena, inputs, [builder], DraftStep(cfg), GraphOptions(progress=False))
+    gm = GraphManager(arena, inputs, [builder], DraftStep(cfg), quiet())
     assert gm.eager_build is EagerBuild.REFERENCE  # no build_mixed: a draft step is uniform
     graphs_for(gm, buckets=())
     return cfg, inputs, gm

@@ -17,7 +17,7 @@ import pytest
 import torch
 from emulated_graphs import BUCKETS, emulated, graphs_for
 from hypothesis import given, settings
-from support import DEVICE, _t
+from support import DEVICE, _t, quiet
 from toy import ToyBuilder, ToyStep
 from v41_swa_steps import (
     EXAMPLE_V41,
@@ -37,7 +37,6 @@ from staticattn.graphs import (
     EagerBuild,
     GraphKind,
     GraphManager,
-    GraphOptions,
 )
 from staticattn.graphs.capturer import GraphSpec
 from staticattn.graphs.sizes import bucket_requests
@@ -115,11 +114,11 @@ def _world(backend: str):
     builder = SparseSWAMetadataBuilder()
     arena, inputs = make_arena(cfg, [builder])
     step = ReplayView(cfg)
-    options = GraphOptions(progress=False)
+    options = quiet()
     gm = GraphManager(arena, inputs, [builder], step, options)
     graphs_for(gm)
-    reference = GraphManager(arena, inputs, [builder], step, GraphOptions(
-        progress=False, eager_build=EagerBuild.REFERENCE))
+    reference = GraphManager(arena, inputs, [builder], step, quiet(
+        eager_build=EagerBuild.REFERENCE))
     contexts = ContextGraphs(arena, inputs, [builder], step, contexts=[16, 64],
                              options=options)
     for bucket in contexts.context_buckets:
@@ -272,7 +271,7 @@ def test_an_architecture_without_bounded_replay_takes_none():
     builder = ToyBuilder()
     arena, inputs = make_arena(v4, [builder])
     gm = GraphManager(arena, inputs, [builder], ToyStep(v4, arena.device),
-                      GraphOptions(progress=False))
+                      quiet())
     assert gm.begin_step().replay_start is None
     for rs in ([0], [3]):
         with pytest.raises(InvalidBatchError, match="has no bounded replay: pass None"):

@@ -116,7 +116,8 @@ HOST_DEFECTS = {
     "decode-after-prefill": (
         _host(query_lens=np.array([2, 30, 2, 1]), seq_lens=np.array([100, 700, 300, 50]),
               require_decode_first=True, block_table=None, swa_block_table=None),
-        InvalidBatchError, ["request 2 is a decode", "decode_threshold=2", "follows request 1"]),
+        InvalidBatchError, ["request 2 is a decode (query length 2 <= decode_threshold=2)",
+                            "follows request 1"]),
     "host-block-id-out-of-range": (
         _host(block_table=_edit("block_table", (1, 1), 10**6)), InvalidBatchError,
         ["block_table[1, 1]=1000000", "[0, 100000)"]),

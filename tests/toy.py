@@ -59,3 +59,23 @@ def toy_expected(query_lens, seq_lens) -> list[int]:
     for q, L in zip(query_lens, seq_lens):
         out += [int(L) - int(q) + j + 2 * int(L) for j in range(int(q))]
     return out
+
+
+def emulated_graph(manager, kind, size: int):
+    """A graph of ``kind`` (:class:`~staticattn.graphs.GraphKind`) and ``size`` tokens for
+    ``manager`` whose launch runs the graph's body eagerly -- staging kernels, builds at the
+    capture extents, the step: what its replay computes, on any device. Its request slots
+    are those ``capture`` would give it."""
+    from staticattn.graphs import CapturedGraph, GraphKind
+    from staticattn.graphs.sizes import bucket_requests
+
+    num_reqs = (size // manager.config.next_n if kind is GraphKind.DECODE
+                else bucket_requests(manager.config, size))
+
+    def body():
+        return manager.capturer.body(kind, num_reqs, size)
+
+    manager.capturer.stage_warm_up(kind, num_reqs, size)
+    outputs, metadata = body()
+    return CapturedGraph(kind, size, num_reqs, None, outputs, metadata, 0.0, 0, None, body,
+                         "eagerly")

@@ -24,7 +24,8 @@ def test_my_step_computes_its_definition():
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     query_lens, seq_lens = np.array([2, 2, 7]), np.array([40, 9, 7])
-    with GraphManager(arena, inputs, builders, MyStep(cfg), GraphOptions(progress=False)) as gm:
+    options = GraphOptions(progress=False, num_kv_blocks=4096)  # the KV pool's blocks
+    with GraphManager(arena, inputs, builders, MyStep(cfg), options) as gm:
         out = gm.run(query_lens, seq_lens, np.arange(int(query_lens.sum())),
                      eager=EagerBuild.REFERENCE).outputs
         want = [int(length) - int(q) + j + int(length)

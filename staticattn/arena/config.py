@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from staticattn.arena.bounds import check_bounds
 from staticattn.errors import ConfigError
 from staticattn.model import LayerType, Reads, architecture, layer_type, model_preset
 from staticattn.model.layer_types import LAYER_TYPES, Cache
@@ -47,7 +48,8 @@ class ArenaConfig:
     max_num_batched_tokens : int
         Tokens per step (all requests together), at most.
     max_model_len : int
-        Longest sequence (context + scheduled tokens) a request may reach.
+        Longest sequence (context + scheduled tokens) a request may reach: at least a block
+        and ``next_n``, at most what int32 offsets hold (:mod:`staticattn.arena.bounds`).
     block_size : int
         Uncompressed tokens per KV block of the main cache group (indexer and compressed
         caches): 64 for DeepSeek V3.2, 256 for DeepSeek V4.
@@ -160,9 +162,7 @@ class ArenaConfig:
                 f"use_flattening=False needs next_n in {NATIVE_NEXT_N} (the natively supported "
                 f"query lengths), got next_n={self.next_n}"
             )
-        if self.next_n > self.max_num_batched_tokens:
-            raise ConfigError(f"next_n={self.next_n} exceeds max_num_batched_tokens="
-                              f"{self.max_num_batched_tokens}: not even one decode fits a step")
+        check_bounds(self)
 
     def _check_positive(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",

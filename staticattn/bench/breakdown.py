@@ -36,7 +36,7 @@ from tqdm import tqdm
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import launch_floor
 from staticattn.bench.mixed import reference_mixed_batch
-from staticattn.bench.random_batches import RandomStep, fixed_step
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, RandomStep, fixed_step
 from staticattn.bench.report import Stat, environment, floor_lines
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import make_arena
@@ -198,7 +198,8 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
     header = (f"host time per phase, us (medians of {reps}) | device "
               f"{environment()['device']} | next_n {n}, {num_reqs} requests | staging guard "
               f"after the {staging_guard.value}")
-    options = GraphOptions(progress=False, staging_guard=staging_guard)
+    options = GraphOptions(progress=False, staging_guard=staging_guard,
+                           num_kv_blocks=NUM_KV_BLOCKS)
     with GraphManager(arena, inputs, builders, lambda batch, md: None, options) as gm:
         gm.capture([num_reqs * n], buckets=())
         decode = fixed_step(inputs, np.full(num_reqs, n),

@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.bench.replay import step_times_us
 from staticattn.bench.report import Stat, environment
 from staticattn.builders.contract import make_arena
@@ -111,7 +111,7 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
     arena, inputs = make_arena(config, builders)
     step = step_factory(config) if step_factory is not None else (lambda batch, md: None)
     rng = np.random.default_rng(seed)
-    options = GraphOptions(progress=False, time_gpu=True)
+    options = GraphOptions(progress=False, time_gpu=True, num_kv_blocks=NUM_KV_BLOCKS)
     runner = (GraphManager(arena, inputs, builders, step, options) if buckets is None
               else ContextGraphs(arena, inputs, builders, step, contexts=buckets,
                                  options=options))

@@ -27,7 +27,12 @@ import numpy as np
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import launch_floor
-from staticattn.bench.random_batches import RandomStep, fixed_step, write_block_rows
+from staticattn.bench.random_batches import (
+    NUM_KV_BLOCKS,
+    RandomStep,
+    fixed_step,
+    write_block_rows,
+)
 from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.bench.report import Stat, environment, floor_lines
 from staticattn.builders.contract import make_arena
@@ -157,7 +162,8 @@ def run_mixed_bench(
         builders = builders_factory(cfg)
         arena, inputs = make_arena(cfg, builders)
         step = step_factory(cfg) if step_factory is not None else (lambda batch, md: None)
-        with GraphManager(arena, inputs, builders, step, GraphOptions(progress=progress)) as gm:
+        options = GraphOptions(progress=progress, num_kv_blocks=NUM_KV_BLOCKS)
+        with GraphManager(arena, inputs, builders, step, options) as gm:
             gm.capture()
             steps = ([reference_mixed_batch(inputs, rng)] if scenario == "reference mixed batch"
                      else _trace(inputs, rng, steps=20))
@@ -189,6 +195,6 @@ def _trace(inputs, rng, steps: int) -> list[RandomStep]:
     contexts = rng.integers(n, 32_768, size=64)
     q = np.array([n] * 64 + [2048])
     longest = np.concatenate([contexts + steps * n, [2048 * steps]])
-    rows = write_block_rows(inputs, longest.astype(np.int32), rng, 4096)
+    rows = write_block_rows(inputs, longest.astype(np.int32), rng, NUM_KV_BLOCKS)
     return [fixed_step(inputs, q, np.concatenate([contexts + i * n, [2048 * (i + 1)]]), rng,
                        rows=rows) for i in range(steps)]

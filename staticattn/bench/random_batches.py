@@ -15,8 +15,12 @@ from staticattn.arena import ArenaConfig, cache_groups, cdiv
 from staticattn.staging import PAD_SLOT_ID, StepInputs
 
 __all__ = [
-    "RandomStep", "fixed_step", "random_mixed_step", "random_uniform_decode", "write_block_rows",
+    "NUM_KV_BLOCKS", "RandomStep", "fixed_step", "random_mixed_step", "random_uniform_decode",
+    "write_block_rows",
 ]
+
+#: The KV pool (blocks) random steps address by default: their block ids are in ``[1, it)``.
+NUM_KV_BLOCKS = 4096
 
 
 @dataclass(slots=True)
@@ -100,7 +104,7 @@ def fixed_step(
     seq_lens: np.ndarray,
     rng: np.random.Generator,
     *,
-    num_kv_blocks: int = 4096,
+    num_kv_blocks: int = NUM_KV_BLOCKS,
     rows: tuple[np.ndarray, np.ndarray | None] | None = None,
 ) -> RandomStep:
     """The step of these lengths, its slots through random block-table rows: written now
@@ -120,7 +124,7 @@ def random_uniform_decode(
     num_reqs: int,
     rng: np.random.Generator,
     *,
-    num_kv_blocks: int = 4096,
+    num_kv_blocks: int = NUM_KV_BLOCKS,
     max_seq_len: int | None = None,
     short_fraction: float = 0.3,
     invalid_fraction: float = 0.02,
@@ -139,7 +143,7 @@ def random_mixed_step(
     rng: np.random.Generator,
     *,
     max_reqs: int | None = None,
-    num_kv_blocks: int = 4096,
+    num_kv_blocks: int = NUM_KV_BLOCKS,
     max_seq_len: int | None = None,
     max_prefill_tokens: int = 512,
 ) -> RandomStep:
@@ -180,7 +184,7 @@ class DecodeStream:
     """
 
     def __init__(self, inputs: StepInputs, rng: np.random.Generator, *,
-                 max_seq_len: int | None = None, num_kv_blocks: int = 4096,
+                 max_seq_len: int | None = None, num_kv_blocks: int = NUM_KV_BLOCKS,
                  rows_per_step: int = 4, invalid_fraction: float = 0.02) -> None:
         cfg = inputs.config
         self.inputs, self.rng, self.cfg = inputs, rng, cfg

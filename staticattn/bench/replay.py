@@ -25,7 +25,7 @@ import torch
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.floor import host_times_us, launch_floor
-from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
@@ -78,7 +78,8 @@ def run_bench(
     report = BenchReport(environment(), preset, config.next_n, consumer_name, launch_floor(),
                          staging_guard=staging_guard.value)
     rng = np.random.default_rng(seed)
-    options = GraphOptions(progress=progress, time_gpu=True, staging_guard=staging_guard)
+    options = GraphOptions(progress=progress, time_gpu=True, staging_guard=staging_guard,
+                           num_kv_blocks=NUM_KV_BLOCKS)
     with GraphManager(arena, inputs, builders, step, options) as gm:
         gm.capture(sizes, buckets=())
         for size in sorted(gm.graphs):

@@ -16,6 +16,10 @@ graph manager does (staging + builders + the user's step), under guards
    (staging kernels, decode builds, step) on the same padded step, so only capturing can
    make them differ (the builds' agreement with the reference builds is the differential
    tests' business);
+   and the replay == the manager's own eager path at the step's own extents (what a step no
+   graph holds runs): integer outputs bit for bit, floats within a tolerance; a step that
+   depends on what capture fixes (``batch.max_seq_len``...) is an error naming the
+   attribute where it can (:mod:`staticattn.checks.extents`);
 5. a replay held back on the GPU while the staging writer writes the next step;
 6. memory baked into a graph and freed since: tensors the graph reads, and pool memory
    another graph reuses;
@@ -40,6 +44,7 @@ from staticattn.arena import Arena
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import MetadataBuilder
+from staticattn.checks.extents import extent_mismatch
 from staticattn.checks.findings import Finding, finding
 from staticattn.checks.guarded_capture import Captured, PhasedStep, guarded_capture
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
@@ -203,6 +208,8 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
     if unwritten:
         report.add("output_not_rewritten", "; ".join(unwritten))
     stale: set[str] = set()
+    extents: list[str] = []
+    captured_batch = Batch.for_decode_capture(inputs, num_reqs, manager.capturer.context_len)
     for i in range(num_batches):
         if before_batch is not None:
             before_batch(i)
@@ -219,7 +226,15 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
         report.replays += 1
         if not same_outputs(replayed, eager):
             report.mismatches += 1
+        torch.cuda.manual_seed(seed + i)
+        extent = extent_mismatch(manager, captured_batch, replayed, s.query_lens, s.seq_lens,
+                                 s.slot_mapping)
+        if extent is not None:
+            extents.append(extent)
         tick()
+    if extents:
+        report.add("extent_mismatch", f"in {len(extents)}/{report.replays} randomized "
+                   f"batches; first: {extents[0]}")
     if report.mismatches:
         report.add("replay_mismatch",
                    f"replay != eager in {report.mismatches}/{report.replays} randomized "

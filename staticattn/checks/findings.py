@@ -36,7 +36,8 @@ RULE = (
     "on data, memory outside the arena/pool that changes between steps, writes outside the "
     "step's own buffers, staging rewritten under an in-flight replay, random numbers the "
     "replay does not advance, pool memory freed and reused by another graph, work on a "
-    "stream outside the capture. Verdict: PASS when there is no error."
+    "stream outside the capture, outputs that depend on capture-time extents (the replay "
+    "differs from the eager step at the step's own extents). Verdict: PASS when there is no error."
 )
 
 
@@ -81,6 +82,11 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "randomized batches replayed after a capture at minimal sequence lengths and "
         "compared bit for bit with the eager step (a Python branch on data, a size taken "
         "from data, a stale pointer)"),
+    "extent_mismatch": FaultKind(
+        ERROR, "replay != the eager step at its own extents",
+        "each randomized batch also runs through the manager's eager path at the step's "
+        "own extents (integer outputs bit for bit, floats within a tolerance); the "
+        "capture-time batch attribute the step reads is named where it can be told"),
     "output_not_rewritten": FaultKind(
         ERROR, "an output the replay does not rewrite",
         "every output's rows are filled with two sentinels around two replays of one "

@@ -26,6 +26,7 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.checks.extents import emulated_replay, extent_mismatch
 from staticattn.checks.outputs import same_outputs, snapshot_outputs
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild
@@ -111,20 +112,26 @@ class EagerCheck:
     steps: int = 0
     output_mismatches: int = 0
     reference_mismatches: int = 0
+    extent_mismatches: int = 0
     compared: tuple[str, ...] = ()
     first_mismatch: str | None = None
 
     @property
     def ok(self) -> bool:
-        return self.output_mismatches == 0 and self.reference_mismatches == 0
+        return (self.output_mismatches == 0 and self.reference_mismatches == 0
+                and self.extent_mismatches == 0)
 
-    def add(self, outputs_equal: bool, mismatch: str | None) -> None:
-        """Count one step: its outputs equal or not, its metadata's first difference."""
+    def add(self, outputs_equal: bool, mismatch: str | None,
+            extent: str | None = None) -> None:
+        """Count one step: its outputs equal or not, its metadata's first difference, and
+        the first difference between its emulated replay and its eager run at its own
+        extents (:func:`~staticattn.checks.extents.extent_mismatch`)."""
         self.steps += 1
         self.output_mismatches += not outputs_equal
         self.reference_mismatches += mismatch is not None
+        self.extent_mismatches += extent is not None
         if self.first_mismatch is None:
-            self.first_mismatch = mismatch or (None if outputs_equal else (
+            self.first_mismatch = mismatch or (extent if outputs_equal else (
                 "the step's outputs differ between the graph builds and the reference builds"))
 
     def lines(self) -> list[str]:
@@ -134,7 +141,9 @@ class EagerCheck:
                f"  the step's outputs, graph builds vs reference builds: "
                f"{self.output_mismatches} mismatches",
                f"  metadata vs the reference ({compared}): {self.reference_mismatches} "
-               "mismatches"]
+               "mismatches",
+               f"  replay (emulated) vs the eager step at its own extents: "
+               f"{self.extent_mismatches} mismatches"]
         if self.first_mismatch:
             out.append(f"  first: {self.first_mismatch[:300]}")
         return out
@@ -143,6 +152,7 @@ class EagerCheck:
         """The result as JSON-ready values."""
         return {"steps": self.steps, "output_mismatches": self.output_mismatches,
                 "reference_mismatches": self.reference_mismatches,
+                "extent_mismatches": self.extent_mismatches,
                 "compared": list(self.compared), "first_mismatch": self.first_mismatch}
 
 
@@ -151,7 +161,10 @@ def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
                   progress: bool = False) -> EagerCheck:
     """Run ``num_steps`` random steps (decodes, then extends and fresh prefills) through
     ``manager`` eagerly: the step fed by the graph builds against the step fed by the
-    reference builds, and the reference builds' metadata against the reference.
+    reference builds, the reference builds' metadata against the reference, and what the
+    replay of the graph that would hold the step computes (its body run eagerly at the
+    capture extents) against the eager step at the step's own extents
+    (:mod:`staticattn.checks.extents`).
 
     ``max_seq_len`` bounds the drawn contexts (the reference's loops grow with them);
     ``progress`` shows a progress bar. Runs on any device; captures nothing."""
@@ -164,5 +177,7 @@ def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
         q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
         ours = snapshot_outputs(manager.run(q, s, slots, eager=EagerBuild.GRAPH).outputs)
         theirs = snapshot_outputs(manager.run_eager(q, s, slots))
-        check.add(same_outputs(ours, theirs), reference_mismatch(manager, q, s, slots))
+        emulated = emulated_replay(manager, q, s, slots)
+        extent = None if emulated is None else extent_mismatch(manager, *emulated, q, s, slots)
+        check.add(same_outputs(ours, theirs), reference_mismatch(manager, q, s, slots), extent)
     return check

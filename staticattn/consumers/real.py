@@ -19,7 +19,7 @@ Example (GPU, both libraries built)::
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
     step = real_consumer_step(cfg)            # DSADecodeStep
-    with GraphManager(arena, inputs, builders, step) as gm:
+    with GraphManager(arena, inputs, builders, step, GraphOptions(num_kv_blocks=4096)) as gm:
         gm.capture([2, 16, 64], buckets=())  # decode graphs: these kernels serve decodes
         res = gm.run(...)                      # res.outputs = {"topk": ..., "attn": ...}
 """

@@ -30,6 +30,7 @@ from staticattn.distributed.world import (
     dcp_config,
     dcp_world,
     join,
+    kv_pool_blocks,
     random_decode_step,
     write_decode_step,
 )
@@ -55,8 +56,9 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
     single = dcp_world(dcp_config(preset, 1, 0, device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
-    with GraphManager(arena, inputs, [builder], consumer, GraphOptions(progress=False)) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], GraphOptions(progress=False)) as one:
+    options = GraphOptions(progress=False, num_kv_blocks=kv_pool_blocks(cfg))
+    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], options) as one:
         if cuda:
             gm.capture(buckets=())  # every rank captures the same sizes, in one order
         for _ in tqdm(range(steps), desc=f"DCP demo, rank {rank}", unit="step",

@@ -18,7 +18,7 @@ from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.dcp_decode import DCPDecodeAttention
 
-__all__ = ["Rank", "dcp_config", "dcp_world", "join", "random_decode_step",
+__all__ = ["Rank", "dcp_config", "dcp_world", "join", "kv_pool_blocks", "random_decode_step",
            "write_decode_step"]
 
 
@@ -73,12 +73,18 @@ def dcp_world(cfg: ArenaConfig, group) -> tuple:
     and the DCP consumer over caches for ``max_num_seqs`` requests of unique blocks."""
     builder = IndexerMetadataBuilder()
     arena, inputs = make_arena(cfg, [builder])
-    blocks = cfg.max_num_seqs * cdiv(cfg.max_model_len, cfg.block_size) + 1
+    blocks = kv_pool_blocks(cfg)
     consumer = DCPDecodeAttention(
         cfg, group, num_slots=blocks * (cfg.block_size // cfg.index_compress_ratio),
         topk=TOPK, index_heads=INDEX_HEADS, index_dim=INDEX_DIM, heads=HEADS,
         head_dim=HEAD_DIM)
     return arena, inputs, builder, consumer
+
+
+def kv_pool_blocks(cfg: ArenaConfig) -> int:
+    """Blocks of the KV pool the random steps address: ``max_num_seqs`` requests of unique
+    blocks at ``max_model_len``, and the null block."""
+    return cfg.max_num_seqs * cdiv(cfg.max_model_len, cfg.block_size) + 1
 
 
 def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,

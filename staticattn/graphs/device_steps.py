@@ -77,6 +77,11 @@ class DeviceLengthSteps:
     """
 
     def __init__(self, manager: GraphManager, producer: ProducerFn) -> None:
+        if not isinstance(manager, GraphManager):
+            raise GraphError(f"manager must be a GraphManager; got {type(manager).__name__}")
+        if not callable(producer):
+            raise GraphError(f"producer must be callable as producer(inputs, R, T); got "
+                             f"{type(producer).__name__}")
         lacking = [b.name for b in manager.builders if not hasattr(b, "build_mixed")]
         if lacking:
             raise GraphError(f"builders {lacking} have no build_mixed; steps with device "

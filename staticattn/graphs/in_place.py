@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 
-from staticattn.builders.validation.values import check_seq_lens
 from staticattn.builders.validation.views import ViewChecks
 from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.options import EagerBuild
@@ -34,19 +33,20 @@ class InPlaceSteps:
 
     Takes the inputs, the manager's :class:`~staticattn.graphs.table.GraphTable`,
     :class:`~staticattn.graphs.records.RunStats` and
-    :class:`~staticattn.graphs.eager.EagerSteps`, the slot bound of the view checks, whether
-    to check, and ``require_open`` (the manager's: raises once it is closed). Owns the view
-    checks (``checks``). Offers :meth:`begin_step` and :meth:`launch`; ``validate`` may be
-    switched on a live manager (through ``GraphManager.validate``).
+    :class:`~staticattn.graphs.eager.EagerSteps`, the view checks (``checks``: a
+    :class:`~staticattn.builders.validation.views.ViewChecks` over the inputs' host views),
+    whether to check, and ``require_open`` (the manager's: raises once it is closed).
+    Offers :meth:`begin_step` and :meth:`launch`; ``validate`` may be switched on a live
+    manager (through ``GraphManager.validate``).
     """
 
     def __init__(self, inputs: StepInputs, table: GraphTable, stats: RunStats,
-                 eager: EagerSteps, slot_bound: int | None, validate: bool,
+                 eager: EagerSteps, checks: ViewChecks, validate: bool,
                  require_open: Callable[[], None]) -> None:
         self.inputs, self.config = inputs, inputs.config
         self.table, self.stats, self.eager = table, stats, eager
         self.validate = validate
-        self.checks = ViewChecks(inputs.host, self.config, slot_bound)
+        self.checks = checks
         self._counts = inputs.host.counts
         self._n = self.config.next_n
         self._graph_builds = eager.build is EagerBuild.GRAPH
@@ -70,8 +70,7 @@ class InPlaceSteps:
 
         The step goes to the graph ``GraphManager.run`` would pick: a uniform decode step
         beyond the decode graphs to the token bucket that holds it (its query starts are then
-        written here, and with ``validate`` on it is checked as a step of any composition:
-        every sequence at least ``next_n`` long).
+        written here).
 
         Returns the graph's outputs at their captured extent (the first ``t`` rows are the
         step's; valid until the next step), or, when no captured graph holds the step, the
@@ -111,9 +110,6 @@ class InPlaceSteps:
         host, n = self.inputs.host, self._n
         if uniform:
             g, reason = self.table.pick(num_reqs, num_tokens, True, n)
-            seq = host.seq_lens[:num_reqs]
-            if g is not None and self.validate and seq.min() < n:  # a bucket needs q <= L
-                check_seq_lens(np.full(num_reqs, n), seq.astype(np.int64), self.config)
             host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * n
             host.counts[COUNT_REQS], host.counts[COUNT_TOKENS] = num_reqs, num_tokens
         query_lens = np.diff(host.query_start_loc[: num_reqs + 1])

@@ -7,7 +7,9 @@ Workflow:
    user's own work, called with the batch and ``{builder.name: metadata}``. It may launch any
    kernels; it must write its outputs into memory it owns (or the arena) and return them (a
    tensor, a tuple, list or dict of tensors, or None), leading dimension = tokens.
-   ``options`` is a :class:`~staticattn.graphs.options.GraphOptions` (default: its defaults).
+   ``options`` is a :class:`~staticattn.graphs.options.GraphOptions`; its ``num_kv_blocks``
+   (the blocks of the engine's KV pool) is required while it validates: it bounds every slot
+   and block id.
 2. ``capture(sizes, buckets)`` -- one graph per uniform decode size (``sizes``, tokens) and
    one per token bucket (``buckets``: steps of any composition -- decodes with chunked
    prefill, prefills, decodes of unequal lengths); largest first, one shared memory pool,
@@ -31,7 +33,9 @@ Workflow:
    lengths, which every graph but a uniform decode one stages (captured with 0s).
 
    Block tables are not arguments: the engine updates the rows that changed in
-   ``inputs.block_table`` (and ``inputs.swa_block_table``) in place.
+   ``inputs.block_table`` (and ``inputs.swa_block_table``) in place, through
+   ``write_blocks(table, row, ids)`` to have the ids checked against the pool (on a CPU
+   arena every validated step also checks the rows it uses).
 4. ``close()`` (or leave the ``with`` block) -- drops the graphs and their pool.
 
 The manager composes parts, each with its interface in its docstring: ``pool``
@@ -49,9 +53,10 @@ Example (on a CUDA machine; ``step`` reads metadata views and writes buffers it 
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
-    with GraphManager(arena, inputs, builders, step) as gm:
+    with GraphManager(arena, inputs, builders, step, GraphOptions(num_kv_blocks=4096)) as gm:
         gm.capture()  # default decode sizes and token buckets
-        inputs.block_table[:3, :4] = torch.arange(1, 13).view(3, 4)  # engine-owned rows
+        for b in range(3):  # engine-owned rows, checked against the pool
+            gm.write_blocks("block_table", b, np.arange(1, 5) + 4 * b)
         res = gm.run([2, 2, 2], [100, 37, 5000], np.arange(6))  # graph, decode, size 8
         res = gm.run([2, 1, 300], [100, 37, 300], np.arange(303))  # graph, mixed, 512
 """
@@ -66,7 +71,9 @@ import torch
 from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import MetadataBuilder, check_bound
+from staticattn.builders.validation.blocks import BlockIds
 from staticattn.builders.validation.values import slot_bound
+from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import GraphError
 from staticattn.graphs.capturer import Capturer
 from staticattn.graphs.eager import EagerSteps
@@ -118,7 +125,9 @@ class GraphManager:
     InPlaceSteps`).
 
     Raises :class:`GraphError` when ``options`` is not a :class:`GraphOptions`, ``step`` is
-    not callable, ``builders`` is empty or ``inputs`` are not the arena's, and
+    not callable, ``builders`` is empty, ``inputs`` are not the arena's, ``context_len`` is
+    not an int in ``[1, max_model_len]`` or the options validate without ``num_kv_blocks``,
+    and
     :class:`~staticattn.errors.ArenaError` when a builder is not bound to ``arena``.
     """
 
@@ -127,7 +136,8 @@ class GraphManager:
                  pool: GraphPool | None = None, context_len: int | None = None) -> None:
         options = GraphOptions() if options is None else options
         _check_arguments(arena, inputs, builders, step, options)
-        if context_len is not None and not 1 <= context_len <= arena.config.max_model_len:
+        if context_len is not None and (type(context_len) is not int
+                                        or not 1 <= context_len <= arena.config.max_model_len):
             raise GraphError(f"context_len={context_len} must be in [1, max_model_len="
                              f"{arena.config.max_model_len}]")
         self.arena, self.inputs, self.config = arena, inputs, arena.config
@@ -137,20 +147,38 @@ class GraphManager:
         self.pool = GraphPool(arena.device) if pool is None else pool
         self.stats = RunStats()
         self.table = GraphTable(self.config)
-        #: Slots must be below it (None: only ``>= -1``): the KV pool's slot count.
+        #: Slots must be below it: the KV pool's slot count (None without a pool size,
+        #: which only a manager that does not validate may lack).
         self.slot_bound = slot_bound(self.config, options.num_kv_blocks, None)
+        #: The block tables' ids against the pool (None without a pool size).
+        self.block_ids = (None if options.num_kv_blocks is None
+                          else BlockIds(inputs, options.num_kv_blocks))
         self.capturer = Capturer(arena, inputs, builders, step, self.pool, options, context_len)
         self.eager = EagerSteps(inputs, builders, step, self.capturer, options.eager_build,
                                 options.recorded_launches)
         self.runner = StepRunner(inputs, self.table, self.stats, self.eager, self.pool,
-                                 self.slot_bound, options)
+                                 self.slot_bound, self.block_ids, options)
         self.in_place = InPlaceSteps(inputs, self.table, self.stats, self.eager,
-                                     self.slot_bound, options.validate, self.require_open)
+                                     ViewChecks(inputs.host, self.config, self.slot_bound,
+                                                self.block_ids),
+                                     options.validate, self.require_open)
         # The step APIs are the parts' own bound methods, not wrappers: a wrapper would add
         # a Python call to every step.
         self.run = self.runner.run
         self.begin_step = self.in_place.begin_step
         self.launch = self.in_place.launch
+
+    def write_blocks(self, table: str, row: int, block_ids, start: int = 0) -> None:
+        """Write ``block_ids`` into ``inputs.<table>[row, start : start + n]`` after checking
+        every id against the KV pool (:meth:`BlockIds.write <staticattn.builders.
+        validation.blocks.BlockIds.write>`): the way an engine has its block ids checked on
+        a CUDA arena, where the steps cannot read the tables. ``table``: "block_table" or
+        "swa_block_table"; ``block_ids`` host ints ``(n,)``. A :class:`GraphError` without
+        a pool size (``GraphOptions(num_kv_blocks=...)``)."""
+        if self.block_ids is None:
+            raise GraphError("write_blocks checks ids against the KV pool: build the manager "
+                             "with GraphOptions(num_kv_blocks=...)")
+        self.block_ids.write(table, row, block_ids, start)
 
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self) -> GraphManager:
@@ -204,6 +232,9 @@ class GraphManager:
 
     @validate.setter
     def validate(self, on: bool) -> None:
+        if on and self.slot_bound is None:
+            raise GraphError("validation checks slots and block ids against the KV pool: build "
+                             "the manager with GraphOptions(num_kv_blocks=...) to switch it on")
         self.runner.validate = self.in_place.validate = bool(on)
 
     @property
@@ -308,3 +339,8 @@ def _check_arguments(arena: Arena, inputs: StepInputs, builders: Sequence, step:
     if "input.seq_lens" not in arena or inputs.seq_lens is not arena["input.seq_lens"]:
         raise GraphError(f"inputs are not the step inputs of {arena!r}: pass the inputs "
                          "make_arena returned with it")
+    if options.validate and options.num_kv_blocks is None:
+        raise GraphError(
+            "GraphOptions(num_kv_blocks=...) is required: the blocks of your KV pool bound "
+            "every slot and block id a step may address (or validate=False, and the engine "
+            "vouches for them)")

@@ -66,8 +66,11 @@ class GraphOptions:
         Record CUDA events around each ``run``'s device work (``RunResult.gpu_us()``); the
         manager's ``time_gpu`` starts from it and can be switched later.
     num_kv_blocks : int, optional
-        Blocks of the KV pool the slot mapping addresses (>= 1); slots are then checked
-        against it.
+        Blocks of the KV pool the slot mapping and the block tables address (>= 1); the
+        manager checks every slot (``< num_kv_blocks x`` the block size of the slots' group)
+        and the block ids it can see (``< num_kv_blocks``) against it. Required while
+        ``validate`` is on (the manager refuses to be built without it): nothing else bounds
+        a slot past the pool.
     raw_launch : bool
         Launch graphs through ``cudaGraphLaunch`` when cuda-bindings is there (default).
     eager_build : EagerBuild, optional
@@ -82,7 +85,7 @@ class GraphOptions:
 
     Examples
     --------
-    >>> GraphOptions(progress=False, staging_guard=StagingGuard.STEP).staging_guard.value
+    >>> GraphOptions(num_kv_blocks=4096, staging_guard=StagingGuard.STEP).staging_guard.value
     'step'
     """
 

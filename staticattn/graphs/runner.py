@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from staticattn.builders.validation.blocks import BlockIds
 from staticattn.builders.validation.host import (
     screen_step,
     uniform_decode_passes,
@@ -34,7 +35,8 @@ class StepRunner:
     Takes the inputs, the manager's :class:`~staticattn.graphs.table.GraphTable`,
     :class:`~staticattn.graphs.records.RunStats`, :class:`~staticattn.graphs.eager.
     EagerSteps` and :class:`~staticattn.graphs.pool.GraphPool` (its replay stream carries
-    the timing events), the slot bound and the options (``validate``, ``time_gpu``,
+    the timing events), the slot bound, the block ids' checks (:class:`~staticattn.builders.
+    validation.blocks.BlockIds`, or None) and the options (``validate``, ``time_gpu``,
     ``num_kv_blocks``). Owns ``validate`` and ``time_gpu`` (switchable through the manager)
     and ``closed`` (set by :meth:`close`: every later step is refused). Offers :meth:`run`,
     :meth:`stage_for_graph`, :meth:`close` and :meth:`require_open`.
@@ -42,10 +44,14 @@ class StepRunner:
 
     def __init__(self, inputs: StepInputs, table: GraphTable, stats: RunStats,
                  eager: EagerSteps, pool: GraphPool, slot_bound: int | None,
-                 options: GraphOptions) -> None:
+                 block_ids: BlockIds | None, options: GraphOptions) -> None:
         self.inputs, self.config = inputs, inputs.config
         self.table, self.stats, self.eager, self._pool = table, stats, eager, pool
         self.slot_bound = slot_bound
+        # The block ids a validated step uses, where the tables are host memory (a CPU
+        # arena; None otherwise: reading a device table would synchronise).
+        self._host_blocks = block_ids if block_ids is not None and block_ids.host_tables \
+            else None
         self.validate = options.validate
         self.time_gpu = options.time_gpu and inputs.device.type == "cuda"
         self.closed = False
@@ -116,6 +122,8 @@ class StepRunner:
                 and (
                     uniform_decode_passes(k, s, slots, self.config, self.slot_bound)
                     if self.validate else self._uniform_extents(k, s))):
+            if self._host_blocks is not None and self.validate:
+                self._host_blocks.check_step(k, s)
             g = None if eager else table[k]
             if g is not None:
                 self.inputs.stage_uniform_decode(s, slots)
@@ -163,6 +171,8 @@ class StepRunner:
             replay_start = np.asarray(replay_start)
             check_replay_start(cfg, replay_start, q, s)
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
+        if self._host_blocks is not None and self.validate:
+            self._host_blocks.check_step(k, s)
         shortest, longest = lengths
         uniform = longest == self._n == shortest
         if eager is not None:

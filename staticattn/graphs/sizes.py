@@ -86,8 +86,9 @@ def default_mixed_buckets(config: ArenaConfig) -> list[int]:
 
 
 def bucket_requests(config: ArenaConfig, bucket: int) -> int:
-    """Request slots of a token bucket: every real request has a token, so ``bucket``
-    tokens hold at most ``bucket`` requests (and never more than ``max_num_seqs``)."""
+    """Request slots of a token bucket: ``bucket`` (never more than ``max_num_seqs``), one
+    per token. A step with zero-token requests may have more requests than tokens; the
+    table then picks a larger bucket with the slots, or none (:meth:`GraphTable.pick`)."""
     return min(config.max_num_seqs, bucket)
 
 

@@ -88,8 +88,15 @@ class GraphTable:
         if uniform and num_reqs < len(decode) and decode[num_reqs] is not None:
             return decode[num_reqs], None
         g = mixed[num_tokens] if num_tokens < len(mixed) else None
-        if g is not None and g.num_reqs >= num_reqs:
-            return g, None
+        if g is not None:
+            if g.num_reqs >= num_reqs:
+                return g, None
+            # More requests than the bucket's slots: only zero-token requests get a step
+            # there (a bucket of t tokens has min(t, max_num_seqs) slots). A larger bucket
+            # with the slots holds it; never the too-small one.
+            g = self.holding(MIXED, num_reqs, num_tokens)
+            if g is not None:
+                return g, None
         if not (self._graphs[DECODE] or self._graphs[MIXED]):
             return None, "not-captured"
         if not self._graphs[MIXED] and not uniform:

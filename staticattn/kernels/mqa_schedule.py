@@ -56,8 +56,9 @@ def paged_mqa_schedule(
     Parameters
     ----------
     backend : {"torch", "triton"}
-    context_lens : int32 device ``(B, n)``, ``B >= 1``, non-negative, unit column stride
-        Per-token visible lengths; only column ``n - 1`` is read.
+    context_lens : int32 device ``(B, n)``, non-negative, unit column stride
+        Per-token visible lengths; only column ``n - 1`` is read. ``B = 0`` (a step
+        without decode tokens) gives every row the end sentinel ``(0, 0)``.
     out : int32 device ``(num_sms + 1, 2)``, contiguous
         Row ``i``: ``(atom index, split index)`` where SM ``i`` starts; row ``num_sms`` is the
         end sentinel.
@@ -76,6 +77,9 @@ def paged_mqa_schedule(
             SM_BLOCK=max(16, 1 << num_sms.bit_length()), CHUNK=_CHUNK, ROWS=_ROWS,
             SMS_STEP=_SMS_STEP,
         )
+        return
+    if batch == 0:  # a static shape: no unit to place, every row is the sentinel (0, 0)
+        out.zero_()
         return
     splits = (context_lens[:, -1].long() + SPLIT_KV - 1) // SPLIT_KV
     units = torch.cumsum(splits, 0) * atoms

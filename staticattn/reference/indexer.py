@@ -65,7 +65,10 @@ def mqa_schedule(context_lens, num_sms, legacy):
     """deepgemm-flashmla.md §1.2 (v2.6.1), or §4.9's older remainder rule when ``legacy``.
 
     ``context_lens``: rows (requests or flattened tokens) of ``next_n`` ints. Returns
-    ``num_sms + 1`` rows ``[atom index, split index]``."""
+    ``num_sms + 1`` rows ``[atom index, split index]``; no rows at all give every SM the
+    end sentinel ``[0, 0]``."""
+    if not context_lens:
+        return [[0, 0]] * (num_sms + 1)
     batch, next_n = len(context_lens), len(context_lens[0])
     splits = [cdiv(row[next_n - 1], SPLIT_KV) for row in context_lens]
     prefix, running = [], 0

@@ -2,16 +2,17 @@
 launch: a few vectorized reductions over the written prefixes.
 
 :class:`ViewChecks` checks what keeps every kernel and consumer in bounds -- the counts
-within capacity, ``0 <= seq_lens <= max_model_len``, slots ``>= -1`` (and below the pool
-when its size is known), and for a step of any composition query starts that begin at 0,
-never decrease, end at the token count and stay within each sequence (``q <= L``). A uniform
-decode step is not checked for ``L >= next_n``: that would cost one more pass, and a shorter
-sequence only gives its first tokens negative positions, which every kernel clamps (no
-read or write leaves its buffer). Decode-first order is not required on this path either:
-the split is found on the device, and a decode behind a prefill is built as a prefill.
-With bounded replay a step of any composition also has its ``replay_start[:k]`` checked
-(:func:`~staticattn.staging.replay.check_replay_start`: inside each context, 0 for the
-decodes) when any of it is non-zero; a uniform decode step does not read it.
+within capacity, ``0 <= seq_lens <= max_model_len``, slots ``>= -1`` and below the pool
+(when its size is known), the block ids of the rows the step uses where the tables are host
+memory (:class:`~staticattn.builders.validation.blocks.BlockIds`), and for a step of any
+composition query starts that begin at 0, never decrease, end at the token count and stay
+within each sequence (``q <= L``); a uniform decode step's sequences hold its ``next_n``
+tokens (``L >= next_n``), as :meth:`GraphManager.run` requires of the same step: a shorter
+one would give its first tokens negative positions. Decode-first order is not required on
+this path: the split is found on the device, and a decode behind a prefill is built as a
+prefill. With bounded replay a step of any composition also has its ``replay_start[:k]``
+checked (:func:`~staticattn.staging.replay.check_replay_start`: inside each context, 0 for
+the decodes) when any of it is non-zero; a uniform decode step does not read it.
 :func:`~staticattn.builders.validation.host.validate_host_step` is the full check, and
 :meth:`GraphManager.run` applies it.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from staticattn.arena.config import ArenaConfig
+from staticattn.builders.validation.blocks import BlockIds
 from staticattn.builders.validation.values import (
     check_non_decreasing,
     check_seq_lens,
@@ -52,12 +54,16 @@ class ViewChecks:
     slot_bound : int or None
         Slots must be below it (``num_kv_blocks * block_size`` of the slot mapping's group);
         None checks only ``>= -1``.
+    block_ids : BlockIds, optional
+        The block tables' check against the pool (it reads only host-resident tables).
     """
 
-    def __init__(self, host: HostViews, config: ArenaConfig, slot_bound: int | None) -> None:
+    def __init__(self, host: HostViews, config: ArenaConfig, slot_bound: int | None,
+                 block_ids: BlockIds | None = None) -> None:
         self.host = host
         self.config = config
         self.slot_bound = slot_bound
+        self.blocks = block_ids if block_ids is not None and block_ids.host_tables else None
         self.next_n = config.next_n
         self.max_model_len = config.max_model_len
         self.max_num_seqs = config.max_num_seqs
@@ -84,11 +90,15 @@ class ViewChecks:
             views = self._decode_views[num_reqs] = (
                 self._seq_u32[:num_reqs], self.host.slot_mapping[: num_reqs * self.next_n])
         seq, slots = views
-        if seq.item(seq.argmax()) > self.max_model_len:
+        # Unsigned, a negative length is past max_model_len and never the minimum.
+        if (seq.item(seq.argmax()) > self.max_model_len
+                or seq.item(seq.argmin()) < self.next_n):
             lens = self.host.seq_lens[:num_reqs].astype(np.int64)
-            check_seq_lens(np.zeros_like(lens), lens, self.config)
+            check_seq_lens(np.full_like(lens, self.next_n), lens, self.config)
         if not slots_within(slots, self.slot_bound):
             check_slots(slots, self.slot_bound)
+        if self.blocks is not None:
+            self.blocks.check_step(num_reqs, self.host.seq_lens[:num_reqs])
 
     def step(self, num_reqs: int, num_tokens: int) -> None:
         """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written."""
@@ -123,6 +133,8 @@ class ViewChecks:
             check_replay_start(cfg, self.host.replay_start[:num_reqs], ends - starts,
                                self.host.seq_lens[:num_reqs])
         self._slots(num_tokens)
+        if self.blocks is not None:
+            self.blocks.check_step(num_reqs, self.host.seq_lens[:num_reqs])
 
     def _slots(self, num_tokens: int) -> None:
         slots = self._slot_views.get(num_tokens)
