@@ -179,8 +179,8 @@ def consumer_steps(rank: int, out: str) -> None:
     Each records its top-k ids and outputs."""
     from staticattn.distributed.world import (
         dcp_world,
-        kv_pool_blocks,
-        random_decode_step,
+        graph_pool_blocks,
+    random_decode_step,
         write_decode_step,
     )
     from staticattn.graphs import GraphManager, GraphOptions
@@ -190,9 +190,10 @@ def consumer_steps(rank: int, out: str) -> None:
     if rank == 0:
         runs.append((config(0).replace(dcp_world_size=1), None))
     worlds = [dcp_world(cfg, group) for cfg, group in runs]
-    options = GraphOptions(progress=False, num_kv_blocks=kv_pool_blocks(config(rank)))
-    managers = [GraphManager(arena, inputs, [builder], consumer, options)
-                for arena, inputs, builder, consumer in worlds]
+    # Each world's own pool: the world-1 run's slots address the whole (unsharded) pool.
+    managers = [GraphManager(arena, inputs, [builder], consumer,
+                             GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg)))
+                for (arena, inputs, builder, consumer), (cfg, _) in zip(worlds, runs)]
     record = {"steps": []}
     rng = np.random.default_rng(4321)  # the same seed on every rank: the same steps
     for _ in range(CONSUMER_STEPS):

@@ -33,7 +33,7 @@ BAD = [
      "--context times fixed steps of its own: --compare would be ignored"),
     (["bench", "--compare", "deepseek-v4.2"], "argument --compare: invalid choice"),
     (["check", "--preset", "deepseek-v4.1-flash", "--max-model-len", "32"],
-     "--max-model-len 32: at least one KV block of deepseek-v4.1-flash, 64 tokens"),
+     "max_model_len=32 is below block_size=64"),
 ]
 
 

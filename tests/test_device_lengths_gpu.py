@@ -34,11 +34,13 @@ NUM_KV_BLOCKS = 100_000
 
 class Drafter:
     """Request ``b`` verifies ``1 + h(counter, b) % next_n`` tokens after its context; the
-    slots follow the block table. The counter lives on the device and the graph advances
+    slots follow the SWA block table (slots address the SWA group, which the pool
+    bounds). The counter lives on the device and the graph advances
     it, so no host value reaches the lengths."""
 
     def __init__(self, cfg, contexts: torch.Tensor) -> None:
-        self.n, self.block_size, self.max_pos = cfg.next_n, cfg.block_size, cfg.max_model_len - 1
+        self.n, self.max_pos = cfg.next_n, cfg.max_model_len - 1
+        self.block_size = cfg.swa_block_size
         self.contexts = contexts  # int64 (max_num_seqs,), device, owned by the test
         self.counter = torch.zeros(1, dtype=torch.int64, device="cuda")
 
@@ -56,7 +58,7 @@ class Drafter:
         # Tokens past the real ones get clamped positions: the block-table read stays in
         # bounds, and the staging overwrites their slots with -1 anyway.
         pos = (self.contexts[req] + t - (ends[req] - q[req])).clamp(0, self.max_pos)
-        block = inputs.block_table[req, pos // self.block_size].long()
+        block = inputs.swa_block_table[req, pos // self.block_size].long()
         inputs.slot_mapping[:num_tokens].copy_(block * self.block_size + pos % self.block_size)
 
 

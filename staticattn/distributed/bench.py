@@ -40,8 +40,8 @@ from staticattn.bench.replay import step_times_us
 from staticattn.distributed.world import (
     dcp_config,
     dcp_world,
+    graph_pool_blocks,
     join,
-    kv_pool_blocks,
     random_decode_step,
     write_decode_step,
 )
@@ -122,7 +122,7 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
     align = _aligner(me.cuda, me.check_group)
     rows = []
-    options = GraphOptions(progress=False, time_gpu=me.cuda, num_kv_blocks=kv_pool_blocks(cfg))
+    options = GraphOptions(progress=False, time_gpu=me.cuda, num_kv_blocks=graph_pool_blocks(cfg))
     with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
             GraphManager(*single[:2], [single[2]], single[3], options) as one:
         if me.cuda:

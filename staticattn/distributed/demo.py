@@ -29,8 +29,8 @@ from staticattn.builders.validation.dcp_step import check_dcp_step
 from staticattn.distributed.world import (
     dcp_config,
     dcp_world,
+    graph_pool_blocks,
     join,
-    kv_pool_blocks,
     random_decode_step,
     write_decode_step,
 )
@@ -56,7 +56,7 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
     single = dcp_world(dcp_config(preset, 1, 0, device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
-    options = GraphOptions(progress=False, num_kv_blocks=kv_pool_blocks(cfg))
+    options = GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg))
     with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
             GraphManager(*single[:2], [single[2]], single[3], options) as one:
         if cuda:

@@ -18,8 +18,8 @@ from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.dcp_decode import DCPDecodeAttention
 
-__all__ = ["Rank", "dcp_config", "dcp_world", "join", "kv_pool_blocks", "random_decode_step",
-           "write_decode_step"]
+__all__ = ["Rank", "dcp_config", "dcp_world", "graph_pool_blocks", "join", "kv_pool_blocks",
+           "random_decode_step", "write_decode_step"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,15 @@ def kv_pool_blocks(cfg: ArenaConfig) -> int:
     """Blocks of the KV pool the random steps address: ``max_num_seqs`` requests of unique
     blocks at ``max_model_len``, and the null block."""
     return cfg.max_num_seqs * cdiv(cfg.max_model_len, cfg.block_size) + 1
+
+
+def graph_pool_blocks(cfg: ArenaConfig) -> int:
+    """The pool size a graph manager of these steps bounds slots and block ids with
+    (``GraphOptions.num_kv_blocks``): the block ids of :func:`kv_pool_blocks`, and the
+    slots of :func:`random_decode_step`, which are token positions (below ``max_model_len``)
+    counted in blocks of the slot group (the SWA group where the config has one)."""
+    group_block = cfg.swa_block_size if cfg.has_swa else cfg.block_size
+    return max(kv_pool_blocks(cfg), cdiv(cfg.max_model_len, group_block))
 
 
 def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
