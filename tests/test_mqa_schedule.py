@@ -15,8 +15,11 @@ from staticattn.reference import indexer as oracle
 
 
 def _schedule(backend, lens, num_sms, legacy, next_n=1):
+    """``lens``: rows of ``n`` ints, passed as a ``(B, n)`` tensor; ``next_n`` only gives the
+    width of an empty ``lens`` (``(0, next_n)``), never reshapes rows into more rows."""
     out = torch.full((num_sms + 1, 2), -5, dtype=torch.int32, device=DEVICE)
-    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE).reshape(-1, next_n)
+    width = len(lens[0]) if lens else next_n
+    lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE).reshape(len(lens), width)
     paged_mqa_schedule(backend, lens, out, legacy_remainder=legacy)
     return out.tolist()
 
