@@ -35,12 +35,13 @@ def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) ->
     real tokens ``[0, 0, 0]``) for a :class:`~staticattn.reference.step.HostStep`; each cache
     is a flat sequence of ints indexed by slot (``cache[slot]``)."""
     rows = [[swa, c128a, _index(cfg, step, b, p, index_cache)]
-            for b, p, swa, c128a in _windows(cfg, step, swa_cache, c128a_cache)]
+            for b, p, swa, c128a in _windows(cfg, step, swa_cache, c128a_cache, None)]
     return rows + [[0, 0, 0]] * (num_tokens - len(rows))
 
 
-def _windows(cfg, step, swa_cache, c128a_cache):
-    """Per real token ``(request, position, swa sum, c128a sum)``."""
+def _windows(cfg, step, swa_cache, c128a_cache, replay_start):
+    """Per real token ``(request, position, swa sum, c128a sum)``; a prefill token's SWA
+    window starts no earlier than its request's ``replay_start`` (None: all 0)."""
     q = [int(x) for x in step.query_lens]
     d = 0
     while d < len(q) and q[d] <= cfg.decode_threshold:
@@ -51,17 +52,19 @@ def _windows(cfg, step, swa_cache, c128a_cache):
         for j in range(qb):
             p = int(L) - qb + j
             dead = t < td and int(step.slot_mapping[t]) < 0
-            yield (b, p, 0 if dead or not cfg.has_swa else _swa(cfg, step, b, p, swa_cache),
+            start = int(replay_start[b]) if replay_start is not None and t >= td else 0
+            yield (b, p, 0 if dead or not cfg.has_swa else _swa(cfg, step, b, p, swa_cache,
+                                                                 start),
                    0 if dead or cfg.dense_layer_type is None else _c128a(cfg, step, b, p,
                                                                          c128a_cache))
             t += 1
 
 
-def _swa(cfg, step, b, p, cache) -> int:
+def _swa(cfg, step, b, p, cache, replay_start: int = 0) -> int:
     bs = cfg.swa_block_size
     row = step.swa_block_table[b]
     return sum(int(cache[int(row[pos // bs]) * bs + pos % bs])
-               for pos in range(max(p - cfg.sliding_window + 1, 0), p + 1))
+               for pos in range(max(p - cfg.sliding_window + 1, replay_start, 0), p + 1))
 
 
 def _c128a(cfg, step, b, p, cache) -> int:
@@ -84,11 +87,11 @@ def expected_v41(cfg, v41, caches: dict, num_tokens: int) -> list[list[int]]:
     for a :class:`~staticattn.reference.v41_compressed.V41Step`; ``caches`` by the gather
     consumer's names (``"swa"``, ``"indexer.c1a"``, ``"c2a.compressed_kv"``,
     ``"c2a.compressor_state"``, ...), each a flat sequence of ints indexed by slot."""
-    _, _, own = v41_oracle.tokens(v41.step)
+    own = v41_oracle.group_own_slots(v41, cfg.sliding_window)
     cap = v41_oracle.ring_capacity(cfg.num_speculative_tokens)
     rows = []
     for t, (b, p, swa, c128a) in enumerate(_windows(cfg, v41.step, caches["swa"],
-                                                     caches["c128a"])):
+                                                     caches["c128a"], v41.replay_start)):
         row = [swa, c128a]
         for name, ratio in v41_oracle.RATIOS.items():
             per = cfg.block_size // ratio
