@@ -216,7 +216,9 @@ def assert_matches(meta, exp: SWAExpected) -> None:
              exp.c128a_decode_indices)
         same("c128a_decode_lens", meta.c128a_decode_lens, exp.c128a_decode_lens)
     _optional(meta, exp, ("prefill_seq_lens", "prefill_gather_lens"), "prefill metadata")
-    _optional(meta, exp, ("c128a_prefill_indices", "c128a_prefill_lens"),
+    # Lengths first: a wrong length (the position) and a stale row past a right length (an
+    # earlier writer) then fail with different names.
+    _optional(meta, exp, ("c128a_prefill_lens", "c128a_prefill_indices"),
               "C128A prefill metadata")
     for layer_type in ("swaonly", "c4a", "c128a"):
         plan = meta.tile_sched(layer_type)
