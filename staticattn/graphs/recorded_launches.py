@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from staticattn.builders.swa.tile_scheduler import renew_tile_scheduler_metas
 from staticattn.graphs.introspect import cudart_or_none, raw_node_census
 from staticattn.graphs.records import GraphKind
 from staticattn.kernels.frozen_launch import FrozenLaunch, driver_or_none, freeze
@@ -165,6 +166,13 @@ class RecordedLaunches:
         if frozen is None:
             return self._builds(kind, num_reqs, num_tokens)
         frozen.launch()
+        # The builds made fresh tile-scheduler holders when recorded; a replay of their
+        # launches does not, so each step gets fresh ones here (a filled holder keeps the
+        # schedule of the step that filled it).
+        for md in frozen.metadata.values():
+            scheds = getattr(md, "tile_scheds", None)
+            if scheds:
+                renew_tile_scheduler_metas(scheds)
         return frozen.batch, frozen.metadata
 
     def _record(self, key: Extents) -> FrozenBuilds | None:

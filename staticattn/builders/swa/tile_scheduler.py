@@ -26,7 +26,8 @@ import torch
 from staticattn.kernels.dsa_libs import FLASH_MLA, available, memoised_on_libs, require
 from staticattn.model import LAYER_TYPES
 
-__all__ = ["TileSchedulerMeta", "new_tile_scheduler_meta", "tile_scheduler_metas"]
+__all__ = ["TileSchedulerMeta", "new_tile_scheduler_meta", "renew_tile_scheduler_metas",
+           "tile_scheduler_metas"]
 
 
 @dataclass(slots=True)
@@ -78,3 +79,14 @@ def tile_scheduler_metas(layer_types: Iterable[str], num_decode_tokens: int) -> 
         for layer_type in layer_types:
             scheds[layer_type] = new_tile_scheduler_meta()
     return scheds
+
+
+def renew_tile_scheduler_metas(scheds: dict[str, Any]) -> None:
+    """Replace every holder of ``scheds`` (a metadata's ``tile_scheds``) with a fresh, empty
+    one, in place; None entries (absent types) stay None. For whoever hands one metadata
+    object to several steps without running the build that makes holders (the recorded
+    launches of an eager step): a holder filled by an earlier step's decode call holds that
+    step's schedule, which FlashMLA would reuse for other lengths."""
+    for name, holder in scheds.items():
+        if holder is not None:
+            scheds[name] = new_tile_scheduler_meta()
