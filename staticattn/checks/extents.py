@@ -83,13 +83,14 @@ def extent_mismatch(manager: GraphManager, capture_batch: Batch,
     ``(num_tokens,)``. Overwrites the staging and the metadata views: call it between
     steps."""
     n_tok = int(np.asarray(slot_mapping).shape[0])
-    # Each build starts from the generator state the replay started from: a step that draws
-    # from the default generator then draws the same numbers on every path.
-    rng_state = _rng_state()
+    # Each build starts from the generator state the replay started from (fork_rng restores
+    # it after each): a step that draws from the default generator then draws the same
+    # numbers on every path.
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     for build in (EagerBuild.GRAPH, EagerBuild.REFERENCE):
-        _set_rng_state(rng_state)
-        res = manager.run(query_lens, seq_lens, slot_mapping, eager=build)
-        diff = outputs_differ(replayed, snapshot_outputs(res.outputs, n_tok))
+        with torch.random.fork_rng(devices=devices):
+            res = manager.run(query_lens, seq_lens, slot_mapping, eager=build)
+            diff = outputs_differ(replayed, snapshot_outputs(res.outputs, n_tok))
         if diff is not None:
             break
     else:
@@ -150,13 +151,3 @@ def emulated_replay(manager: GraphManager, query_lens: np.ndarray, seq_lens: np.
     outputs, _ = manager.capturer.body(GraphKind.MIXED, bucket_requests(cfg, size), size)
     batch = Batch.for_mixed_capture(inputs, bucket_requests(cfg, size), size)
     return batch, snapshot_outputs(outputs, n_tok)
-
-
-def _rng_state() -> torch.Tensor | None:
-    """The default CUDA generator's state (None without CUDA)."""
-    return torch.cuda.get_rng_state() if torch.cuda.is_available() else None
-
-
-def _set_rng_state(state: torch.Tensor | None) -> None:
-    if state is not None:
-        torch.cuda.set_rng_state(state)
