@@ -6,9 +6,14 @@ replay is checked on its lengths (SWA, C128A and indexer lengths of every token 
 numpy computation from the host inputs); a sample (--sample, default 1 in 100) is also run
 through the reference eager build and compared bit for bit through the gather consumer.
 Reports mismatches, device memory before/after, the arena fingerprint and replays per second.
+With ``--every-kind`` each step draws its graph kind: a decode size, a token bucket, a
+bucket of device-decided lengths (:class:`DeviceLengthSteps`, the step's boundaries
+written by a producer captured in the graph) or a context bucket (:class:`ContextGraphs`);
+every kind's sampled replays are compared with the eager path, per kind.
 
     python scripts/soak.py --replays 100000 --json soak.json
     python scripts/soak.py --mix --replays 100000 --max-model-len 65536 --json soak_mix.json
+    python scripts/soak.py --every-kind --replays 100000 --sample 10 --json soak_kinds.json
 """
 
 from __future__ import annotations
@@ -23,12 +28,19 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.random_batches import NUM_KV_BLOCKS, DecodeStream
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, DecodeStream, DeviceStepSource
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.consumers.gather import GatherConsumer
-from staticattn.graphs import GraphKind, GraphManager, GraphOptions, StagingGuard
+from staticattn.graphs import (
+    ContextGraphs,
+    DeviceLengthSteps,
+    GraphKind,
+    GraphManager,
+    GraphOptions,
+    StagingGuard,
+)
 
 
 def expected_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
@@ -78,10 +90,14 @@ def main() -> int:
     ap.add_argument("--max-model-len", type=int, default=1 << 20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mix", action="store_true", help="steps of any composition")
+    ap.add_argument("--every-kind", action="store_true",
+                    help="each step draws decode, token bucket, device lengths or context")
     ap.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
                     help="where the graphs record the staging event (GraphManager)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.every_kind:
+        return every_kind(args)
 
     cfg = ArenaConfig.deepseek_v4(max_model_len=args.max_model_len)
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
@@ -153,6 +169,95 @@ def main() -> int:
             json.dump(report, f, indent=2)
     ok = (report["length_mismatches"] == 0 and report["eager_mismatches"] == 0
           and report["fingerprint_unchanged"] and report["memory_allocated_delta"] == 0)
+    return 0 if ok else 1
+
+
+def every_kind(args) -> int:
+    """Steps over every graph kind, each one's sampled replays compared with the eager path
+    (the real tokens' rows, bit for bit)."""
+    cfg = ArenaConfig.deepseek_v4(max_model_len=args.max_model_len)
+    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    consumer = GatherConsumer(cfg)
+    rng = np.random.default_rng(args.seed)
+    kinds = ["decode", "mixed", "device", "context"]
+    report = {k: {"replays": 0, "eager": 0, "eager_compared": 0, "eager_mismatches": 0}
+              for k in kinds}
+    options = GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS)
+    source = DeviceStepSource(cfg, arena.device)
+    contexts = [args.max_model_len // 64, args.max_model_len // 8, args.max_model_len]
+    with GraphManager(arena, inputs, builders, consumer, options) as gm, \
+            ContextGraphs(arena, inputs, builders, consumer, contexts=contexts,
+                          options=options) as cg:
+        gm.capture(buckets=None)
+        device = DeviceLengthSteps(gm, source)
+        device.capture()
+        cg.capture(buckets=())  # decode sizes per context bucket
+        stream = DecodeStream(inputs, rng, max_seq_len=args.max_model_len)
+        sizes, buckets = gm.capture_sizes, gm.buckets
+        fingerprint = arena.fingerprint()
+        torch.cuda.synchronize()
+        mem_capture = torch.cuda.memory_allocated()
+        warmup = min(args.replays, 1000)  # first uses (the eager path's caches) before mem0
+        t0 = time.perf_counter()
+        for i in range(args.replays):
+            if i == warmup:
+                torch.cuda.synchronize()
+                mem0, reserved0 = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+            kind = kinds[i % 4]
+            if kind == "decode":
+                st = stream.next(int(rng.integers(1, sizes[-1] // cfg.next_n + 1)))
+            elif kind == "context":
+                # decode steps whose longest sequence falls in a drawn context bucket
+                stream.max_seq_len = int(rng.choice(contexts))
+                st = stream.next(int(rng.integers(1, sizes[-1] // cfg.next_n + 1)))
+                stream.max_seq_len = args.max_model_len
+            else:
+                st = stream.next_mixed(int(rng.choice(buckets)))
+            q, s, slots = st.query_lens, st.seq_lens, st.slot_mapping
+            nt = int(q.sum())
+            if kind == "device":
+                source.fill(st)
+                out = device.launch(q.shape[0], nt)
+                graphed = device.graph_for(q.shape[0], nt) is not None
+            else:
+                res = (cg if kind == "context" else gm).run(q, s, slots)
+                out, graphed = res.outputs, res.mode == "graph"
+            entry = report[kind]
+            entry["replays"] += int(graphed)
+            entry["eager"] += int(not graphed)
+            if i % args.sample < 4:  # each kind sampled alike
+                got = out[:nt].clone()
+                want = gm.run_eager(q, s, slots)[:nt]
+                entry["eager_compared"] += 1
+                if not torch.equal(got, want):
+                    entry["eager_mismatches"] += 1
+                    print(f"step {i} ({kind}): replay differs from the eager path",
+                          file=sys.stderr)
+        torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        # Drop the loop's last references (the sampled clone, views) before measuring.
+        del out, st, got, want
+        res = None
+        gc.collect()
+        result = {
+            "command": "python scripts/soak.py --every-kind " + " ".join(sys.argv[2:]),
+            "steps": args.replays, "kinds": report, "seconds": elapsed,
+            "steps_per_s": args.replays / elapsed,
+            "warmup_steps": warmup,
+            "memory_allocated_delta": torch.cuda.memory_allocated() - mem0,
+            "memory_reserved_delta": torch.cuda.memory_reserved() - reserved0,
+            "memory_allocated_since_capture": torch.cuda.memory_allocated() - mem_capture,
+            "fingerprint_unchanged": arena.fingerprint() == fingerprint,
+            "device": torch.cuda.get_device_name(), "decode_sizes": f"{sizes[0]}..{sizes[-1]}",
+            "buckets": buckets, "contexts": contexts,
+        }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    ok = (all(e["eager_mismatches"] == 0 and e["replays"] > 0 for e in report.values())
+          and result["fingerprint_unchanged"] and result["memory_allocated_delta"] == 0)
     return 0 if ok else 1
 
 

@@ -16,9 +16,9 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.checks import check_eagerly
 from staticattn.checks.extents import (
-    FLOAT_ATOL,
     emulated_replay,
     extent_mismatch,
+    float_tolerance,
     outputs_differ,
 )
 from staticattn.graphs import GraphManager
@@ -122,5 +122,16 @@ def test_integers_compare_bit_for_bit():
     b[0][4] += 1
     assert outputs_differ(a, b) == "output 0 (torch.int64): row 4 differs"
     f = torch.linspace(0, 1, 5)
-    assert outputs_differ([f], [f + FLOAT_ATOL / 10]) is None
+    assert outputs_differ([f], [f + float_tolerance(f.dtype)[1] / 10]) is None
     assert outputs_differ([f], [f[:4]]).startswith("output 0: (5,)")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_floats_pass_a_reduction_order_and_fail_an_extent(dtype):
+    """One unit in the last place (another reduction order) passes at every magnitude; a
+    shift of 1/8 (what reading a capture-time extent moves) fails."""
+    x = torch.tensor([1.5, -0.3, 0.01, 0.0, 7.0], dtype=dtype)
+    ulp = torch.nextafter(x.float().abs().to(dtype), torch.tensor(float("inf"), dtype=dtype))
+    one_ulp = torch.where(x >= 0, ulp, -ulp)
+    assert outputs_differ([x], [one_ulp]) is None
+    assert outputs_differ([x], [x + 0.125]) is not None

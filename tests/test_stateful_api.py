@@ -17,14 +17,17 @@ CASES = [("deepseek-v3.2", "torch", 25), ("deepseek-v4", "torch", 25),
          ("deepseek-v4.1-flash", "torch", 12), ("deepseek-v4", "triton", 5)]
 
 
-def run_machine(preset: str, backend: str, examples: int, steps_per_example: int) -> None:
-    """Run the machine of ``preset`` on ``backend``; then check it was not vacuous."""
+def run_machine(preset: str, backend: str, examples: int, steps_per_example: int,
+                derandomize: bool = True) -> None:
+    """Run the machine of ``preset`` on ``backend``; then check it was not vacuous.
+    ``derandomize=False`` draws new examples on every call (a long run made of rounds)."""
     stateful_api.STATS.clear()
     machine = type(f"Machine_{preset}_{backend}".replace("-", "_").replace(".", "_"),
                    (ApiMachine,), {"preset": preset, "backend": backend})
     run_state_machine_as_test(machine, settings=settings(
         max_examples=examples, stateful_step_count=steps_per_example, deadline=None,
-        suppress_health_check=list(HealthCheck)))
+        suppress_health_check=list(HealthCheck), derandomize=derandomize, database=None,
+        print_blob=True))
     ran = stateful_api.STATS
     assert all(ran[path, False] for path in PATHS), ran
     assert sum(ran[path, True] for path in PATHS), ran

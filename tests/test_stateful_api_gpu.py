@@ -18,8 +18,8 @@ PER_EXAMPLE = 200
 
 @pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4", "deepseek-v4.1-flash"])
 def test_public_api_against_the_oracle_on_the_gpu(preset):
-    done = 0
+    done = 0  # new examples every round (derandomize off); a failure prints its blob
     while done < STEPS:  # hypothesis draws runs of varying length: run until enough steps
         run_machine(preset, "triton", max(1, (STEPS - done) // (PER_EXAMPLE // 2)),
-                    PER_EXAMPLE)
+                    PER_EXAMPLE, derandomize=False)
         done += sum(stateful_api.STATS.values())

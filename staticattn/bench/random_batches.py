@@ -246,3 +246,32 @@ class DecodeStream:
             self.main, cfg.block_size)
         return RandomStep(q, s.astype(np.int32), _slots(host, bs, q, s, rng,
                                                         self.invalid_fraction))
+
+
+class DeviceStepSource:
+    """A producer for :class:`~staticattn.graphs.DeviceLengthSteps` that replays host-drawn
+    steps: fixed-address device copies of a step (query starts int32 ``(R + 1,)``, lengths
+    int32 ``(R,)``, slots int64 ``(T,)`` at the capacities) that :meth:`fill` writes before
+    each launch, on the stream the graphs replay on, and that the captured producer copies
+    into the arena's device input views. What a device-decided step computes is then known
+    on the host, so it can be compared with the same step run from the host."""
+
+    def __init__(self, cfg, device: torch.device) -> None:
+        r, t = cfg.max_num_seqs, cfg.max_num_batched_tokens
+        self.starts = torch.zeros(r + 1, dtype=torch.int32, device=device)
+        self.seq_lens = torch.zeros(r, dtype=torch.int32, device=device)
+        self.slots = torch.full((t,), -1, dtype=torch.int64, device=device)
+
+    def fill(self, step: RandomStep) -> None:
+        """Write ``step`` for the next launch."""
+        starts = np.concatenate([[0], np.cumsum(step.query_lens)]).astype(np.int32)
+        self.starts[: starts.shape[0]].copy_(torch.from_numpy(starts))
+        self.seq_lens[: step.seq_lens.shape[0]].copy_(
+            torch.from_numpy(step.seq_lens.astype(np.int32)))
+        self.slots[: step.slot_mapping.shape[0]].copy_(
+            torch.from_numpy(step.slot_mapping.astype(np.int64)))
+
+    def __call__(self, inputs: StepInputs, num_reqs: int, num_tokens: int) -> None:
+        inputs.query_start_loc[: num_reqs + 1].copy_(self.starts[: num_reqs + 1])
+        inputs.seq_lens[:num_reqs].copy_(self.seq_lens[:num_reqs])
+        inputs.slot_mapping[:num_tokens].copy_(self.slots[:num_tokens])

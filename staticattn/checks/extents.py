@@ -11,11 +11,12 @@ eagerly; comparing the replay with the graph's own body on the same padded batch
 checker's ``replay_mismatch``) cannot see it, since both read the same extents.
 
 :func:`extent_mismatch` compares the two: integer and boolean outputs bit for bit, floating
-ones within :data:`FLOAT_RTOL` / :data:`FLOAT_ATOL` (the eager path's kernels may reduce in
-another order at other extents). On a difference it names the batch attribute the step
-depends on where it can: the step is run again on the eager metadata with each static
-attribute that differs set to its capture-time value, and the one that brings the outputs
-back to the replay's is named.
+ones within their dtype's :data:`FLOAT_TOLERANCES` (the eager path's kernels may reduce in
+another order at other extents: FlashMLA splits a sequence's keys by the batch's size, and a
+bfloat16 output then moves by one unit in the last place, 2**-7 at magnitudes in [1, 2)).
+On a difference it names the batch attribute the step depends on where it can: the step
+is run again on the eager metadata with each static attribute that differs set to its
+capture-time value, and the one that brings the outputs back to the replay's is named.
 
 Example: a step returning ``positions + batch.max_seq_len`` replays ``+ 4096`` (a graph of
 ``max_model_len`` 4096) and runs eagerly ``+ 300`` (the step's longest sequence): "the step
@@ -40,12 +41,24 @@ from staticattn.graphs.sizes import (
     default_mixed_buckets,
 )
 
-__all__ = ["FLOAT_ATOL", "FLOAT_RTOL", "EXTENT_FIELDS", "emulated_replay", "extent_mismatch",
-           "outputs_differ"]
+__all__ = ["FLOAT_TOLERANCES", "EXTENT_FIELDS", "emulated_replay", "extent_mismatch",
+           "float_tolerance", "outputs_differ"]
 
-#: Tolerances of floating outputs between a replay and the eager path at other extents.
-FLOAT_RTOL = 1e-3
-FLOAT_ATOL = 1e-3
+#: ``dtype -> (rtol, atol)`` of floating outputs between a replay and the eager path at
+#: other extents: two units in the last place for the half types (bfloat16's unit is
+#: 2**-8 relative), 1e-3 for the wider ones. A step that reads a capture-time extent moves
+#: its outputs by far more than a reduction order does.
+FLOAT_TOLERANCES = {
+    torch.bfloat16: (1.6e-2, 1e-2),
+    torch.float16: (2e-3, 1e-3),
+}
+#: Every other floating dtype (float32, float64, complex).
+WIDE_TOLERANCE = (1e-3, 1e-3)
+
+
+def float_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` for floating outputs of ``dtype``."""
+    return FLOAT_TOLERANCES.get(dtype, WIDE_TOLERANCE)
 #: The batch's static attributes a graph fixes at capture: what :func:`extent_mismatch`
 #: may name.
 EXTENT_FIELDS = ("max_seq_len", "max_query_len", "num_reqs", "num_actual_tokens")
@@ -62,10 +75,11 @@ def outputs_differ(replayed: list[torch.Tensor], eager: list[torch.Tensor]) -> s
             return (f"output {i}: {tuple(a.shape)} {a.dtype} replayed, {tuple(b.shape)} "
                     f"{b.dtype} eagerly")
         if a.is_floating_point() or a.is_complex():
-            if not torch.allclose(a, b, rtol=FLOAT_RTOL, atol=FLOAT_ATOL, equal_nan=True):
+            rtol, atol = float_tolerance(a.dtype)
+            if not torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True):
                 worst = (a.double() - b.double()).abs().nan_to_num(0).max().item()
                 return (f"output {i} ({a.dtype}): off by up to {worst:.3g}, past rtol "
-                        f"{FLOAT_RTOL} / atol {FLOAT_ATOL}")
+                        f"{rtol} / atol {atol}")
         elif not torch.equal(a, b):
             row = int((a != b).reshape(a.shape[0], -1).any(1).nonzero()[0]) if a.dim() else 0
             return f"output {i} ({a.dtype}): row {row} differs"
