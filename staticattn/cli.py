@@ -17,11 +17,13 @@ __all__ = ["build_parser", "load_step", "validate"]
 
 
 def _dcp_served(name: str) -> bool:
-    """Whether decode context parallelism serves every layer of preset ``name``."""
+    """Whether decode context parallelism serves preset ``name``: every layer type, and no
+    image spans."""
     fields = MODEL_PRESETS[name].fields
     arch = architecture(fields["architecture"])
-    return all(layer_type(arch.layer_type_name(ratio, i)).dcp_served
-               for i, ratio in enumerate(fields["compress_ratios"]))
+    return not fields.get("max_image_tokens") and all(
+        layer_type(arch.layer_type_name(ratio, i)).dcp_served
+        for i, ratio in enumerate(fields["compress_ratios"]))
 
 
 #: The presets every command takes (``staticattn.model.PRESETS``), and those ``--dcp`` serves.

@@ -14,7 +14,7 @@ from typing import Protocol
 
 from staticattn.errors import ConfigError
 
-__all__ = ["INT32_MAX", "Capacities", "check_bounds"]
+__all__ = ["INT32_MAX", "Capacities", "check_bounds", "check_image_capacity"]
 
 #: The largest value an int32 position, length or offset holds.
 INT32_MAX = 2**31 - 1
@@ -32,6 +32,10 @@ class Capacities(Protocol):
     max_num_batched_tokens: int
     max_prefill_workspace: int
     max_logits_bytes: int
+    max_image_tokens: int
+    max_image_spans: int
+    sliding_window: int | None
+    dcp_world_size: int
 
     @property
     def has_swa(self) -> bool: ...
@@ -89,3 +93,42 @@ def check_bounds(config: Capacities) -> None:
             raise ConfigError(f"{what} = {value} exceeds {INT32_MAX} (2**31 - 1), what the "
                               "kernels index with int32 offsets: lower max_model_len or the "
                               "capacities it multiplies")
+
+
+def check_image_capacity(config: Capacities, family_has_images: bool) -> None:
+    """Raise a :class:`ConfigError` unless the image-span capacities fit
+    (``vllm-0.33-extras.md`` §3): both 0 for a text model; else ``max_image_tokens``
+    (``mit``) on a family with image spans and a window, a span (at most ``mit + 3`` tokens,
+    scheduled whole) fits one step, and ``1 <= max_image_spans <= max_num_batched_tokens``
+    (a span holds a token at least)."""
+    mit, spans = config.max_image_tokens, config.max_image_spans
+    for name, value in (("max_image_tokens", mit), ("max_image_spans", spans)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{name}={value!r} must be an int >= 0")
+    if mit == 0:
+        if spans:
+            raise ConfigError(f"max_image_spans={spans} needs max_image_tokens > 0 (a text "
+                              "model carries no image spans)")
+        return
+    if not family_has_images or not config.has_swa:
+        raise ConfigError(
+            f"max_image_tokens={mit}: this architecture has no image spans (DeepSeek V4's "
+            "vision variant has; V4.1's image tokens use the plain causal window)")
+    if config.dcp_world_size > 1:
+        raise ConfigError(f"max_image_tokens={mit} with dcp_world_size="
+                          f"{config.dcp_world_size}: image spans are not served under decode "
+                          "context parallelism")
+    if mit + 3 > config.max_num_batched_tokens:
+        raise ConfigError(
+            f"max_image_tokens={mit} does not fit a step: a span of up to mit + 3 = {mit + 3} "
+            f"tokens is scheduled whole, max_num_batched_tokens="
+            f"{config.max_num_batched_tokens}")
+    if not 1 <= spans <= config.max_num_batched_tokens:
+        raise ConfigError(
+            f"max_image_spans={spans} must be in [1, max_num_batched_tokens="
+            f"{config.max_num_batched_tokens}] with max_image_tokens={mit}")
+    width = config.max_num_batched_tokens * (config.sliding_window + mit)
+    if width > INT32_MAX:
+        raise ConfigError(
+            f"max_num_batched_tokens x (sliding_window + max_image_tokens) = {width} exceeds "
+            f"{INT32_MAX}: the prefill SWA rows are addressed with int32 offsets")

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from staticattn.arena.bounds import check_bounds
+from staticattn.arena.bounds import check_bounds, check_image_capacity
+from staticattn.arena.device import check_device, device_sm_count
 from staticattn.errors import ConfigError
 from staticattn.model import LayerType, Reads, architecture, layer_type, model_preset
 from staticattn.model.layer_types import LAYER_TYPES, Cache
@@ -75,6 +76,10 @@ class ArenaConfig:
         Tokens per block of the SWA cache group (64 for V4).
     index_topk : int
         Keys the indexer keeps per query token.
+    max_image_tokens, max_image_spans : int
+        DeepSeek V4's vision variant (``vllm-0.33-extras.md`` §3): ``mit``, the longest
+        image span's reach (prefill SWA rows ``W + mit`` wide), and the spans one step may
+        carry (:func:`~staticattn.arena.bounds.check_image_capacity`). 0: a text model.
     max_prefill_workspace : int or None
         Compressed keys one indexer prefill chunk may gather; default ``40 * max_model_len``.
     max_logits_bytes : int
@@ -123,6 +128,8 @@ class ArenaConfig:
     sliding_window: int | None = None
     swa_block_size: int = 64
     index_topk: int = 2048
+    max_image_tokens: int = 0
+    max_image_spans: int = 0
     max_prefill_workspace: int | None = None
     max_logits_bytes: int = 512 * 1024 * 1024
     dcp_world_size: int = 1
@@ -147,11 +154,11 @@ class ArenaConfig:
         object.__setattr__(self, "_sources", resolve_sources(
             self.per_layer_types, self.kv_source_layers, self.index_source_layers))
         self._check_dcp()
-        self._check_device()
+        check_device(self.device)
         if self.max_prefill_workspace is None:
             object.__setattr__(self, "max_prefill_workspace", 40 * self.max_model_len)
         if self.num_sms is None:
-            object.__setattr__(self, "num_sms", self._device_sm_count())
+            object.__setattr__(self, "num_sms", device_sm_count(self.torch_device))
         if self.use_flattening is None:
             object.__setattr__(self, "use_flattening", self.next_n not in NATIVE_NEXT_N)
         if self.kernel_backend not in ("auto", "torch", "triton"):
@@ -163,6 +170,7 @@ class ArenaConfig:
                 f"query lengths), got next_n={self.next_n}"
             )
         check_bounds(self)
+        check_image_capacity(self, architecture(self.architecture).image_spans)
 
     def _check_positive(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
@@ -239,22 +247,6 @@ class ArenaConfig:
                     f"cp_kv_cache_interleave_size={interleave} is not a multiple of the "
                     f"sharded compress ratio {r}: a compressed entry would straddle two ranks"
                 )
-
-    def _check_device(self) -> None:
-        try:
-            dev = torch.device(self.device)
-        except (RuntimeError, TypeError) as exc:
-            raise ConfigError(f"device={self.device!r} is not a torch device: {exc}") from None
-        if dev.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device={self.device!r} asks for CUDA, but CUDA is not available")
-        if dev.type not in ("cuda", "cpu"):
-            raise ConfigError(f"device={self.device!r}: only 'cuda' and 'cpu' are supported")
-
-    def _device_sm_count(self) -> int:
-        dev = self.torch_device
-        if dev.type == "cuda":
-            return torch.cuda.get_device_properties(dev).multi_processor_count
-        return 132
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -365,6 +357,11 @@ class ArenaConfig:
     def has_swa(self) -> bool:
         """Whether some layer type attends a sliding window."""
         return any(t.window for t in self._types)
+
+    @property
+    def image_spans(self) -> bool:
+        """Whether steps carry image spans (``max_image_tokens > 0``)."""
+        return self.max_image_tokens > 0
 
     @property
     def bounded_replay(self) -> bool:

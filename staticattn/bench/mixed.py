@@ -7,7 +7,10 @@ V4.1-Flash side by side, V3.2 for the reference batch):
 * ``reference mixed batch``: 16 decodes (``next_n`` tokens each, contexts up to 32K), a
   fresh 3,000-token prefill and a 3,000-token chunk continuing at context 20,000;
 * ``chunked-prefill trace``: 64 running decodes and one 2,048-token chunk of a long prompt
-  per step, the prompt's context growing by 2,048 tokens a step.
+  per step, the prompt's context growing by 2,048 tokens a step;
+* ``mixed + image spans``: the reference mixed batch on DeepSeek V4's vision variant
+  (prefill SWA rows ``W + 1024`` wide) with three images (:data:`IMAGE_SPANS`): two in the
+  fresh prefill, one in the continuing chunk; next to V4's own row of the same batch.
 
 Per scenario: host wall time of ``GraphManager.run`` (validation, staging, launch) and of the
 in-place API (``begin_step`` + ``launch(k, t)``, the engine's writes not counted), the GPU
@@ -39,14 +42,18 @@ from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild, GraphOptions
 
-__all__ = ["MIXED_SCENARIOS", "TRACE_SCENARIOS", "MixedReport", "MixedRow", "reference_mixed_batch",
-           "run_mixed_bench"]
+__all__ = ["IMAGE_SPANS", "MIXED_SCENARIOS", "TRACE_SCENARIOS", "MixedReport", "MixedRow",
+           "reference_mixed_batch", "run_mixed_bench"]
 
 #: (label, preset, next_n) of the configs the reference mixed batch runs on.
 MIXED_SCENARIOS = (("V4", "deepseek-v4", 1), ("V4", "deepseek-v4", 2),
                    ("V3.2", "deepseek-v3.2", 1), ("V4.1", "deepseek-v4.1-flash", 2))
 #: (label, preset, next_n) of the configs the chunked-prefill trace runs on.
 TRACE_SCENARIOS = (("V4", "deepseek-v4", 2), ("V4.1", "deepseek-v4.1-flash", 2))
+#: The reference mixed batch's images on the vision preset, ``(request, first, last)``: a
+#: full 1,027-token image (``mit + 3``) and a 501-token one in the fresh 3,000-token
+#: prefill (request 16), a full one in the chunk at context 20,000 (request 17).
+IMAGE_SPANS = ((16, 100, 1126), (16, 2000, 2500), (17, 20500, 21526))
 
 
 @dataclass(slots=True)
@@ -78,13 +85,13 @@ class MixedReport:
 
     def table(self) -> str:
         """The scenarios as a fixed-width text table (microsecond medians), then the floor."""
-        head = (f"{'scenario':<24} {'model':<9} {'toks':>5} {'bucket':>6} | "
+        head = (f"{'scenario':<24} {'model':<13} {'toks':>5} {'bucket':>6} | "
                 f"{'in-place':>8} {'run()':>7} {'GPU':>6} | {'fallbk':>6} {'GPU':>6} | "
                 f"{'eager':>7} {'GPU':>6} | {'host x':>6}")
         lines = [head, "-" * len(head)]
         for r in self.rows:
             lines.append(
-                f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<9} {r.num_tokens:>5} "
+                f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<13} {r.num_tokens:>5} "
                 f"{r.bucket:>6} | {r.in_place_host_us.median:>8.1f} "
                 f"{r.graph_host_us.median:>7.1f} {r.graph_gpu_us.median:>6.1f} | "
                 f"{r.fallback_host_us.median:>6.1f} {r.fallback_gpu_us.median:>6.1f} | "
@@ -122,19 +129,20 @@ class MixedReport:
         plt.close(fig)
 
 
-def _measure(gm: GraphManager, steps: list[RandomStep], reps: int) -> dict[str, list[float]]:
+def _measure(gm: GraphManager, steps: list[RandomStep], reps: int,
+             image_spans=None) -> dict[str, list[float]]:
     out = {"graph_host": [], "in_place": [], "graph_gpu": [], "eager_host": [],
            "eager_gpu": [], "fallback_host": [], "fallback_gpu": []}
     per_step = max(1, reps // len(steps))
     for step in steps:
         args = (step.query_lens, step.seq_lens, step.slot_mapping)
         for _ in range(3):  # warm both paths
-            assert gm.run(*args).mode == "graph"
-            gm.run(*args, eager=EagerBuild.REFERENCE)
-            gm.run(*args, eager=EagerBuild.GRAPH)
+            assert gm.run(*args, image_spans=image_spans).mode == "graph"
+            gm.run(*args, eager=EagerBuild.REFERENCE, image_spans=image_spans)
+            gm.run(*args, eager=EagerBuild.GRAPH, image_spans=image_spans)
         for path, eager in (("graph", None), ("eager", EagerBuild.REFERENCE),
                             ("fallback", EagerBuild.GRAPH)):
-            host, gpu = step_times_us(gm, args, eager, per_step)
+            host, gpu = step_times_us(gm, args, eager, per_step, image_spans=image_spans)
             out[f"{path}_host"] += host
             out[f"{path}_gpu"] += gpu
         out["in_place"] += in_place_host_us(gm, step.seq_lens, step.slot_mapping, per_step,
@@ -157,6 +165,7 @@ def run_mixed_bench(
                  for label, preset, n in MIXED_SCENARIOS]
     scenarios += [(label, preset, n, "chunked-prefill trace")
                   for label, preset, n in TRACE_SCENARIOS]
+    scenarios.append(("V4-vision", "deepseek-v4-vision", 2, "mixed + image spans"))
     for model, preset, n, scenario in scenarios:
         cfg = ArenaConfig.preset(preset, num_speculative_tokens=n - 1)
         builders = builders_factory(cfg)
@@ -165,9 +174,10 @@ def run_mixed_bench(
         options = GraphOptions(progress=progress, num_kv_blocks=NUM_KV_BLOCKS)
         with GraphManager(arena, inputs, builders, step, options) as gm:
             gm.capture()
-            steps = ([reference_mixed_batch(inputs, rng)] if scenario == "reference mixed batch"
+            steps = ([reference_mixed_batch(inputs, rng)] if scenario != "chunked-prefill trace"
                      else _trace(inputs, rng, steps=20))
-            timings = _measure(gm, steps, reps)
+            spans = IMAGE_SPANS if scenario == "mixed + image spans" else None
+            timings = _measure(gm, steps, reps, spans)
             first = steps[0]
             bucket = gm.run(first.query_lens, first.seq_lens, first.slot_mapping).graph_size
             report.rows.append(MixedRow(

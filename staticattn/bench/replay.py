@@ -35,16 +35,19 @@ __all__ = ["in_place_host_us", "run_bench", "step_times_us"]
 
 
 def step_times_us(gm: GraphManager, args, eager: EagerBuild | None, reps: int,
-                  before: Callable[[], None] | None = None) -> tuple[list, list]:
+                  before: Callable[[], None] | None = None,
+                  image_spans=None) -> tuple[list, list]:
     """Per step: host wall time of ``GraphManager.run(*args, eager=eager)`` (validation,
     staging and launch, us) and the GPU time of what it launched (CUDA events around the
     replay or the eager kernels, us). Each step starts on an idle device, so neither
     includes waiting for earlier work; host times are taken in a pass without the timing
     events. ``before()``, untimed, runs ahead of each step (ranks lining up); without CUDA
-    the GPU times are NaN.
+    the GPU times are NaN. ``image_spans`` go to every ``run`` (a vision model's steps).
     """
+    kw = {"eager": eager} if image_spans is None else {"eager": eager,
+                                                        "image_spans": image_spans}
     gm.time_gpu = False
-    host = host_times_us(lambda: gm.run(*args, eager=eager), reps, before=before)
+    host = host_times_us(lambda: gm.run(*args, **kw), reps, before=before)
     if not torch.cuda.is_available():
         return host, [float("nan")] * reps
     gm.time_gpu = True
@@ -53,7 +56,7 @@ def step_times_us(gm: GraphManager, args, eager: EagerBuild | None, reps: int,
         if before is not None:
             before()
         torch.cuda.synchronize()
-        gpu.append(gm.run(*args, eager=eager).gpu_us())
+        gpu.append(gm.run(*args, **kw).gpu_us())
     return host, gpu
 
 

@@ -69,6 +69,10 @@ class Batch:
         requests (the staging writes it after the split). None where the architecture has
         no bounded replay, and in a uniform decode batch (:meth:`for_decode_capture`), where
         no request replays.
+    image_spans : int32 device ``(max_image_spans, 3)`` or None
+        Image spans (``vllm-0.33-extras.md`` §3): rows ``(request, first, last)``, unused
+        rows request -1 (:mod:`staticattn.staging.images`); they widen the windows of the
+        prefill tokens inside them. None for text models and uniform decode batches.
     block_tables : dict of str to int32 device ``(num_reqs, columns)``, or None
         The tables of the cache groups with tables of their own, by group name
         (``"c2a.index_k"``; :func:`~staticattn.arena.cache_groups`): DeepSeek V4.1's.
@@ -93,6 +97,7 @@ class Batch:
     query_lens: torch.Tensor | None = None
     replay_start: torch.Tensor | None = None
     block_tables: dict[str, torch.Tensor] | None = None
+    image_spans: torch.Tensor | None = None
     #: :meth:`host_arrays`, once computed; not an argument, and not carried over by
     #: ``dataclasses.replace`` (a replaced batch recomputes it).
     _host: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(
@@ -148,7 +153,8 @@ class Batch:
                    num_reqs, num_tokens, max_query_len, max_seq_len, v.block_table,
                    v.slot_mapping, v.positions, v.token_to_req, v.swa_block_table,
                    step_counts=inputs.step_counts, query_lens=v.query_lens,
-                   replay_start=v.replay_start, block_tables=v.block_tables)
+                   replay_start=v.replay_start, block_tables=v.block_tables,
+                   image_spans=None if inputs.images is None else inputs.images.device)
 
     @classmethod
     def from_staged(cls, inputs: StepInputs, counts: StagedCounts) -> Batch:
@@ -171,6 +177,7 @@ class Batch:
             cfg.max_model_len if max_seq_len is None else max_seq_len,
         )
         batch.replay_start = None  # every request decodes: nothing replays
+        batch.image_spans = None  # and no decode row reads a span
         return batch
 
     @classmethod

@@ -74,13 +74,13 @@ class ContextBucket:
         self.context_len = manager.context_len
         self._max_model_len = manager.config.max_model_len
 
-    def run(self, query_lens, seq_lens, slot_mapping, *, replay_start=None,
+    def run(self, query_lens, seq_lens, slot_mapping, *, replay_start=None, image_spans=None,
             eager: EagerBuild | None = None) -> RunResult:
         """:meth:`GraphManager.run`, for steps whose sequences fit the bucket."""
         s = np.asarray(seq_lens)
         self._fits(int(s.max()) if s.size else 0)
         return self.manager.run(query_lens, s, slot_mapping, replay_start=replay_start,
-                                eager=eager)
+                                image_spans=image_spans, eager=eager)
 
     def launch(self, num_reqs: int, num_tokens: int | None = None):
         """:meth:`GraphManager.launch`, for steps whose sequences fit the bucket."""
@@ -151,17 +151,18 @@ class ContextGraphs:
             return self._widest
         return self._managers[i]
 
-    def run(self, query_lens, seq_lens, slot_mapping, *, replay_start=None,
+    def run(self, query_lens, seq_lens, slot_mapping, *, replay_start=None, image_spans=None,
             eager: EagerBuild | None = None) -> RunResult:
         """:meth:`GraphManager.run` on the manager of the step's context bucket: a uniform
         decode step by its longest sequence, any other step the capacity-wide manager.
-        ``replay_start`` as for :meth:`GraphManager.run` (a uniform decode step's must be
-        0s: its decodes replay nothing)."""
+        ``replay_start`` and ``image_spans`` as for :meth:`GraphManager.run` (a uniform
+        decode step's replay starts must be 0s: its decodes replay nothing)."""
         q, s = np.asarray(query_lens), np.asarray(seq_lens)
         uniform = q.ndim == 1 and q.size > 0 and s.size == q.size and bool((q == self._n).all())
         m = self.manager_for(int(s.max()), q.size) if uniform else self._widest
         # The routing has proved the step fits m's bucket: no second scan of the lengths.
-        return m.run(q, s, slot_mapping, replay_start=replay_start, eager=eager)
+        return m.run(q, s, slot_mapping, replay_start=replay_start, image_spans=image_spans,
+                     eager=eager)
 
     def begin_step(self):
         """The pinned staging views (shared by every bucket), once the last step read them."""

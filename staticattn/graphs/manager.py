@@ -304,12 +304,12 @@ class GraphManager:
         return self.table.pool_bytes
 
     # ---------------------------------------------------------------- eagerly
-    def run_eager(self, q, s, slots, replay_start=None) -> Any:
+    def run_eager(self, q, s, slots, replay_start=None, image_spans=None) -> Any:
         """Stage, build every builder eagerly (the reference builds), run the step; outputs
         for the real tokens. Host ints: ``q``, ``s``, ``replay_start`` (or None)
         ``(num_reqs,)``, ``slots`` ``(num_tokens,)``, checked by the caller."""
-        return self.eager.reference_builds(self.inputs.stage(q, s, slots,
-                                                             replay_start=replay_start))
+        return self.eager.reference_builds(self.inputs.stage(
+            q, s, slots, replay_start=replay_start, image_spans=image_spans))
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:

@@ -22,7 +22,8 @@ from staticattn.graphs.options import EagerBuild, GraphOptions
 from staticattn.graphs.pool import GraphPool
 from staticattn.graphs.records import CapturedGraph, GraphKind, RunResult, RunStats
 from staticattn.graphs.table import GraphTable
-from staticattn.staging import StepInputs, check_replay_start
+from staticattn.staging import StepInputs, check_image_spans, check_replay_start
+from staticattn.staging.extents import check_extents
 
 __all__ = ["StepRunner"]
 
@@ -77,6 +78,7 @@ class StepRunner:
         slot_mapping: Sequence[int] | np.ndarray,
         *,
         replay_start: Sequence[int] | np.ndarray | None = None,
+        image_spans=None,
         eager: EagerBuild | None = None,
     ) -> RunResult:
         """Run one step: replay the graph that holds it, else eagerly.
@@ -95,6 +97,14 @@ class StepRunner:
             staging, captured with 0s). None: no request replays. Checked whenever given
             (:func:`~staticattn.staging.replay.check_replay_start`), before anything is
             written.
+        image_spans : rows of ``(request, first, last)`` or a mapping ``request ->
+            [(first, last), ...]``, optional
+            DeepSeek V4's vision variant (``max_image_tokens > 0``,
+            ``vllm-0.33-extras.md`` §3): positions ``first .. last`` of a request form one
+            image, seen bidirectionally by its prefill tokens. Staged like the other inputs;
+            checked whenever given (:func:`~staticattn.staging.images.check_image_spans`:
+            capacity, within the request, no overlap, at most ``W + mit`` tokens), before
+            anything is written. None: no spans.
         eager : EagerBuild, optional
             Run eagerly through these builds even if a graph could replay the step (A/B
             checks, benchmarks), counted under the reason "forced".
@@ -116,7 +126,8 @@ class StepRunner:
         # O(1) tests first: a step whose token count is not k * next_n is not uniform. Then
         # the query lengths against k * [next_n] in their dtype, byte for byte: one memcmp,
         # cheaper than ``(q == n).all()``'s reduction.
-        if ((eager is None or eager is _GRAPH) and replay_start is None and 0 < k < len(table)
+        if ((eager is None or eager is _GRAPH) and replay_start is None
+                and image_spans is None and 0 < k < len(table)
                 and slots.shape[0] == k * n and q.dtype.kind in "iu" and q.tobytes() == (
                     self._decode_queries.get((k, q.dtype)) or self._decode_query(k, q.dtype))
                 and (
@@ -135,7 +146,7 @@ class StepRunner:
                     return self._replay(g, k * n)
                 self.inputs.stage_uniform_decode(s, slots)
                 return self._eager_graph_build(k, k * n, True, reason)
-        return self._run_general(q, s, slots, eager, replay_start)
+        return self._run_general(q, s, slots, eager, replay_start, image_spans)
 
     def _decode_query(self, num_reqs: int, dtype: np.dtype) -> bytes:
         """The bytes of ``num_reqs`` query lengths of ``next_n`` in ``dtype`` (byte order
@@ -151,7 +162,7 @@ class StepRunner:
                 and num_reqs * self._n <= self.config.max_num_batched_tokens)
 
     def _run_general(self, q, s, slots, eager: EagerBuild | None,
-                     replay_start=None) -> RunResult:
+                     replay_start=None, image_spans=None) -> RunResult:
         """Every step the decode replay path did not take: check, then replay the graph
         that holds it, or run eagerly."""
         if eager is not None and not isinstance(eager, EagerBuild):
@@ -170,6 +181,7 @@ class StepRunner:
         if replay_start is not None:
             replay_start = np.asarray(replay_start)
             check_replay_start(cfg, replay_start, q, s)
+        spans = check_image_spans(cfg, image_spans, q, s)
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
         if self._host_blocks is not None and self.validate:
             self._host_blocks.check_step(k, s)
@@ -180,15 +192,15 @@ class StepRunner:
         else:
             g, reason = self.table.pick(k, num_tokens, uniform, longest)
         if g is not None:
-            self.stage_for_graph(q, s, slots, g.kind is _DECODE, replay_start)
+            self.stage_for_graph(q, s, slots, g.kind is _DECODE, replay_start, spans)
             return self._replay(g, num_tokens)
         if (eager or self._eager_build) is _GRAPH:
             if not self.validate:  # the extents still bound every kernel
-                self.inputs.check_extents(q, s, slots, k, num_tokens)
-            self.stage_for_graph(q, s, slots, uniform, replay_start)
+                check_extents(cfg, q, s, slots, k, num_tokens)
+            self.stage_for_graph(q, s, slots, uniform, replay_start, spans)
             return self._eager_graph_build(k, num_tokens, uniform, reason)
         counts = self.inputs.stage(q, s, slots, checked=self.validate,
-                                   replay_start=replay_start)
+                                   replay_start=replay_start, image_spans=spans)
         events = self._record_start()
         outputs = self.eager.reference_builds(counts)
         self._record_end(events)
@@ -196,16 +208,18 @@ class StepRunner:
         return RunResult(outputs, "eager", None, reason, num_tokens, events)
 
     def stage_for_graph(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
-                        uniform: bool, replay_start: np.ndarray | None = None) -> None:
+                        uniform: bool, replay_start: np.ndarray | None = None,
+                        image_spans: np.ndarray | None = None) -> None:
         """Write a checked step into the staging that a graph's staging kernels (or the
         same builds run eagerly) read: for a uniform decode step (``uniform``) the lengths,
         slots and request count only (its decodes replay nothing), else the query starts,
-        token count and replay starts (None: 0s) too. Host ints: ``q``, ``s``,
-        ``replay_start`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``."""
+        token count, replay starts (None: 0s) and image spans (None: none) too. Host ints:
+        ``q``, ``s``, ``replay_start`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``,
+        ``image_spans`` ``(n, 3)``."""
         if uniform:
             self.inputs.stage_uniform_decode(s, slots)
         else:
-            self.inputs.stage_step(q, s, slots, replay_start)
+            self.inputs.stage_step(q, s, slots, replay_start, image_spans)
 
     def _eager_graph_build(self, num_reqs: int, num_tokens: int, uniform: bool,
                            reason: str) -> RunResult:

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import torch
 
-from staticattn.kernels.launch import grid_size, launch
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.launch import grid_size, launch, pow2_at_least
+from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_TOKENS
+from staticattn.kernels.swa_decode_torch import span_reach as span_reach_torch
 from staticattn.kernels.swa_decode_torch import window_start
+from staticattn.kernels.swa_window import span_reach_jit
 
 __all__ = ["prefill_combined_rows"]
 
@@ -58,6 +60,8 @@ def prefill_combined_rows(
     window: int,
     num_tokens: int,
     counts: tuple[int, int, int] | torch.Tensor,
+    image_spans: torch.Tensor | None = None,
+    max_image_tokens: int = 0,
 ) -> None:
     """Write the combined rows of the prefill tokens (see the module docstring).
 
@@ -81,6 +85,9 @@ def prefill_combined_rows(
         Static extent: rows ``[0, num_tokens)`` are written.
     counts : ``(D, Td, nt)`` static ints, or the staging's ``step_counts`` (int32 device
         ``(4,)``).
+    image_spans : int32 ``(S, 3)`` or None;  max_image_tokens : int
+        Image spans (``vllm-0.33-extras.md`` §5.1 with §3.4): a token's window becomes
+        ``[max(p - max(W - 1, left), 0), p + right]`` (then clamped at the gather start).
     """
     if num_tokens == 0:
         return
@@ -93,12 +100,17 @@ def prefill_combined_rows(
             num_chunks, topk_ptr, topk_ptr.stride(0) if topk is not None else 0,
             counts if device_counts else lens_out, d, td, nt, num_tokens, chunks.shape[0],
             ratio, topk_width, window, out.shape[1],
+            lens_out if image_spans is None else image_spans,
             DEVICE_COUNTS=device_counts, HAS_TOPK=topk is not None,
+            MIT=max(max_image_tokens, 1),
+            NUM_SPANS=0 if image_spans is None else image_spans.shape[0],
+            BLOCK_S=pow2_at_least(1 if image_spans is None else image_spans.shape[0], 16),
             ROWS=_rows_per_program(), BLOCK_C=_BLOCK_C, BLOCK_CH=_BLOCK_CH,
         )
         return
     _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,
-                    num_chunks, topk, ratio, topk_width, window, num_tokens, counts)
+                    num_chunks, topk, ratio, topk_width, window, num_tokens, counts,
+                    image_spans, max_image_tokens)
 
 
 def _rows_per_program() -> int:
@@ -108,7 +120,8 @@ def _rows_per_program() -> int:
 
 
 def _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,
-                    num_chunks, topk, ratio, topk_width, window, num_tokens, counts) -> None:
+                    num_chunks, topk, ratio, topk_width, window, num_tokens, counts,
+                    image_spans, max_image_tokens) -> None:
     dev = positions.device
     if isinstance(counts, torch.Tensor):
         d, td, nt = (counts[COUNT_DECODES], counts[COUNT_DECODE_TOKENS], counts[COUNT_TOKENS])
@@ -128,8 +141,10 @@ def _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_len
     pos = positions[t].long()
     n_c = (pos + 1).clamp(min=0) // ratio if ratio else torch.zeros_like(pos)
     topk_len = torch.where(live, n_c.clamp(max=topk_width), 0)
-    swa_start, _ = window_start(pos, window, gather_start)
-    swa_len = torch.where(live, (pos - swa_start + 1).clamp(min=0), 0)
+    reach = None if image_spans is None else tuple(x[:, 0] for x in span_reach_torch(
+        image_spans, req[:, None], pos[:, None], max_image_tokens))
+    swa_start, swa_len = window_start(pos, window, gather_start, reach)
+    swa_len = torch.where(live, swa_len, 0)
     col = torch.arange(out.shape[1], device=dev)[None, :]
     if topk is None:
         k = col.expand(num_tokens, -1)
@@ -151,13 +166,17 @@ def _combined_kernel():
     import triton
     import triton.language as tl
 
+    span_reach = span_reach_jit()
+    publish(globals(), span_reach)
+
     @triton.jit(do_not_specialize=["topk_stride", "d_static", "td_static", "nt_static",
                                    "num_tokens", "max_chunks", "ratio", "topk_width", "window",
                                    "width"])
     def combined_kernel(out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,
                         num_chunks, topk, topk_stride, counts, d_static, td_static, nt_static,
-                        num_tokens, max_chunks, ratio, topk_width, window, width,
+                        num_tokens, max_chunks, ratio, topk_width, window, width, spans,
                         DEVICE_COUNTS: tl.constexpr, HAS_TOPK: tl.constexpr,
+                        MIT: tl.constexpr, NUM_SPANS: tl.constexpr, BLOCK_S: tl.constexpr,
                         ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CH: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = r < num_tokens
@@ -190,8 +209,13 @@ def _combined_kernel():
         pos = tl.load(positions + t, mask=live, other=0).to(tl.int32)
         n_c = tl.where(ratio > 0, tl.maximum(pos + 1, 0) // tl.maximum(ratio, 1), 0)
         topk_len = tl.where(live, tl.minimum(n_c, topk_width), 0)
-        swa_start = tl.maximum(tl.maximum(pos - window + 1, 0), gather_start)
-        swa_len = tl.where(live, tl.maximum(pos - swa_start + 1, 0), 0)
+        behind = tl.zeros_like(pos) + (window - 1)
+        ahead = tl.zeros_like(pos)
+        if NUM_SPANS > 0:  # image spans widen the window (vllm-0.33-extras.md §3.4)
+            left, ahead = span_reach(spans, req, pos, live, MIT, NUM_SPANS, BLOCK_S)
+            behind = tl.maximum(behind, left)
+        swa_start = tl.maximum(tl.maximum(pos - behind, 0), gather_start)
+        swa_len = tl.where(live, tl.maximum(pos + ahead - swa_start + 1, 0), 0)
         tl.store(lens_out + r, topk_len + swa_len, mask=in_rows)
         base = m * i
         for c0 in range(0, width, BLOCK_C):

@@ -53,7 +53,7 @@ from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.swa_decode_torch import build_torch
-from staticattn.kernels.swa_window import window_rows_jit
+from staticattn.kernels.swa_window import span_reach_jit, window_rows_jit
 
 __all__ = ["SWADecodeOutputs", "build_swa_decode"]
 
@@ -127,6 +127,8 @@ def build_swa_decode(
     prefill_rows: bool = False,
     step_counts: torch.Tensor | None = None,
     replay_start: torch.Tensor | None = None,
+    image_spans: torch.Tensor | None = None,
+    max_image_tokens: int = 0,
 ) -> None:
     """Write the validity mask of every token, the SWA / C128A rows of the decode tokens and,
     with ``prefill_rows``, the C128A and paged SWA rows of the prefill tokens.
@@ -167,6 +169,11 @@ def build_swa_decode(
     replay_start : int32 ``(num_reqs,)`` or None
         Bounded replay: each request's first replayed position, clamping its prefill
         windows (decodes carry 0, ``docs/spec/deepseek-v41.md`` §8.1). None: no clamp.
+    image_spans : int32 ``(S, 3)`` or None
+        Image spans (rows ``(request, first, last)``, unused rows request -1) that widen the
+        paged prefill rows of the tokens inside them to ``[p - max(W - 1, left), p + right]``
+        (``vllm-0.33-extras.md`` §3.4), ``max_image_tokens`` bounding ``left`` and
+        ``right``. None: plain windows.
     """
     if num_tokens == 0:
         return
@@ -175,7 +182,8 @@ def build_swa_decode(
     swa_prefill = prefill_rows and out.prefill_swa_indices is not None
     args = (out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
             block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
-            decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start)
+            decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start,
+            image_spans if swa_prefill else None, max_image_tokens)
     if backend == "triton":
         _build_triton(*args, block_tokens)
     else:
@@ -210,7 +218,8 @@ def _swa_decode_kernel():
         tl.store(lens + rows, n_new, mask=live_mask)
 
     window_rows = window_rows_jit()
-    publish(globals(), window_rows, c128a_rows)
+    span_reach = span_reach_jit()
+    publish(globals(), window_rows, span_reach, c128a_rows)
 
     @triton.jit(do_not_specialize=["num_tokens", "num_decode_tokens", "decode_rows"])
     def swa_decode_kernel(
@@ -218,11 +227,12 @@ def _swa_decode_kernel():
         swa_block_table, swa_bt_stride, block_table, bt_stride,
         is_valid_out, swa_indices_out, swa_lens_out, c128a_indices_out, c128a_lens_out,
         c128a_prefill_out, c128a_prefill_lens_out, prefill_swa_out, prefill_swa_lens_out,
-        replay_start, counts, num_tokens, num_decode_tokens, decode_rows,
+        replay_start, spans, counts, num_tokens, num_decode_tokens, decode_rows,
         WINDOW: tl.constexpr, SWA_BLOCK: tl.constexpr, HAS_C128A: tl.constexpr,
         C128A_PREFILL: tl.constexpr, SWA_PREFILL: tl.constexpr, HAS_REPLAY: tl.constexpr,
         DEVICE_COUNTS: tl.constexpr, PREFILL_WIDTH: tl.constexpr,
         C128A_WIDTH: tl.constexpr, C128A_ENTRIES: tl.constexpr, C128A_RATIO: tl.constexpr,
+        MIT: tl.constexpr, NUM_SPANS: tl.constexpr, BLOCK_S: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         # Index i of this program: token i (validity, decode row i) and prefill row i.
@@ -266,12 +276,18 @@ def _swa_decode_kernel():
                 # Invalid tokens: a row of -1, length 0 (vllm-0.33-extras.md §2.3).
                 live_s = live_p & (tl.load(slot_mapping + t, mask=live_p, other=-1) >= 0)
                 req_p = tl.load(token_to_req + t, mask=live_s, other=0).to(tl.int64)
-                start_p = tl.maximum(pos_p - WINDOW + 1, 0)
+                behind = tl.zeros_like(pos_p) + (WINDOW - 1)
+                ahead = tl.zeros_like(pos_p)
+                if NUM_SPANS > 0:  # image spans widen the window (vllm-0.33-extras.md §3.4)
+                    left, ahead = span_reach(spans, req_p, pos_p, live_s, MIT, NUM_SPANS,
+                                             BLOCK_S)
+                    behind = tl.maximum(behind, left)
+                start_p = tl.maximum(pos_p - behind, 0)
                 if HAS_REPLAY:
                     start_p = tl.maximum(start_p, tl.load(replay_start + req_p, mask=live_s,
                                                           other=0))
                 window_rows(prefill_swa_out, PREFILL_WIDTH, prefill_swa_lens_out, i, in_step,
-                            live_s, req_p, start_p, tl.maximum(pos_p - start_p + 1, 0),
+                            live_s, req_p, start_p, tl.maximum(pos_p + ahead - start_p + 1, 0),
                             swa_block_table, swa_bt_stride, PREFILL_WIDTH, SWA_BLOCK, BLOCK_W,
                             True, True)
 
@@ -281,7 +297,7 @@ def _swa_decode_kernel():
 def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
                   block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
                   decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start,
-                  block_tokens) -> None:
+                  image_spans, max_image_tokens, block_tokens) -> None:
     has_c128a = out.c128a_indices is not None
     if block_tokens is None:
         block_tokens = 64 if triton_interpreted() else 2
@@ -303,6 +319,7 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         out.prefill_swa_indices if swa_prefill else out.swa_indices,
         out.prefill_swa_lens if swa_prefill else i32,
         i32 if replay_start is None else replay_start,
+        i32 if image_spans is None else image_spans,
         i32 if step_counts is None else step_counts,
         num_tokens, num_decode_tokens, decode_rows,
         WINDOW=out.window, SWA_BLOCK=swa_block_size, HAS_C128A=has_c128a,
@@ -310,7 +327,10 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         HAS_REPLAY=replay_start is not None, DEVICE_COUNTS=step_counts is not None,
         PREFILL_WIDTH=max(out.prefill_width, 1),
         C128A_WIDTH=max(c128a_width, 1), C128A_ENTRIES=max(c128a_block_entries, 1),
-        C128A_RATIO=c128a_ratio, BLOCK_T=block_tokens,
+        C128A_RATIO=c128a_ratio, MIT=max(max_image_tokens, 1),
+        NUM_SPANS=0 if image_spans is None else image_spans.shape[0],
+        BLOCK_S=pow2_at_least(1 if image_spans is None else image_spans.shape[0], 16),
+        BLOCK_T=block_tokens,
         BLOCK_W=pow2_at_least(max(out.window, out.prefill_width), 16),
         BLOCK_C=block_c,
     )

@@ -8,12 +8,13 @@ import torch
 
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_TOKENS
 
-__all__ = ["build_torch", "gather_slots", "window_start"]
+__all__ = ["build_torch", "gather_slots", "span_reach", "window_start"]
 
 
 def build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
                 block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
-                decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start) -> None:
+                decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start,
+                image_spans=None, max_image_tokens=0) -> None:
     """:func:`~staticattn.kernels.swa_decode.build_swa_decode` with tensor ops."""
     dev = slot_mapping.device
     valid = slot_mapping[:num_tokens] >= 0
@@ -58,23 +59,45 @@ def build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa
         live = live & valid[t, None]
         req = token_to_req[t, None]
         rs = None if replay_start is None else replay_start[req]
-        first, n = window_start(pos, out.window, rs)
+        reach = None if image_spans is None else span_reach(image_spans, req, pos,
+                                                             max_image_tokens)
+        first, n = window_start(pos, out.window, rs, reach)
         width = out.prefill_swa_indices.shape[-1]
         out.prefill_swa_lens[:num_tokens].copy_(torch.where(live, n, 0)[:, 0])
         out.prefill_swa_indices[:num_tokens, 0].copy_(gather_slots(
             swa_block_table, req, first, n, live, width, swa_block_size))
 
 
-def window_start(pos: torch.Tensor, window: int,
-                 replay_start: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+def window_start(pos: torch.Tensor, window: int, replay_start: torch.Tensor | None,
+                 reach: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(start, len)`` of the window of a token at ``pos``: ``start = max(p - W + 1,
     replay_start, 0)``, ``len = max(p - start + 1, 0)`` (``docs/spec/deepseek-v41.md``
-    §7.4); without ``replay_start`` the last ``min(p + 1, W)`` positions. Int tensors of
-    any shape (broadcast), the result in their dtype and shape."""
-    start = (pos - window + 1).clamp(min=0)
+    §7.4); without ``replay_start`` the last ``min(p + 1, W)`` positions. With an image
+    span's ``reach = (left, right)`` (:func:`span_reach`, ``vllm-0.33-extras.md`` §3.4):
+    ``start = max(p - max(W - 1, left), 0)`` before the replay clamp and the window ends at
+    ``p + right``. Int tensors of any shape (broadcast), the result in their dtype and
+    shape."""
+    behind, ahead = (window - 1, 0) if reach is None else (
+        torch.clamp(reach[0], min=window - 1), reach[1])
+    start = (pos - behind).clamp(min=0)
     if replay_start is not None:
         start = torch.maximum(start, replay_start)
-    return start, (pos - start + 1).clamp(min=0)
+    return start, (pos + ahead - start + 1).clamp(min=0)
+
+
+def span_reach(spans: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
+               mit: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(left, right)`` of tokens ``(req, pos)`` (int ``(rows, 1)``) in the image spans
+    ``spans`` (int32 ``(S, 3)`` rows ``(request, first, last)``, unused rows request -1):
+    ``min(pos - first, mit - 1)`` and ``min(last - pos, mit)`` of the span holding the
+    token, 0 outside every span (``vllm-0.33-extras.md`` §3.3); int32 ``(rows, 1)``."""
+    owner, first, last = spans[:, 0], spans[:, 1], spans[:, 2]
+    inside = (owner == req) & (first <= pos) & (pos <= last)
+    zero = torch.zeros((), dtype=torch.int32, device=spans.device)
+    left = torch.where(inside, torch.clamp(pos - first, max=mit - 1), zero).amax(1, True)
+    right = torch.where(inside, torch.clamp(last - pos, max=mit), zero).amax(1, True)
+    return left.int(), right.int()
 
 
 def _complete_groups(pos: torch.Tensor, ratio: int, width: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from staticattn.kernels.lazy import lazy_jit
 
-__all__ = ["window_rows_jit"]
+__all__ = ["span_reach_jit", "window_rows_jit"]
 
 
 @lazy_jit
@@ -48,3 +48,36 @@ def window_rows_jit():
                  mask=row_mask[:, None] & (o[None, :] < WIDTH) & (o[None, :] < reach[:, None]))
 
     return window_rows
+
+
+@lazy_jit
+def span_reach_jit():
+    """The ``@triton.jit`` helper ``span_reach``: ``(left, right)`` of tokens in image spans
+    (``vllm-0.33-extras.md`` §3.3; publish it like :func:`window_rows_jit`)."""
+    import triton
+    import triton.language as tl
+
+    globals()["tl"] = tl
+
+    @triton.jit
+    def span_reach(spans, req, pos, live, MIT: tl.constexpr, NUM_SPANS: tl.constexpr,
+                   BLOCK_S: tl.constexpr):
+        """For tokens ``(req, pos)`` (vectors; ``live`` masks them): ``left = min(pos -
+        first, MIT - 1)`` and ``right = min(last - pos, MIT)`` of the span ``(req, first,
+        last)`` of ``spans`` (int32 ``(NUM_SPANS, 3)``; unused rows request -1) holding the
+        token, 0 and 0 outside every span. Spans of a request do not overlap (the host
+        checks), so at most one holds a token and a max picks it."""
+        s = tl.arange(0, BLOCK_S)
+        used = s < NUM_SPANS
+        owner = tl.load(spans + s * 3, mask=used, other=-1)
+        first = tl.load(spans + s * 3 + 1, mask=used, other=0)
+        last = tl.load(spans + s * 3 + 2, mask=used, other=-1)
+        inside = (live[:, None] & (owner[None, :] == req[:, None])
+                  & (first[None, :] <= pos[:, None]) & (pos[:, None] <= last[None, :]))
+        left = tl.max(tl.where(inside, tl.minimum(pos[:, None] - first[None, :], MIT - 1), 0),
+                      axis=1)
+        right = tl.max(tl.where(inside, tl.minimum(last[None, :] - pos[:, None], MIT), 0),
+                       axis=1)
+        return left, right
+
+    return span_reach

@@ -37,11 +37,16 @@ class Architecture:
         A prefix hit recomputes the last ``W`` tokens and every prefilling request carries
         a ``replay_start`` that clamps its sliding windows (``docs/spec/deepseek-v41.md``
         §8.1): the arena then has a per-request ``replay_start`` input.
+    image_spans : bool
+        Its vision variant sees image tokens bidirectionally inside a span
+        (``vllm-0.33-extras.md`` §3): a config may set ``max_image_tokens``. DeepSeek V4
+        only; V4.1's image tokens use the plain causal window (§3.1).
     """
 
     name: str
     encoding: MappingProxyType
     bounded_replay: bool = False
+    image_spans: bool = False
 
     def layer_type_name(self, ratio: int, layer: int) -> str:
         """The type of layer ``layer`` whose config ratio is ``ratio``.
@@ -60,9 +65,9 @@ class Architecture:
             ) from None
 
 
-def _architecture(name: str, encoding: dict[int, str], *,
-                  bounded_replay: bool = False) -> tuple[str, Architecture]:
-    return name, Architecture(name, MappingProxyType(encoding), bounded_replay)
+def _architecture(name: str, encoding: dict[int, str], *, bounded_replay: bool = False,
+                  image_spans: bool = False) -> tuple[str, Architecture]:
+    return name, Architecture(name, MappingProxyType(encoding), bounded_replay, image_spans)
 
 
 #: Every model family, by name.
@@ -70,7 +75,8 @@ ARCHITECTURES: MappingProxyType = MappingProxyType(dict([
     # DeepSeek V3.2: every layer is a sparse MLA layer over the uncompressed cache.
     _architecture("deepseek_v32", {1: "dsa"}),
     # DeepSeek V4 (spec §6.1): ratio <= 1 is sliding-window only.
-    _architecture("deepseek_v4", {0: "swaonly", 1: "swaonly", 4: "c4a", 128: "c128a"}),
+    _architecture("deepseek_v4", {0: "swaonly", 1: "swaonly", 4: "c4a", 128: "c128a"},
+                  image_spans=True),
     # DeepSeek V4.1 (docs/spec/deepseek-v41.md §3.1): the same numbers mean other types;
     # prefix hits replay the last window (§8.1).
     _architecture("deepseek_v41", {0: "swaonly", 1: "c1a", 2: "c2a"}, bounded_replay=True),
@@ -129,6 +135,15 @@ PRESETS: MappingProxyType = MappingProxyType(dict([
         architecture="deepseek_v4", compress_ratios=(1, 4, 128), max_num_seqs=256,
         max_num_batched_tokens=8192, max_model_len=1048576, block_size=256,
         num_speculative_tokens=1, sliding_window=128, swa_block_size=64, index_topk=512,
+    ),
+    _preset(
+        "deepseek-v4-vision",
+        "DeepSeek-V4's vision variant: the DeepSeek-V4-like preset with image spans of up to "
+        "1024 tokens (prefill SWA rows W + 1024 wide), up to 64 spans per step.",
+        architecture="deepseek_v4", compress_ratios=(1, 4, 128), max_num_seqs=256,
+        max_num_batched_tokens=8192, max_model_len=1048576, block_size=256,
+        num_speculative_tokens=1, sliding_window=128, swa_block_size=64, index_topk=512,
+        max_image_tokens=1024, max_image_spans=64,
     ),
     _preset(
         "deepseek-v4.1-flash",

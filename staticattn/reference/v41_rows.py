@@ -1,6 +1,6 @@
 """Oracle of the per-layer index rows, in plain loops, from the spec's words only:
 prefill combined rows in workspace coordinates (``docs/spec/deepseek-v41.md`` §7.2,
-``vllm-0.33-extras.md`` §5.1 without images) and FlashInfer rows in paged coordinates
+``vllm-0.33-extras.md`` §5.1, image spans included) and FlashInfer rows in paged coordinates
 (§7.3, extras §5.3).
 
 Definitions of staticattn's where the spec is silent: a -1 top-k entry stays -1 (V4.1's
@@ -20,6 +20,7 @@ from staticattn.reference.v41_swa import (
     num_decodes,
     plan_ratio,
     slot,
+    span_reach,
     window,
 )
 
@@ -36,12 +37,13 @@ def n_c(p: int, ratio: int) -> int:
 
 def combined(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]], k: int,
              rows: int, real_reqs: int | None = None) -> tuple[list[list[int]], list[int]]:
-    """§7.2 rows ``i < rows`` (prefill token ``Td + i``), width ``round_up(K + W, 128)``;
+    """§7.2 rows ``i < rows`` (prefill token ``Td + i``), width ``round_up(K + W + mit,
+    128)``; a token in an image span sees ``[max(p - max(W - 1, left), 0), p + right]``;
     ``topk[t]`` is token ``t``'s top-k row (None: ``k = c``). ``real_reqs``: the requests
     the plan covers (a bucket's real ones), default all. Tokens of no request (graph
     padding) are -1 / 0."""
-    w = cfg.sliding_window
-    width = -(-(k + w) // 128) * 128
+    w, mit = cfg.sliding_window, cfg.max_image_tokens
+    width = -(-(k + w + mit) // 128) * 128
     _, owner, position = step.tokens()
     nreq = len(step.query_lens) if real_reqs is None else real_reqs
     d = num_decodes(step.query_lens, cfg.decode_threshold)
@@ -68,8 +70,9 @@ def combined(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]],
         for col in range(topk_len):
             entry = col if topk is None else topk[t][col]
             row[col] = entry + m * i_c if 0 <= entry < n else -1
-        swa_start = max(p - w + 1, gather_start)
-        swa_len = p - swa_start + 1
+        left, right = span_reach(step.image_spans, b, p, mit)
+        swa_start = max(p - max(w - 1, left), 0, gather_start)
+        swa_len = p + right - swa_start + 1
         for o in range(swa_len):
             row[topk_len + o] = m * i_c + n + (swa_start - gather_start) + o
         out.append(row)

@@ -1,7 +1,9 @@
 """Oracle of the SWA builder's V4.1 outputs and of the V4/V4.1 paged prefill rows, in plain loops
 over host lists, written from the spec's words only: ``docs/spec/deepseek-v41.md`` §7.4
 (windows, gather lengths, the replay clamp), §8.1 (``replay_start``: prefilling requests only),
-``vllm-0.33-extras.md`` §2.3-§2.5 (paged prefill rows, invalid tokens, the chunk plan).
+``vllm-0.33-extras.md`` §2.3-§2.5 (paged prefill rows, invalid tokens, the chunk plan) and
+§3.3-§3.4 (image spans: a prefill token inside a span sees ``left`` more tokens behind and
+``right`` ahead).
 
 The layout of a token bucket (a mixed build) is staticattn's, as
 :mod:`~staticattn.reference.mixed` states: rows past the real step are -1 with length 0,
@@ -11,7 +13,7 @@ past the plan; a bucket's plan covers its real prefill requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from staticattn.reference.compare import holds, same
@@ -21,7 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CHUNK_SIZE", "SWAStep", "assert_eager", "assert_mixed", "chunk_plan",
            "decode_rows", "effective_replay", "expected_eager", "expected_mixed", "gather_len",
-           "num_decodes", "plan_ratio", "plans", "prefill_rows", "slot", "table", "window"]
+           "image_window", "num_decodes", "plan_ratio", "plans", "prefill_rows", "slot",
+           "span_reach", "table", "window"]
 
 #: The reference's PREFILL_CHUNK_SIZE (deepseek-v41.md §2.3).
 CHUNK_SIZE = 4
@@ -30,13 +33,15 @@ CHUNK_SIZE = 4
 @dataclass
 class SWAStep:
     """The host view of a step: per request (padded ones included) its query and sequence
-    length and replay start; per token its slot; SWA block-table rows."""
+    length and replay start; per token its slot; SWA block-table rows; image spans
+    ``(request, first, last)``."""
 
     query_lens: list[int]
     seq_lens: list[int]
     replay_start: list[int]
     slots: list[int]
     swa_table: list[list[int]]
+    image_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
     def tokens(self) -> tuple[list[int], list[int], list[int]]:
         """``(qsl, owner, position)``: position ``L - q + j`` of the j-th token of a request."""
@@ -70,6 +75,31 @@ def window(row: list[int], p: int, w: int, bs: int, replay_start: int,
     n = max(p - start + 1, 0)
     out = [-1] * width
     for o in range(n):
+        out[o] = slot(row, start + o, bs)
+    return out, n
+
+
+def span_reach(spans: list[tuple[int, int, int]], b: int, p: int, mit: int) -> tuple[int, int]:
+    """extras §3.3: ``left = min(p - s, mit - 1)``, ``right = min(e - p, mit)`` for each span
+    ``(s, e)`` of request ``b`` with ``s <= p <= e``, the last one winning; 0, 0 outside."""
+    left = right = 0
+    for owner, s, e in spans:
+        if owner == b and s <= p <= e:
+            left, right = min(p - s, mit - 1), min(e - p, mit)
+    return left, right
+
+
+def image_window(row: list[int], p: int, w: int, bs: int, replay_start: int, width: int,
+                 reach: tuple[int, int]) -> tuple[list[int], int]:
+    """extras §2.3 / §3.4: ``start = max(p - (W - 1) - max(left - (W - 1), 0), 0)``, then
+    ``max(start, replay_start)``; ``end = p + right + 1``; the slots of ``start .. end - 1``
+    over ``width`` columns, then -1, and the length ``end - start``."""
+    left, right = reach
+    start = max(p - (w - 1) - max(left - (w - 1), 0), 0)
+    start = max(start, replay_start)
+    n = p + right + 1 - start
+    out = [-1] * width
+    for o in range(min(n, width)):
         out[o] = slot(row, start + o, bs)
     return out, n
 
@@ -111,15 +141,17 @@ def prefill_rows(cfg: ArenaConfig, step: SWAStep, td: int, nt: int, rows: int,
     """extras §2.3: paged prefill rows ``i < rows`` (token ``td + i``); invalid tokens and
     rows past ``nt`` -1 with length 0."""
     _, owner, position = step.tokens()
-    w, bs = cfg.sliding_window, cfg.swa_block_size
+    w, bs, mit = cfg.sliding_window, cfg.swa_block_size, cfg.max_image_tokens
     out, lens = [], []
     for i in range(rows):
         t = td + i
         if t < nt and step.slots[t] >= 0:
             b = owner[t]
-            row, n = window(step.swa_table[b], position[t], w, bs, replay[b], w)
+            reach = span_reach(step.image_spans, b, position[t], mit)
+            row, n = image_window(step.swa_table[b], position[t], w, bs, replay[b], w + mit,
+                                  reach)
         else:
-            row, n = [-1] * w, 0
+            row, n = [-1] * (w + mit), 0
         out.append(row)
         lens.append(n)
     return out, lens

@@ -40,6 +40,10 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
     §8.1): ``staging.replay_start`` int32 ``(max_num_seqs,)`` host and ``input.replay_start``
     int32 ``(max_num_seqs,)`` device, each prefilling request's first replayed position (0
     for decodes and padded requests).
+    With image spans (:attr:`ArenaConfig.image_spans`, ``vllm-0.33-extras.md`` §3):
+    ``staging.image_spans`` host and ``input.image_spans`` device, int32
+    ``(max_image_spans, 3)``, rows ``(request, first, last)`` (:mod:`staticattn.staging.
+    images`; unused rows request -1).
     """
     r, t = config.max_num_seqs, config.max_num_batched_tokens
     decls = [
@@ -63,6 +67,10 @@ def input_buffers(config: ArenaConfig) -> list[BufferDecl]:
     if config.bounded_replay:
         decls += [BufferDecl("input.replay_start", (r,), torch.int32),
                   BufferDecl("staging.replay_start", (r,), torch.int32, where="host")]
+    if config.image_spans:
+        shape = (config.max_image_spans, 3)
+        decls += [BufferDecl("input.image_spans", shape, torch.int32, fill=-1),
+                  BufferDecl("staging.image_spans", shape, torch.int32, where="host", fill=-1)]
     decls += [BufferDecl(f"input.block_tables.{g.name}", (r, g.columns), torch.int32)
               for g in cache_groups(config)]
     return decls

@@ -25,7 +25,6 @@ import torch
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.arena.groups import cache_groups
-from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.backend import resolve_backend
 from staticattn.kernels.launch import record_event
 from staticattn.kernels.staging import (
@@ -38,6 +37,8 @@ from staticattn.kernels.staging import (
     stage_uniform,
 )
 from staticattn.staging.buffers import PAD_SLOT_ID
+from staticattn.staging.extents import check_extents
+from staticattn.staging.images import ImageSpans
 from staticattn.staging.replay import check_replay_start
 
 __all__ = ["ExtentViews", "HostViews", "StagedCounts", "StepInputs"]
@@ -73,6 +74,9 @@ class HostViews:
         With bounded replay (``docs/spec/deepseek-v41.md`` §8.1): each request's first
         replayed position, read for prefilling requests only (decodes read 0). None for
         architectures without it.
+    image_spans : int32 ``(max_image_spans, 3)`` or None
+        With image spans (a vision model): rows ``(request, first, last)``, unused rows
+        request -1 (:mod:`staticattn.staging.images`), read by steps with prefills.
     """
 
     query_start_loc: np.ndarray
@@ -80,6 +84,7 @@ class HostViews:
     slot_mapping: np.ndarray
     counts: np.ndarray
     replay_start: np.ndarray | None = None
+    image_spans: np.ndarray | None = None
 
 
 class ExtentViews(NamedTuple):
@@ -150,10 +155,14 @@ class StepInputs:
         replay = "input.replay_start" in arena
         self.replay_start = arena["input.replay_start"] if replay else None
         self.host_replay_start = arena["staging.replay_start"] if replay else None
+        #: The image spans' block (:mod:`staticattn.staging.images`), None for text models.
+        self.images = ImageSpans(arena["staging.image_spans"], arena["input.image_spans"]) \
+            if "input.image_spans" in arena else None
         self.host = HostViews(
             self.host_query_start_loc.numpy(), self.host_seq_lens.numpy(),
             self.host_slot_mapping.numpy(), self.host_counts.numpy(),
             self.host_replay_start.numpy() if replay else None,
+            None if self.images is None else self.images.host.numpy(),
         )
         self._views = StagingViews(
             self.host_query_start_loc, self.host_seq_lens, self.host_slot_mapping,
@@ -196,6 +205,7 @@ class StepInputs:
         num_tokens_padded: int | None = None,
         checked: bool = False,
         replay_start: np.ndarray | None = None,
+        image_spans: np.ndarray | None = None,
     ) -> StagedCounts:
         """Write one step's host values into the staging block, with its padding.
 
@@ -237,9 +247,9 @@ class StepInputs:
         pr = num_reqs if num_reqs_padded is None else int(num_reqs_padded)
         pt = num_tokens if num_tokens_padded is None else int(num_tokens_padded)
         if not checked:
-            self.check_extents(query_lens, seq_lens, slot_mapping, pr, pt)
+            check_extents(self.config, query_lens, seq_lens, slot_mapping, pr, pt)
             check_replay_start(self.config, replay_start, query_lens, seq_lens)
-        self.stage_step(query_lens, seq_lens, slot_mapping, replay_start)
+        self.stage_step(query_lens, seq_lens, slot_mapping, replay_start, image_spans)
         host = self.host
         if pr > num_reqs:
             host.query_start_loc[num_reqs + 1 : pr + 1] = num_tokens
@@ -256,7 +266,8 @@ class StepInputs:
         )
 
     def stage_step(self, query_lens: np.ndarray, seq_lens: np.ndarray,
-                   slot_mapping: np.ndarray, replay_start: np.ndarray | None = None) -> None:
+                   slot_mapping: np.ndarray, replay_start: np.ndarray | None = None,
+                   image_spans: np.ndarray | None = None) -> None:
         """:meth:`stage` for a step a graph will pad: the real query starts, lengths, slots
         and counts only (no padding, no maxima, no checks: the caller has checked). Host
         ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``, ``slot_mapping``
@@ -274,6 +285,8 @@ class StepInputs:
         host.counts[COUNT_TOKENS] = num_tokens
         if host.replay_start is not None:
             host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
+        if self.images is not None:
+            self.images.stage(image_spans)
 
     def stage_uniform_decode(self, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
         """:meth:`stage` for a uniform decode step that a graph will pad: every request
@@ -300,6 +313,8 @@ class StepInputs:
         host.counts[COUNT_REQS] = num_reqs
         if host.replay_start is not None:
             host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
+        if self.images is not None:  # the producer's steps carry no spans
+            self.images.stage(None)
 
     @property
     def staging_events(self) -> tuple[torch.cuda.Event, ...]:
@@ -311,46 +326,6 @@ class StepInputs:
         the event has nearly always fired, and asking is cheaper than synchronising."""
         if self._consumed is not None and not self._consumed.query():
             self._consumed.synchronize()
-
-    def check_extents(self, query_lens: np.ndarray, seq_lens: np.ndarray,
-                      slot_mapping: np.ndarray, pr: int, pt: int) -> None:
-        """Raise before anything is written unless the host arrays are 1-D integers of
-        consistent lengths, padded to ``pr`` requests and ``pt`` tokens within the staging
-        block's capacity. Host ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``,
-        ``slot_mapping`` ``(num_tokens,)``."""
-        cfg = self.config
-        if query_lens.ndim != 1 or seq_lens.ndim != 1 or slot_mapping.ndim != 1:
-            raise InvalidBatchError(
-                "query_lens, seq_lens and slot_mapping must be 1-D, got shapes "
-                f"{query_lens.shape}, {seq_lens.shape}, {slot_mapping.shape}"
-            )
-        for name, arr in (("query_lens", query_lens), ("seq_lens", seq_lens),
-                          ("slot_mapping", slot_mapping)):
-            if arr.size and not np.issubdtype(arr.dtype, np.integer):
-                raise InvalidBatchError(f"{name} must hold integers, got dtype {arr.dtype}")
-        num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
-        if seq_lens.shape[0] != num_reqs:
-            raise InvalidBatchError(
-                f"seq_lens has {seq_lens.shape[0]} entries but query_lens has {num_reqs}"
-            )
-        if pr < num_reqs or pt < num_tokens:
-            raise InvalidBatchError(
-                f"padding ({pr} requests, {pt} tokens) is smaller than the batch "
-                f"({num_reqs} requests, {num_tokens} tokens)"
-            )
-        if pr > cfg.max_num_seqs:
-            raise CapacityError(f"num_reqs={pr} exceeds max_num_seqs={cfg.max_num_seqs}")
-        if pt > cfg.max_num_batched_tokens:
-            raise CapacityError(
-                f"num_tokens={pt} exceeds max_num_batched_tokens={cfg.max_num_batched_tokens}"
-            )
-        if num_reqs and int(query_lens.min()) < 0:
-            raise InvalidBatchError(f"query_lens has a negative entry ({int(query_lens.min())})")
-        total = int(query_lens.sum()) if num_reqs else 0
-        if total != num_tokens:
-            raise InvalidBatchError(
-                f"query_lens sum to {total} tokens but slot_mapping has {num_tokens} entries"
-            )
 
     # --------------------------------------------------------------- device side
     def copy_to_device(self, num_reqs: int, num_tokens: int, *, uniform: bool = False,
@@ -384,6 +359,8 @@ class StepInputs:
             # batches carry no replay_start (Batch.for_decode_capture).
             stage_replay_start(self.backend, self.host_replay_start, self.step_counts,
                                self.replay_start, num_reqs)
+        if self.images is not None and not uniform:
+            self.images.copy_to_device()
         if mark:
             self.mark_staging_read()
 

@@ -291,6 +291,8 @@ class SparseSWAMetadataBuilder:
             *self._dense, batch.num_actual_tokens, num_decode_tokens,
             decode_rows=decode_rows, prefill_rows=prefill_rows, step_counts=step_counts,
             replay_start=batch.replay_start if prefill_rows else None,
+            image_spans=batch.image_spans if prefill_rows else None,
+            max_image_tokens=cfg.max_image_tokens,
         )
 
 

@@ -66,13 +66,14 @@ class IndexRows:
         topk_width : int, optional
             ``K``; default the type's (``index_topk``, 0 for SWA-only, ``maxC`` for C128A,
             which may take a narrower active width here).
-        out : int32 ``(>= rows, round_up(K + W, 128))`` contiguous, optional;  lens_out :
+        out : int32 ``(>= rows, round_up(K + W + mit, 128))`` contiguous, optional;  lens_out :
         int32 ``(>= rows,)``, optional
             Default: the builder's row scratch.
 
         Returns
         -------
-        (indices, lens) : int32 ``(rows, round_up(K + W, 128))``, ``(rows,)``
+        (indices, lens) : int32 ``(rows, round_up(K + W + mit, 128))``, ``(rows,)`` (``mit``
+            = ``max_image_tokens``, 0 for text models)
             ``rows`` = ``meta.num_prefill_tokens`` (the bucket's tokens from a mixed build).
         """
         t = self._windowed(type_name)
@@ -91,7 +92,8 @@ class IndexRows:
                 self.backend, out, lens_out, meta.positions, meta.token_to_req_indices,
                 meta.seq_lens, meta.prefill_gather_lens, plan.chunks, plan.num_chunks,
                 topk if t.reads is Reads.TOPK else None, ratio=plan.ratio, topk_width=k,
-                window=self.config.sliding_window, num_tokens=rows, counts=counts)
+                window=self.config.sliding_window, num_tokens=rows, counts=counts,
+                image_spans=meta.image_spans, max_image_tokens=self.config.max_image_tokens)
         return out, lens_out
 
     def flashinfer(self, meta: SparseSWAMetadata, type_name: str,
@@ -120,6 +122,11 @@ class IndexRows:
             ``rows`` = the step's tokens (the bucket's from a mixed build).
         """
         t = self._windowed(type_name)
+        if self.config.image_spans:
+            raise ArenaError(
+                "FlashInfer rows of a model with image spans are not built: the reference "
+                "widens their SWA columns to W + mit only on steps with spans, a width a "
+                "graph cannot follow; read prefill_swa_indices (W + mit wide, spans applied)")
         if t.reads is Reads.ALL:
             raise InvalidBatchError(f"{type_name} reads every compressed entry; its FlashInfer "
                                     "rows hold global slots, not a top-k: not served here")

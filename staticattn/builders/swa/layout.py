@@ -2,10 +2,10 @@
 
 Widths (``docs/spec/deepseek-v41.md`` §7.2-§7.3, ``vllm-0.33-extras.md`` §2.2, §5):
 
-* :func:`prefill_swa_width` -- the paged prefill SWA rows, ``W`` (the one named quantity
-  that image spans would widen to ``W + max_image_tokens``);
+* :func:`prefill_swa_width` -- the paged prefill SWA rows, ``W + mit`` (``mit =
+  max_image_tokens``, 0 for text models; image spans widen a window by up to ``mit``);
 * :func:`combined_width` -- a layer type's prefill combined rows in workspace coordinates,
-  ``round_up(K + W, 128)`` with ``K`` its top-k width (640 for V4.1-Flash, 1152 for
+  ``round_up(K + W + mit, 128)`` with ``K`` its top-k width (640 for V4.1-Flash, 1152 for
   ``K = 1024``; ``round_up(W, 128)`` for SWA-only layers);
 * :func:`flashinfer_width` -- the FlashInfer rows in paged coordinates,
   ``W + round_up(K, 4)``.
@@ -35,8 +35,9 @@ PREFILL_CHUNK_SIZE = 4
 
 
 def prefill_swa_width(config: ArenaConfig) -> int:
-    """Columns of a paged prefill SWA row: ``W`` (text models)."""
-    return config.sliding_window
+    """Columns of a paged prefill SWA row: ``W + max_image_tokens`` (``vllm-0.33-extras.md``
+    §3.5: every step of a vision model, spans or not)."""
+    return config.sliding_window + config.max_image_tokens
 
 
 def topk_columns(config: ArenaConfig, layer_type: LayerType) -> int:
@@ -46,9 +47,10 @@ def topk_columns(config: ArenaConfig, layer_type: LayerType) -> int:
 
 
 def combined_width(config: ArenaConfig, layer_type: LayerType, topk: int | None = None) -> int:
-    """``round_up(K + W, 128)``: FlashMLA's sparse prefill takes multiples of 128."""
+    """``round_up(K + W + mit, 128)`` (``vllm-0.33-extras.md`` §5.1; ``mit`` 0 for text
+    models): FlashMLA's sparse prefill takes multiples of 128."""
     k = topk_columns(config, layer_type) if topk is None else topk
-    return round_up(k + config.sliding_window, 128)
+    return round_up(k + prefill_swa_width(config), 128)
 
 
 def flashinfer_width(config: ArenaConfig, layer_type: LayerType) -> int:

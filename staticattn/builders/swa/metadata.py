@@ -75,6 +75,9 @@ class SparseSWAMetadata:
     prefill_chunk_plans : dict of str to PrefillChunkPlan
         By windowed layer type name: the prefill chunk plan
         (:mod:`staticattn.builders.swa.chunk_plan`); empty without prefills.
+    image_spans : int32 device ``(max_image_spans, 3)`` or None
+        The step's image spans (``batch.image_spans``; a vision model's steps with
+        prefills), which widen the prefill and combined rows' windows.
     replay_start : int32 device ``(num_reqs,)`` or None
         The batch's bounded-replay starts (0 for decodes); None without bounded replay.
     positions : int64 device ``(T,)`` or None
@@ -117,6 +120,7 @@ class SparseSWAMetadata:
     prefill_swa_lens: torch.Tensor | None = None
     prefill_chunk_plans: dict[str, PrefillChunkPlan] = field(default_factory=dict)
     replay_start: torch.Tensor | None = None
+    image_spans: torch.Tensor | None = None
     positions: torch.Tensor | None = None
     split_on_device: bool = False
 

@@ -111,6 +111,7 @@ class BoundViews:
             step_counts=batch.step_counts,
             prefill_chunk_plans=plans,
             replay_start=batch.replay_start,
+            image_spans=batch.image_spans if num_prefills else None,
             positions=batch.positions,
             split_on_device=split_on_device,
             **views,

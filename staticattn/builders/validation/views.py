@@ -33,6 +33,7 @@ from staticattn.builders.validation.values import (
     slots_within,
 )
 from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.staging.images import check_image_spans
 from staticattn.staging.inputs import HostViews
 from staticattn.staging.replay import check_replay_start
 
@@ -132,6 +133,12 @@ class ViewChecks:
         if replay is not None and replay.item(replay.argmax()):
             check_replay_start(cfg, self.host.replay_start[:num_reqs], ends - starts,
                                self.host.seq_lens[:num_reqs])
+        spans = self.host.image_spans
+        if spans is not None:
+            used = spans[:, 0] >= 0
+            if used.any():
+                check_image_spans(cfg, spans[used], ends - starts,
+                                  self.host.seq_lens[:num_reqs])
         self._slots(num_tokens)
         if self.blocks is not None:
             self.blocks.check_step(num_reqs, self.host.seq_lens[:num_reqs])

@@ -1,0 +1,331 @@
+"""Image spans of DeepSeek V4's vision variant (``vllm-0.33-extras.md`` §3): the worked
+examples B, B' and B'' exactly, eager and token-bucket builds against the oracle over drawn
+steps and spans (both backends), the combined rows (§5.1) with spans, the preset and its
+capacities, and every bad span refused with nothing written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from support import DEVICE, _t, host_steps, quiet, slots_for
+from v41_swa_steps import FIXTURE_OK, oracle_step
+
+from staticattn.arena import ArenaConfig
+from staticattn.builders import Batch, make_arena
+from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
+from staticattn.graphs import EagerBuild, GraphManager
+from staticattn.reference import v41_rows
+from staticattn.reference import v41_swa as oracle
+from staticattn.reference.step import HostStep
+from staticattn.staging import check_image_spans
+
+#: Example B's geometry: W = 4, mit = 3, SWA pages of 4, one draft token (threshold 2).
+VISION = dict(device=DEVICE, architecture="deepseek_v4", compress_ratios=(1, 4), block_size=8,
+              sliding_window=4, swa_block_size=4, index_topk=4, max_model_len=64,
+              max_num_seqs=4, max_num_batched_tokens=32, num_speculative_tokens=1,
+              max_image_tokens=3, max_image_spans=8)
+SPANS_B = {0: [(2, 5)], 1: [(1, 3), (9, 12)], 2: [(2, 4), (7, 10)]}
+ROWS_B = [
+    [25, 26, 27, 44, -1, -1, -1], [26, 27, 44, 45, 46, 47, 52], [27, 44, 45, 46, 47, 52, -1],
+    [44, 45, 46, 47, 52, -1, -1], [45, 46, 47, 52, -1, -1, -1], [46, 47, 52, 53, -1, -1, -1],
+    [8, -1, -1, -1, -1, -1, -1], [8, 9, -1, -1, -1, -1, -1], [8, 9, 10, 11, 28, -1, -1],
+    [8, 9, 10, 11, 28, -1, -1], [9, 10, 11, 28, -1, -1, -1], [10, 11, 28, 29, -1, -1, -1],
+    [11, 28, 29, 30, -1, -1, -1], [28, 29, 30, 31, 32, 33, 34], [29, 30, 31, 32, 33, 34, -1],
+    [30, 31, 32, 33, 34, -1, -1], [31, 32, 33, 34, -1, -1, -1], [32, 33, 34, 35, -1, -1, -1],
+]
+LENS_B = [4, 7, 6, 5, 4, 4, 1, 2, 5, 5, 4, 4, 4, 7, 6, 5, 4, 4]
+
+
+def _world(backend: str, **overrides):
+    cfg = ArenaConfig(**{**VISION, **overrides, "kernel_backend": backend})
+    builder = SparseSWAMetadataBuilder()
+    arena, inputs = make_arena(cfg, [builder])
+    return cfg, builder, arena, inputs
+
+
+def _step(cfg, query_lens, seq_lens, swa_rows) -> HostStep:
+    r = len(query_lens)
+    swa = np.ones((r, cfg.max_swa_blocks_per_req), dtype=np.int32)
+    for b, row in enumerate(swa_rows):
+        swa[b, : len(row)] = row
+    q, length = np.asarray(query_lens, np.int32), np.asarray(seq_lens, np.int32)
+    main = np.ones((r, cfg.max_blocks_per_req), dtype=np.int32)
+    return HostStep(q, length, slots_for(swa, cfg.swa_block_size, q, length), main, swa, r,
+                    int(q.sum()))
+
+
+def _tables(inputs, step: HostStep) -> None:
+    r = step.num_reqs
+    inputs.block_table[:r].copy_(_t(step.block_table))
+    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+
+
+def _eager(inputs, step: HostStep, spans) -> Batch:
+    _tables(inputs, step)
+    rows = check_image_spans(inputs.config, spans, step.query_lens, step.seq_lens)
+    counts = inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=rows)
+    inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
+    return Batch.from_staged(inputs, counts)
+
+
+def _bucket(inputs, step: HostStep, spans, num_reqs: int, num_tokens: int) -> Batch:
+    _tables(inputs, step)
+    rows = check_image_spans(inputs.config, spans, step.query_lens, step.seq_lens)
+    inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=rows)
+    inputs.copy_to_device(num_reqs, num_tokens)
+    return Batch.for_mixed_capture(inputs, num_reqs, num_tokens)
+
+
+def _oracle_step(step: HostStep, spans) -> oracle.SWAStep:
+    """The oracle's view of a step and its spans (a mapping or rows)."""
+    view = oracle_step(step, [0] * step.num_reqs, padded=False)
+    if isinstance(spans, dict):
+        spans = [(b, s, e) for b, ranges in sorted(spans.items()) for s, e in ranges]
+    view.image_spans = [tuple(int(x) for x in row) for row in spans]
+    return view
+
+
+def _example_b(cfg):
+    return _step(cfg, [1, 6, 12], [13, 14, 12], [[4, 9, 10, 12], [5, 6, 11, 13], [2, 7, 8, 0]])
+
+
+# ------------------------------------------------------------------ worked examples
+def test_example_b_eager_and_bucket(backend):
+    cfg, builder, _, inputs = _world(backend)
+    step = _example_b(cfg)
+    meta = builder.build(_eager(inputs, step, SPANS_B))
+    assert (meta.num_decodes, meta.num_prefills, meta.num_decode_tokens,
+            meta.num_prefill_tokens) == (1, 2, 1, 18)
+    assert meta.decode_swa_indices[:, 0].tolist() == [[41, 42, 43, 48]]  # spans never widen it
+    assert meta.prefill_swa_indices.shape == (18, 1, 7)
+    assert meta.prefill_swa_indices[:, 0].tolist() == ROWS_B
+    assert meta.prefill_swa_lens.tolist() == LENS_B
+    assert meta.prefill_gather_lens.tolist() == [9, 12]
+    exp = oracle.expected_eager(cfg, _oracle_step(step, SPANS_B))
+    assert exp["prefill_swa_indices"] == ROWS_B and exp["prefill_swa_lens"] == LENS_B
+    bucket = builder.build_mixed(_bucket(inputs, step, SPANS_B, 4, 32))
+    assert bucket.prefill_swa_indices[:18, 0].tolist() == ROWS_B
+    assert bucket.prefill_swa_lens.tolist() == LENS_B + [0] * 14
+    assert bucket.prefill_swa_indices[18:].eq(-1).all()
+
+
+def test_example_b_prime_no_spans_keeps_the_vision_width(backend):
+    cfg, builder, _, inputs = _world(backend)
+    step = _step(cfg, [6], [6], [[3, 1]])
+    meta = builder.build(_eager(inputs, step, {0: []}))
+    assert meta.prefill_swa_lens.tolist() == [1, 2, 3, 4, 4, 4]
+    assert meta.prefill_swa_indices[:, 0].tolist() == [
+        [12] + [-1] * 6, [12, 13] + [-1] * 5, [12, 13, 14] + [-1] * 4,
+        [12, 13, 14, 15] + [-1] * 3, [13, 14, 15, 4] + [-1] * 3, [14, 15, 4, 5] + [-1] * 3]
+
+
+def test_example_b_double_prime_overflow_is_refused():
+    """B'': W = 4, mit = 6, a 12-token span; the reference stores lengths past the row's
+    10 columns. Refused here, naming the span."""
+    cfg = ArenaConfig(**{**VISION, "max_image_tokens": 6})
+    with pytest.raises(InvalidBatchError, match=r"image span 0 \(request 0, positions "
+                                                r"\[2, 13\]\) holds 12 tokens"):
+        check_image_spans(cfg, {0: [(2, 13)]}, np.array([16]), np.array([16]))
+    ok = check_image_spans(cfg, {0: [(2, 11)]}, np.array([16]), np.array([16]))
+    assert ok.tolist() == [[0, 2, 11]]
+
+
+def test_combined_rows_widen_inside_spans(backend):
+    """§5.1: width round_up(K + W + mit, 128), windows [p - max(W - 1, left), p + right] in
+    workspace coordinates, against the oracle; for the SWA-only type and C4A (top-k)."""
+    cfg, builder, _, inputs = _world(backend)
+    step = _example_b(cfg)
+    meta = builder.build(_eager(inputs, step, SPANS_B))
+    view = _oracle_step(step, SPANS_B)
+    topk = torch.full((32, 4), -1, dtype=torch.int32, device=DEVICE)
+    pos = meta.positions[: step.num_tokens].long()
+    cols = torch.arange(4, device=DEVICE)
+    topk[: step.num_tokens] = torch.where(cols[None] < ((pos + 1) // 4)[:, None], cols[None],
+                                          -1).int()
+    for name, k, rows_topk in (("swaonly", 0, None), ("c4a", 4, topk)):
+        t = next(x for x in cfg.layer_types if x.name == name)
+        rows, lens = builder.prefill_combined_rows(meta, name, rows_topk)
+        assert rows.shape == (18, 128)
+        want_rows, want_lens = v41_rows.combined(
+            cfg, view, t, None if rows_topk is None else rows_topk.tolist(), k, 18)
+        assert lens.tolist() == want_lens, name
+        assert rows.tolist() == want_rows, name
+        if name == "swaonly":  # p = 9 of request 1 (span 9..12): 3 columns ahead
+            assert lens[1].item() == 7
+
+
+def test_flashinfer_rows_of_a_vision_model_are_refused():
+    cfg, builder, _, inputs = _world("torch")
+    meta = builder.build(_eager(inputs, _example_b(cfg), SPANS_B))
+    with pytest.raises(ArenaError, match="FlashInfer rows of a model with image spans"):
+        builder.flashinfer_rows(meta, "swaonly")
+
+
+# ------------------------------------------------------------------ differential
+@st.composite
+def steps_with_spans(draw, cfg: ArenaConfig):
+    """A host step and non-overlapping spans: inside a prefill request's query (whole) or
+    wholly in its context, at most ``W + mit`` tokens each, within the capacity."""
+    step = draw(host_steps(cfg, kinds=("mixed", "prefill"), max_seq_len=cfg.max_model_len))
+    spans, reach = [], cfg.sliding_window + cfg.max_image_tokens
+    for b, (q, length) in enumerate(zip(step.query_lens.tolist(), step.seq_lens.tolist())):
+        context, x = length - q, 0
+        for _ in range(draw(st.integers(0, 2))):
+            if len(spans) == cfg.max_image_spans:
+                break
+            lo = draw(st.sampled_from([x, max(x, context)]))
+            if lo >= length:
+                break
+            hi = min(length - 1, lo + reach - 1, context - 1 if lo < context else length - 1)
+            if hi < lo:
+                break
+            last = draw(st.integers(lo, hi))
+            spans.append((b, lo, last))
+            x = last + 1
+    return step, spans
+
+
+@settings(max_examples=25, suppress_health_check=FIXTURE_OK, deadline=None)
+@given(data=st.data())
+def test_builds_match_the_oracle_with_spans(backend, data):
+    cfg, builder, _, inputs = _world(backend, max_model_len=256, max_num_batched_tokens=64,
+                                     max_image_tokens=6, max_image_spans=5)
+    step, spans = data.draw(steps_with_spans(cfg))
+    view = _oracle_step(step, spans)
+    meta = builder.build(_eager(inputs, step, spans))
+    exp = oracle.expected_eager(cfg, view)
+    if exp["num_prefills"]:
+        assert meta.prefill_swa_indices[:, 0].tolist() == exp["prefill_swa_indices"]
+        assert meta.prefill_swa_lens.tolist() == exp["prefill_swa_lens"]
+    bucket = builder.build_mixed(_bucket(inputs, step, spans, cfg.max_num_seqs,
+                                         cfg.max_num_batched_tokens))
+    exp = oracle.expected_mixed(cfg, view, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    assert bucket.prefill_swa_lens.tolist() == exp["prefill_swa_lens"]
+    assert bucket.prefill_swa_indices[:, 0].tolist() == exp["prefill_swa_indices"]
+
+
+# ------------------------------------------------------------------ the manager's run
+def test_run_with_spans_agrees_through_every_build():
+    """``GraphManager.run(..., image_spans=...)``: the reference builds and the graph builds
+    run eagerly give example B's lengths; a step without spans after one with them gets
+    plain windows (the span block is staged again every step)."""
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    _tables(inputs, step)
+    with _manager(arena, builder, inputs) as gm:
+        for eager in (EagerBuild.REFERENCE, EagerBuild.GRAPH):
+            out = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                         image_spans=SPANS_B, eager=eager)
+            assert out.outputs[:18].tolist() == LENS_B, eager
+        plain = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                       eager=EagerBuild.GRAPH)
+        assert plain.outputs[:18].tolist() == [4] * 6 + [1, 2, 3] + [4] * 9
+
+
+def _manager(arena, builder, inputs):
+    """A manager whose step returns the prefill SWA lengths."""
+    return GraphManager(arena, inputs, [builder],
+                        lambda batch, md: md["swa"].prefill_swa_lens, quiet())
+
+
+# ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("spans, error, match", [
+    ({0: [(2, 5)], 1: [(1, 3), (3, 4)]}, InvalidBatchError,
+     r"image span 2 \(request 1, positions \[3, 4\]\) overlaps image span 1"),
+    ({2: [(7, 12)]}, InvalidBatchError, r"image span 0 \(request 2, positions \[7, 12\]\) "
+                                        "runs outside its request"),
+    ({3: [(0, 1)]}, InvalidBatchError, r"request 3 is outside the step's 3 requests"),
+    ({1: [(6, 9)]}, InvalidBatchError, "straddles the first query position 8 of request 1"),
+    ([(0, 1, 2)] * 2 + [(0, 3, 3)] * 7, CapacityError,
+     r"image span 8 \(request 0, positions \[3, 3\]\) exceeds the capacity "
+     "max_image_spans=8"),
+    ([(0, 1)], InvalidBatchError, r"rows of \(request, first, last\)"),
+])
+def test_bad_spans_are_refused_with_nothing_written(spans, error, match):
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    _tables(inputs, step)
+    with _manager(arena, builder, inputs) as gm:
+        before = {name: arena[name].clone() for name in arena.names()}
+        with pytest.raises(error, match=match):
+            gm.run(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=spans)
+        for name, was in before.items():
+            assert torch.equal(arena[name], was), f"{name} written by a refused step"
+        out = gm.run(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=SPANS_B)
+        assert out.outputs[:18].tolist() == LENS_B  # the manager still serves steps
+
+
+def test_a_text_model_refuses_spans():
+    cfg = ArenaConfig.deepseek_v4(max_model_len=4096, device=DEVICE)
+    with pytest.raises(InvalidBatchError, match="max_image_tokens=0"):
+        check_image_spans(cfg, {0: [(0, 1)]}, np.array([4]), np.array([4]))
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(max_image_tokens=-1), "max_image_tokens=-1 must be an int >= 0"),
+    (dict(max_image_tokens=0, max_image_spans=2), "needs max_image_tokens > 0"),
+    (dict(max_image_tokens=30), r"a span of up to mit \+ 3 = 33 tokens"),
+    (dict(max_image_spans=0), r"max_image_spans=0 must be in \[1, "),
+    (dict(architecture="deepseek_v41", compress_ratios=(0, 2, 1)),
+     "this architecture has no image spans"),
+])
+def test_image_capacities_the_widths_cannot_hold_are_config_errors(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        ArenaConfig(**{**VISION, **fields})
+
+
+def test_the_vision_preset():
+    cfg = ArenaConfig.preset("deepseek-v4-vision", max_model_len=8192, device=DEVICE)
+    assert (cfg.max_image_tokens, cfg.max_image_spans, cfg.image_spans) == (1024, 64, True)
+    from staticattn.builders.swa.layout import combined_width, prefill_swa_width
+    assert prefill_swa_width(cfg) == 128 + 1024
+    c4a = next(t for t in cfg.layer_types if t.name == "c4a")
+    assert combined_width(cfg, c4a) == 1664  # round_up(512 + 128 + 1024, 128)
+
+
+def test_in_place_steps_carry_spans_and_check_them():
+    """The engine writes ``views.image_spans`` rows (unused rows request -1) beside the other
+    views; ``launch(k, t)`` checks them like ``run`` does."""
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    _tables(inputs, step)
+    rows = [(0, 2, 5), (1, 1, 3), (1, 9, 12), (2, 2, 4), (2, 7, 10)]
+    with _manager(arena, builder, inputs) as gm:
+        for spans, want in ((rows, LENS_B), ([(1, 6, 9)], None)):
+            views = gm.begin_step()
+            views.seq_lens[:3] = step.seq_lens
+            views.query_start_loc[:4] = np.concatenate([[0], np.cumsum(step.query_lens)])
+            views.slot_mapping[:19] = step.slot_mapping
+            views.image_spans[:] = (-1, 0, -1)
+            views.image_spans[: len(spans)] = spans
+            if want is None:
+                with pytest.raises(InvalidBatchError, match="straddles"):
+                    gm.launch(3, 19)
+            else:
+                assert gm.launch(3, 19)[:18].tolist() == want
+
+
+@pytest.mark.gpu
+def test_a_token_bucket_graph_replays_the_spans_of_each_step():
+    """A captured token bucket: the span block is a node of the graph, so each replay sees
+    its own step's spans (with, without, with again), equal to the eager build."""
+    cfg, builder, arena, inputs = _world("triton")
+    step = _example_b(cfg)
+    _tables(inputs, step)
+    plain = [4] * 6 + [1, 2, 3] + [4] * 9
+    with _manager(arena, builder, inputs) as gm:
+        gm.capture([], buckets=[32])
+        for spans, want in ((SPANS_B, LENS_B), (None, plain), ({1: [(9, 12)]}, None),
+                            (SPANS_B, LENS_B)):
+            res = gm.run(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=spans)
+            assert res.mode == "graph"
+            got = res.outputs[:18].tolist()
+            eager = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                           image_spans=spans, eager=EagerBuild.REFERENCE).outputs[:18].tolist()
+            assert got == eager
+            if want is not None:
+                assert got == want
