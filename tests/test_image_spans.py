@@ -131,7 +131,7 @@ def test_example_b_double_prime_overflow_is_refused():
                                                 r"\[2, 13\]\) holds 12 tokens"):
         check_image_spans(cfg, {0: [(2, 13)]}, np.array([16]), np.array([16]))
     ok = check_image_spans(cfg, {0: [(2, 11)]}, np.array([16]), np.array([16]))
-    assert ok.tolist() == [[0, 2, 11]]
+    assert ok == [(0, 2, 11)]
 
 
 def test_combined_rows_widen_inside_spans(backend):
@@ -224,6 +224,12 @@ def test_run_with_spans_agrees_through_every_build():
         plain = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
                        eager=EagerBuild.GRAPH)
         assert plain.outputs[:18].tolist() == [4] * 6 + [1, 2, 3] + [4] * 9
+        # Fewer spans after more: the rows staged before are cleared.
+        gm.run(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=SPANS_B)
+        one = {1: [(9, 12)]}
+        got = gm.run(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=one,
+                     eager=EagerBuild.GRAPH).outputs[:18].tolist()
+        assert got == oracle.expected_eager(cfg, _oracle_step(step, one))["prefill_swa_lens"]
 
 
 def _manager(arena, builder, inputs):
@@ -243,7 +249,7 @@ def _manager(arena, builder, inputs):
     ([(0, 1, 2)] * 2 + [(0, 3, 3)] * 7, CapacityError,
      r"image span 8 \(request 0, positions \[3, 3\]\) exceeds the capacity "
      "max_image_spans=8"),
-    ([(0, 1)], InvalidBatchError, r"rows of \(request, first, last\)"),
+    ([(0, 1)], InvalidBatchError, r"image span 0 must be \(request, first, last\) ints"),
 ])
 def test_bad_spans_are_refused_with_nothing_written(spans, error, match):
     cfg, builder, arena, inputs = _world("torch")
@@ -307,6 +313,11 @@ def test_in_place_steps_carry_spans_and_check_them():
                     gm.launch(3, 19)
             else:
                 assert gm.launch(3, 19)[:18].tolist() == want
+        # The engine wrote rows itself: a run without spans clears every one of them.
+        views = gm.begin_step()
+        views.image_spans[5] = (2, 7, 10)
+        plain = gm.run(step.query_lens, step.seq_lens, step.slot_mapping)
+        assert plain.outputs[:18].tolist() == [4] * 6 + [1, 2, 3] + [4] * 9
 
 
 @pytest.mark.gpu

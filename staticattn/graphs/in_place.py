@@ -56,6 +56,8 @@ class InPlaceSteps:
         """Wait until the previous step has read the staging (nearly always already true),
         then hand out its views to write the next step into."""
         self.inputs.wait_staging_free()
+        if self.inputs.images is not None:
+            self.inputs.images.handed_out()
         return self.inputs.host
 
     def launch(self, num_reqs: int, num_tokens: int | None = None) -> Any:

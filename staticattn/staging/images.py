@@ -35,7 +35,7 @@ import torch
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 
-__all__ = ["ImageSpans", "check_image_spans", "image_span_array"]
+__all__ = ["ImageSpans", "check_image_spans", "image_span_rows"]
 
 #: Columns of a span row: request, first position, last position (inclusive).
 SPAN_FIELDS = 3
@@ -43,72 +43,91 @@ SPAN_FIELDS = 3
 NO_REQUEST = -1
 
 
-def image_span_array(config: ArenaConfig, spans) -> np.ndarray:
-    """``spans`` as host int64 rows ``(n, 3)`` of ``(request, first, last)``, from rows of
-    three ints or a mapping ``request -> [(first, last), ...]`` (the reference's per-request
-    ranges), after the checks that need no lengths. Raises :class:`InvalidBatchError` when
-    the arena has no image spans or the shape is wrong, :class:`CapacityError` past
-    ``max_image_spans``."""
+def image_span_rows(config: ArenaConfig, spans) -> list[tuple[int, int, int]]:
+    """``spans`` as a list of ``(request, first, last)`` int triples, from rows of three ints
+    (a sequence or an int array ``(n, 3)``) or a mapping ``request -> [(first, last), ...]``
+    (the reference's per-request ranges), after the checks that need no lengths. Raises
+    :class:`InvalidBatchError` when the arena has no image spans or a row is not three
+    ints, :class:`CapacityError` past ``max_image_spans``."""
     if not config.image_spans:
         raise InvalidBatchError("image_spans were given, but the config has "
                                 "max_image_tokens=0 (a text model): pass None")
     if isinstance(spans, Mapping):
         spans = [(b, first, last) for b, ranges in sorted(spans.items())
                  for first, last in ranges]
-    rows = np.asarray(spans)
-    if rows.size == 0:
-        return np.zeros((0, SPAN_FIELDS), dtype=np.int64)
-    if rows.ndim != 2 or rows.shape[1] != SPAN_FIELDS or not np.issubdtype(rows.dtype,
-                                                                            np.integer):
-        raise InvalidBatchError(f"image_spans must be rows of (request, first, last) ints, "
-                                f"got shape {rows.shape}, dtype {rows.dtype}")
-    if rows.shape[0] > config.max_image_spans:
-        b, first, last = (int(x) for x in rows[config.max_image_spans])
+    elif isinstance(spans, np.ndarray):
+        if spans.size and (spans.ndim != 2 or spans.shape[1] != SPAN_FIELDS
+                           or not np.issubdtype(spans.dtype, np.integer)):
+            raise InvalidBatchError(f"image_spans must be rows of (request, first, last) "
+                                    f"ints, got shape {spans.shape}, dtype {spans.dtype}")
+        spans = spans.tolist()
+    # Plain loops: a step carries a few spans, and numpy's cost per call would exceed the
+    # whole check. Python ints pass the type test at once; numpy ints are converted.
+    rows = []
+    for i, row in enumerate(spans):
+        try:
+            b, first, last = row
+        except (TypeError, ValueError):
+            raise InvalidBatchError(f"image span {i} must be (request, first, last) ints, "
+                                    f"got {row!r}") from None
+        if type(b) is not int or type(first) is not int or type(last) is not int:
+            if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+                       for x in (b, first, last)):
+                raise InvalidBatchError(f"image span {i} must be (request, first, last) "
+                                        f"ints, got {row!r}")
+            b, first, last = int(b), int(first), int(last)
+        rows.append((b, first, last))
+    if len(rows) > config.max_image_spans:
+        b, first, last = rows[config.max_image_spans]
         raise CapacityError(
             f"image span {config.max_image_spans} (request {b}, positions [{first}, {last}]) "
             f"exceeds the capacity max_image_spans={config.max_image_spans}")
-    return rows.astype(np.int64)
+    return rows
 
 
 def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
-                      seq_lens: np.ndarray) -> np.ndarray | None:
+                      seq_lens: np.ndarray) -> list[tuple[int, int, int]] | None:
     """The spans of a step of ``query_lens``, ``seq_lens`` (host ints ``(num_reqs,)``) as
-    checked rows ``(n, 3)`` (see the module), or None for None. Raises
+    checked ``(request, first, last)`` triples (see the module), or None for None. Raises
     :class:`InvalidBatchError` or :class:`CapacityError` naming the first bad span."""
     if spans is None:
         return None
-    rows = image_span_array(config, spans)
-    if rows.shape[0] == 0:
+    rows = image_span_rows(config, spans)
+    if not rows:
         return rows
-    num_reqs, reach = seq_lens.shape[0], config.sliding_window + config.max_image_tokens
-    for i, (b, first, last) in enumerate(rows.tolist()):
-        name = f"image span {i} (request {b}, positions [{first}, {last}])"
+    seqs, queries = seq_lens.tolist(), query_lens.tolist()
+    num_reqs, reach = len(seqs), config.sliding_window + config.max_image_tokens
+    for i, (b, first, last) in enumerate(rows):
         if not 0 <= b < num_reqs:
-            raise InvalidBatchError(f"{name}: request {b} is outside the step's "
+            raise InvalidBatchError(f"{_name(i, rows)}: request {b} is outside the step's "
                                     f"{num_reqs} requests")
-        if not 0 <= first <= last < int(seq_lens[b]):
-            raise InvalidBatchError(f"{name} runs outside its request: it needs 0 <= first "
-                                    f"<= last < seq_lens[{b}] = {int(seq_lens[b])}")
-        context = int(seq_lens[b]) - int(query_lens[b])
+        length = seqs[b]
+        context = length - queries[b]
+        if not 0 <= first <= last < length:
+            raise InvalidBatchError(f"{_name(i, rows)} runs outside its request: it needs 0 "
+                                    f"<= first <= last < seq_lens[{b}] = {length}")
         if first < context <= last:
             raise InvalidBatchError(
-                f"{name} straddles the first query position {context} of request {b}: "
-                "an image is scheduled whole, in one step")
-        if last - first + 1 > reach:
+                f"{_name(i, rows)} straddles the first query position {context} of request "
+                f"{b}: an image is scheduled whole, in one step")
+        if last - first >= reach:
             raise InvalidBatchError(
-                f"{name} holds {last - first + 1} tokens, more than sliding_window + "
-                f"max_image_tokens = {reach}: its rows would pass the prefill row width")
-    order = np.lexsort((rows[:, 1], rows[:, 0]))
-    ranked = rows[order]
-    clash = np.flatnonzero((ranked[1:, 0] == ranked[:-1, 0]) & (ranked[1:, 1] <= ranked[:-1, 2]))
-    if clash.size:
-        i, j = int(order[clash[0]]), int(order[clash[0] + 1])
-        b = int(rows[i, 0])
-        raise InvalidBatchError(
-            f"image span {j} (request {b}, positions [{rows[j, 1]}, {rows[j, 2]}]) overlaps "
-            f"image span {i} (positions [{rows[i, 1]}, {rows[i, 2]}]): spans of one request "
-            "must not overlap")
+                f"{_name(i, rows)} holds {last - first + 1} tokens, more than sliding_window "
+                f"+ max_image_tokens = {reach}: its rows would pass the prefill row width")
+    if len(rows) > 1:
+        ranked = sorted(rows)  # by request, then first position
+        for before, after in zip(ranked, ranked[1:]):
+            if before[0] == after[0] and after[1] <= before[2]:
+                i, j = sorted((rows.index(before), rows.index(after)))
+                raise InvalidBatchError(
+                    f"{_name(j, rows)} overlaps image span {i} (positions [{rows[i][1]}, "
+                    f"{rows[i][2]}]): spans of one request must not overlap")
     return rows
+
+
+def _name(i: int, rows: list[tuple[int, int, int]]) -> str:
+    b, first, last = rows[i]
+    return f"image span {i} (request {b}, positions [{first}, {last}])"
 
 
 class ImageSpans:
@@ -126,16 +145,24 @@ class ImageSpans:
         self.host = host
         self.device = device
         self._rows = host.numpy()
+        #: Rows that may hold a span: those staged last, or all once the views were handed
+        #: out to an engine (:meth:`handed_out`).
+        self._used = self._rows.shape[0]
         self.stage(None)
 
-    def stage(self, rows: np.ndarray | None) -> None:
-        """Write checked rows ``(n, 3)`` (None: no span) into the host block, every other
-        row unused (an in-place step may have written any); the caller has waited for the
-        staging to be free."""
-        n = 0 if rows is None else rows.shape[0]
+    def stage(self, rows: list[tuple[int, int, int]] | None) -> None:
+        """Write checked ``(request, first, last)`` triples (None: no span) into the host
+        block, every other row unused; the caller has waited for the staging to be free."""
+        n = 0 if rows is None else len(rows)
         if n:
             self._rows[:n] = rows
-        self._rows[n:] = (NO_REQUEST, 0, NO_REQUEST)
+        if self._used > n:
+            self._rows[n:self._used] = (NO_REQUEST, 0, NO_REQUEST)
+        self._used = n
+
+    def handed_out(self) -> None:
+        """The host block went out as an in-place view: any row may hold a span."""
+        self._used = self._rows.shape[0]
 
     def copy_to_device(self) -> None:
         """The block to the device: one copy of fixed addresses (a graph node when captured),
