@@ -1,0 +1,80 @@
+"""What image spans cost a mixed step, measured in one process with interleaved rounds (host
+timings drift between runs and machines: compare only within a run).
+
+The reference mixed batch (``staticattn.bench.mixed.reference_mixed_batch``) replayed through
+its token bucket on three managers of one process: DeepSeek V4 (today's mixed rows), the
+vision preset without spans, and the vision preset with three images
+(``staticattn.bench.mixed.IMAGE_SPANS``). Rounds alternate the three so drift hits each
+alike; per path the host time of ``run()`` and the GPU time of the replay, medians with min
+and max over every round.
+
+    python scripts/span_cost.py --rounds 10 --reps 50 --json span_cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig
+from staticattn.bench.mixed import IMAGE_SPANS, reference_mixed_batch
+from staticattn.bench.random_batches import NUM_KV_BLOCKS
+from staticattn.bench.replay import step_times_us
+from staticattn.builders import default_builders, make_arena
+from staticattn.graphs import GraphManager, GraphOptions
+
+
+def _manager(preset: str, seed: int):
+    cfg = ArenaConfig.preset(preset)
+    builders = default_builders(cfg)
+    arena, inputs = make_arena(cfg, builders)
+    gm = GraphManager(arena, inputs, builders, lambda batch, md: None,
+                      GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS))
+    gm.capture([], buckets=[8192])
+    step = reference_mixed_batch(inputs, np.random.default_rng(seed))
+    return gm, (step.query_lens, step.seq_lens, step.slot_mapping)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    v4, v4_args = _manager("deepseek-v4", 0)
+    vision, vision_args = _manager("deepseek-v4-vision", 0)
+    paths = {"v4": (v4, v4_args, None), "vision, no spans": (vision, vision_args, None),
+             "vision, 3 images": (vision, vision_args, IMAGE_SPANS)}
+    times = {name: {"host": [], "gpu": []} for name in paths}
+    for gm, a, spans in paths.values():  # warm every path
+        for _ in range(5):
+            assert gm.run(*a, image_spans=spans).mode == "graph"
+    for _ in range(args.rounds):
+        for name, (gm, a, spans) in paths.items():
+            host, gpu = step_times_us(gm, a, None, args.reps, image_spans=spans)
+            times[name]["host"] += host
+            times[name]["gpu"] += gpu
+    report = {"device": torch.cuda.get_device_name(), "rounds": args.rounds,
+              "reps": args.reps, "paths": {}}
+    base = float(np.median(times["v4"]["host"]))
+    for name, t in times.items():
+        h, g = np.asarray(t["host"]), np.asarray(t["gpu"])
+        report["paths"][name] = {
+            "host_us": [float(np.median(h)), float(h.min()), float(h.max())],
+            "gpu_us": [float(np.median(g)), float(g.min()), float(g.max())],
+            "host_vs_v4": float(np.median(h)) / base}
+        print(f"{name:<18} run() host {np.median(h):6.1f} us (min {h.min():.1f}, max "
+              f"{h.max():.1f}), x{np.median(h) / base:.2f} V4 | GPU {np.median(g):6.1f} us "
+              f"(min {g.min():.1f}, max {g.max():.1f})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+    v4.close()
+    vision.close()
+
+
+if __name__ == "__main__":
+    main()
