@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import DEVICE, host_steps, stage
@@ -52,8 +53,28 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 def _bound(name: str, backend: str):
     cfg = ArenaConfig(**{**BASE, **CONFIGS[name], "kernel_backend": backend})
     builder = SparseSWAMetadataBuilder()
-    _, inputs = make_arena(cfg, [builder])
+    arena, inputs = make_arena(cfg, [builder])
+    _assert_rows_end_at_their_lengths(arena, "the fresh arena")
     return cfg, builder, inputs
+
+
+def _assert_rows_end_at_their_lengths(arena, when: str) -> None:
+    """The kernels' invariant over whole buffers, not only the step's rows: every entry at
+    or past a row's stored length is -1 (the Triton kernel writes a row only up to the longer
+    of its new and previous length, so a stale entry would outlive every later step)."""
+    for rows_name, lens_name in (("swa.c128a_prefill_indices", "swa.c128a_prefill_lens"),
+                                 ("swa.c128a_decode_indices", "swa.c128a_decode_lens"),
+                                 ("swa.prefill_swa_indices", "swa.prefill_swa_lens")):
+        if rows_name not in arena:
+            continue
+        rows = arena[rows_name].reshape(arena[rows_name].shape[0], -1)
+        lens = arena[lens_name]
+        cols = torch.arange(rows.shape[1], device=rows.device)
+        stale = ((cols[None, :] >= lens[:, None]) & (rows != -1)).any(1).nonzero()
+        assert stale.numel() == 0, (
+            f"{rows_name} {when}: rows {stale.flatten()[:8].tolist()} hold entries past their "
+            f"length (row {int(stale[0])}: length {int(lens[stale[0]])}, "
+            f"{rows[stale[0]].flatten()[:8].tolist()})")
 
 
 @pytest.mark.parametrize("name", CONFIGS)
@@ -62,8 +83,10 @@ def _bound(name: str, backend: str):
 def test_build_matches_oracle(name, backend, data):
     cfg, builder, inputs = _bound(name, backend)
     step = data.draw(host_steps(cfg, max_reqs=12), label="step")
+    _assert_rows_end_at_their_lengths(builder.arena, "before the build")
     meta = builder.build(stage(inputs, step))
     assert_matches(meta, expected_for_step(cfg, step))
+    _assert_rows_end_at_their_lengths(builder.arena, "after the build")
 
 
 @pytest.mark.parametrize("name", CONFIGS)
