@@ -209,13 +209,13 @@ class StepRunner:
 
     def stage_for_graph(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
                         uniform: bool, replay_start: np.ndarray | None = None,
-                        image_spans: np.ndarray | None = None) -> None:
+                        image_spans: list[tuple[int, int, int]] | None = None) -> None:
         """Write a checked step into the staging that a graph's staging kernels (or the
         same builds run eagerly) read: for a uniform decode step (``uniform``) the lengths,
         slots and request count only (its decodes replay nothing), else the query starts,
         token count, replay starts (None: 0s) and image spans (None: none) too. Host ints:
-        ``q``, ``s``, ``replay_start`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``,
-        ``image_spans`` ``(n, 3)``."""
+        ``q``, ``s``, ``replay_start`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``;
+        ``image_spans`` checked ``(request, first, last)`` triples."""
         if uniform:
             self.inputs.stage_uniform_decode(s, slots)
         else:

@@ -38,7 +38,7 @@ from staticattn.kernels.staging import (
 )
 from staticattn.staging.buffers import PAD_SLOT_ID
 from staticattn.staging.extents import check_extents
-from staticattn.staging.images import ImageSpans
+from staticattn.staging.images import ImageSpans, check_image_spans
 from staticattn.staging.replay import check_replay_start
 
 __all__ = ["ExtentViews", "HostViews", "StagedCounts", "StepInputs"]
@@ -205,7 +205,7 @@ class StepInputs:
         num_tokens_padded: int | None = None,
         checked: bool = False,
         replay_start: np.ndarray | None = None,
-        image_spans: np.ndarray | None = None,
+        image_spans=None,
     ) -> StagedCounts:
         """Write one step's host values into the staging block, with its padding.
 
@@ -239,6 +239,9 @@ class StepInputs:
             decodes (:func:`~staticattn.staging.replay.check_replay_start`); only prefill
             requests' values reach the device (:func:`~staticattn.kernels.staging.
             stage_replay_start`). None: no request replays (all 0).
+        image_spans : rows of ``(request, first, last)`` or a mapping, optional
+            A vision model's images (:mod:`staticattn.staging.images`), checked here unless
+            ``checked`` (:func:`~staticattn.staging.images.check_image_spans`). None: none.
         """
         query_lens = np.asarray(query_lens)
         seq_lens = np.asarray(seq_lens)
@@ -249,6 +252,7 @@ class StepInputs:
         if not checked:
             check_extents(self.config, query_lens, seq_lens, slot_mapping, pr, pt)
             check_replay_start(self.config, replay_start, query_lens, seq_lens)
+            image_spans = check_image_spans(self.config, image_spans, query_lens, seq_lens)
         self.stage_step(query_lens, seq_lens, slot_mapping, replay_start, image_spans)
         host = self.host
         if pr > num_reqs:
@@ -267,7 +271,7 @@ class StepInputs:
 
     def stage_step(self, query_lens: np.ndarray, seq_lens: np.ndarray,
                    slot_mapping: np.ndarray, replay_start: np.ndarray | None = None,
-                   image_spans: np.ndarray | None = None) -> None:
+                   image_spans: list[tuple[int, int, int]] | None = None) -> None:
         """:meth:`stage` for a step a graph will pad: the real query starts, lengths, slots
         and counts only (no padding, no maxima, no checks: the caller has checked). Host
         ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``, ``slot_mapping``
