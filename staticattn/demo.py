@@ -34,6 +34,7 @@ from staticattn.consumers.gather import GatherConsumer
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions
 from staticattn.graphs.records import GraphKind
+from staticattn.model import model_preset
 
 __all__ = ["run_demo", "DemoReport", "DEFAULT_STEPS"]
 
@@ -220,8 +221,11 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None], preset: str):
     if cuda:
         cfg = ArenaConfig.preset(preset)
     else:
-        cfg = ArenaConfig.preset(preset, max_num_seqs=32, max_num_batched_tokens=1024,
-                                 max_model_len=16384, device="cpu")
+        small = dict(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=16384,
+                     device="cpu")
+        if model_preset(preset).fields.get("max_image_tokens"):
+            small["max_image_tokens"] = 256  # images, too, smaller (a span fits a step)
+        cfg = ArenaConfig.preset(preset, **small)
     return cfg, lambda c: GatherConsumer(c, NUM_KV_BLOCKS), "built-in gather consumer"
 
 

@@ -340,3 +340,16 @@ def test_a_token_bucket_graph_replays_the_spans_of_each_step():
             assert got == eager
             if want is not None:
                 assert got == want
+
+
+def test_the_vision_demo_runs_on_every_machine(capsys):
+    """``demo --preset deepseek-v4-vision``: on CPU at smaller capacities (images of up to 256
+    tokens fit a 1,024-token step), every step checked."""
+    import json
+
+    from staticattn.__main__ import main
+
+    assert main(["demo", "--preset", "deepseek-v4-vision", "--steps", "3", "--no-progress",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "PASS" and data["mismatches"] == 0
