@@ -114,18 +114,21 @@ def cases():
         "num_tokens": 1}, dict(BLOCK=256)
     swa = {**ptrs("token_to_req swa_block_table block_table swa_indices_out swa_lens_out "
                   "c128a_indices_out c128a_lens_out c128a_prefill_out c128a_prefill_lens_out "
-                  "prefill_swa_out prefill_swa_lens_out replay_start counts", I32),
+                  "prefill_swa_out prefill_swa_lens_out replay_start spans counts", I32),
            **ptrs("slot_mapping positions", I64), "is_valid_out": B,
            **dict.fromkeys("swa_bt_stride bt_stride num_tokens num_decode_tokens "
                            "decode_rows".split(), 1)}
-    for has_c128a, prefill_rows, device_counts in ((True, True, True), (True, False, False),
-                                                   (False, False, False), (False, True, True)):
+    # The last case: V4's vision variant, 64 image spans of up to 1024 tokens.
+    for has_c128a, prefill_rows, device_counts, spans in (
+            (True, True, True, 0), (True, False, False, 0), (False, False, False, 0),
+            (False, True, True, 0), (True, True, True, 64)):
         yield swa_decode._swa_decode_kernel(), swa, dict(
             WINDOW=128, SWA_BLOCK=64, HAS_C128A=has_c128a,
             C128A_PREFILL=has_c128a and prefill_rows, SWA_PREFILL=prefill_rows,
             HAS_REPLAY=prefill_rows and not has_c128a, DEVICE_COUNTS=device_counts,
-            PREFILL_WIDTH=128, C128A_WIDTH=8192, C128A_ENTRIES=2, C128A_RATIO=128,
-            BLOCK_T=2, BLOCK_W=128, BLOCK_C=1024)
+            PREFILL_WIDTH=128 + (1024 if spans else 0), C128A_WIDTH=8192, C128A_ENTRIES=2,
+            C128A_RATIO=128, MIT=1024 if spans else 1, NUM_SPANS=spans, BLOCK_S=max(spans, 16),
+            BLOCK_T=2, BLOCK_W=2048 if spans else 128, BLOCK_C=1024)
     for device_counts in (True, False):
         yield swa_prefill._gather_lens_kernel(), {
             **ptrs("out seq_lens_out seq_lens qsl counts replay_start chunks num_chunks", I32),
@@ -139,13 +142,15 @@ def cases():
         BLOCK=256)
     for device_counts in (True, False):
         for has_topk in (True, False):
-            yield swa_combined._combined_kernel(), {
-                **ptrs("out lens_out token_to_req seq_lens gather_lens chunks num_chunks topk "
-                       "counts", I32), "positions": I64, **dict.fromkeys(
-                    "topk_stride d_static td_static nt_static num_tokens max_chunks ratio "
-                    "topk_width window width".split(), 1)}, dict(
-                DEVICE_COUNTS=device_counts, HAS_TOPK=has_topk, ROWS=4, BLOCK_C=128,
-                BLOCK_CH=128)
+            for spans in ((0, 64) if device_counts and has_topk else (0,)):
+                yield swa_combined._combined_kernel(), {
+                    **ptrs("out lens_out token_to_req seq_lens gather_lens chunks num_chunks "
+                           "topk counts spans", I32), "positions": I64, **dict.fromkeys(
+                        "topk_stride d_static td_static nt_static num_tokens max_chunks ratio "
+                        "topk_width window width".split(), 1)}, dict(
+                    DEVICE_COUNTS=device_counts, HAS_TOPK=has_topk,
+                    MIT=1024 if spans else 1, NUM_SPANS=spans, BLOCK_S=max(spans, 16),
+                    ROWS=4, BLOCK_C=128, BLOCK_CH=128)
             yield swa_flashinfer._flashinfer_kernel(), {
                 **ptrs("out lens_out token_to_req swa_block_table replay_start topk cbt counts",
                        I32), **ptrs("slot_mapping positions", I64), **dict.fromkeys(
