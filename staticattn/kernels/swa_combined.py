@@ -13,7 +13,9 @@ position ``p`` of request ``D + j``, ``j`` in chunk ``(s, e, N, M)``, ``i = j - 
 * columns ``[0, topk_len)``: ``k + M i`` for the top-k entry ``k = topk[t, c]`` if
   ``0 <= k < N``, else -1 (for a type reading every entry, ``k = c``);
 * ``swa_start = max(p - W + 1, gather_start)``, ``swa_len = p - swa_start + 1``; columns
-  ``[topk_len, topk_len + swa_len)``: ``M i + N + (swa_start - gather_start) + o``;
+  ``[topk_len, topk_len + swa_len)``: ``M i + N + (swa_start - gather_start) + o``; inside
+  an image span (``vllm-0.33-extras.md`` §5.1, §3.4) ``p - W + 1`` becomes ``p - max(W - 1,
+  left)`` and the window ends at ``p + right``;
 * the rest -1; ``combined_len = topk_len + swa_len``.
 
 Rows past the real prefill tokens: -1 and length 0. Example (deepseek-v41.md §11 case 4,

@@ -24,7 +24,8 @@ and for every prefill token ``t`` in ``[Td, nt)`` (``nt`` real tokens), prefill 
   ``deepseek-v41.md`` §7.4): the decode formula with the bounded-replay clamp,
   ``start = max(p - W + 1, replay_start[b])``, ``len = p - start + 1``, as flat SWA slots
   in a row of the prefill width, -1 after; an invalid token (slot -1): a row of -1 and
-  length 0.
+  length 0. Inside an image span (``vllm-0.33-extras.md`` §3.4) the window reaches
+  ``max(W - 1, left)`` positions behind ``p`` and ``right`` ahead of it.
 
 Defined values everywhere else: a decode token whose slot is -1 (graph padding, or told so by
 the engine) and every decode row past ``Td`` gets length 0 and a row of -1; prefill rows past
