@@ -57,9 +57,7 @@ def one_case(preset: str, drafts: int) -> None:
             gm.run(mixed.query_lens, mixed.seq_lens, mixed.slot_mapping)
             source.fill(mixed)
             device.launch(mixed.query_lens.shape[0], int(mixed.query_lens.sum()))
-            stream.max_seq_len = 1024 if i % 2 else 8192
-            short = stream.next(int(rng.integers(1, 5)))
-            stream.max_seq_len = 8192
+            short = stream.next(int(rng.integers(1, 5)), longest=1024 if i % 2 else 8192)
             cg.run(short.query_lens, short.seq_lens, short.slot_mapping)
         # The graph builds run eagerly (what a step no graph holds runs), three times per
         # step: the launches of a decode step and of a mixed step are noted, recorded,

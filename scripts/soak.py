@@ -208,11 +208,9 @@ def every_kind(args) -> int:
             kind = kinds[i % 4]
             if kind == "decode":
                 st = stream.next(int(rng.integers(1, sizes[-1] // cfg.next_n + 1)))
-            elif kind == "context":
-                # decode steps whose longest sequence falls in a drawn context bucket
-                stream.max_seq_len = int(rng.choice(contexts))
-                st = stream.next(int(rng.integers(1, sizes[-1] // cfg.next_n + 1)))
-                stream.max_seq_len = args.max_model_len
+            elif kind == "context":  # decode steps within a drawn context bucket
+                st = stream.next(int(rng.integers(1, sizes[-1] // cfg.next_n + 1)),
+                                 longest=int(rng.choice(contexts)))
             else:
                 st = stream.next_mixed(int(rng.choice(buckets)))
             q, s, slots = st.query_lens, st.seq_lens, st.slot_mapping

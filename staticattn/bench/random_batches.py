@@ -212,9 +212,11 @@ class DecodeStream:
         for i, row in enumerate(rows):
             table[int(row), : host.shape[1]].copy_(torch.from_numpy(fresh[i]))
 
-    def next(self, num_reqs: int) -> RandomStep:
-        """A uniform decode step of ``num_reqs`` requests."""
-        return self._step(np.full(num_reqs, self.cfg.next_n, dtype=np.int32))
+    def next(self, num_reqs: int, longest: int | None = None) -> RandomStep:
+        """A uniform decode step of ``num_reqs`` requests, sequences up to ``longest``
+        (default and at most the stream's ``max_seq_len``: a context bucket's steps)."""
+        return self._step(np.full(num_reqs, self.cfg.next_n, dtype=np.int32),
+                          longest=longest)
 
     def next_mixed(self, max_tokens: int) -> RandomStep:
         """A step of any composition within ``max_tokens``: decodes first, each with
@@ -233,14 +235,16 @@ class DecodeStream:
             budget -= chunk
         return self._step(np.asarray(q or [1], dtype=np.int32), fresh_fraction=0.3)
 
-    def _step(self, q: np.ndarray, fresh_fraction: float = 0.0) -> RandomStep:
+    def _step(self, q: np.ndarray, fresh_fraction: float = 0.0,
+              longest: int | None = None) -> RandomStep:
         cfg, rng = self.cfg, self.rng
         rows = rng.choice(cfg.max_num_seqs, size=min(self.rows_per_step, cfg.max_num_seqs),
                           replace=False)
         self._rewrite(self.inputs.block_table, self.main, rows)
         if self.swa is not None:
             self._rewrite(self.inputs.swa_block_table, self.swa, rows)
-        s = _seq_lens(cfg, q, rng, self.max_seq_len, 0.3)
+        top = self.max_seq_len if longest is None else min(longest, self.max_seq_len)
+        s = _seq_lens(cfg, q, rng, top, 0.3)
         s = np.where((q > cfg.next_n) & (rng.random(q.shape[0]) < fresh_fraction), q, s)
         host, bs = (self.swa, cfg.swa_block_size) if self.swa is not None else (
             self.main, cfg.block_size)
