@@ -10,8 +10,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICE, _t, host_steps, quiet, slots_for
-from v41_swa_steps import FIXTURE_OK, oracle_step
+from support import DEVICE, host_steps, quiet
+from v41_swa_steps import (
+    FIXTURE_OK,
+    example_step,
+    oracle_step,
+    stage_bucket,
+    stage_eager,
+    write_step_tables,
+)
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -48,36 +55,16 @@ def _world(backend: str, **overrides):
 
 
 def _step(cfg, query_lens, seq_lens, swa_rows) -> HostStep:
-    r = len(query_lens)
-    swa = np.ones((r, cfg.max_swa_blocks_per_req), dtype=np.int32)
-    for b, row in enumerate(swa_rows):
-        swa[b, : len(row)] = row
-    q, length = np.asarray(query_lens, np.int32), np.asarray(seq_lens, np.int32)
-    main = np.ones((r, cfg.max_blocks_per_req), dtype=np.int32)
-    return HostStep(q, length, slots_for(swa, cfg.swa_block_size, q, length), main, swa, r,
-                    int(q.sum()))
-
-
-def _tables(inputs, step: HostStep) -> None:
-    r = step.num_reqs
-    inputs.block_table[:r].copy_(_t(step.block_table))
-    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+    return example_step(cfg, query_lens, seq_lens, swa_rows)[0]
 
 
 def _eager(inputs, step: HostStep, spans) -> Batch:
-    _tables(inputs, step)
-    rows = check_image_spans(inputs.config, spans, step.query_lens, step.seq_lens)
-    counts = inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=rows)
-    inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
-    return Batch.from_staged(inputs, counts)
+    return stage_eager(inputs, step, [0] * step.num_reqs, image_spans=spans)
 
 
 def _bucket(inputs, step: HostStep, spans, num_reqs: int, num_tokens: int) -> Batch:
-    _tables(inputs, step)
-    rows = check_image_spans(inputs.config, spans, step.query_lens, step.seq_lens)
-    inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=rows)
-    inputs.copy_to_device(num_reqs, num_tokens)
-    return Batch.for_mixed_capture(inputs, num_reqs, num_tokens)
+    return stage_bucket(inputs, step, [0] * step.num_reqs, num_reqs, num_tokens,
+                        image_spans=spans)
 
 
 def _oracle_step(step: HostStep, spans) -> oracle.SWAStep:
@@ -215,7 +202,7 @@ def test_run_with_spans_agrees_through_every_build():
     plain windows (the span block is staged again every step)."""
     cfg, builder, arena, inputs = _world("torch")
     step = _example_b(cfg)
-    _tables(inputs, step)
+    write_step_tables(inputs, step)
     with _manager(arena, builder, inputs) as gm:
         for eager in (EagerBuild.REFERENCE, EagerBuild.GRAPH):
             out = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
@@ -254,7 +241,7 @@ def _manager(arena, builder, inputs):
 def test_bad_spans_are_refused_with_nothing_written(spans, error, match):
     cfg, builder, arena, inputs = _world("torch")
     step = _example_b(cfg)
-    _tables(inputs, step)
+    write_step_tables(inputs, step)
     with _manager(arena, builder, inputs) as gm:
         before = {name: arena[name].clone() for name in arena.names()}
         with pytest.raises(error, match=match):
@@ -298,7 +285,7 @@ def test_in_place_steps_carry_spans_and_check_them():
     views; ``launch(k, t)`` checks them like ``run`` does."""
     cfg, builder, arena, inputs = _world("torch")
     step = _example_b(cfg)
-    _tables(inputs, step)
+    write_step_tables(inputs, step)
     rows = [(0, 2, 5), (1, 1, 3), (1, 9, 12), (2, 2, 4), (2, 7, 10)]
     with _manager(arena, builder, inputs) as gm:
         for spans, want in ((rows, LENS_B), ([(1, 6, 9)], None)):
@@ -326,7 +313,7 @@ def test_a_token_bucket_graph_replays_the_spans_of_each_step():
     its own step's spans (with, without, with again), equal to the eager build."""
     cfg, builder, arena, inputs = _world("triton")
     step = _example_b(cfg)
-    _tables(inputs, step)
+    write_step_tables(inputs, step)
     plain = [4] * 6 + [1, 2, 3] + [4] * 9
     with _manager(arena, builder, inputs) as gm:
         gm.capture([], buckets=[32])

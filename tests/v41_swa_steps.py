@@ -74,26 +74,24 @@ def write_step_tables(inputs, step: HostStep) -> None:
     inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
 
 
-def stage_eager(inputs, step: HostStep, replay_start) -> Batch:
-    """Stage for an eager build (the step's padded extents)."""
-    r = step.num_reqs
-    inputs.block_table[:r].copy_(_t(step.block_table))
-    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+def stage_eager(inputs, step: HostStep, replay_start, image_spans=None) -> Batch:
+    """Stage for an eager build (the step's padded extents); ``image_spans`` for a vision
+    arena (checked by the staging)."""
+    write_step_tables(inputs, step)
     counts = inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping,
                           num_reqs_padded=step.num_reqs_padded,
                           num_tokens_padded=step.num_tokens_padded,
-                          replay_start=_replay(inputs, replay_start))
+                          replay_start=_replay(inputs, replay_start), image_spans=image_spans)
     inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
     return Batch.from_staged(inputs, counts)
 
 
-def stage_bucket(inputs, step: HostStep, replay_start, num_reqs: int, num_tokens: int) -> Batch:
+def stage_bucket(inputs, step: HostStep, replay_start, num_reqs: int, num_tokens: int,
+                 image_spans=None) -> Batch:
     """Stage the real step for a token bucket's build (what a mixed graph replays)."""
-    r = step.num_reqs
-    inputs.block_table[:r].copy_(_t(step.block_table))
-    inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
+    write_step_tables(inputs, step)
     inputs.stage(step.query_lens, step.seq_lens, step.slot_mapping,
-                 replay_start=_replay(inputs, replay_start))
+                 replay_start=_replay(inputs, replay_start), image_spans=image_spans)
     inputs.copy_to_device(num_reqs, num_tokens)
     return Batch.for_mixed_capture(inputs, num_reqs, num_tokens)
 
