@@ -42,6 +42,7 @@ from staticattn.distributed.world import (
     dcp_world,
     graph_pool_blocks,
     join,
+    leave,
     random_decode_step,
     write_decode_step,
 )
@@ -115,6 +116,28 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     if me is None:
         return 2
     cfg = dcp_config(preset, world, me.rank, me.device)
+    rows = _rank_rows(me, cfg, preset, batches, reps, seed, progress)
+    every = [None] * world
+    dist.all_gather_object(every, rows, group=me.check_group)
+    leave(me)
+    if me.rank == 0:
+        report = _report(every, preset, cfg, world, reps, me.cuda)
+        rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
+        data = {**{k: v for k, v in report.items() if k != "text"}, "rows": rows}
+        if json_path == "-":  # the JSON instead of the text
+            print(json.dumps(data, indent=1))
+        else:
+            print(report["text"])
+        if json_path and json_path != "-":
+            with open(json_path, "w") as f:
+                json.dump(data, f, indent=1)
+    return 0
+
+
+def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
+               progress: bool) -> list[dict]:
+    """This rank's figures per batch size; the arenas, consumers and managers it builds die
+    with it, before the launch is left."""
     arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
     single = dcp_world(dcp_config(preset, 1, 0, me.device), None)
     n = cfg.next_n
@@ -139,21 +162,7 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
             host1, gpu1 = _time_steps(one, lengths, reps, align)
             rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, host_1gpu=host1,
                              gpu_1gpu=gpu1))
-    every = [None] * world
-    dist.all_gather_object(every, rows, group=me.check_group)
-    dist.destroy_process_group()
-    if me.rank == 0:
-        report = _report(every, preset, cfg, world, reps, me.cuda)
-        rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
-        data = {**{k: v for k, v in report.items() if k != "text"}, "rows": rows}
-        if json_path == "-":  # the JSON instead of the text
-            print(json.dumps(data, indent=1))
-        else:
-            print(report["text"])
-        if json_path and json_path != "-":
-            with open(json_path, "w") as f:
-                json.dump(data, f, indent=1)
-    return 0
+    return rows
 
 
 def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,

@@ -31,6 +31,7 @@ from staticattn.distributed.world import (
     dcp_world,
     graph_pool_blocks,
     join,
+    leave,
     random_decode_step,
     write_decode_step,
 )
@@ -50,24 +51,36 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
     me = join(world, "demo")
     if me is None:
         return 2
-    rank, cuda, device, check_group = me.rank, me.cuda, me.device, me.check_group
-    cfg = dcp_config(preset, world, rank, device)
+    cfg = dcp_config(preset, world, me.rank, me.device)
+    mine = _run_steps(me, cfg, preset, steps, seed, progress)
+    totals = [None] * world
+    dist.all_gather_object(totals, mine, group=me.check_group)
+    if me.rank == 0:
+        _report(totals, preset, cfg.next_n, steps, me.cuda, json_path)
+    leave(me)
+    return 0 if all(t[0] == 0 for t in totals) else 1
+
+
+def _run_steps(me, cfg, preset: str, steps: int, seed: int, progress: bool) -> tuple:
+    """This rank's ``(mismatches, replays, host µs p50 and p99)`` over ``steps`` random
+    decode steps; the arenas, consumers and managers it builds die with it, before the
+    launch is left."""
     arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
-    single = dcp_world(dcp_config(preset, 1, 0, device), None)
+    single = dcp_world(dcp_config(preset, 1, 0, me.device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
     options = GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg))
     with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
             GraphManager(*single[:2], [single[2]], single[3], options) as one:
-        if cuda:
+        if me.cuda:
             gm.capture(buckets=())  # every rank captures the same sizes, in one order
-        for _ in tqdm(range(steps), desc=f"DCP demo, rank {rank}", unit="step",
-                      disable=rank != 0 or not progress, leave=False):
+        for _ in tqdm(range(steps), desc=f"DCP demo, rank {me.rank}", unit="step",
+                      disable=me.rank != 0 or not progress, leave=False):
             step = random_decode_step(cfg, rng)
             write_decode_step(inputs, consumer, step)
             write_decode_step(single[1], single[3], step)
             lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
-            check_dcp_step(cfg, lengths[0], lengths[1], group=check_group,
+            check_dcp_step(cfg, lengths[0], lengths[1], group=me.check_group,
                            timeout=timedelta(seconds=60))
             t0 = time.perf_counter()
             res = gm.run(*lengths)
@@ -77,13 +90,7 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
             want_ids, want = one.run(*lengths, eager=EagerBuild.REFERENCE).outputs
             mismatches += not (torch.equal(ids, want_ids)
                                and torch.allclose(out, want, rtol=1e-4, atol=1e-5))
-    totals = [None] * world
-    dist.all_gather_object(totals, (mismatches, replays, np.percentile(host_us, [50, 99])),
-                           group=check_group)
-    if rank == 0:
-        _report(totals, preset, cfg.next_n, steps, cuda, json_path)
-    dist.destroy_process_group()
-    return 0 if all(t[0] == 0 for t in totals) else 1
+    return mismatches, replays, np.percentile(host_us, [50, 99])
 
 
 def _report(totals: list, preset: str, next_n: int, steps: int, cuda: bool,

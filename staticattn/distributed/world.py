@@ -4,6 +4,7 @@ and queries the consumer reads (the same on every rank: one seed)."""
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,14 +20,14 @@ from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.dcp_decode import DCPDecodeAttention
 
 __all__ = ["Rank", "dcp_config", "dcp_world", "graph_pool_blocks", "join", "kv_pool_blocks",
-           "random_decode_step", "write_decode_step"]
+           "leave", "random_decode_step", "write_decode_step"]
 
 
 @dataclass(frozen=True)
 class Rank:
     """This process's place in a torchrun launch: ``rank``, ``world``, ``cuda`` (NCCL on
     the local GPU, else gloo on CPU), ``device``, and ``check_group`` (gloo: the host-side
-    step check and result exchange)."""
+    step check and result exchange; None, the default group, on CPU, where that is gloo)."""
 
     rank: int
     world: int
@@ -49,9 +50,24 @@ def join(world: int, what: str) -> Rank | None:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
     # Host values are exchanged over gloo beside NCCL (builders/validation/dcp_step.py says why).
-    check_group = dist.new_group(backend="gloo") if cuda else dist.group.WORLD
+    # None is the default group: a Rank holds no reference to it (see leave).
+    check_group = dist.new_group(backend="gloo") if cuda else None
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
     return Rank(dist.get_rank(), world, cuda, device, check_group)
+
+
+def leave(me: Rank) -> None:
+    """Leave the launch :func:`join` entered, in step with the other ranks. Call it once
+    nothing holds the group any more (arenas, consumers, graph managers released): the
+    collection and the barrier let every rank's process groups, and the worker threads gloo
+    runs for them, be destroyed here rather than while the interpreter shuts down, where a
+    gloo thread that still holds a finished collective's tensors aborts the process."""
+    gc.collect()
+    dist.barrier(group=me.check_group)
+    if me.check_group is not None:
+        dist.destroy_process_group(me.check_group)
+    dist.destroy_process_group()
+    gc.collect()
 
 
 #: The consumer's shapes: top-k, indexer heads and width, attention heads and width.

@@ -203,6 +203,9 @@ def _swa_decode_kernel():
         """Write rows ``rows`` (masked by ``live_mask``) to ``n_new`` entries: global slots
         through the block table, or local indices (``LOCAL``); clear up to the old length."""
         n_old = tl.load(lens + rows, mask=live_mask, other=0)
+        # Every warp loads the old lengths before any warp stores the new ones (a late warp
+        # would otherwise read a new length and skip clearing the old row's tail).
+        tl.debug_barrier()
         reach = tl.max(tl.where(live_mask, tl.maximum(n_new, n_old), 0), axis=0)
         for c0 in range(0, reach, BLOCK_C):
             e = c0 + tl.arange(0, BLOCK_C)

@@ -36,6 +36,10 @@ def window_rows_jit():
         reach = tl.zeros_like(n) + WIDTH
         if INCREMENTAL:
             reach = tl.maximum(n, tl.load(lens + rows, mask=row_mask, other=0))
+            # Every warp holds a copy of ``rows`` and loads the old length itself; without
+            # the barrier a late warp can read the length an early warp already replaced and
+            # leave its columns between the new and the old length uncleared.
+            tl.debug_barrier()
         if STORE_LENS:
             tl.store(lens + rows, n, mask=row_mask)
         keep = o[None, :] < n[:, None]

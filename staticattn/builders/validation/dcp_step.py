@@ -126,7 +126,9 @@ def check_dcp_step(
             f"the process group has {world} ranks, the config dcp_world_size="
             f"{config.dcp_world_size}"
         )
-    mine = torch.from_numpy(step_fingerprint(config, query_lens, seq_lens))
+    # A copy that owns its memory: gloo's worker thread may drop the last reference to an
+    # asynchronous collective's tensors, and a numpy-backed one needs the GIL to be freed.
+    mine = torch.tensor(step_fingerprint(config, query_lens, seq_lens))
     if dist.get_backend(group) == "nccl":
         mine = mine.cuda()
     gathered = [torch.empty_like(mine) for _ in range(world)]
