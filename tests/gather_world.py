@@ -7,14 +7,15 @@ from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder
 from staticattn.consumers import GatherConsumer
 
 
-def gather_world(cfg, num_kv_blocks: int = 100_000):
+def gather_world(cfg, num_kv_blocks: int = 100_000, backend: str | None = None):
     """``(arena, inputs, builders, consumer, caches)``: the indexer builder (and the SWA
     builder when the config has a window) bound to a new arena, a gather consumer over
-    ``num_kv_blocks`` blocks, and its SWA, C128A and indexer caches as host lists."""
+    ``num_kv_blocks`` blocks (its kernels on ``backend``, None: the config's), and its
+    SWA, C128A and indexer caches as host lists."""
     builders = [IndexerMetadataBuilder()] + ([SparseSWAMetadataBuilder()] if cfg.has_swa
                                              else [])
     arena, inputs = make_arena(cfg, builders)
-    consumer = GatherConsumer(cfg, num_kv_blocks=num_kv_blocks)
+    consumer = GatherConsumer(cfg, num_kv_blocks=num_kv_blocks, backend=backend)
     caches = [consumer.caches[name].cpu().tolist() for name in ("swa", "c128a", "indexer")]
     return arena, inputs, builders, consumer, caches
 

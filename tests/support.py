@@ -24,6 +24,21 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 NUM_KV_BLOCKS = 100_000
 
 
+#: The gather consumer's kernels in tests whose subject is the builders: on CPU the torch
+#: kernels, which sum what the interpreted Triton ones sum at a fraction of the time (the
+#: consumer's own Triton kernels are tested in test_gather_consumer*.py); on the GPU the
+#: config's backend.
+READER_BACKEND = "torch" if DEVICE == "cpu" else None
+
+
+def fuzz_examples(backend: str, full: int, interpreted: int) -> int:
+    """How many examples a fuzz test draws: ``full``, or ``interpreted`` for the Triton
+    backend on CPU, where the interpreter runs each kernel program in Python (thousands of
+    times slower than compiled): there the torch backend draws the full count over the same
+    strategy, and the GPU suite the full count on both."""
+    return interpreted if backend == "triton" and DEVICE == "cpu" else full
+
+
 def quiet(**options) -> GraphOptions:
     """The options of a test's manager: no progress bar, the tests' KV pool, then
     ``options``."""

@@ -61,9 +61,9 @@ def _host_step(cfg, s) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize(("world", "steps"), [(2, 1200), (4, 800)])
+@pytest.mark.parametrize(("world", "steps"), [(2, 600), (4, 400)])
 def test_ranks_build_consistent_metadata(tmp_path, world, steps):
-    """2,000 random steps over both worlds, each rank's metadata of each (5,600 in all)
+    """1,000 random steps over both worlds, each rank's metadata of each (2,800 in all)
     against the per-rank oracle."""
     records = _spawn(functools.partial(workers.consistent_steps, world=world, steps=steps),
                      tmp_path, world)

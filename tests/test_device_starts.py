@@ -15,7 +15,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICE, _t, host_steps, quiet
+from support import DEVICE, _t, fuzz_examples, host_steps, quiet
 from test_mixed_builds import CONFIGS, _world, bucket_for, stage_mixed
 
 from staticattn.builders import (
@@ -58,7 +58,7 @@ def write_on_device(inputs, step, num_reqs: int, num_tokens: int, seed: int) -> 
 def test_device_starts_stage_as_the_host_does_and_match_the_oracle(backend, name):
     cfg, builders, inputs = _world(name, backend)
 
-    @settings(max_examples=100)
+    @settings(max_examples=fuzz_examples(backend, 100, 30))
     @given(host_steps(cfg, max_seq_len=4096), st.integers(0, 2**16))
     def check(step, seed):
         num_reqs, num_tokens = bucket_for(cfg, step.num_tokens, np.random.default_rng(seed))

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gather_world import gather_world
 from hypothesis import given, settings
-from support import DEVICE, _t, host_steps, quiet
+from support import DEVICE, READER_BACKEND, _t, host_steps, quiet
 from test_mixed_builds import CONFIGS
 
 from staticattn.errors import GraphError
@@ -36,7 +36,7 @@ def _write_tables(inputs, step) -> None:
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, name):
     cfg = CONFIGS[name](device=DEVICE, kernel_backend=backend)
-    arena, inputs, builders, consumer, caches = gather_world(cfg)
+    arena, inputs, builders, consumer, caches = gather_world(cfg, backend=READER_BACKEND)
     gm = GraphManager(arena, inputs, builders, consumer, quiet())
     assert gm.eager_build is EagerBuild.GRAPH
     fingerprint = arena.fingerprint()

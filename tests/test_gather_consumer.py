@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from gather_world import consume, gather_world
 from hypothesis import given, settings
-from support import DEVICE, host_steps, stage
+from support import DEVICE, fuzz_examples, host_steps, make_step, stage
 from test_mixed_builds import CONFIGS, bucket_for, stage_mixed
 
 from staticattn.builders import (
@@ -27,8 +27,7 @@ def _world(name: str, backend: str):
 def test_checksums_match_the_oracle_through_every_build(backend, name):
     cfg, builders, inputs, consumer, caches = _world(name, backend)
 
-    # Interpreted Triton runs one program per token: few examples here, many on the GPU.
-    @settings(max_examples=40 if backend == "torch" else 5)
+    @settings(max_examples=fuzz_examples(backend, 40, 3))
     @given(host_steps(cfg, max_seq_len=4096))
     def check(step):
         want = checksums.expected(cfg, step, *caches, step.num_tokens_padded)
@@ -58,3 +57,23 @@ def test_host_planned_sub_chunks_beyond_one_per_request(backend):
     assert len(builders[0].build(batch).prefill.chunks) > cfg.max_num_seqs + 1
     want = checksums.expected(cfg, step, *caches, step.num_tokens)
     assert consume(consumer, builders, stage(inputs, step), "build") == want
+
+
+def test_the_consumer_runs_on_the_backend_it_is_given():
+    """``backend`` picks the consumer's own kernels, whatever the builders run: a Triton
+    world read through the torch kernels gives the Triton consumer's sums; an unknown
+    backend is a typed error."""
+    from staticattn.consumers import GatherConsumer
+    from staticattn.errors import BackendUnavailableError
+
+    cfg = CONFIGS["v4-n2"](device=DEVICE, kernel_backend="triton")
+    _, inputs, builders, consumer, _ = gather_world(cfg)
+    reader = GatherConsumer(cfg, num_kv_blocks=100_000, backend="torch")
+    assert (consumer.backend, reader.backend) == ("triton", "torch")
+    step = make_step(cfg, [cfg.next_n, cfg.next_n, 37], [900, 40, 300],
+                     rng=np.random.default_rng(3))
+    batch = stage(inputs, step)
+    metadata = {b.name: b.build(batch) for b in builders}
+    assert reader(batch, metadata).tolist() == consumer(batch, metadata).tolist()
+    with pytest.raises(BackendUnavailableError, match="unknown kernel backend 'cuda'"):
+        GatherConsumer(cfg, backend="cuda")

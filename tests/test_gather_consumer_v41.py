@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from gather_world import consume
 from hypothesis import given, settings
+from support import fuzz_examples
 from test_mixed_builds import bucket_for
 from v41_steps import CONFIGS, make_v41_step, stage_mixed_v41, stage_v41, v41_config, v41_steps
 
@@ -45,7 +46,7 @@ def test_the_columns_name_the_v41_outputs():
 def test_v41_checksums_match_the_oracle_through_every_build(backend, name):
     cfg, builders, inputs, consumer, caches = _world(name, backend)
 
-    @settings(max_examples=20 if backend == "torch" else 4)
+    @settings(max_examples=fuzz_examples(backend, 20, 2))
     @given(v41_steps(cfg, max_seq_len=4096))
     def check(v41):
         step = v41.step

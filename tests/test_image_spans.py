@@ -229,6 +229,12 @@ def _manager(arena, builder, inputs):
 @pytest.mark.parametrize("spans, error, match", [
     ({0: [(2, 5)], 1: [(1, 3), (3, 4)]}, InvalidBatchError,
      r"image span 2 \(request 1, positions \[3, 4\]\) overlaps image span 1"),
+    # Out of order: the overlap is found after sorting, and still names both spans.
+    ([(1, 3, 4), (0, 2, 5), (1, 1, 3)], InvalidBatchError,
+     r"image span 2 \(request 1, positions \[1, 3\]\) overlaps image span 0 "
+     r"\(positions \[3, 4\]\)"),
+    ([(0, 2, 5), (0, 2, 5)], InvalidBatchError,
+     r"image span 1 \(request 0, positions \[2, 5\]\) overlaps image span 0"),
     ({2: [(7, 12)]}, InvalidBatchError, r"image span 0 \(request 2, positions \[7, 12\]\) "
                                         "runs outside its request"),
     ({3: [(0, 1)]}, InvalidBatchError, r"request 3 is outside the step's 3 requests"),

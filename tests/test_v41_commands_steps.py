@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from support import quiet
+from support import READER_BACKEND, quiet
 from v41_steps import v41_config
 
 from staticattn.arena import cache_groups
@@ -65,8 +65,8 @@ def test_random_steps_write_every_group_table(draw):
 
 def test_check_eagerly_compares_every_v41_builder(backend):
     cfg, builders, arena, inputs = _world(backend)
-    with GraphManager(arena, inputs, builders, GatherConsumer(cfg, num_kv_blocks=4096),
-                      quiet()) as gm:
+    reader = GatherConsumer(cfg, num_kv_blocks=4096, backend=READER_BACKEND)
+    with GraphManager(arena, inputs, builders, reader, quiet()) as gm:
         check = check_eagerly(gm, num_steps=4 if backend == "torch" else 2, seed=1,
                               max_seq_len=3000)
     assert check.compared == ("indexer.c1a", "indexer.c2a", "compressed", "swa")

@@ -60,6 +60,11 @@ class GatherConsumer:
         Blocks of each fake cache; block ids of the batch (every table's) must be below it.
     seed : int
         Fills the caches with random values.
+    backend : str, optional
+        The consumer's own kernels, "torch" or "triton"; None: the config's
+        ``kernel_backend``. A test of the builders' interpreted Triton kernels on CPU reads
+        them through the torch kernels, which give the same sums at a fraction of the
+        interpreter's time.
 
     Attributes
     ----------
@@ -74,7 +79,8 @@ class GatherConsumer:
         ring) ``"<type>.compressor_state"``; flat, indexed by slot.
     """
 
-    def __init__(self, config: ArenaConfig, num_kv_blocks: int = 4096, seed: int = 0) -> None:
+    def __init__(self, config: ArenaConfig, num_kv_blocks: int = 4096, seed: int = 0,
+                 backend: str | None = None) -> None:
         self.config = config
         dev = config.torch_device
         gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -107,7 +113,8 @@ class GatherConsumer:
         self.cu_seq_lens = torch.zeros(2 * r, dtype=torch.int32, device=dev)
         self.ks = torch.zeros(t, dtype=torch.int32, device=dev)
         self.ke = torch.zeros(t, dtype=torch.int32, device=dev)
-        self.backend = resolve_backend(config.kernel_backend, dev)
+        self.backend = resolve_backend(config.kernel_backend if backend is None else backend,
+                                       dev)
 
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
         num_tokens = batch.num_actual_tokens

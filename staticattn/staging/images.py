@@ -27,6 +27,7 @@ Example (§3.6): spans ``{0: [(2, 5)], 1: [(1, 3), (9, 12)]}`` are the rows
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping
 
 import numpy as np
@@ -49,40 +50,50 @@ def image_span_rows(config: ArenaConfig, spans) -> list[tuple[int, int, int]]:
     (the reference's per-request ranges), after the checks that need no lengths. Raises
     :class:`InvalidBatchError` when the arena has no image spans or a row is not three
     ints, :class:`CapacityError` past ``max_image_spans``."""
+    rows = [_ints(i, row) for i, row in enumerate(_as_rows(config, spans))]
+    _check_capacity(config, rows)
+    return rows
+
+
+def _as_rows(config: ArenaConfig, spans):
+    """The span rows of any accepted form, not yet checked."""
     if not config.image_spans:
         raise InvalidBatchError("image_spans were given, but the config has "
                                 "max_image_tokens=0 (a text model): pass None")
     if isinstance(spans, Mapping):
-        spans = [(b, first, last) for b, ranges in sorted(spans.items())
-                 for first, last in ranges]
-    elif isinstance(spans, np.ndarray):
+        return [(b, first, last) for b, ranges in sorted(spans.items())
+                for first, last in ranges]
+    if isinstance(spans, np.ndarray):
         if spans.size and (spans.ndim != 2 or spans.shape[1] != SPAN_FIELDS
                            or not np.issubdtype(spans.dtype, np.integer)):
             raise InvalidBatchError(f"image_spans must be rows of (request, first, last) "
                                     f"ints, got shape {spans.shape}, dtype {spans.dtype}")
-        spans = spans.tolist()
-    # Plain loops: a step carries a few spans, and numpy's cost per call would exceed the
-    # whole check. Python ints pass the type test at once; numpy ints are converted.
-    rows = []
-    for i, row in enumerate(spans):
-        try:
-            b, first, last = row
-        except (TypeError, ValueError):
-            raise InvalidBatchError(f"image span {i} must be (request, first, last) ints, "
-                                    f"got {row!r}") from None
-        if type(b) is not int or type(first) is not int or type(last) is not int:
-            if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-                       for x in (b, first, last)):
-                raise InvalidBatchError(f"image span {i} must be (request, first, last) "
-                                        f"ints, got {row!r}")
-            b, first, last = int(b), int(first), int(last)
-        rows.append((b, first, last))
+        return spans.tolist()
+    return spans
+
+
+def _ints(i: int, row) -> tuple[int, int, int]:
+    """Row ``i`` as three Python ints (numpy ints converted), or the error naming it."""
+    try:
+        b, first, last = row
+    except (TypeError, ValueError):
+        raise InvalidBatchError(f"image span {i} must be (request, first, last) ints, "
+                                f"got {row!r}") from None
+    if type(b) is int and type(first) is int and type(last) is int:
+        return b, first, last
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+               for x in (b, first, last)):
+        raise InvalidBatchError(f"image span {i} must be (request, first, last) ints, "
+                                f"got {row!r}")
+    return int(b), int(first), int(last)
+
+
+def _check_capacity(config: ArenaConfig, rows: list[tuple[int, int, int]]) -> None:
     if len(rows) > config.max_image_spans:
         b, first, last = rows[config.max_image_spans]
         raise CapacityError(
             f"image span {config.max_image_spans} (request {b}, positions [{first}, {last}]) "
             f"exceeds the capacity max_image_spans={config.max_image_spans}")
-    return rows
 
 
 def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
@@ -92,20 +103,34 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
     :class:`InvalidBatchError` or :class:`CapacityError` naming the first bad span."""
     if spans is None:
         return None
-    rows = image_span_rows(config, spans)
-    if not rows:
-        return rows
-    seqs, queries = seq_lens.tolist(), query_lens.tolist()
-    num_reqs, reach = len(seqs), config.sliding_window + config.max_image_tokens
-    for i, (b, first, last) in enumerate(rows):
+    # One pass of plain Python: a step carries a few spans, and a numpy call costs more
+    # than the whole check of three. Spans given in order (by request, then position) are
+    # checked for overlap against their predecessor as they pass; others are sorted after.
+    raw = _as_rows(config, spans)
+    if not isinstance(raw, (list, tuple)):
+        raw = list(raw)
+    if len(raw) > config.max_image_spans:
+        _check_capacity(config, [_ints(i, row) for i, row in enumerate(raw)])
+    num_reqs, reach = seq_lens.shape[0], config.sliding_window + config.max_image_tokens
+    rows = []
+    ordered, prev = True, (-1, -1, -1)
+    for i, row in enumerate(raw):
+        try:
+            b, first, last = row
+        except (TypeError, ValueError):
+            b = first = last = None  # _ints names the row
+        if type(b) is not int or type(first) is not int or type(last) is not int:
+            b, first, last = _ints(i, row)
+        row = (b, first, last)
+        rows.append(row)
         if not 0 <= b < num_reqs:
             raise InvalidBatchError(f"{_name(i, rows)}: request {b} is outside the step's "
                                     f"{num_reqs} requests")
-        length = seqs[b]
-        context = length - queries[b]
+        length = int(seq_lens.item(b))
         if not 0 <= first <= last < length:
             raise InvalidBatchError(f"{_name(i, rows)} runs outside its request: it needs 0 "
                                     f"<= first <= last < seq_lens[{b}] = {length}")
+        context = length - int(query_lens.item(b))
         if first < context <= last:
             raise InvalidBatchError(
                 f"{_name(i, rows)} straddles the first query position {context} of request "
@@ -114,15 +139,23 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
             raise InvalidBatchError(
                 f"{_name(i, rows)} holds {last - first + 1} tokens, more than sliding_window "
                 f"+ max_image_tokens = {reach}: its rows would pass the prefill row width")
-    if len(rows) > 1:
-        ranked = sorted(rows)  # by request, then first position
+        if ordered:
+            if b == prev[0] and first <= prev[2]:
+                _overlap(rows, i - 1, i)
+            ordered = row > prev
+        prev = row
+    if not ordered:
+        ranked = sorted(range(len(rows)), key=rows.__getitem__)
         for before, after in zip(ranked, ranked[1:]):
-            if before[0] == after[0] and after[1] <= before[2]:
-                i, j = sorted((rows.index(before), rows.index(after)))
-                raise InvalidBatchError(
-                    f"{_name(j, rows)} overlaps image span {i} (positions [{rows[i][1]}, "
-                    f"{rows[i][2]}]): spans of one request must not overlap")
+            if rows[before][0] == rows[after][0] and rows[after][1] <= rows[before][2]:
+                _overlap(rows, *sorted((before, after)))
     return rows
+
+
+def _overlap(rows: list[tuple[int, int, int]], i: int, j: int) -> None:
+    raise InvalidBatchError(
+        f"{_name(j, rows)} overlaps image span {i} (positions [{rows[i][1]}, {rows[i][2]}]): "
+        f"spans of one request must not overlap")
 
 
 def _name(i: int, rows: list[tuple[int, int, int]]) -> str:
@@ -144,10 +177,16 @@ class ImageSpans:
     def __init__(self, host: torch.Tensor, device: torch.Tensor) -> None:
         self.host = host
         self.device = device
-        self._rows = host.numpy()
+        capacity = host.shape[0]
+        # The host block's bytes, written with one struct call per step: a few spans cost
+        # less that way than through numpy's conversion of a list of tuples.
+        self._bytes = host.numpy().reshape(-1).view(np.uint8).data
+        self._unused = struct.pack(f"<{SPAN_FIELDS * capacity}i",
+                                   *(NO_REQUEST, 0, NO_REQUEST) * capacity)
+        self._packers = [struct.Struct(f"<{SPAN_FIELDS * n}i") for n in range(capacity + 1)]
         #: Rows that may hold a span: those staged last, or all once the views were handed
         #: out to an engine (:meth:`handed_out`).
-        self._used = self._rows.shape[0]
+        self._used = capacity
         self.stage(None)
 
     def stage(self, rows: list[tuple[int, int, int]] | None) -> None:
@@ -155,14 +194,15 @@ class ImageSpans:
         block, every other row unused; the caller has waited for the staging to be free."""
         n = 0 if rows is None else len(rows)
         if n:
-            self._rows[:n] = rows
+            self._packers[n].pack_into(self._bytes, 0, *[x for row in rows for x in row])
         if self._used > n:
-            self._rows[n:self._used] = (NO_REQUEST, 0, NO_REQUEST)
+            row = SPAN_FIELDS * 4
+            self._bytes[n * row:self._used * row] = self._unused[n * row:self._used * row]
         self._used = n
 
     def handed_out(self) -> None:
         """The host block went out as an in-place view: any row may hold a span."""
-        self._used = self._rows.shape[0]
+        self._used = self.host.shape[0]
 
     def copy_to_device(self) -> None:
         """The block to the device: one copy of fixed addresses (a graph node when captured),
