@@ -1,4 +1,5 @@
-"""Compile every Triton kernel of staticattn for sm_90 without a GPU (run as a script).
+"""Compile every Triton kernel of staticattn for sm_90 without a GPU (run as a script), and
+check that the SWA kernel's incremental row writers keep their barriers.
 
 Each case names a kernel and example arguments: a torch dtype stands for a pointer of that
 element type, an int for a runtime scalar, and the constexprs are given by value. The
@@ -54,7 +55,18 @@ def compile_sm90(kernel, args: dict, constexprs: dict) -> None:
         else:
             signature[name] = "i32"
     src = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
-    triton.compile(src, target=GPUTarget("cuda", 90, 32))
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32))
+
+
+def incremental_writers(kernel, constexprs: dict) -> int:
+    """How many writers of the SWA kernel rewrite a row only up to its old length (each
+    must put a barrier between every warp's load of the old lengths and the store of the
+    new ones, or a late warp reads a new length and leaves the old row's tail): C128A
+    decode and prefill rows, paged prefill SWA rows. 0 for other kernels."""
+    if kernel.fn.__name__ != "swa_decode_kernel":
+        return 0
+    return (constexprs["HAS_C128A"] + constexprs["C128A_PREFILL"]
+            + constexprs["SWA_PREFILL"])
 
 
 def ptrs(names: str, dtype) -> dict:
@@ -227,9 +239,17 @@ def main() -> int:
     count = 0
     for kernel, args, constexprs in cases():
         try:
-            compile_sm90(kernel, args, constexprs)
+            compiled = compile_sm90(kernel, args, constexprs)
         except Exception as exc:
             print(f"{kernel.fn.__name__} {constexprs}: {type(exc).__name__}: {exc}")
+            return 1
+        # Before layouts are assigned, a barrier comes only from tl.debug_barrier (its
+        # name in the IR changed across Triton releases).
+        ttir = compiled.asm["ttir"]
+        barriers = ttir.count("ttg.barrier") + ttir.count("gpu.barrier")
+        if barriers < incremental_writers(kernel, constexprs):
+            print(f"{kernel.fn.__name__} {constexprs}: {barriers} barriers for "
+                  f"{incremental_writers(kernel, constexprs)} incremental row writers")
             return 1
         count += 1
     print(f"compiled {count} kernel variants for sm_90")

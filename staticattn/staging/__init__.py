@@ -7,13 +7,13 @@ from staticattn.kernels.staging import (
     COUNT_TOKENS,
 )
 from staticattn.staging.buffers import NULL_BLOCK_ID, PAD_SLOT_ID, input_buffers
-from staticattn.staging.images import ImageSpans, check_image_spans, image_span_rows
+from staticattn.staging.images import ImageSpans, check_image_spans
 from staticattn.staging.inputs import HostViews, StagedCounts, StepInputs
 from staticattn.staging.replay import check_replay_start, replay_start_array
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "HostViews",
     "ImageSpans", "NULL_BLOCK_ID", "PAD_SLOT_ID", "StagedCounts", "StepInputs",
-    "check_image_spans", "check_replay_start", "image_span_rows", "input_buffers",
+    "check_image_spans", "check_replay_start", "input_buffers",
     "replay_start_array",
 ]

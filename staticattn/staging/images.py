@@ -36,23 +36,12 @@ import torch
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 
-__all__ = ["ImageSpans", "check_image_spans", "image_span_rows"]
+__all__ = ["ImageSpans", "check_image_spans"]
 
 #: Columns of a span row: request, first position, last position (inclusive).
 SPAN_FIELDS = 3
 #: The request of an unused span row: no token matches it.
 NO_REQUEST = -1
-
-
-def image_span_rows(config: ArenaConfig, spans) -> list[tuple[int, int, int]]:
-    """``spans`` as a list of ``(request, first, last)`` int triples, from rows of three ints
-    (a sequence or an int array ``(n, 3)``) or a mapping ``request -> [(first, last), ...]``
-    (the reference's per-request ranges), after the checks that need no lengths. Raises
-    :class:`InvalidBatchError` when the arena has no image spans or a row is not three
-    ints, :class:`CapacityError` past ``max_image_spans``."""
-    rows = [_ints(i, row) for i, row in enumerate(_as_rows(config, spans))]
-    _check_capacity(config, rows)
-    return rows
 
 
 def _as_rows(config: ArenaConfig, spans):
@@ -89,6 +78,7 @@ def _ints(i: int, row) -> tuple[int, int, int]:
 
 
 def _check_capacity(config: ArenaConfig, rows: list[tuple[int, int, int]]) -> None:
+    """:class:`CapacityError` naming the first span past ``max_image_spans``."""
     if len(rows) > config.max_image_spans:
         b, first, last = rows[config.max_image_spans]
         raise CapacityError(
