@@ -121,6 +121,53 @@ def test_example_b_double_prime_overflow_is_refused():
     assert ok == [(0, 2, 11)]
 
 
+def test_every_form_of_spans_checks_to_the_same_triples():
+    """A mapping, rows as tuples, as lists, with numpy ints, an int array, out of order:
+    the same checked ``(request, first, last)`` triples (in the order given), as ints."""
+    cfg = ArenaConfig(**VISION)
+    q, s = np.array([2, 9]), np.array([12, 20])
+    want = [(0, 1, 4), (1, 12, 15), (1, 16, 18)]
+    for spans in ({0: [(1, 4)], 1: [(12, 15), (16, 18)]}, want, tuple(want),
+                  [list(r) for r in want], [tuple(np.int32(x) for x in r) for r in want],
+                  np.array(want, dtype=np.int64)):
+        got = check_image_spans(cfg, spans, q, s)
+        assert got == want and all(type(x) is int for r in got for x in r), spans
+    assert check_image_spans(cfg, want[::-1], q, s) == want[::-1]
+    assert check_image_spans(cfg, [], q, s) == []
+
+
+def _spans_are_valid(cfg, spans, q, s) -> bool:
+    """The rule of ``vllm-0.33-extras.md`` §3 by plain loops, every pair compared."""
+    if len(spans) > cfg.max_image_spans:
+        return False
+    for b, first, last in spans:
+        if not (0 <= b < len(s) and 0 <= first <= last < s[b]):
+            return False
+        if first < s[b] - q[b] <= last or last - first >= cfg.sliding_window + \
+                cfg.max_image_tokens:
+            return False
+    return not any(a[0] == c[0] and a[1] <= c[2] and c[1] <= a[2]
+                   for i, a in enumerate(spans) for c in spans[i + 1:])
+
+
+@settings(max_examples=300)
+@given(st.lists(st.tuples(st.integers(-1, 3), st.integers(-1, 21), st.integers(-1, 21)),
+                max_size=9), st.lists(st.integers(1, 20), min_size=3, max_size=3),
+       st.randoms(use_true_random=False))
+def test_the_span_check_agrees_with_the_rule(spans, seq_lens, rnd):
+    """Any spans, in any order: accepted exactly when the rule holds, else a typed error
+    (:class:`CapacityError` past the capacity); accepted spans come back as given."""
+    cfg = ArenaConfig(**VISION)
+    s = np.array(seq_lens)
+    q = np.array([rnd.randint(1, x) for x in seq_lens])
+    if _spans_are_valid(cfg, spans, q, s):
+        assert check_image_spans(cfg, spans, q, s) == spans
+    else:
+        error = CapacityError if len(spans) > cfg.max_image_spans else InvalidBatchError
+        with pytest.raises(error):
+            check_image_spans(cfg, spans, q, s)
+
+
 def test_combined_rows_widen_inside_spans(backend):
     """§5.1: width round_up(K + W + mit, 128), windows [p - max(W - 1, left), p + right] in
     workspace coordinates, against the oracle; for the SWA-only type and C4A (top-k)."""
@@ -239,6 +286,7 @@ def _manager(arena, builder, inputs):
                                         "runs outside its request"),
     ({3: [(0, 1)]}, InvalidBatchError, r"request 3 is outside the step's 3 requests"),
     ({1: [(6, 9)]}, InvalidBatchError, "straddles the first query position 8 of request 1"),
+    ({1: [(6, 8)]}, InvalidBatchError, "straddles the first query position 8 of request 1"),
     ([(0, 1, 2)] * 2 + [(0, 3, 3)] * 7, CapacityError,
      r"image span 8 \(request 0, positions \[3, 3\]\) exceeds the capacity "
      "max_image_spans=8"),

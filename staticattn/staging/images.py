@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping
+from itertools import chain
 
 import numpy as np
 import torch
@@ -96,8 +97,10 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
     # One pass of plain Python: a step carries a few spans, and a numpy call costs more
     # than the whole check of three. Spans given in order (by request, then position) are
     # checked for overlap against their predecessor as they pass; others are sorted after.
-    raw = _as_rows(config, spans)
-    if not isinstance(raw, (list, tuple)):
+    # Rows in a list or tuple skip the abstract-class tests, which cost as much as a span.
+    raw = spans if type(spans) in (list, tuple) and config.image_spans else \
+        _as_rows(config, spans)
+    if type(raw) not in (list, tuple):
         raw = list(raw)
     if len(raw) > config.max_image_spans:
         _check_capacity(config, [_ints(i, row) for i, row in enumerate(raw)])
@@ -110,8 +113,10 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
         except (TypeError, ValueError):
             b = first = last = None  # _ints names the row
         if type(b) is not int or type(first) is not int or type(last) is not int:
-            b, first, last = _ints(i, row)
-        row = (b, first, last)
+            row = _ints(i, row)
+            b, first, last = row
+        elif type(row) is not tuple:
+            row = (b, first, last)
         rows.append(row)
         if not 0 <= b < num_reqs:
             raise InvalidBatchError(f"{_name(i, rows)}: request {b} is outside the step's "
@@ -130,9 +135,10 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
                 f"{_name(i, rows)} holds {last - first + 1} tokens, more than sliding_window "
                 f"+ max_image_tokens = {reach}: its rows would pass the prefill row width")
         if ordered:
-            if b == prev[0] and first <= prev[2]:
+            if row <= prev:  # out of order (or a repeat): sorted below
+                ordered = False
+            elif b == prev[0] and first <= prev[2]:
                 _overlap(rows, i - 1, i)
-            ordered = row > prev
         prev = row
     if not ordered:
         ranked = sorted(range(len(rows)), key=rows.__getitem__)
@@ -184,7 +190,7 @@ class ImageSpans:
         block, every other row unused; the caller has waited for the staging to be free."""
         n = 0 if rows is None else len(rows)
         if n:
-            self._packers[n].pack_into(self._bytes, 0, *[x for row in rows for x in row])
+            self._packers[n].pack_into(self._bytes, 0, *chain.from_iterable(rows))
         if self._used > n:
             row = SPAN_FIELDS * 4
             self._bytes[n * row:self._used * row] = self._unused[n * row:self._used * row]
