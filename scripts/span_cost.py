@@ -6,7 +6,8 @@ its token bucket on three managers of one process: DeepSeek V4 (today's mixed ro
 vision preset without spans, and the vision preset with three images
 (``staticattn.bench.mixed.IMAGE_SPANS``). Rounds alternate the three so drift hits each
 alike; per path the host time of ``run()`` and the GPU time of the replay, medians with min
-and max over every round.
+and max over every round. Then the spans' own host work timed alone: their check and their
+staging.
 
     python scripts/span_cost.py --rounds 10 --reps 50 --json span_cost.json
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
 import torch
@@ -25,6 +27,7 @@ from staticattn.bench.random_batches import NUM_KV_BLOCKS
 from staticattn.bench.replay import step_times_us
 from staticattn.builders import default_builders, make_arena
 from staticattn.graphs import GraphManager, GraphOptions
+from staticattn.staging import check_image_spans
 
 
 def _manager(preset: str, seed: int):
@@ -36,6 +39,21 @@ def _manager(preset: str, seed: int):
     gm.capture([], buckets=[8192])
     step = reference_mixed_batch(inputs, np.random.default_rng(seed))
     return gm, (step.query_lens, step.seq_lens, step.slot_mapping)
+
+
+def _spans_host_us(gm: GraphManager, q: np.ndarray, s: np.ndarray, reps: int) -> list:
+    """Median, min and max host µs of checking :data:`IMAGE_SPANS` against the step and
+    writing them into the staging block (a graph manager's host work for spans)."""
+    images = gm.inputs.images
+    torch.cuda.synchronize()  # no replay reads the staging block any more
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        images.stage(check_image_spans(gm.config, IMAGE_SPANS, q, s))
+        times.append((time.perf_counter() - t0) * 1e6)
+    images.stage(None)
+    t = np.asarray(times)
+    return [float(np.median(t)), float(t.min()), float(t.max())]
 
 
 def main() -> None:
@@ -69,6 +87,12 @@ def main() -> None:
         print(f"{name:<18} run() host {np.median(h):6.1f} us (min {h.min():.1f}, max "
               f"{h.max():.1f}), x{np.median(h) / base:.2f} V4 | GPU {np.median(g):6.1f} us "
               f"(min {g.min():.1f}, max {g.max():.1f})")
+    # The share of the spans' own host work: their check and staging alone, same process.
+    q, s = (np.asarray(x) for x in vision_args[:2])
+    spans_us = _spans_host_us(vision, q, s, args.rounds * args.reps)
+    report["span_check_and_staging_us"] = spans_us
+    print(f"span check + staging alone: {spans_us[0]:.1f} us (min {spans_us[1]:.1f}, max "
+          f"{spans_us[2]:.1f})")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=2)
