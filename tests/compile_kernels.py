@@ -113,9 +113,12 @@ def cases():
                "query_lens_out", I32), **ptrs("host_slots slots_out positions_out", I64),
         "num_reqs": 1,
         "query_len": 1}, dict(BLOCK=256, NUM_COUNTS=4)
-    yield staging._copy_kernel(), {
-        **ptrs("host_qsl host_seq_lens host_counts qsl_out seq_lens_out counts_out", I32),
-        **ptrs("host_slots slots_out", I64), "num_reqs": 1, "num_tokens": 1}, dict(BLOCK=256)
+    for span_entries in (0, 64 * 3):  # text models; 64 image spans
+        yield staging._copy_kernel(), {
+            **ptrs("host_qsl host_seq_lens host_counts qsl_out seq_lens_out counts_out "
+                   "host_spans spans_out", I32),
+            **ptrs("host_slots slots_out", I64), "num_reqs": 1, "num_tokens": 1}, dict(
+            SPAN_ENTRIES=span_entries, BLOCK_SPANS=max(256, span_entries), BLOCK=256)
     yield staging._derive_kernel(), {
         **ptrs("qsl seq_lens token_to_req_out counts query_lens_out", I32),
         "positions_out": I64,

@@ -363,8 +363,9 @@ def test_in_place_steps_carry_spans_and_check_them():
 
 @pytest.mark.gpu
 def test_a_token_bucket_graph_replays_the_spans_of_each_step():
-    """A captured token bucket: the span block is a node of the graph, so each replay sees
-    its own step's spans (with, without, with again), equal to the eager build."""
+    """A captured token bucket: the graph's staging kernel copies the span block, so each
+    replay sees its own step's spans (with, without, with again), equal to the eager
+    build."""
     cfg, builder, arena, inputs = _world("triton")
     step = _example_b(cfg)
     write_step_tables(inputs, step)

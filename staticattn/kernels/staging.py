@@ -21,9 +21,10 @@ Three ways, chosen by static facts:
 
 * **uniform** (every real request has ``n`` tokens: a decode graph): one kernel; request of
   token ``t`` is ``t // n``, so nothing is searched;
-* **general** (any composition): a copy kernel (the only reader of pinned memory), then a
-  derive kernel that searches the device copy of the query starts, which is cached, instead
-  of pinned memory, which costs a bus round trip per read;
+* **general** (any composition): a copy kernel (the only reader of pinned memory; with
+  image spans it brings their block too), then a derive kernel that searches the device
+  copy of the query starts, which is cached, instead of pinned memory, which costs a bus
+  round trip per read;
 * **device starts** (the query starts, lengths and slots were written on the device by an
   earlier kernel, e.g. a drafter deciding how many tokens each request verifies): a pad
   kernel completes those device views in place -- the real token count ``nt = qsl[k]`` is
@@ -41,7 +42,7 @@ from dataclasses import dataclass
 
 import torch
 
-from staticattn.kernels.launch import grid_size, launch
+from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = [
@@ -67,6 +68,8 @@ class StagingViews:
     qsl, seq_lens : int32 device ``(R_max + 1,)``, ``(R_max,)``
     slots, positions : int64 device ``(T_max,)``;  token_to_req : int32 device ``(T_max,)``
     step_counts : int32 device ``(NUM_COUNTS,)``;  query_lens : int32 device ``(R_max,)``
+    host_spans, spans : int32 pinned and device ``(S, 3)``, or None: a vision model's image
+    span block (:mod:`staticattn.staging.images`), which the general staging copies whole
     """
 
     host_qsl: torch.Tensor
@@ -80,6 +83,8 @@ class StagingViews:
     token_to_req: torch.Tensor
     step_counts: torch.Tensor
     query_lens: torch.Tensor
+    host_spans: torch.Tensor | None = None
+    spans: torch.Tensor | None = None
 
 
 def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) -> None:
@@ -112,15 +117,22 @@ def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) 
 def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
                   decode_threshold: int) -> None:
     """Stage any step over a static extent of ``num_reqs`` requests and ``num_tokens``
-    tokens; the real counts come from ``host_counts``. Two kernels: copy, then derive."""
+    tokens; the real counts come from ``host_counts``. Two kernels: copy, then derive. The
+    copy brings the image span block too, where there is one (no node of its own)."""
     if backend == "triton":
         extent = max(num_tokens, num_reqs + 1)
+        spans = v.spans is not None
         launch(_copy_kernel(), (grid_size(extent, _BLOCK),),
             v.host_qsl, v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens,
-            v.slots, v.step_counts, num_reqs, num_tokens, BLOCK=_BLOCK,
+            v.slots, v.step_counts, v.host_spans if spans else v.host_counts,
+            v.spans if spans else v.step_counts, num_reqs, num_tokens,
+            SPAN_ENTRIES=v.spans.numel() if spans else 0,
+            BLOCK_SPANS=pow2_at_least(v.spans.numel() if spans else 1, 16), BLOCK=_BLOCK,
         )
         _derive(v, num_reqs, num_tokens, decode_threshold)
         return
+    if v.spans is not None:
+        v.spans.copy_(v.host_spans, non_blocking=True)
     dev = v.qsl.device
     k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
     nt = v.host_counts[COUNT_TOKENS].to(dev, non_blocking=True)
@@ -265,8 +277,9 @@ def _copy_kernel():
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
     def copy_kernel(
         host_qsl, host_seq_lens, host_slots, host_counts,
-        qsl_out, seq_lens_out, slots_out, counts_out, num_reqs, num_tokens,
-        BLOCK: tl.constexpr,
+        qsl_out, seq_lens_out, slots_out, counts_out, host_spans, spans_out,
+        num_reqs, num_tokens,
+        SPAN_ENTRIES: tl.constexpr, BLOCK_SPANS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         k = tl.load(host_counts)
@@ -284,6 +297,10 @@ def _copy_kernel():
         if tl.program_id(0) == 0:
             tl.store(counts_out, k)
             tl.store(counts_out + 1, nt)
+            if SPAN_ENTRIES > 0:  # the whole span block, unused rows included
+                e = tl.arange(0, BLOCK_SPANS)
+                tl.store(spans_out + e, tl.load(host_spans + e, mask=e < SPAN_ENTRIES),
+                         mask=e < SPAN_ENTRIES)
 
     return copy_kernel
 

@@ -7,10 +7,11 @@ request as one image: a prefill token inside it sees the rest of the span behind
 (§3.4). Decode rows never change.
 
 Spans are staged like the other small inputs: the host writes them into a pinned block of
-``max_image_spans`` rows (unused rows carry request -1, which no token has) and one copy,
-the same node in every graph that reads them, brings the whole block to the device. No
-branch inside a graph depends on whether a step has spans; a step without any stages an
-empty block.
+``max_image_spans`` rows (unused rows carry request -1, which no token has) and the general
+staging kernel, which reads the other pinned inputs, brings the whole block to the device
+(no graph node of its own; :func:`staticattn.kernels.staging.stage_general`). No branch
+inside a graph depends on whether a step has spans; a step without any stages an empty
+block.
 
 The host checks, before anything is written (:func:`check_image_spans`): at most
 ``max_image_spans`` spans, each of an existing request with ``0 <= first <= last <
@@ -201,6 +202,7 @@ class ImageSpans:
         self._used = self.host.shape[0]
 
     def copy_to_device(self) -> None:
-        """The block to the device: one copy of fixed addresses (a graph node when captured),
-        before the staging guard's event."""
+        """The block to the device, for a step the general staging kernel does not stage
+        (device-decided lengths, whose steps carry no spans): one copy of fixed addresses
+        (a graph node when captured), before the staging guard's event."""
         self.device.copy_(self.host, non_blocking=True)

@@ -168,6 +168,7 @@ class StepInputs:
             self.host_query_start_loc, self.host_seq_lens, self.host_slot_mapping,
             self.host_counts, self.query_start_loc, self.seq_lens, self.slot_mapping,
             self.positions, self.token_to_req, self.step_counts, self.query_lens,
+            *((self.images.host, self.images.device) if self.images is not None else ()),
         )
         self._consumed = (
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None
@@ -363,7 +364,9 @@ class StepInputs:
             # batches carry no replay_start (Batch.for_decode_capture).
             stage_replay_start(self.backend, self.host_replay_start, self.step_counts,
                                self.replay_start, num_reqs)
-        if self.images is not None and not uniform:
+        if self.images is not None and device_starts:
+            # The general staging copies the span block; the device-starts path has no
+            # copy kernel (and its steps carry no spans: the block holds none).
             self.images.copy_to_device()
         if mark:
             self.mark_staging_read()
