@@ -150,16 +150,43 @@ def _spans_are_valid(cfg, spans, q, s) -> bool:
                    for i, a in enumerate(spans) for c in spans[i + 1:])
 
 
-@settings(max_examples=300)
-@given(st.lists(st.tuples(st.integers(-1, 3), st.integers(-1, 21), st.integers(-1, 21)),
-                max_size=9), st.lists(st.integers(1, 20), min_size=3, max_size=3),
-       st.randoms(use_true_random=False))
-def test_the_span_check_agrees_with_the_rule(spans, seq_lens, rnd):
-    """Any spans, in any order: accepted exactly when the rule holds, else a typed error
-    (:class:`CapacityError` past the capacity); accepted spans come back as given."""
+@st.composite
+def _near_valid_spans(draw):
+    """``(spans, query_lens, seq_lens)`` of three requests: spans inside one request's
+    context or query, often touching or overlapping each other, one in ten off by one
+    (outside the request, straddling the first query position, a token too long, a request
+    out of range), in any order or sorted."""
+    s = draw(st.lists(st.integers(1, 12), min_size=3, max_size=3))
+    q = [draw(st.integers(1, x)) for x in s]
+    reach = VISION["sliding_window"] + VISION["max_image_tokens"]
+    spans = []
+    for _ in range(draw(st.integers(1, 6))):
+        b = draw(st.integers(0, 2))
+        context = s[b] - q[b]
+        lo, hi = (0, context) if context and draw(st.booleans()) else (context, s[b])
+        first = draw(st.integers(lo, hi - 1))
+        last = draw(st.integers(first, min(hi, first + reach) - 1))
+        fault = draw(st.integers(0, 9))
+        if fault == 0:
+            b = draw(st.sampled_from([-1, 3]))
+        elif fault == 1:
+            first, last = (first, s[b]) if draw(st.booleans()) else (-1, last)
+        elif fault == 2:
+            last = hi if hi < s[b] else first + reach
+        spans.append((b, first, last))
+    if draw(st.booleans()):
+        spans.sort()
+    return spans, np.array(q), np.array(s)
+
+
+@settings(max_examples=400)
+@given(_near_valid_spans())
+def test_the_span_check_agrees_with_the_rule(case):
+    """Spans in any order or sorted (the check's one-pass path): accepted exactly when the
+    rule holds, else a typed error (:class:`CapacityError` past the capacity); accepted
+    spans come back as given."""
+    spans, q, s = case
     cfg = ArenaConfig(**VISION)
-    s = np.array(seq_lens)
-    q = np.array([rnd.randint(1, x) for x in seq_lens])
     if _spans_are_valid(cfg, spans, q, s):
         assert check_image_spans(cfg, spans, q, s) == spans
     else:
