@@ -369,7 +369,9 @@ def test_in_place_steps_carry_spans_and_check_them():
     write_step_tables(inputs, step)
     rows = [(0, 2, 5), (1, 1, 3), (1, 9, 12), (2, 2, 4), (2, 7, 10)]
     with _manager(arena, builder, inputs) as gm:
-        for spans, want in ((rows, LENS_B), ([(1, 6, 9)], None)):
+        # Bad spans of the last request and of request 0 alone (the check must see a block
+        # whose only span is request 0's).
+        for spans, want in ((rows, LENS_B), ([(1, 6, 9)], None), ([(0, 10, 12)], None)):
             views = gm.begin_step()
             views.seq_lens[:3] = step.seq_lens
             views.query_start_loc[:4] = np.concatenate([[0], np.cumsum(step.query_lens)])
