@@ -5,9 +5,10 @@ The reference mixed batch (``staticattn.bench.mixed.reference_mixed_batch``) rep
 its token bucket on three managers of one process: DeepSeek V4 (today's mixed rows), the
 vision preset without spans, and the vision preset with three images
 (``staticattn.bench.mixed.IMAGE_SPANS``). Rounds alternate the three so drift hits each
-alike; per path the host time of ``run()`` and the GPU time of the replay, medians with min
-and max over every round. Then the spans' own host work timed alone: their check and their
-staging.
+alike; per path the host time of ``run()``, the GPU time of the replay and the host time of
+the in-place step (``begin_step()`` + ``launch(k, t)``, checks on, the spans in the block),
+medians with min and max over every round. Then the spans' own host work timed alone: their
+check and their staging.
 
     python scripts/span_cost.py --rounds 10 --reps 50 --json span_cost.json
 """
@@ -24,7 +25,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.bench.mixed import IMAGE_SPANS, reference_mixed_batch
 from staticattn.bench.random_batches import NUM_KV_BLOCKS
-from staticattn.bench.replay import step_times_us
+from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.builders import default_builders, make_arena
 from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.staging import check_image_spans
@@ -39,6 +40,14 @@ def _manager(preset: str, seed: int):
     gm.capture([], buckets=[8192])
     step = reference_mixed_batch(inputs, np.random.default_rng(seed))
     return gm, (step.query_lens, step.seq_lens, step.slot_mapping)
+
+
+def _in_place_us(gm: GraphManager, args, spans, reps: int) -> list:
+    """Host µs of the in-place step (``begin_step()`` + ``launch(k, t)``, the manager's
+    checks on) with the block holding ``spans`` (None: none), as ``run()`` left it."""
+    q, s, slots = args
+    gm.run(q, s, slots, image_spans=spans)  # stages the spans into the block
+    return in_place_host_us(gm, np.asarray(s), np.asarray(slots), reps, np.asarray(q))
 
 
 def _spans_host_us(gm: GraphManager, q: np.ndarray, s: np.ndarray, reps: int) -> list:
@@ -66,7 +75,7 @@ def main() -> None:
     vision, vision_args = _manager("deepseek-v4-vision", 0)
     paths = {"v4": (v4, v4_args, None), "vision, no spans": (vision, vision_args, None),
              "vision, 3 images": (vision, vision_args, IMAGE_SPANS)}
-    times = {name: {"host": [], "gpu": []} for name in paths}
+    times = {name: {"host": [], "gpu": [], "in_place": []} for name in paths}
     for gm, a, spans in paths.values():  # warm every path
         for _ in range(5):
             assert gm.run(*a, image_spans=spans).mode == "graph"
@@ -75,18 +84,23 @@ def main() -> None:
             host, gpu = step_times_us(gm, a, None, args.reps, image_spans=spans)
             times[name]["host"] += host
             times[name]["gpu"] += gpu
+            times[name]["in_place"] += _in_place_us(gm, a, spans, args.reps)
     report = {"device": torch.cuda.get_device_name(), "rounds": args.rounds,
               "reps": args.reps, "paths": {}}
     base = float(np.median(times["v4"]["host"]))
+    base_in_place = float(np.median(times["v4"]["in_place"]))
     for name, t in times.items():
-        h, g = np.asarray(t["host"]), np.asarray(t["gpu"])
+        h, g, p = (np.asarray(t[k]) for k in ("host", "gpu", "in_place"))
         report["paths"][name] = {
+            "in_place_host_us": [float(np.median(p)), float(p.min()), float(p.max())],
+            "in_place_vs_v4": float(np.median(p)) / base_in_place,
             "host_us": [float(np.median(h)), float(h.min()), float(h.max())],
             "gpu_us": [float(np.median(g)), float(g.min()), float(g.max())],
             "host_vs_v4": float(np.median(h)) / base}
         print(f"{name:<18} run() host {np.median(h):6.1f} us (min {h.min():.1f}, max "
               f"{h.max():.1f}), x{np.median(h) / base:.2f} V4 | GPU {np.median(g):6.1f} us "
-              f"(min {g.min():.1f}, max {g.max():.1f})")
+              f"(min {g.min():.1f}, max {g.max():.1f}) | in place {np.median(p):5.1f} us (min "
+              f"{p.min():.1f}), x{np.median(p) / base_in_place:.2f}")
     # The share of the spans' own host work: their check and staging alone, same process.
     q, s = (np.asarray(x) for x in vision_args[:2])
     spans_us = _spans_host_us(vision, q, s, args.rounds * args.reps)
