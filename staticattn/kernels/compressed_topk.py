@@ -27,8 +27,9 @@ from __future__ import annotations
 import torch
 
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS
+from staticattn.kernels.step_counts import step_counts_jit
 
 __all__ = ["global_topk_slots"]
 
@@ -111,6 +112,9 @@ def _kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     @triton.jit
     def global_topk_kernel(
         topk, topk_stride, token_to_req, own_slots, table, table_stride, num_cols, out,
@@ -120,9 +124,7 @@ def _kernel():
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = rows < num_rows
-        live = in_rows
-        if DEVICE_COUNTS:
-            live = live & (rows < tl.load(counts + 3))
+        live = in_rows & (rows < live_decode_tokens(counts, num_rows, DEVICE_COUNTS))
         valid = live & (tl.load(own_slots + rows, mask=live, other=-1) >= 0)
         req = tl.load(token_to_req + rows, mask=valid, other=0).to(tl.int64)
         if FILL:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from staticattn.kernels.dcp import DCPShard, triton_dcp_helpers
 from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit, publish
+from staticattn.kernels.step_counts import step_counts_jit
 
 __all__ = ["COLS", "launch_decode_kernel", "launch_slots_kernel"]
 
@@ -75,6 +76,9 @@ def _decode_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl = triton_dcp_helpers()
     publish(globals(), dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl)
 
@@ -120,15 +124,14 @@ def _decode_kernel():
         if not DECODE:
             return
         # The real decodes: D requests, Td tokens; the static extents only bound them.
+        decodes = live_decodes(counts, num_decodes, DEVICE_COUNTS)
         if DEVICE_COUNTS:
-            live_reqs = tl.load(counts + 2)
-            live_tokens = tl.load(counts + 3)
+            decode_tokens = live_decode_tokens(counts, 0, DEVICE_COUNTS)
         else:
-            live_reqs = num_decodes
-            live_tokens = tl.load(qsl + num_decodes)
+            decode_tokens = tl.load(qsl + num_decodes)
         if FLATTEN:
             rows = i < num_rows
-            real = rows & (i < live_tokens)
+            real = rows & (i < decode_tokens)
             pos = tl.load(positions + i, mask=real, other=0).to(tl.int32)
             lens = tl.where(real, tl.maximum(pos + 1, 0) // compress_ratio, 0)
             # The lengths are written once, by the first column block.
@@ -150,14 +153,14 @@ def _decode_kernel():
             tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
         else:
             reqs = i < num_decodes
-            live = reqs & (i < live_reqs)
+            live = reqs & (i < decodes)
             start = tl.load(qsl + i, mask=live, other=0)
             end = tl.load(qsl + i + 1, mask=live, other=0)
             tl.store(decode_lens + i, end - start, mask=reqs)
             cells = i < num_decodes * width
             b = i // width
             j = i - b * width
-            seq_len = tl.load(seq_lens + b, mask=cells & (b < live_reqs), other=0)
+            seq_len = tl.load(seq_lens + b, mask=cells & (b < decodes), other=0)
             lens = tl.maximum(seq_len - width + 1 + j, 0) // compress_ratio
             if DCP:
                 tl.store(global_seq_lens + i, lens, mask=cells)

@@ -40,6 +40,7 @@ from staticattn.kernels.dcp import DCPShard, dcp_local_count, triton_dcp_helpers
 from staticattn.kernels.launch import launch
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_REQS, COUNT_TOKENS
+from staticattn.kernels.step_counts import step_counts_jit
 
 __all__ = ["CHUNK_FIELDS", "max_prefill_chunks", "plan_prefill_chunks"]
 
@@ -226,6 +227,9 @@ def _plan_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     @triton.jit
     def emit(chunk_bounds, cu_seq_lens, local_cu_seq_lens, qsl, start, end, m, keys, lkeys,
              zkeys, chunks, max_chunks, budget, FIELDS: tl.constexpr, DCP: tl.constexpr):
@@ -266,10 +270,11 @@ def _plan_kernel():
         dcp_rank, dcp_interleave, DCP: tl.constexpr, BLOCK: tl.constexpr,
         FIELDS: tl.constexpr,
     ):
-        k = tl.load(counts)
-        nt = tl.load(counts + 1)
-        d = tl.load(counts + 2)
-        td = tl.load(counts + 3)
+        # The plan is built on the device only (inside graphs or not): the counts are its.
+        k = live_reqs(counts, 0, True)
+        nt = live_tokens(counts, 0, True)
+        d = live_decodes(counts, 0, True)
+        td = live_decode_tokens(counts, 0, True)
         offs = tl.arange(0, BLOCK)
         # Clear what the sequential pass may leave unwritten, and wait for the clear.
         for c0 in range(0, 2 * num_reqs, BLOCK):

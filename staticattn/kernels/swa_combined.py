@@ -35,6 +35,7 @@ import torch
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_TOKENS
+from staticattn.kernels.step_counts import step_counts_jit
 from staticattn.kernels.swa_decode_torch import span_reach as span_reach_torch
 from staticattn.kernels.swa_decode_torch import window_start
 from staticattn.kernels.swa_window import span_reach_jit
@@ -168,6 +169,9 @@ def _combined_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     span_reach = span_reach_jit()
     publish(globals(), span_reach)
 
@@ -182,14 +186,9 @@ def _combined_kernel():
                         ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CH: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = r < num_tokens
-        if DEVICE_COUNTS:
-            d = tl.load(counts + 2)
-            td = tl.load(counts + 3)
-            nt = tl.load(counts + 1)
-        else:
-            d = d_static
-            td = td_static
-            nt = nt_static
+        d = live_decodes(counts, d_static, DEVICE_COUNTS)
+        td = live_decode_tokens(counts, td_static, DEVICE_COUNTS)
+        nt = live_tokens(counts, nt_static, DEVICE_COUNTS)
         live = in_rows & (td + r < nt)
         t = tl.where(live, td + r, 0)
         req = tl.load(token_to_req + t, mask=live, other=0)

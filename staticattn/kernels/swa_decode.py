@@ -53,6 +53,7 @@ from staticattn.errors import ArenaError
 from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
+from staticattn.kernels.step_counts import step_counts_jit
 from staticattn.kernels.swa_decode_torch import build_torch
 from staticattn.kernels.swa_window import span_reach_jit, window_rows_jit
 
@@ -196,6 +197,9 @@ def _swa_decode_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     @triton.jit
     def c128a_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
                    LOCAL: tl.constexpr, WIDTH: tl.constexpr, ENTRIES: tl.constexpr,
@@ -245,12 +249,8 @@ def _swa_decode_kernel():
         slot = tl.load(slot_mapping + i, mask=in_step, other=-1)
         valid = slot >= 0
         tl.store(is_valid_out + i, valid, mask=in_step)
-        if DEVICE_COUNTS:
-            td = tl.load(counts + 3)
-            nt = tl.load(counts + 1)
-        else:
-            td = num_decode_tokens
-            nt = num_tokens
+        td = live_decode_tokens(counts, num_decode_tokens, DEVICE_COUNTS)
+        nt = live_tokens(counts, num_tokens, DEVICE_COUNTS)
         is_row = i < decode_rows
         if tl.program_id(0) * BLOCK_T < decode_rows:
             live = is_row & (i < td) & valid

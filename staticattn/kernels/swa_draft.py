@@ -17,6 +17,7 @@ from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_TOKENS
+from staticattn.kernels.step_counts import step_counts_jit
 from staticattn.kernels.swa_decode_torch import gather_slots
 from staticattn.kernels.swa_window import window_rows_jit
 
@@ -75,6 +76,9 @@ def _draft_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     window_rows = window_rows_jit()
     publish(globals(), window_rows)
 
@@ -85,10 +89,7 @@ def _draft_kernel():
                      DEVICE_COUNTS: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
         t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = t < num_tokens
-        if DEVICE_COUNTS:
-            nt = tl.load(counts + 1)
-        else:
-            nt = nt_static
+        nt = live_tokens(counts, nt_static, DEVICE_COUNTS)
         slot = tl.load(slot_mapping + t, mask=in_rows, other=-1)
         tl.store(is_valid + t, slot >= 0, mask=in_rows)
         live = in_rows & (slot >= 0) & (t < nt)

@@ -29,6 +29,7 @@ from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch
 from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODE_TOKENS, COUNT_TOKENS
+from staticattn.kernels.step_counts import step_counts_jit
 from staticattn.kernels.swa_decode_torch import gather_slots, window_start
 from staticattn.kernels.swa_window import window_rows_jit
 
@@ -134,6 +135,9 @@ def _flashinfer_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     window_rows = window_rows_jit()
     publish(globals(), window_rows)
 
@@ -149,12 +153,8 @@ def _flashinfer_kernel():
                           ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
         t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = t < num_tokens
-        if DEVICE_COUNTS:
-            td = tl.load(counts + 3)
-            nt = tl.load(counts + 1)
-        else:
-            td = td_static
-            nt = nt_static
+        td = live_decode_tokens(counts, td_static, DEVICE_COUNTS)
+        nt = live_tokens(counts, nt_static, DEVICE_COUNTS)
         real = in_rows & (t < nt)
         decode = t < td
         valid = real & (tl.load(slot_mapping + t, mask=real, other=-1) >= 0)

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 import torch
 
 from staticattn.kernels.launch import grid_size, launch
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODES, COUNT_REQS
+from staticattn.kernels.step_counts import step_counts_jit
 
 __all__ = ["ChunkPlanViews", "prefill_gather_lens"]
 
@@ -197,6 +198,9 @@ def _gather_lens_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     @triton.jit(do_not_specialize=["num_decodes", "num_prefills", "window", "gather_blocks",
                                    "plan_rows", "packed_ratios", "budget_base",
                                    "max_model_len", "chunk_size"])
@@ -206,12 +210,8 @@ def _gather_lens_kernel():
                        WRITE_SEQ_LENS: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
                        HAS_REPLAY: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
-        if DEVICE_COUNTS:
-            first = tl.load(counts + 2)
-            k = tl.load(counts)
-        else:
-            first = num_decodes
-            k = num_decodes + num_prefills
+        first = live_decodes(counts, num_decodes, DEVICE_COUNTS)
+        k = live_reqs(counts, num_decodes + num_prefills, DEVICE_COUNTS)
         if pid < gather_blocks:
             i = pid * BLOCK + tl.arange(0, BLOCK)
             rows = i < num_prefills

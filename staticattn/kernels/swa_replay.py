@@ -29,8 +29,9 @@ import torch
 
 from staticattn.kernels.backend import triton_interpreted
 from staticattn.kernels.launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.lazy import lazy_jit
+from staticattn.kernels.lazy import lazy_jit, publish
 from staticattn.kernels.staging import COUNT_DECODES, COUNT_REQS
+from staticattn.kernels.step_counts import step_counts_jit
 
 __all__ = ["ReplayViews", "replay_sub_batch"]
 
@@ -122,18 +123,17 @@ def _replay_kernel():
     import triton
     import triton.language as tl
 
+    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
+    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
+
     @triton.jit(do_not_specialize=["k_static", "d_static", "num_reqs", "num_tokens", "window"])
     def replay_kernel(qsl, seq_lens, replay_start, slot_mapping, positions, counts, qsl_out,
                       query_lens_out, kv_start_out, rows_out, token_to_req_out, positions_out,
                       slots_out, counts_out, k_static, d_static, num_reqs, num_tokens, window,
                       DEVICE_COUNTS: tl.constexpr, HAS_REPLAY: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
-        if DEVICE_COUNTS:
-            k = tl.load(counts)
-            d = tl.load(counts + 2)
-        else:
-            k = k_static
-            d = d_static
+        k = live_reqs(counts, k_static, DEVICE_COUNTS)
+        d = live_decodes(counts, d_static, DEVICE_COUNTS)
         b = tl.arange(0, BLOCK_R)
         in_r = b < num_reqs
         live = in_r & (b < k)
