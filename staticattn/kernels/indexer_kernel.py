@@ -127,7 +127,7 @@ def _decode_kernel():
         decodes = live_decodes(counts, num_decodes, DEVICE_COUNTS)
         if DEVICE_COUNTS:
             decode_tokens = live_decode_tokens(counts, 0, DEVICE_COUNTS)
-        else:
+        else:  # the launch passes no token count: the decodes' query starts give it
             decode_tokens = tl.load(qsl + num_decodes)
         if FLATTEN:
             rows = i < num_rows

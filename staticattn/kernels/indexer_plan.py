@@ -270,7 +270,7 @@ def _plan_kernel():
         dcp_rank, dcp_interleave, DCP: tl.constexpr, BLOCK: tl.constexpr,
         FIELDS: tl.constexpr,
     ):
-        # The plan is built on the device only (inside graphs or not): the counts are its.
+        # The plan always reads the step's counts on the device, inside graphs and out.
         k = live_reqs(counts, 0, True)
         nt = live_tokens(counts, 0, True)
         d = live_decodes(counts, 0, True)
