@@ -123,11 +123,11 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
         if not 0 <= first <= last < length:
             raise InvalidBatchError(f"{_name(i, rows)} runs outside its request: it needs 0 "
                                     f"<= first <= last < seq_lens[{b}] = {length}")
-        if first < length - query_lens.item(b) <= last:
+        context = length - query_lens.item(b)
+        if first < context <= last:
             raise InvalidBatchError(
-                f"{_name(i, rows)} straddles the first query position "
-                f"{length - query_lens.item(b)} of request {b}: an image is scheduled "
-                f"whole, in one step")
+                f"{_name(i, rows)} straddles the first query position {context} of request "
+                f"{b}: an image is scheduled whole, in one step")
         if last - first >= reach:
             raise InvalidBatchError(
                 f"{_name(i, rows)} holds {last - first + 1} tokens, more than sliding_window "
