@@ -29,6 +29,7 @@ from staticattn.reference import v41_rows
 from staticattn.reference import v41_swa as oracle
 from staticattn.reference.step import HostStep
 from staticattn.staging import check_image_spans
+from staticattn.staging.images import spans_pass
 
 #: Example B's geometry: W = 4, mit = 3, SWA pages of 4, one draft token (threshold 2).
 VISION = dict(device=DEVICE, architecture="deepseek_v4", compress_ratios=(1, 4), block_size=8,
@@ -123,7 +124,8 @@ def test_example_b_double_prime_overflow_is_refused():
 
 def test_every_form_of_spans_checks_to_the_same_triples():
     """A mapping, rows as tuples, as lists, with numpy ints, an int array, out of order:
-    the same checked ``(request, first, last)`` triples (in the order given), as ints."""
+    the same checked ``(request, first, last)`` rows (in the order given), as ints (rows
+    in order of plain ints come back as given)."""
     cfg = ArenaConfig(**VISION)
     q, s = np.array([2, 9]), np.array([12, 20])
     want = [(0, 1, 4), (1, 12, 15), (1, 16, 18)]
@@ -131,7 +133,8 @@ def test_every_form_of_spans_checks_to_the_same_triples():
                   [list(r) for r in want], [tuple(np.int32(x) for x in r) for r in want],
                   np.array(want, dtype=np.int64)):
         got = check_image_spans(cfg, spans, q, s)
-        assert got == want and all(type(x) is int for r in got for x in r), spans
+        assert [tuple(r) for r in got] == want, spans
+        assert all(type(x) is int for r in got for x in r), spans
     assert check_image_spans(cfg, want[::-1], q, s) == want[::-1]
     assert check_image_spans(cfg, [], q, s) == []
 
@@ -193,6 +196,29 @@ def test_the_span_check_agrees_with_the_rule(case):
         error = CapacityError if len(spans) > cfg.max_image_spans else InvalidBatchError
         with pytest.raises(error):
             check_image_spans(cfg, spans, q, s)
+
+
+@settings(max_examples=400)
+@given(_near_valid_spans(), st.booleans())
+def test_the_fast_span_check_passes_only_valid_spans_in_order(case, as_lists):
+    """:func:`spans_pass`, the fast path of every step with spans: True exactly for spans the
+    rule accepts given in order (by request, then position), for rows as tuples (``run``)
+    or as lists (the in-place block's rows)."""
+    spans, q, s = case
+    cfg = ArenaConfig(**VISION)
+    rows = [list(r) for r in spans] if as_lists else spans
+    want = _spans_are_valid(cfg, spans, q, s) and spans == sorted(spans)
+    assert spans_pass(rows, q, s, cfg.sliding_window + cfg.max_image_tokens) is want
+
+
+@pytest.mark.parametrize("rows", [
+    [(0, 1.0, 2)], [(True, 1, 2)], [(np.int64(0), 1, 2)], [(0, 1)], [(0, 1, 2, 3)], [None],
+    [(0, 1, 2), (0, 1, 2)], [(1, 2, 3), (0, 1, 2)],
+])
+def test_the_fast_span_check_leaves_anything_else_to_the_full_check(rows):
+    """Rows that are not three plain ints, repeats and spans out of order are never passed
+    by the fast path (the full check converts, sorts or names them)."""
+    assert not spans_pass(rows, np.array([4, 4]), np.array([4, 4]), 7)
 
 
 def test_combined_rows_widen_inside_spans(backend):
@@ -278,10 +304,12 @@ def test_run_with_spans_agrees_through_every_build():
     step = _example_b(cfg)
     write_step_tables(inputs, step)
     with _manager(arena, builder, inputs) as gm:
+        as_lists = [[b, first, last] for b, ranges in SPANS_B.items() for first, last in ranges]
         for eager in (EagerBuild.REFERENCE, EagerBuild.GRAPH):
-            out = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
-                         image_spans=SPANS_B, eager=eager)
-            assert out.outputs[:18].tolist() == LENS_B, eager
+            for spans in (SPANS_B, as_lists):
+                out = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
+                             image_spans=spans, eager=eager)
+                assert out.outputs[:18].tolist() == LENS_B, (eager, spans)
         plain = gm.run(step.query_lens, step.seq_lens, step.slot_mapping,
                        eager=EagerBuild.GRAPH)
         assert plain.outputs[:18].tolist() == [4] * 6 + [1, 2, 3] + [4] * 9
@@ -388,6 +416,97 @@ def test_in_place_steps_carry_spans_and_check_them():
         views.image_spans[5] = (2, 7, 10)
         plain = gm.run(step.query_lens, step.seq_lens, step.slot_mapping)
         assert plain.outputs[:18].tolist() == [4] * 6 + [1, 2, 3] + [4] * 9
+
+
+def _write_example_b(gm, step):
+    views = gm.begin_step()
+    views.seq_lens[:3] = step.seq_lens
+    views.query_start_loc[:4] = np.concatenate([[0], np.cumsum(step.query_lens)])
+    views.slot_mapping[:19] = step.slot_mapping
+    return views
+
+
+@pytest.mark.parametrize("validate", [True, False])
+def test_in_place_spans_counted_at_launch(validate):
+    """``launch(k, t, num_spans=m)``: the block's first ``m`` rows are the step's spans,
+    whatever the engine left past them (a valid span that would change the rows, a bad
+    one): those rows are marked unused at launch, checks on or off."""
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    write_step_tables(inputs, step)
+    rows = [(0, 2, 5), (1, 1, 3), (1, 9, 12), (2, 2, 4), (2, 7, 10)]
+    one = [(1, 9, 12)]
+    want_one = oracle.expected_eager(cfg, _oracle_step(step, one))["prefill_swa_lens"]
+    with _manager(arena, builder, inputs) as gm:
+        gm.validate = validate
+        for spans, stale, want in ((rows, [(2, 0, 1)], LENS_B), (one, rows[2:], want_one),
+                                   ([], rows, [4] * 6 + [1, 2, 3] + [4] * 9)):
+            views = _write_example_b(gm, step)
+            for i, row in enumerate(spans + stale):
+                views.image_spans[i] = row
+            assert gm.launch(3, 19, num_spans=len(spans))[:18].tolist() == want
+            assert views.image_spans[len(spans):].tolist() == [[-1, 0, -1]] * (
+                cfg.max_image_spans - len(spans))
+
+
+@pytest.mark.parametrize("spans, num_spans, error, match", [
+    ([(1, 6, 9)], 1, InvalidBatchError,
+     r"image span 0 \(request 1, positions \[6, 9\]\) straddles"),
+    ([(0, 2, 5), (-1, 0, -1)], 2, InvalidBatchError,
+     r"image span 1 \(request -1, positions \[0, -1\]\): request -1 is outside"),
+    ([(1, 9, 12), (1, 1, 3), (1, 2, 2)], 3, InvalidBatchError,
+     r"image span 2 \(request 1, positions \[2, 2\]\) overlaps image span 1"),
+    ([], 9, CapacityError, "num_spans=9 exceeds the capacity max_image_spans=8"),
+    ([], -1, InvalidBatchError, "num_spans=-1 must be >= 0"),
+    ([], 1.0, InvalidBatchError, "num_spans must be an int, got 1.0"),
+    ([], True, InvalidBatchError, "num_spans must be an int, got True"),
+])
+def test_bad_in_place_spans_are_refused_with_the_views_as_written(spans, num_spans, error,
+                                                                   match):
+    """A bad span among the counted rows, or a count that is not one, is a typed error
+    before anything is launched; the block keeps what the engine wrote (a stale row past
+    the count included) and the manager serves the next step."""
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    write_step_tables(inputs, step)
+    with _manager(arena, builder, inputs) as gm:
+        views = _write_example_b(gm, step)
+        for i, row in enumerate(spans + [(2, 1, 1)]):
+            views.image_spans[i] = row
+        written = views.image_spans.copy()
+        before = {name: arena[name].clone() for name in arena.names()}
+        with pytest.raises(error, match=match):
+            gm.launch(3, 19, num_spans=num_spans)
+        assert np.array_equal(views.image_spans, written)
+        for name, was in before.items():
+            assert torch.equal(arena[name], was), f"{name} written by a refused step"
+        views = _write_example_b(gm, step)
+        views.image_spans[:3] = [(0, 2, 5), (1, 1, 3), (1, 9, 12)]
+        views.image_spans[3:5] = [(2, 2, 4), (2, 7, 10)]
+        assert gm.launch(3, 19, num_spans=5)[:18].tolist() == LENS_B
+
+
+def test_a_span_count_where_no_span_can_be():
+    """``num_spans`` on a uniform decode step, or above 0 on a text model: typed errors;
+    0 is accepted on both."""
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    write_step_tables(inputs, step)
+    with _manager(arena, builder, inputs) as gm:
+        views = gm.begin_step()
+        views.seq_lens[:2] = [5, 6]
+        views.slot_mapping[:4] = [0, 1, 2, 3]
+        with pytest.raises(InvalidBatchError, match="a uniform decode step"):
+            gm.launch(2, num_spans=1)
+        gm.launch(2, num_spans=0)
+    _, builder, arena, inputs = _world("torch", max_image_tokens=0, max_image_spans=0)
+    with _manager(arena, builder, inputs) as gm:
+        views = gm.begin_step()
+        views.seq_lens[:1], views.slot_mapping[:2] = [4], [0, 1]
+        views.query_start_loc[:2] = [0, 2]
+        with pytest.raises(InvalidBatchError, match="max_image_tokens=0"):
+            gm.launch(1, 2, num_spans=1)
+        gm.launch(1, 2, num_spans=0)
 
 
 @pytest.mark.gpu

@@ -13,11 +13,11 @@ V4.1-Flash side by side, V3.2 for the reference batch):
   fresh prefill, one in the continuing chunk; next to V4's own row of the same batch.
 
 Per scenario: host wall time of ``GraphManager.run`` (validation, staging, launch) and of the
-in-place API (``begin_step`` + ``launch(k, t)``, the engine's writes not counted), the GPU
-time of the replay, and the same for the two eager paths: ``run(eager=EagerBuild.GRAPH)``
-(the builds a graph holds, launched eagerly: what a step no graph holds runs) and
-``run(eager=EagerBuild.REFERENCE)`` (the reference builds); medians with min and max, each
-step started on an idle device.
+in-place API (``begin_step`` + ``launch(k, t)``, with images ``launch(k, t, num_spans=m)``;
+the engine's writes not counted), the GPU time of the replay, and the same for the two
+eager paths: ``run(eager=EagerBuild.GRAPH)`` (the builds a graph holds, launched eagerly:
+what a step no graph holds runs) and ``run(eager=EagerBuild.REFERENCE)`` (the reference
+builds); medians with min and max, each step started on an idle device.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def _measure(gm: GraphManager, steps: list[RandomStep], reps: int,
             out[f"{path}_host"] += host
             out[f"{path}_gpu"] += gpu
         out["in_place"] += in_place_host_us(gm, step.seq_lens, step.slot_mapping, per_step,
-                                            step.query_lens)
+                                            step.query_lens, image_spans=image_spans)
     return out
 
 

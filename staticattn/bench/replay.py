@@ -109,28 +109,35 @@ def run_bench(
 
 def in_place_host_us(gm: GraphManager, seq_lens: np.ndarray, slot_mapping: np.ndarray,
                      reps: int, query_lens: np.ndarray | None = None, *,
-                     validate: bool = True) -> list[float]:
+                     validate: bool = True, image_spans=None) -> list[float]:
     """Host time of a step through the in-place API: ``begin_step()`` and ``launch(k)`` for
     a uniform decode step, ``launch(k, t)`` for a step of any composition (``query_lens``
-    given; its query starts are written too); the engine's own writes into the views
-    (between the two) are not counted. Each step starts on an idle device. ``validate``:
-    the manager's checks on (its default) or off, for these steps only.
+    given; its query starts are written too; a vision model's ``image_spans`` rows too,
+    launched with ``num_spans``); the engine's own writes into the views (between the two)
+    are not counted. Each step starts on an idle device. ``validate``: the manager's checks
+    on (its default) or off, for these steps only.
     ``seq_lens``, ``query_lens``: host ints ``(k,)``; ``slot_mapping``: host ints ``(t,)``;
-    returns ``reps`` host times in microseconds."""
+    ``image_spans``: ``(request, first, last)`` rows; returns ``reps`` host times in
+    microseconds."""
     k, num_tokens = seq_lens.shape[0], slot_mapping.shape[0]
     qsl = None if query_lens is None else np.concatenate(([0], np.cumsum(query_lens)))
     counts = (k,) if qsl is None else (k, num_tokens)
+    spans = None
+    if image_spans is not None:
+        spans = np.asarray(image_spans, dtype=np.int32).reshape(-1, 3)
+        counts = (k, num_tokens, spans.shape[0])
     host = []
     kept, gm.validate = gm.validate, validate
     try:
         for _ in range(reps + 20):
-            host.append(_in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts))
+            host.append(_in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts,
+                                       spans))
     finally:
         gm.validate = kept
     return host[20:]
 
 
-def _in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts) -> float:
+def _in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts, spans) -> float:
     """One timed in-place step (us): ``begin_step()`` and ``launch(*counts)``."""
     torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -140,6 +147,8 @@ def _in_place_once(gm, k, num_tokens, seq_lens, slot_mapping, qsl, counts) -> fl
     views.slot_mapping[:num_tokens] = slot_mapping
     if qsl is not None:
         views.query_start_loc[: k + 1] = qsl
+    if spans is not None:
+        views.image_spans[: spans.shape[0]] = spans
     t2 = time.perf_counter()
     gm.launch(*counts)
     t3 = time.perf_counter()

@@ -82,11 +82,12 @@ class ContextBucket:
         return self.manager.run(query_lens, s, slot_mapping, replay_start=replay_start,
                                 image_spans=image_spans, eager=eager)
 
-    def launch(self, num_reqs: int, num_tokens: int | None = None):
+    def launch(self, num_reqs: int, num_tokens: int | None = None,
+               num_spans: int | None = None):
         """:meth:`GraphManager.launch`, for steps whose sequences fit the bucket."""
         if num_reqs > 0:
             self._fits(int(self.manager.host.seq_lens[:num_reqs].max()))
-        return self.manager.launch(num_reqs, num_tokens)
+        return self.manager.launch(num_reqs, num_tokens, num_spans)
 
     def _fits(self, longest: int) -> None:
         # The widest bucket is the capacity: past it, the step's validation says why.
@@ -168,15 +169,16 @@ class ContextGraphs:
         """The pinned staging views (shared by every bucket), once the last step read them."""
         return self._widest.begin_step()
 
-    def launch(self, num_reqs: int, num_tokens: int | None = None):
+    def launch(self, num_reqs: int, num_tokens: int | None = None,
+               num_spans: int | None = None):
         """:meth:`GraphManager.launch` on the bucket of the longest sequence written into
         the views (a uniform decode step, ``num_tokens`` None), else on the capacity-wide
         manager."""
         if num_tokens is None and num_reqs > 0:
             longest = int(self.inputs.host.seq_lens[:num_reqs].max())
             # As in run: the step fits the bucket chosen, no second scan of the lengths.
-            return self.manager_for(longest, num_reqs).launch(num_reqs)
-        return self._widest.launch(num_reqs, num_tokens)
+            return self.manager_for(longest, num_reqs).launch(num_reqs, None, num_spans)
+        return self._widest.launch(num_reqs, num_tokens, num_spans)
 
     # ------------------------------------------------------------------ reports
     @property

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from staticattn.builders.validation.views import ViewChecks
+from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.options import EagerBuild
 from staticattn.graphs.records import RunStats
@@ -51,16 +52,19 @@ class InPlaceSteps:
         self._n = self.config.next_n
         self._graph_builds = eager.build is EagerBuild.GRAPH
         self._require_open = require_open
+        self._images = inputs.images
+        self._span_capacity = 0 if self._images is None else self._images.host.shape[0]
 
     def begin_step(self) -> HostViews:
         """Wait until the previous step has read the staging (nearly always already true),
         then hand out its views to write the next step into."""
         self.inputs.wait_staging_free()
-        if self.inputs.images is not None:
-            self.inputs.images.handed_out()
+        if self._images is not None:
+            self._images.handed_out()
         return self.inputs.host
 
-    def launch(self, num_reqs: int, num_tokens: int | None = None) -> Any:
+    def launch(self, num_reqs: int, num_tokens: int | None = None,
+               num_spans: int | None = None) -> Any:
         """Launch the step written into :meth:`begin_step`'s views.
 
         ``launch(k)``: a uniform decode step of ``k`` requests (``next_n`` tokens each;
@@ -70,6 +74,12 @@ class InPlaceSteps:
         position, 0 for the decodes and where nothing replays -- the graph stages it for the
         prefill requests; ``launch(k)`` does not read it).
 
+        A vision model's image spans (``views.image_spans``, rows ``(request, first,
+        last)``): ``launch(k, t, num_spans=m)`` reads the first ``m`` rows and marks every
+        later row unused, whatever the engine left there (the cheap form: only ``m`` rows
+        are checked). Without ``num_spans`` the step's spans are the rows whose request is
+        not -1, anywhere in the block (the engine keeps unused rows at -1).
+
         The step goes to the graph ``GraphManager.run`` would pick: a uniform decode step
         beyond the decode graphs to the token bucket that holds it (its query starts are then
         written here).
@@ -77,10 +87,13 @@ class InPlaceSteps:
         Returns the graph's outputs at their captured extent (the first ``t`` rows are the
         step's; valid until the next step), or, when no captured graph holds the step, the
         eager step's outputs. Raises a typed error before launching anything when
-        ``validate`` is on and a bound is broken.
+        ``validate`` is on and a bound is broken; a bad ``num_spans`` always.
         """
         if num_tokens is None:
             num_reqs = operator.index(num_reqs)
+            if num_spans is not None and (type(num_spans) is not int or num_spans):
+                raise InvalidBatchError(f"num_spans={num_spans!r}: a uniform decode step "
+                                        f"(launch(k)) carries no image spans")
             if self.validate:
                 self.checks.decode(num_reqs)
             table = self.table.decode
@@ -92,8 +105,13 @@ class InPlaceSteps:
             self.stats.replays += 1
             return g.outputs
         num_reqs, num_tokens = operator.index(num_reqs), operator.index(num_tokens)
+        if num_spans is not None and (type(num_spans) is not int
+                                      or not 0 <= num_spans <= self._span_capacity):
+            num_spans = self._span_count(num_spans)
         if self.validate:
-            self.checks.step(num_reqs, num_tokens)
+            self.checks.step(num_reqs, num_tokens, num_spans)
+        if num_spans is not None and self._images is not None:
+            self._images.keep(num_spans)
         table = self.table.mixed
         g = table[num_tokens] if num_tokens < len(table) else None
         counts = self._counts
@@ -103,6 +121,24 @@ class InPlaceSteps:
         g.launch()
         self.stats.mixed_replays += 1
         return g.outputs
+
+    def _span_count(self, num_spans) -> int:
+        """``num_spans`` as an int in ``[0, max_image_spans]``, else its typed error."""
+        if isinstance(num_spans, bool):
+            raise InvalidBatchError(f"num_spans must be an int, got {num_spans!r}")
+        try:
+            count = operator.index(num_spans)
+        except TypeError:
+            raise InvalidBatchError(f"num_spans must be an int, got {num_spans!r}") from None
+        if count < 0:
+            raise InvalidBatchError(f"num_spans={count} must be >= 0")
+        if count > self._span_capacity:
+            if self._images is None:
+                raise InvalidBatchError(f"num_spans={count}, but the config has "
+                                        f"max_image_tokens=0 (a text model): no spans")
+            raise CapacityError(f"num_spans={count} exceeds the capacity "
+                                f"max_image_spans={self._span_capacity}")
+        return count
 
     def _launch_miss(self, num_reqs: int, num_tokens: int, uniform: bool) -> Any:
         """A step of the in-place views that the fast path's table entry does not hold:

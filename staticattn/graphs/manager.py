@@ -17,16 +17,18 @@ Workflow:
    warmed up first at minimal sequence lengths.
 3. Per step, either
 
-   * ``run(query_lens, seq_lens, slot_mapping, replay_start=None)`` -- validate, write the
-     host arrays into the staging and launch: a uniform decode step replays the smallest
-     decode graph that holds it, any other step the smallest token bucket that holds it;
-     only a step beyond every captured graph runs eagerly (the manager counts why); or
+   * ``run(query_lens, seq_lens, slot_mapping, replay_start=None, image_spans=None)`` --
+     validate, write the host arrays into the staging and launch: a uniform decode step
+     replays the smallest decode graph that holds it, any other step the smallest token
+     bucket that holds it; only a step beyond every captured graph runs eagerly (the
+     manager counts why); or
    * the in-place API of an engine's decode loop: ``views = begin_step()`` (waits until the
      previous replay has read the staging), write ``views.seq_lens[:k]``,
      ``views.slot_mapping[:t]`` (and ``views.query_start_loc[: k + 1]`` for a step of any
-     composition, and with bounded replay ``views.replay_start[:k]``) directly, then
-     ``launch(k)`` (uniform decode) or ``launch(k, t)``: bounds checked in a few vectorized
-     passes, one graph launch, nothing else.
+     composition, with bounded replay ``views.replay_start[:k]``, a vision model's image
+     spans ``views.image_spans[:m]``) directly, then ``launch(k)`` (uniform decode) or
+     ``launch(k, t)`` (``launch(k, t, num_spans=m)`` with spans): bounds checked in a few
+     vectorized passes, one graph launch, nothing else.
 
    ``replay_start`` (DeepSeek V4.1's bounded replay, ``docs/spec/deepseek-v41.md`` §8.1):
    each prefill request's first replayed position, 0 for decodes; a step input like the
@@ -119,10 +121,10 @@ class GraphManager:
         sequences fit (:class:`~staticattn.graphs.ContextGraphs` does).
 
     The step APIs are the parts': ``run(query_lens, seq_lens, slot_mapping, *,
-    replay_start=None, eager=None)`` (:meth:`StepRunner.run
+    replay_start=None, image_spans=None, eager=None)`` (:meth:`StepRunner.run
     <staticattn.graphs.runner.StepRunner.run>`), ``begin_step()`` and
-    ``launch(num_reqs, num_tokens=None)`` (:class:`~staticattn.graphs.in_place.
-    InPlaceSteps`).
+    ``launch(num_reqs, num_tokens=None, num_spans=None)`` (:class:`~staticattn.graphs.
+    in_place.InPlaceSteps`).
 
     Raises :class:`GraphError` when ``options`` is not a :class:`GraphOptions`, ``step`` is
     not callable, ``builders`` is empty, ``inputs`` are not the arena's, ``context_len`` is

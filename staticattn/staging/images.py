@@ -11,16 +11,18 @@ Spans are staged like the other small inputs: the host writes them into a pinned
 staging kernel, which reads the other pinned inputs, brings the whole block to the device
 (no graph node of its own; :func:`staticattn.kernels.staging.stage_general`). No branch
 inside a graph depends on whether a step has spans; a step without any stages an empty
-block.
+block. An engine stepping in place writes the block's first ``m`` rows itself and launches
+with ``num_spans=m``; the rows past them are then marked unused (:meth:`ImageSpans.keep`).
 
 The host checks, before anything is written (:func:`check_image_spans`): at most
 ``max_image_spans`` spans, each of an existing request with ``0 <= first <= last <
 seq_lens[request]``, spans of one request do not overlap (the reference lets the last
 matching span win), a span lies wholly in the step's query or wholly before it (spans are
 scheduled whole, §3.2: a chunk never ends inside an image), and a span holds at most
-``W + mit`` tokens -- a longer one would give
-its tokens windows past the prefill row's width (the reference writes the row's ``W + mit``
-columns and stores the longer length, §3.4). Every error names the span.
+``W + mit`` tokens -- a longer one would give its tokens windows past the prefill row's
+width (the reference writes the row's ``W + mit`` columns and stores the longer length,
+§3.4). Every error names the span. Spans in order (by request, then position) pass through
+plain comparisons (:func:`spans_pass`); anything else goes through the full check.
 
 Example (§3.6): spans ``{0: [(2, 5)], 1: [(1, 3), (9, 12)]}`` are the rows
 ``[[0, 2, 5], [1, 1, 3], [1, 9, 12]]``.
@@ -37,7 +39,7 @@ import torch
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 
-__all__ = ["ImageSpans", "check_image_spans"]
+__all__ = ["ImageSpans", "check_image_spans", "spans_pass"]
 
 #: Columns of a span row: request, first position, last position (inclusive).
 SPAN_FIELDS = 3
@@ -87,16 +89,55 @@ def _check_capacity(config: ArenaConfig, rows: list[tuple[int, int, int]]) -> No
             f"exceeds the capacity max_image_spans={config.max_image_spans}")
 
 
+def spans_pass(rows, query_lens: np.ndarray, seq_lens: np.ndarray, reach: int) -> bool:
+    """Whether ``rows`` (a sequence of ``(request, first, last)``, a list or tuple each) are
+    spans every check of :func:`check_image_spans` passes, given in order: by request, then
+    position, no two overlapping. ``query_lens``, ``seq_lens``: host integer arrays
+    ``(num_reqs,)`` (valid lengths: ``seq_lens`` may be an unsigned view); ``reach``:
+    ``sliding_window + max_image_tokens``. The capacity is the caller's to test.
+
+    The fast path of the check, for every step that carries spans: plain comparisons only,
+    about a third of the full check's cost. False for anything else -- a bad span, a
+    non-int, spans out of order -- and the full check then decides and names the span.
+    """
+    seq, query, num_reqs = seq_lens.item, query_lens.item, seq_lens.shape[0]
+    prev_b = prev_last = -1
+    try:
+        for b, first, last in rows:
+            # ``type(x) is int`` also refuses bools, numpy ints and floats.
+            if not (type(b) is type(first) is type(last) is int and 0 <= b < num_reqs):
+                return False
+            length = seq(b)
+            # In order and apart from the previous span; inside the request; not across
+            # its first query position; at most ``reach`` tokens.
+            if (b < prev_b or b == prev_b and first <= prev_last
+                    or not 0 <= first <= last < length or last - first >= reach
+                    or first < length - query(b) <= last):
+                return False
+            prev_b, prev_last = b, last
+    except (TypeError, ValueError):  # a row that is not three values
+        return False
+    return True
+
+
 def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
                       seq_lens: np.ndarray) -> list[tuple[int, int, int]] | None:
     """The spans of a step of ``query_lens``, ``seq_lens`` (host ints ``(num_reqs,)``) as
-    checked ``(request, first, last)`` triples (see the module), or None for None. Raises
-    :class:`InvalidBatchError` or :class:`CapacityError` naming the first bad span."""
+    checked ``(request, first, last)`` rows (see the module), or None for None: ``spans``
+    itself when it is a list or tuple of rows that :func:`spans_pass`, else new triples.
+    Raises :class:`InvalidBatchError` or :class:`CapacityError` naming the first bad
+    span."""
     if spans is None:
         return None
-    # One pass of plain Python: a step carries a few spans, and a numpy call costs more
-    # than the whole check of three. Spans given in order (by request, then position) are
-    # checked for overlap against their predecessor as they pass; others are sorted after.
+    if (type(spans) in (list, tuple) and config.image_spans
+            and len(spans) <= config.max_image_spans
+            and spans_pass(spans, query_lens, seq_lens,
+                           config.sliding_window + config.max_image_tokens)):
+        return spans
+    # One pass of plain Python, for what the fast path did not pass: a step carries a few
+    # spans, and a numpy call costs more than the whole check of three. Spans given in
+    # order (by request, then position) are checked for overlap against their predecessor
+    # as they pass; others are sorted after.
     # Rows in a list or tuple skip the abstract-class tests, which cost as much as a span.
     raw = spans if type(spans) in (list, tuple) and config.image_spans else \
         _as_rows(config, spans)
@@ -175,21 +216,30 @@ class ImageSpans:
         # The host block's bytes, written with one struct call per step: a few spans cost
         # less that way than through numpy's conversion of a list of tuples.
         self._bytes = host.numpy().reshape(-1).view(np.uint8).data
-        self._unused = struct.pack(f"<{SPAN_FIELDS * capacity}i",
-                                   *(NO_REQUEST, 0, NO_REQUEST) * capacity)
+        self._unused = memoryview(struct.pack(f"<{SPAN_FIELDS * capacity}i",
+                                              *(NO_REQUEST, 0, NO_REQUEST) * capacity))
         self._packers = [struct.Struct(f"<{SPAN_FIELDS * n}i") for n in range(capacity + 1)]
         #: Rows that may hold a span: those staged last, or all once the views were handed
         #: out to an engine (:meth:`handed_out`).
         self._used = capacity
         self.stage(None)
 
-    def stage(self, rows: list[tuple[int, int, int]] | None) -> None:
-        """Write checked ``(request, first, last)`` triples (None: no span) into the host
-        block, every other row unused; the caller has waited for the staging to be free."""
+    def stage(self, rows) -> None:
+        """Write checked rows ``(request, first, last)`` (tuples or lists; None: no span)
+        into the host block, every other row unused; the caller has waited for the staging
+        to be free."""
         n = 0 if rows is None else len(rows)
         if n:
-            # sum() joins a few short tuples faster than itertools.chain unpacks them.
-            self._packers[n].pack_into(self._bytes, 0, *sum(rows, ()))
+            try:  # sum() joins a few short tuples faster than itertools.chain unpacks them
+                words = sum(rows, ())
+            except TypeError:  # rows given as lists
+                words = [x for row in rows for x in row]
+            self._packers[n].pack_into(self._bytes, 0, *words)
+        self.keep(n)
+
+    def keep(self, n: int) -> None:
+        """Keep the first ``n`` rows as they are and mark every later row unused (an
+        in-place step of ``n`` spans: what the engine left past them is never read)."""
         if self._used > n:
             row = SPAN_FIELDS * 4
             self._bytes[n * row:self._used * row] = self._unused[n * row:self._used * row]

@@ -33,7 +33,7 @@ from staticattn.builders.validation.values import (
     slots_within,
 )
 from staticattn.errors import CapacityError, InvalidBatchError
-from staticattn.staging.images import check_image_spans
+from staticattn.staging.images import check_image_spans, spans_pass
 from staticattn.staging.inputs import HostViews
 from staticattn.staging.replay import check_replay_start
 
@@ -77,6 +77,8 @@ class ViewChecks:
         self._decode_views: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._slot_views: dict[int, np.ndarray] = {}
         self._start_views: dict[int, tuple] = {}
+        self._span_views: dict[int, np.ndarray] = {}
+        self._span_reach = config.sliding_window + config.max_image_tokens
         # Non-zero starts read as uint32 have a non-zero maximum: one pass finds any.
         self._replay_u32 = None if host.replay_start is None else host.replay_start.view(
             np.uint32)
@@ -101,8 +103,10 @@ class ViewChecks:
         if self.blocks is not None:
             self.blocks.check_step(num_reqs, self.host.seq_lens[:num_reqs])
 
-    def step(self, num_reqs: int, num_tokens: int) -> None:
-        """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written."""
+    def step(self, num_reqs: int, num_tokens: int, num_spans: int | None = None) -> None:
+        """A step of any composition: ``query_start_loc[: num_reqs + 1]`` written. A vision
+        model's image spans: the first ``num_spans`` rows of the block (an int the caller
+        has bounded by the capacity), or, None, every row whose request is not -1."""
         cfg = self.config
         if not 0 < num_reqs <= cfg.max_num_seqs:
             self._bad_count(num_reqs)
@@ -123,27 +127,41 @@ class ViewChecks:
             raise InvalidBatchError(
                 f"query_start_loc must run from 0 to num_tokens={num_tokens}; it holds "
                 f"[{int(qsl[0])}, ..., {int(qsl[num_reqs])}] over {num_reqs} requests")
+        query_lens = ends - starts
         # 0 <= q <= L as one unsigned comparison: a negative q reads as above any length; a
         # negative L fails the bound after it.
-        if (not _min((ends - starts).view(np.uint32) <= seq)
+        if (not _min(query_lens.view(np.uint32) <= seq)
                 or seq.item(seq.argmax()) > self.max_model_len):
             query_lens = check_non_decreasing("query_start_loc",
                                               qsl[: num_reqs + 1].astype(np.int64))
             check_seq_lens(query_lens, self.host.seq_lens[:num_reqs].astype(np.int64), cfg)
         if replay is not None and replay.item(replay.argmax()):
-            check_replay_start(cfg, self.host.replay_start[:num_reqs], ends - starts,
+            check_replay_start(cfg, self.host.replay_start[:num_reqs], query_lens,
                                self.host.seq_lens[:num_reqs])
         spans = self.host.image_spans
         if spans is not None:
-            requests = spans[:, 0]
-            if requests.item(requests.argmax()) >= 0:  # a row holds a span
-                # The used rows gathered by index, then checked as Python lists: a boolean
-                # mask of the block, or a Python filter of all its rows, costs more.
-                used = spans.take((requests >= 0).nonzero()[0], axis=0).tolist()
-                check_image_spans(cfg, used, ends - starts, self.host.seq_lens[:num_reqs])
+            if num_spans is None:
+                requests = spans[:, 0]
+                if requests.item(requests.argmax()) >= 0:  # a row holds a span
+                    # The used rows gathered by index: a boolean mask of the block, or a
+                    # Python filter of all its rows, costs more.
+                    self._spans(spans.take((requests >= 0).nonzero()[0], axis=0).tolist(),
+                                query_lens, seq, num_reqs)
+            elif num_spans:
+                rows = self._span_views.get(num_spans)
+                if rows is None:
+                    rows = self._span_views[num_spans] = spans[:num_spans]
+                self._spans(rows.tolist(), query_lens, seq, num_reqs)
         self._slots(num_tokens)
         if self.blocks is not None:
             self.blocks.check_step(num_reqs, self.host.seq_lens[:num_reqs])
+
+    def _spans(self, rows: list, query_lens: np.ndarray, seq: np.ndarray,
+               num_reqs: int) -> None:
+        """Rows of the span block (lists of three ints), checked against a step whose
+        lengths passed: the fast path, else the full check names the bad span."""
+        if not spans_pass(rows, query_lens, seq, self._span_reach):
+            check_image_spans(self.config, rows, query_lens, self.host.seq_lens[:num_reqs])
 
     def _slots(self, num_tokens: int) -> None:
         slots = self._slot_views.get(num_tokens)
