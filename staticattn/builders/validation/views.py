@@ -78,7 +78,8 @@ class ViewChecks:
         self._slot_views: dict[int, np.ndarray] = {}
         self._start_views: dict[int, tuple] = {}
         self._span_views: dict[int, np.ndarray] = {}
-        self._span_reach = config.sliding_window + config.max_image_tokens
+        self._span_reach = (config.sliding_window + config.max_image_tokens
+                            if config.image_spans else 0)
         # Non-zero starts read as uint32 have a non-zero maximum: one pass finds any.
         self._replay_u32 = None if host.replay_start is None else host.replay_start.view(
             np.uint32)
