@@ -10,7 +10,9 @@ on the same arena). Steps of every composition with the edges drawn often: zero-
 requests, one token, exactly ``max_num_batched_tokens``, ``max_model_len``, bucket edges,
 slot -1 and the pool's last slot, every integer dtype, and planted faults (a length past
 ``max_model_len`` or below the query, a slot past the pool, a decode behind a prefill, a
-block id past the pool, too many requests or tokens).
+block id past the pool, too many requests or tokens). The vision preset's steps carry image
+spans (:func:`image_spans`, checked by :func:`span_fault`) through every entry: ``run``'s
+forms, and in place counted (``launch(k, t, num_spans=m)``) or found in the block.
 
 Each step either equals the oracle on its path or raises a typed error
 (:class:`~staticattn.errors.StaticAttnError`) exactly when the plain predicate
@@ -54,8 +56,14 @@ STATS: Counter = Counter()
 PATHS = ["graph", "eager_graph", "eager_reference", "launch", "context", "device"]
 
 
+#: The vision preset's image capacities at this size: spans past the width and the
+#: capacity are drawn often.
+VISION = dict(max_image_tokens=16, max_image_spans=4)
+
+
 def config(preset: str, backend: str) -> ArenaConfig:
-    return ArenaConfig.preset(preset, **SMALL, kernel_backend=backend)
+    extra = VISION if preset == "deepseek-v4-vision" else {}
+    return ArenaConfig.preset(preset, **SMALL, **extra, kernel_backend=backend)
 
 
 def step_fault(cfg: ArenaConfig, q, s, slots, bad_block: bool, in_place: bool) -> bool:
@@ -76,6 +84,57 @@ def step_fault(cfg: ArenaConfig, q, s, slots, bad_block: bool, in_place: bool) -
         late = [i for i, x in enumerate(q) if x > cfg.decode_threshold]
         return bool(late) and any(0 < x <= cfg.decode_threshold for x in q[late[0]:])
     return all(x == n for x in q) and any(x < n for x in s)
+
+
+def span_fault(cfg: ArenaConfig, spans, q, s) -> bool:
+    """Whether image spans (``(request, first, last)`` rows) are invalid for the step, from
+    ``vllm-0.33-extras.md`` §3 (plain Python): within the capacity, each in an existing
+    request with ``0 <= first <= last < L``, wholly in the query or wholly before it, at
+    most ``W + mit`` tokens, no two of a request overlapping."""
+    if len(spans) > cfg.max_image_spans:
+        return True
+    for b, first, last in spans:
+        if not (0 <= b < len(q) and 0 <= first <= last < s[b]):
+            return True
+        if first < s[b] - q[b] <= last or last - first >= cfg.sliding_window + \
+                cfg.max_image_tokens:
+            return True
+    return any(a[0] == c[0] and a[1] <= c[2] and c[1] <= a[2]
+               for i, a in enumerate(spans) for c in spans[i + 1:])
+
+
+@st.composite
+def image_spans(draw, cfg: ArenaConfig, q, s):
+    """A vision step's spans: up to the capacity and one past it, mostly valid (in a
+    request's context or query, in order), one in four with a planted fault (a request past
+    the step, past its length, across its first query position, a token too wide, two
+    overlapping) and sometimes in any order."""
+    reach, spans = cfg.sliding_window + cfg.max_image_tokens, []
+    for _ in range(draw(st.integers(0, cfg.max_image_spans + 1))):
+        b = draw(st.integers(0, max(0, len(q) - 1)))
+        if not len(q) or s[b] < 1:
+            spans.append((b, 0, 0))
+            continue
+        context = s[b] - q[b]
+        lo, hi = (0, context) if context and draw(st.booleans()) else (context, s[b])
+        if lo >= hi:
+            lo, hi = 0, s[b]
+        first = draw(st.integers(lo, hi - 1))
+        last = draw(st.integers(first, min(hi, first + reach) - 1))
+        spans.append((b, first, last))
+    fault = draw(st.sampled_from([None] * 6 + ["request", "past", "across", "wide",
+                                              "overlap"]))
+    if spans and fault:
+        i = draw(st.integers(0, len(spans) - 1))
+        b, first, last = spans[i]
+        spans[i] = {"request": (len(q), first, last), "past": (b, first, max(last, s[b] if
+                    b < len(s) else 0)), "across": (b, 0, max(last, 1)),
+                    "wide": (b, first, first + reach), "overlap": (b, first, last)}[fault]
+        if fault == "overlap":
+            spans.append((b, last, last))
+    if draw(st.booleans()):
+        spans.sort()
+    return spans
 
 
 @st.composite
@@ -122,6 +181,14 @@ def steps(draw, cfg: ArenaConfig):
         slots[0] = -2
     dtype = draw(st.sampled_from(INT_DTYPES))
     return q, s, slots, dtype
+
+
+def _as_mapping(rows) -> dict:
+    """Span rows as ``{request: [(first, last), ...]}``."""
+    spans: dict = {}
+    for b, first, last in rows:
+        spans.setdefault(b, []).append((first, last))
+    return spans
 
 
 def as_dtype(values, dtype) -> np.ndarray:
@@ -210,6 +277,11 @@ class ApiMachine(RuleBasedStateMachine):
 
     def step(self, data, path, bad_block) -> None:
         q, s, slots, dtype = data.draw(steps(self.cfg))
+        spans = None
+        if self.cfg.image_spans and path != "device" and data.draw(st.integers(0, 3)):
+            spans = (data.draw(image_spans(self.cfg, q, s)),
+                     data.draw(st.sampled_from(["rows", "lists", "mapping", "array",
+                                                "count", "scan"])))
         plant = bad_block and not CUDA and len(q) > 0 and s[0] > 0 and data.draw(
             st.integers(0, 4)) == 0
         tables = self._tables()
@@ -218,15 +290,21 @@ class ApiMachine(RuleBasedStateMachine):
             kept = int(table[0, 0])
             table[0, 0] = POOL  # request 0 uses column 0 of every table
         try:
-            self._step(path, q, s, slots, dtype, plant)
+            self._step(path, q, s, slots, dtype, plant, spans)
         finally:
             if plant:
                 table[0, 0] = kept
 
-    def _step(self, path, q, s, slots, dtype, planted: bool) -> None:
+    def _step(self, path, q, s, slots, dtype, planted: bool, spans=None) -> None:
         cfg = self.cfg
-        STATS[path, step_fault(cfg, q, s, slots, planted, path == "launch")] += 1
         fault = step_fault(cfg, q, s, slots, planted, path == "launch")
+        STATS[path, fault] += 1
+        if spans is not None and path == "launch" and q and all(x == cfg.next_n for x in q):
+            spans = None  # a uniform decode step launches as launch(k): it carries none
+        if spans is not None and not fault:
+            bad = span_fault(cfg, spans[0], q, s)
+            STATS["spans", bad] += 1
+            fault = bad
         if path == "device":
             if fault:
                 return  # the producer's values are its own contract (nothing to check)
@@ -234,7 +312,7 @@ class ApiMachine(RuleBasedStateMachine):
             out = self.device.launch(len(q), sum(q))
             assert out[: sum(q)].tolist() == toy_expected(q, s)
             return
-        enter = self._enter(path, q, s, slots, dtype)  # the engine's own writes first
+        enter = self._enter(path, q, s, slots, dtype, spans)  # the engine's writes first
         before = {name: self.arena[name].clone() for name in self.arena.names()} \
             if fault else None
         try:
@@ -252,25 +330,50 @@ class ApiMachine(RuleBasedStateMachine):
             assert reference_mismatch(self.gm, as_dtype(q, np.int64), as_dtype(s, np.int64),
                                       as_dtype(slots, np.int64)) is None
 
-    def _enter(self, path, q, s, slots, dtype):
+    def _enter(self, path, q, s, slots, dtype, spans=None):
         """The step's entry as a call; for the in-place path the pinned views are written
-        now, as an engine writes them before it launches."""
+        now, as an engine writes them before it launches. ``spans``: ``(rows, form)`` of a
+        vision step -- the rows given to ``run`` as tuples, lists, a mapping or an array, or
+        written into the block and launched with their count (past it a stale row, which
+        the launch must mark unused) or found by a scan of the block -- or None."""
         qa, sa, slots_a = as_dtype(q, dtype), as_dtype(s, dtype), as_dtype(slots, dtype)
+        rows, form = spans if spans is not None else (None, None)
         if path in ("graph", "eager_graph", "eager_reference", "context"):
             eager = {"eager_graph": EagerBuild.GRAPH,
                      "eager_reference": EagerBuild.REFERENCE}.get(path)
             runner = self.cg if path == "context" else self.gm
-            return lambda: runner.run(qa, sa, slots_a, eager=eager).outputs
+            given = None if rows is None else {
+                "lists": lambda: [list(r) for r in rows],
+                "mapping": lambda: _as_mapping(rows),
+                "array": lambda: np.array(rows, dtype=np.int32).reshape(-1, 3),
+            }.get(form, lambda: rows)()
+            return lambda: runner.run(qa, sa, slots_a, eager=eager,
+                                      image_spans=given).outputs
         k, t = len(q), sum(q)
+        count = None if rows is None or form == "scan" and len(rows) <= len(
+            self.inputs.host.image_spans) else len(rows)
         if k > self.cfg.max_num_seqs or t > self.cfg.max_num_batched_tokens:
-            return lambda: self.gm.launch(k, t)  # refused on the counts alone
+            return lambda: self.gm.launch(k, t, num_spans=count)  # refused on the counts
         host = self.gm.begin_step()
         host.seq_lens[:k] = s
         host.slot_mapping[:t] = slots
         if k and all(x == self.cfg.next_n for x in q):
             return lambda: self.gm.launch(k)
         host.query_start_loc[: k + 1] = np.concatenate([[0], np.cumsum(q)])
-        return lambda: self.gm.launch(k, t)
+        if rows is None:
+            return lambda: self.gm.launch(k, t)
+        block = host.image_spans
+        block[:] = (-1, 0, -1) if count is None else (len(q) + 5, 0, 0)  # stale rows
+        written = rows[: len(block)]
+        if written:
+            block[: len(written)] = written
+
+        def launch():
+            out = self.gm.launch(k, t, num_spans=count)
+            if count is not None:  # the rows past the count are unused now
+                assert (block[count:] == (-1, 0, -1)).all()
+            return out
+        return launch
 
     def close_and_reopen(self) -> None:
         self.gm.close()

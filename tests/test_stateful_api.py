@@ -1,6 +1,6 @@
-"""The state machine of ``stateful_api.py`` on CPU: every preset on the torch kernels, and
-DeepSeek V4 on the Triton kernels (interpreted), bounded examples; every path must have run
-valid steps and refused invalid ones."""
+"""The state machine of ``stateful_api.py`` on CPU: every preset (the vision one with image
+spans) on the torch kernels, and DeepSeek V4 on the Triton kernels (interpreted), bounded
+examples; every path must have run valid steps and refused invalid ones."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ pytestmark = pytest.mark.skipif(stateful_api.CUDA, reason="on a GPU the machine 
                                 "graphs: test_stateful_api_gpu.py runs it there")
 
 CASES = [("deepseek-v3.2", "torch", 25), ("deepseek-v4", "torch", 25),
-         ("deepseek-v4.1-flash", "torch", 12), ("deepseek-v4", "triton", 3)]
+         ("deepseek-v4.1-flash", "torch", 12), ("deepseek-v4-vision", "torch", 12),
+         ("deepseek-v4", "triton", 3)]
 
 
 def run_machine(preset: str, backend: str, examples: int, steps_per_example: int,
@@ -31,6 +32,8 @@ def run_machine(preset: str, backend: str, examples: int, steps_per_example: int
     ran = stateful_api.STATS
     assert all(ran[path, False] for path in PATHS), ran
     assert sum(ran[path, True] for path in PATHS), ran
+    if "vision" in preset:  # valid and invalid image spans both drawn
+        assert ran["spans", False] and ran["spans", True], ran
 
 
 @pytest.mark.parametrize("preset, backend, examples", CASES,

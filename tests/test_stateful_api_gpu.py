@@ -16,7 +16,8 @@ STEPS = int(os.environ.get("STATICATTN_STATEFUL_STEPS", "5000"))
 PER_EXAMPLE = 200
 
 
-@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4", "deepseek-v4.1-flash"])
+@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4", "deepseek-v4.1-flash",
+                                    "deepseek-v4-vision"])
 def test_public_api_against_the_oracle_on_the_gpu(preset):
     done = 0  # new examples every round (derandomize off); a failure prints its blob
     while done < STEPS:  # hypothesis draws runs of varying length: run until enough steps

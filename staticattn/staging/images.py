@@ -92,8 +92,8 @@ def _check_capacity(config: ArenaConfig, rows: list[tuple[int, int, int]]) -> No
 def spans_pass(rows, query_lens: np.ndarray, seq_lens: np.ndarray, reach: int) -> bool:
     """Whether ``rows`` (a sequence of ``(request, first, last)``, a list or tuple each) are
     spans every check of :func:`check_image_spans` passes, given in order: by request, then
-    position, no two overlapping. ``query_lens``, ``seq_lens``: host integer arrays
-    ``(num_reqs,)`` (valid lengths: ``seq_lens`` may be an unsigned view); ``reach``:
+    position, no two overlapping. ``query_lens``, ``seq_lens``: host ints ``(num_reqs,)``,
+    any integer dtype (valid lengths: ``seq_lens`` may be an unsigned view); ``reach``:
     ``sliding_window + max_image_tokens``. The capacity is the caller's to test.
 
     The fast path of the check, for every step that carries spans: plain comparisons only,
