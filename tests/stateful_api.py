@@ -360,8 +360,9 @@ class ApiMachine(RuleBasedStateMachine):
         if k and all(x == self.cfg.next_n for x in q):
             return lambda: self.gm.launch(k)
         host.query_start_loc[: k + 1] = np.concatenate([[0], np.cumsum(q)])
-        if rows is None:
-            return lambda: self.gm.launch(k, t)
+        if rows is None:  # a vision step without spans counts none: rows an earlier
+            # refused step left in the block are not this step's (a scan would find them)
+            return lambda: self.gm.launch(k, t, num_spans=0 if self.cfg.image_spans else None)
         block = host.image_spans
         block[:] = (-1, 0, -1) if count is None else (len(q) + 5, 0, 0)  # stale rows
         written = rows[: len(block)]
