@@ -31,7 +31,9 @@ from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.staging import check_image_spans
 
 
-def _manager(preset: str, seed: int):
+def mixed_manager(preset: str, seed: int = 0):
+    """A manager of ``preset`` holding the 8192-token bucket, and the reference mixed batch's
+    host ``(query_lens, seq_lens, slot_mapping)`` (int arrays)."""
     cfg = ArenaConfig.preset(preset)
     builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
@@ -39,7 +41,8 @@ def _manager(preset: str, seed: int):
                       GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS))
     gm.capture([], buckets=[8192])
     step = reference_mixed_batch(inputs, np.random.default_rng(seed))
-    return gm, (step.query_lens, step.seq_lens, step.slot_mapping)
+    return gm, tuple(np.asarray(x) for x in (step.query_lens, step.seq_lens,
+                                             step.slot_mapping))
 
 
 def _in_place_us(gm: GraphManager, args, spans, reps: int) -> list:
@@ -72,8 +75,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    v4, v4_args = _manager("deepseek-v4", 0)
-    vision, vision_args = _manager("deepseek-v4-vision", 0)
+    v4, v4_args = mixed_manager("deepseek-v4")
+    vision, vision_args = mixed_manager("deepseek-v4-vision")
     # The in-place engine of the vision model counts its spans, none included (num_spans=0).
     paths = {"v4": (v4, v4_args, None, None),
              "vision, no spans": (vision, vision_args, None, ()),
