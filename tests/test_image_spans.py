@@ -498,7 +498,10 @@ def test_a_span_count_where_no_span_can_be():
         views.slot_mapping[:4] = [0, 1, 2, 3]
         with pytest.raises(InvalidBatchError, match="a uniform decode step"):
             gm.launch(2, num_spans=1)
+        with pytest.raises(InvalidBatchError, match="num_spans must be an int"):
+            gm.launch(2, num_spans=0.0)
         gm.launch(2, num_spans=0)
+        gm.launch(2, num_spans=np.int64(0))
     _, builder, arena, inputs = _world("torch", max_image_tokens=0, max_image_spans=0)
     with _manager(arena, builder, inputs) as gm:
         views = gm.begin_step()

@@ -91,7 +91,7 @@ class InPlaceSteps:
         """
         if num_tokens is None:
             num_reqs = operator.index(num_reqs)
-            if num_spans is not None and (type(num_spans) is not int or num_spans):
+            if num_spans is not None and self._span_count(num_spans):
                 raise InvalidBatchError(f"num_spans={num_spans!r}: a uniform decode step "
                                         f"(launch(k)) carries no image spans")
             if self.validate:
