@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from support import DEVICE, quiet
+from support import DEVICE, quiet, span_fault
 from toy import ToyBuilder, ToyStep, emulated_graph, toy_expected
 
 from staticattn.arena import ArenaConfig
@@ -84,23 +84,6 @@ def step_fault(cfg: ArenaConfig, q, s, slots, bad_block: bool, in_place: bool) -
         late = [i for i, x in enumerate(q) if x > cfg.decode_threshold]
         return bool(late) and any(0 < x <= cfg.decode_threshold for x in q[late[0]:])
     return all(x == n for x in q) and any(x < n for x in s)
-
-
-def span_fault(cfg: ArenaConfig, spans, q, s) -> bool:
-    """Whether image spans (``(request, first, last)`` rows) are invalid for the step, from
-    ``vllm-0.33-extras.md`` §3 (plain Python): within the capacity, each in an existing
-    request with ``0 <= first <= last < L``, wholly in the query or wholly before it, at
-    most ``W + mit`` tokens, no two of a request overlapping."""
-    if len(spans) > cfg.max_image_spans:
-        return True
-    for b, first, last in spans:
-        if not (0 <= b < len(q) and 0 <= first <= last < s[b]):
-            return True
-        if first < s[b] - q[b] <= last or last - first >= cfg.sliding_window + \
-                cfg.max_image_tokens:
-            return True
-    return any(a[0] == c[0] and a[1] <= c[2] and c[1] <= a[2]
-               for i, a in enumerate(spans) for c in spans[i + 1:])
 
 
 @st.composite

@@ -31,6 +31,24 @@ NUM_KV_BLOCKS = 100_000
 READER_BACKEND = "torch" if DEVICE == "cpu" else None
 
 
+def span_fault(cfg: ArenaConfig, spans, q, s) -> bool:
+    """Whether image spans (``(request, first, last)`` rows) break ``vllm-0.33-extras.md`` §3
+    for a step of query lengths ``q`` and sequence lengths ``s`` (plain Python, every pair
+    compared): within the capacity, each in an existing request with ``0 <= first <= last <
+    L``, wholly in the query or wholly before it, at most ``W + mit`` tokens, no two of a
+    request overlapping."""
+    if len(spans) > cfg.max_image_spans:
+        return True
+    for b, first, last in spans:
+        if not (0 <= b < len(q) and 0 <= first <= last < s[b]):
+            return True
+        if first < s[b] - q[b] <= last or last - first >= cfg.sliding_window + \
+                cfg.max_image_tokens:
+            return True
+    return any(a[0] == c[0] and a[1] <= c[2] and c[1] <= a[2]
+               for i, a in enumerate(spans) for c in spans[i + 1:])
+
+
 def fuzz_examples(backend: str, full: int, interpreted: int) -> int:
     """How many examples a fuzz test draws: ``full``, or ``interpreted`` for the Triton
     backend on CPU, where the interpreter runs each kernel program in Python (thousands of

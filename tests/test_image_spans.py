@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from support import DEVICE, host_steps, quiet
+from support import DEVICE, host_steps, quiet, span_fault
 from v41_swa_steps import (
     FIXTURE_OK,
     example_step,
@@ -140,17 +140,8 @@ def test_every_form_of_spans_checks_to_the_same_triples():
 
 
 def _spans_are_valid(cfg, spans, q, s) -> bool:
-    """The rule of ``vllm-0.33-extras.md`` §3 by plain loops, every pair compared."""
-    if len(spans) > cfg.max_image_spans:
-        return False
-    for b, first, last in spans:
-        if not (0 <= b < len(s) and 0 <= first <= last < s[b]):
-            return False
-        if first < s[b] - q[b] <= last or last - first >= cfg.sliding_window + \
-                cfg.max_image_tokens:
-            return False
-    return not any(a[0] == c[0] and a[1] <= c[2] and c[1] <= a[2]
-                   for i, a in enumerate(spans) for c in spans[i + 1:])
+    """The rule of ``vllm-0.33-extras.md`` §3 by plain loops (:func:`support.span_fault`)."""
+    return not span_fault(cfg, spans, q, s)
 
 
 @st.composite
