@@ -39,7 +39,7 @@ import torch
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 
-__all__ = ["ImageSpans", "check_image_spans", "spans_pass"]
+__all__ = ["ImageSpans", "check_image_spans", "max_span_tokens", "spans_pass"]
 
 #: Columns of a span row: request, first position, last position (inclusive).
 SPAN_FIELDS = 3
@@ -89,12 +89,19 @@ def _check_capacity(config: ArenaConfig, rows: list[tuple[int, int, int]]) -> No
             f"exceeds the capacity max_image_spans={config.max_image_spans}")
 
 
+def max_span_tokens(config: ArenaConfig) -> int:
+    """The most tokens a span may hold, ``sliding_window + max_image_tokens``: the prefill
+    SWA row's width, which a longer span's windows would pass (0 for a text model, which
+    may have no window)."""
+    return config.sliding_window + config.max_image_tokens if config.image_spans else 0
+
+
 def spans_pass(rows, query_lens: np.ndarray, seq_lens: np.ndarray, reach: int) -> bool:
     """Whether ``rows`` (a sequence of ``(request, first, last)``, a list or tuple each) are
     spans every check of :func:`check_image_spans` passes, given in order: by request, then
     position, no two overlapping. ``query_lens``, ``seq_lens``: host ints ``(num_reqs,)``,
     any integer dtype (valid lengths: ``seq_lens`` may be an unsigned view); ``reach``:
-    ``sliding_window + max_image_tokens``. The capacity is the caller's to test.
+    :func:`max_span_tokens`. The capacity is the caller's to test.
 
     The fast path of the check, for every step that carries spans: plain comparisons only,
     about a third of the full check's cost. False for anything else -- a bad span, a
@@ -129,10 +136,10 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
     span."""
     if spans is None:
         return None
+    reach = max_span_tokens(config)
     if (type(spans) in (list, tuple) and config.image_spans
             and len(spans) <= config.max_image_spans
-            and spans_pass(spans, query_lens, seq_lens,
-                           config.sliding_window + config.max_image_tokens)):
+            and spans_pass(spans, query_lens, seq_lens, reach)):
         return spans
     # One pass of plain Python, for what the fast path did not pass: a step carries a few
     # spans, and a numpy call costs more than the whole check of three. Spans given in
@@ -145,7 +152,7 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
         raw = list(raw)
     if len(raw) > config.max_image_spans:
         _check_capacity(config, [_ints(i, row) for i, row in enumerate(raw)])
-    num_reqs, reach = seq_lens.shape[0], config.sliding_window + config.max_image_tokens
+    num_reqs = seq_lens.shape[0]
     rows = []
     ordered, prev = True, (-1, -1, -1)
     for i, row in enumerate(raw):

@@ -33,7 +33,7 @@ from staticattn.builders.validation.values import (
     slots_within,
 )
 from staticattn.errors import CapacityError, InvalidBatchError
-from staticattn.staging.images import check_image_spans, spans_pass
+from staticattn.staging.images import check_image_spans, max_span_tokens, spans_pass
 from staticattn.staging.inputs import HostViews
 from staticattn.staging.replay import check_replay_start
 
@@ -78,8 +78,7 @@ class ViewChecks:
         self._slot_views: dict[int, np.ndarray] = {}
         self._start_views: dict[int, tuple] = {}
         self._span_views: dict[int, np.ndarray] = {}
-        self._span_reach = (config.sliding_window + config.max_image_tokens
-                            if config.image_spans else 0)
+        self._span_limit = max_span_tokens(config)
         # Non-zero starts read as uint32 have a non-zero maximum: one pass finds any.
         self._replay_u32 = None if host.replay_start is None else host.replay_start.view(
             np.uint32)
@@ -161,7 +160,7 @@ class ViewChecks:
                num_reqs: int) -> None:
         """Rows of the span block (lists of three ints), checked against a step whose
         lengths passed: the fast path, else the full check names the bad span."""
-        if not spans_pass(rows, query_lens, seq, self._span_reach):
+        if not spans_pass(rows, query_lens, seq, self._span_limit):
             check_image_spans(self.config, rows, query_lens, self.host.seq_lens[:num_reqs])
 
     def _slots(self, num_tokens: int) -> None:
