@@ -418,11 +418,12 @@ def _write_example_b(gm, step):
 
 
 @pytest.mark.parametrize("validate", [True, False])
-def test_in_place_spans_counted_at_launch(validate):
+def test_in_place_spans_counted_at_launch(backend, validate):
     """``launch(k, t, num_spans=m)``: the block's first ``m`` rows are the step's spans,
     whatever the engine left past them (a valid span that would change the rows, a bad
-    one): those rows are marked unused at launch, checks on or off."""
-    cfg, builder, arena, inputs = _world("torch")
+    one): the staging stages those rows as unused, checks on or off, and leaves the host
+    rows as the engine wrote them."""
+    cfg, builder, arena, inputs = _world(backend)
     step = _example_b(cfg)
     write_step_tables(inputs, step)
     rows = [(0, 2, 5), (1, 1, 3), (1, 9, 12), (2, 2, 4), (2, 7, 10)]
@@ -435,9 +436,30 @@ def test_in_place_spans_counted_at_launch(validate):
             views = _write_example_b(gm, step)
             for i, row in enumerate(spans + stale):
                 views.image_spans[i] = row
+            written = views.image_spans.copy()
             assert gm.launch(3, 19, num_spans=len(spans))[:18].tolist() == want
-            assert views.image_spans[len(spans):].tolist() == [[-1, 0, -1]] * (
-                cfg.max_image_spans - len(spans))
+            assert inputs.images.device.tolist() == [list(r) for r in spans] + [
+                [-1, -1, -1]] * (cfg.max_image_spans - len(spans))
+            assert (views.image_spans == written).all()
+
+
+def test_begin_step_hands_out_a_block_without_the_rows_run_staged():
+    """``run`` writes its spans into the block's first rows; the next ``begin_step`` marks
+    them unused, so an engine whose steps are found by a scan finds only its own rows."""
+    cfg, builder, arena, inputs = _world("torch")
+    step = _example_b(cfg)
+    write_step_tables(inputs, step)
+    plain = [4] * 6 + [1, 2, 3] + [4] * 9
+    with _manager(arena, builder, inputs) as gm:
+        res = gm.run(step.query_lens, step.seq_lens, step.slot_mapping, image_spans=SPANS_B)
+        assert res.outputs[:18].tolist() == LENS_B
+        views = _write_example_b(gm, step)
+        assert (views.image_spans[:, 0] == -1).all()
+        assert gm.launch(3, 19)[:18].tolist() == plain  # a scan: no span
+        views = _write_example_b(gm, step)
+        views.image_spans[2] = (1, 9, 12)  # the engine's own row, found anywhere
+        want = oracle.expected_eager(cfg, _oracle_step(step, [(1, 9, 12)]))
+        assert gm.launch(3, 19)[:18].tolist() == want["prefill_swa_lens"]
 
 
 @pytest.mark.parametrize("spans, num_spans, error, match", [

@@ -24,7 +24,14 @@ from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.options import EagerBuild
 from staticattn.graphs.records import RunStats
 from staticattn.graphs.table import GraphTable
-from staticattn.staging import COUNT_REQS, COUNT_TOKENS, HostViews, StagedCounts, StepInputs
+from staticattn.staging import (
+    COUNT_REQS,
+    COUNT_SPANS,
+    COUNT_TOKENS,
+    HostViews,
+    StagedCounts,
+    StepInputs,
+)
 
 __all__ = ["InPlaceSteps"]
 
@@ -75,10 +82,11 @@ class InPlaceSteps:
         prefill requests; ``launch(k)`` does not read it).
 
         A vision model's image spans (``views.image_spans``, rows ``(request, first,
-        last)``): ``launch(k, t, num_spans=m)`` reads the first ``m`` rows and marks every
-        later row unused, whatever the engine left there (the cheap form: only ``m`` rows
-        are checked). Without ``num_spans`` the step's spans are the rows whose request is
-        not -1, anywhere in the block (the engine keeps unused rows at -1).
+        last)``): ``launch(k, t, num_spans=m)`` reads the first ``m`` rows, whatever the
+        engine left past them (the cheap form: only ``m`` rows are checked, and the staging
+        kernel stages every later row as unused). Without ``num_spans`` the step's spans are
+        the rows whose request is not -1, anywhere in the block (the engine keeps unused rows
+        at -1; :meth:`begin_step` hands out a block free of rows an earlier ``run`` wrote).
 
         The step goes to the graph ``GraphManager.run`` would pick: a uniform decode step
         beyond the decode graphs to the token bucket that holds it (its query starts are then
@@ -110,12 +118,12 @@ class InPlaceSteps:
             num_spans = self._span_count(num_spans)
         if self.validate:
             self.checks.step(num_reqs, num_tokens, num_spans)
-        if num_spans is not None and self._images is not None:
-            self._images.keep(num_spans)
         table = self.table.mixed
         g = table[num_tokens] if num_tokens < len(table) else None
         counts = self._counts
         counts[COUNT_REQS], counts[COUNT_TOKENS] = num_reqs, num_tokens
+        if self._span_capacity:  # the rows the staging reads; a scan reads them all
+            counts[COUNT_SPANS] = self._span_capacity if num_spans is None else num_spans
         if g is None or g.num_reqs < num_reqs:
             return self._launch_miss(num_reqs, num_tokens, False)
         g.launch()
@@ -150,6 +158,7 @@ class InPlaceSteps:
             g, reason = self.table.pick(num_reqs, num_tokens, True, n)
             host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * n
             host.counts[COUNT_REQS], host.counts[COUNT_TOKENS] = num_reqs, num_tokens
+            host.counts[COUNT_SPANS] = 0  # decodes read no span: stage none
         query_lens = np.diff(host.query_start_loc[: num_reqs + 1])
         longest = int(query_lens.max())
         all_n = int(query_lens.min()) == longest == n

@@ -2,7 +2,8 @@
 
 The host writes only the real values into pinned staging -- query start locations
 ``host_qsl[: k + 1]``, sequence lengths ``host_seq_lens[:k]``, slots ``host_slots[:nt]`` -- and
-the real counts ``host_counts = [k, nt]``. The kernels read them (pinned memory, through its
+the real counts ``host_counts = [k, nt, S]`` (``S``: the image span rows a vision model's step
+carries, read by the general staging only). The kernels read them (pinned memory, through its
 unified address) for a launch over a *static* extent of ``R`` requests and ``T`` tokens (the
 captured size or bucket) and write the device views, padding what lies past the real step:
 
@@ -13,6 +14,9 @@ captured size or bucket) and write the device views, padding what lies past the 
   ``positions[t] = (L_b - q_b) + (t - qsl[b])``; tokens past the real ones get request 0 and
   position 0, defined values that are safe to index with;
 * ``query_lens[b] = qsl[b + 1] - qsl[b]`` for ``b < R`` (0 past ``k``);
+* ``spans[r]`` (a vision model's image span block): ``host_spans[r]`` for ``r < S``, the unused
+  row ``(-1, -1, -1)`` past it, whatever the host block holds there (an engine writing in
+  place may leave stale rows; nothing on the host clears them);
 * ``step_counts = [k, nt, D, Td]``: the real counts and the decode/prefill split
   (``D`` leading requests with ``q <= decode_threshold``, ``Td = qsl[D]`` their tokens), for
   builds that must not take them from the host (graphs of any composition).
@@ -46,12 +50,16 @@ from staticattn.kernels.launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.lazy import lazy_jit
 
 __all__ = [
-    "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "NUM_COUNTS",
+    "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_SPANS", "COUNT_TOKENS",
+    "NUM_COUNTS",
     "StagingViews", "stage_device", "stage_general", "stage_replay_start", "stage_uniform",
 ]
 
 #: Slots of ``step_counts`` (int32, device); the pinned ``host_counts`` uses the first two.
 COUNT_REQS, COUNT_TOKENS, COUNT_DECODES, COUNT_DECODE_TOKENS = 0, 1, 2, 3
+#: The slot of the pinned ``host_counts`` that holds the image span rows to read (the device
+#: vector holds the split there).
+COUNT_SPANS = 2
 #: Length of both count vectors.
 NUM_COUNTS = 4
 
@@ -68,8 +76,9 @@ class StagingViews:
     qsl, seq_lens : int32 device ``(R_max + 1,)``, ``(R_max,)``
     slots, positions : int64 device ``(T_max,)``;  token_to_req : int32 device ``(T_max,)``
     step_counts : int32 device ``(NUM_COUNTS,)``;  query_lens : int32 device ``(R_max,)``
-    host_spans, spans : int32 pinned and device ``(S, 3)``, or None: a vision model's image
-    span block (:mod:`staticattn.staging.images`), which the general staging copies whole
+    host_spans, spans : int32 pinned and device ``(max_image_spans, 3)``, or None: a vision
+    model's image span block (:mod:`staticattn.staging.images`), which the general staging
+    copies, its first ``host_counts[COUNT_SPANS]`` rows as written, the rest unused
     """
 
     host_qsl: torch.Tensor
@@ -118,7 +127,8 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
                   decode_threshold: int) -> None:
     """Stage any step over a static extent of ``num_reqs`` requests and ``num_tokens``
     tokens; the real counts come from ``host_counts``. Two kernels: copy, then derive. The
-    copy brings the image span block too, where there is one (no node of its own)."""
+    copy brings the image span block too, where there is one (no node of its own): its first
+    ``host_counts[COUNT_SPANS]`` rows, every later row unused."""
     if backend == "triton":
         extent = max(num_tokens, num_reqs + 1)
         spans = v.spans is not None
@@ -132,7 +142,10 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
         _derive(v, num_reqs, num_tokens, decode_threshold)
         return
     if v.spans is not None:
-        v.spans.copy_(v.host_spans, non_blocking=True)
+        used = torch.arange(v.spans.shape[0], device=v.spans.device) < v.host_counts[
+            COUNT_SPANS].to(v.spans.device, non_blocking=True)
+        v.spans.copy_(torch.where(used[:, None], v.host_spans.to(v.spans.device,
+                                                                 non_blocking=True), -1))
     dev = v.qsl.device
     k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
     nt = v.host_counts[COUNT_TOKENS].to(dev, non_blocking=True)
@@ -297,10 +310,11 @@ def _copy_kernel():
         if tl.program_id(0) == 0:
             tl.store(counts_out, k)
             tl.store(counts_out + 1, nt)
-            if SPAN_ENTRIES > 0:  # the whole span block, unused rows included
+            if SPAN_ENTRIES > 0:  # the span block: the first S rows, the rest unused
                 e = tl.arange(0, BLOCK_SPANS)
-                tl.store(spans_out + e, tl.load(host_spans + e, mask=e < SPAN_ENTRIES),
-                         mask=e < SPAN_ENTRIES)
+                used = e < 3 * tl.load(host_counts + 2)  # host_counts[COUNT_SPANS]
+                span = tl.load(host_spans + e, mask=used & (e < SPAN_ENTRIES), other=-1)
+                tl.store(spans_out + e, span, mask=e < SPAN_ENTRIES)
 
     return copy_kernel
 

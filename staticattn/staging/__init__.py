@@ -4,6 +4,7 @@ from staticattn.kernels.staging import (
     COUNT_DECODE_TOKENS,
     COUNT_DECODES,
     COUNT_REQS,
+    COUNT_SPANS,
     COUNT_TOKENS,
 )
 from staticattn.staging.buffers import NULL_BLOCK_ID, PAD_SLOT_ID, input_buffers
@@ -12,7 +13,8 @@ from staticattn.staging.inputs import HostViews, StagedCounts, StepInputs
 from staticattn.staging.replay import check_replay_start, replay_start_array
 
 __all__ = [
-    "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_TOKENS", "HostViews",
+    "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_SPANS", "COUNT_TOKENS",
+    "HostViews",
     "ImageSpans", "NULL_BLOCK_ID", "PAD_SLOT_ID", "StagedCounts", "StepInputs",
     "check_image_spans", "check_replay_start", "input_buffers",
     "replay_start_array",

@@ -6,13 +6,15 @@ request as one image: a prefill token inside it sees the rest of the span behind
 ``ArenaConfig.max_image_tokens``), bidirectionally inside the span, causally outside it
 (§3.4). Decode rows never change.
 
-Spans are staged like the other small inputs: the host writes them into a pinned block of
-``max_image_spans`` rows (unused rows carry request -1, which no token has) and the general
-staging kernel, which reads the other pinned inputs, brings the whole block to the device
-(no graph node of its own; :func:`staticattn.kernels.staging.stage_general`). No branch
-inside a graph depends on whether a step has spans; a step without any stages an empty
-block. An engine stepping in place writes the block's first ``m`` rows itself and launches
-with ``num_spans=m``; the rows past them are then marked unused (:meth:`ImageSpans.keep`).
+Spans are staged like the other small inputs: the host writes a step's ``m`` spans into the
+first rows of a pinned block of ``max_image_spans`` rows and their count into the pinned
+counts (``host_counts[COUNT_SPANS]``); the general staging kernel, which reads the other
+pinned inputs, brings the block to the device with every row past the count unused (request
+-1, which no token has; no graph node of its own: :func:`staticattn.kernels.staging.
+stage_general`). No branch inside a graph depends on whether a step has spans; a step
+without any stages a count of 0. Nothing on the host clears rows: an engine stepping in
+place writes the block's first ``m`` rows itself and launches with ``num_spans=m``, and
+whatever it left past them is never read.
 
 The host checks, before anything is written (:func:`check_image_spans`): at most
 ``max_image_spans`` spans, each of an existing request with ``0 <= first <= last <
@@ -38,6 +40,7 @@ import torch
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.kernels.staging import COUNT_SPANS
 
 __all__ = ["ImageSpans", "check_image_spans", "max_span_tokens", "spans_pass"]
 
@@ -206,35 +209,36 @@ def _name(i: int, rows: list[tuple[int, int, int]]) -> str:
 
 
 class ImageSpans:
-    """The span block of an arena: host staging rows and their device copy.
+    """The span block of an arena: host staging rows, their count and their device copy.
 
     Attributes
     ----------
     host : int32 host ``(max_image_spans, 3)`` (pinned on CUDA)
-        Rows ``(request, first, last)``; unused rows ``(-1, 0, -1)``.
+        Rows ``(request, first, last)``; the first ``counts[COUNT_SPANS]`` are the step's.
+    counts : int32 host ``(NUM_COUNTS,)``
+        The pinned counts the staging kernels read (``staging.counts``).
     device : int32 device ``(max_image_spans, 3)``
-        What the SWA kernels read (``batch.image_spans``).
+        What the SWA kernels read (``batch.image_spans``): the step's rows, then unused rows
+        ``(-1, -1, -1)``.
     """
 
-    def __init__(self, host: torch.Tensor, device: torch.Tensor) -> None:
+    def __init__(self, host: torch.Tensor, device: torch.Tensor, counts: np.ndarray) -> None:
         self.host = host
         self.device = device
+        self.counts = counts
         capacity = host.shape[0]
         # The host block's bytes, written with one struct call per step: a few spans cost
         # less that way than through numpy's conversion of a list of tuples.
         self._bytes = host.numpy().reshape(-1).view(np.uint8).data
-        self._unused = memoryview(struct.pack(f"<{SPAN_FIELDS * capacity}i",
-                                              *(NO_REQUEST, 0, NO_REQUEST) * capacity))
         self._packers = [struct.Struct(f"<{SPAN_FIELDS * n}i") for n in range(capacity + 1)]
-        #: Rows that may hold a span: those staged last, or all once the views were handed
-        #: out to an engine (:meth:`handed_out`).
-        self._used = capacity
-        self.stage(None)
+        #: Rows :meth:`stage` wrote since the block last went out to an engine.
+        self._staged = 0
+        counts[COUNT_SPANS] = 0
 
     def stage(self, rows) -> None:
         """Write checked rows ``(request, first, last)`` (tuples or lists; None: no span)
-        into the host block, every other row unused; the caller has waited for the staging
-        to be free."""
+        into the host block and count them; the caller has waited for the staging to be
+        free."""
         n = 0 if rows is None else len(rows)
         if n:
             try:  # sum() joins a few short tuples faster than itertools.chain unpacks them
@@ -242,22 +246,20 @@ class ImageSpans:
             except TypeError:  # rows given as lists
                 words = [x for row in rows for x in row]
             self._packers[n].pack_into(self._bytes, 0, *words)
-        self.keep(n)
-
-    def keep(self, n: int) -> None:
-        """Keep the first ``n`` rows as they are and mark every later row unused (an
-        in-place step of ``n`` spans: what the engine left past them is never read)."""
-        if self._used > n:
-            row = SPAN_FIELDS * 4
-            self._bytes[n * row:self._used * row] = self._unused[n * row:self._used * row]
-        self._used = n
+            if n > self._staged:
+                self._staged = n
+        self.counts[COUNT_SPANS] = n
 
     def handed_out(self) -> None:
-        """The host block went out as an in-place view: any row may hold a span."""
-        self._used = self.host.shape[0]
+        """The host block goes out as an in-place view: the rows :meth:`stage` wrote are
+        marked unused, so that an engine finds only rows it wrote itself (an engine whose
+        steps are found by a scan keeps every other row unused)."""
+        if self._staged:
+            self.host[: self._staged] = NO_REQUEST
+            self._staged = 0
 
-    def copy_to_device(self) -> None:
-        """The block to the device, for a step the general staging kernel does not stage
-        (device-decided lengths, whose steps carry no spans): one copy of fixed addresses
-        (a graph node when captured), before the staging guard's event."""
-        self.device.copy_(self.host, non_blocking=True)
+    def clear_device(self) -> None:
+        """Mark every device row unused, for a step the general staging kernel does not
+        stage (device-decided lengths, whose steps carry no spans): one fill of a fixed
+        address (a graph node when captured)."""
+        self.device.fill_(NO_REQUEST)

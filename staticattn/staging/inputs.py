@@ -156,7 +156,8 @@ class StepInputs:
         self.replay_start = arena["input.replay_start"] if replay else None
         self.host_replay_start = arena["staging.replay_start"] if replay else None
         #: The image spans' block (:mod:`staticattn.staging.images`), None for text models.
-        self.images = ImageSpans(arena["staging.image_spans"], arena["input.image_spans"]) \
+        self.images = ImageSpans(arena["staging.image_spans"], arena["input.image_spans"],
+                                 self.host_counts.numpy()) \
             if "input.image_spans" in arena else None
         self.host = HostViews(
             self.host_query_start_loc.numpy(), self.host_seq_lens.numpy(),
@@ -366,8 +367,8 @@ class StepInputs:
                                self.replay_start, num_reqs)
         if self.images is not None and device_starts:
             # The general staging copies the span block; the device-starts path has no
-            # copy kernel (and its steps carry no spans: the block holds none).
-            self.images.copy_to_device()
+            # copy kernel, and its steps carry no spans.
+            self.images.clear_device()
         if mark:
             self.mark_staging_read()
 
