@@ -14,9 +14,8 @@ captured size or bucket) and write the device views, padding what lies past the 
   ``positions[t] = (L_b - q_b) + (t - qsl[b])``; tokens past the real ones get request 0 and
   position 0, defined values that are safe to index with;
 * ``query_lens[b] = qsl[b + 1] - qsl[b]`` for ``b < R`` (0 past ``k``);
-* ``spans[r]`` (a vision model's image span block): ``host_spans[r]`` for ``r < S``, the unused
-  row ``(-1, -1, -1)`` past it, whatever the host block holds there (an engine writing in
-  place may leave stale rows; nothing on the host clears them);
+* image spans: ``spans[r] = host_spans[r]`` for ``r < S``, the unused row ``(-1, -1, -1)``
+  past it, whatever the host block holds there (nothing on the host clears rows);
 * ``step_counts = [k, nt, D, Td]``: the real counts and the decode/prefill split
   (``D`` leading requests with ``q <= decode_threshold``, ``Td = qsl[D]`` their tokens), for
   builds that must not take them from the host (graphs of any composition).
@@ -51,15 +50,13 @@ from staticattn.kernels.lazy import lazy_jit
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_SPANS", "COUNT_TOKENS",
-    "NUM_COUNTS",
-    "StagingViews", "stage_device", "stage_general", "stage_replay_start", "stage_uniform",
+    "NUM_COUNTS", "StagingViews", "stage_device", "stage_general", "stage_replay_start",
+    "stage_uniform",
 ]
 
-#: Slots of ``step_counts`` (int32, device); the pinned ``host_counts`` uses the first two.
-COUNT_REQS, COUNT_TOKENS, COUNT_DECODES, COUNT_DECODE_TOKENS = 0, 1, 2, 3
-#: The slot of the pinned ``host_counts`` that holds the image span rows to read (the device
-#: vector holds the split there).
-COUNT_SPANS = 2
+#: Slots of ``step_counts`` (int32, device); the pinned ``host_counts`` holds ``k, nt`` and, in
+#: slot ``COUNT_SPANS``, the image span rows to read.
+COUNT_REQS, COUNT_TOKENS, COUNT_DECODES, COUNT_DECODE_TOKENS, COUNT_SPANS = 0, 1, 2, 3, 2
 #: Length of both count vectors.
 NUM_COUNTS = 4
 
@@ -76,9 +73,7 @@ class StagingViews:
     qsl, seq_lens : int32 device ``(R_max + 1,)``, ``(R_max,)``
     slots, positions : int64 device ``(T_max,)``;  token_to_req : int32 device ``(T_max,)``
     step_counts : int32 device ``(NUM_COUNTS,)``;  query_lens : int32 device ``(R_max,)``
-    host_spans, spans : int32 pinned and device ``(max_image_spans, 3)``, or None: a vision
-    model's image span block (:mod:`staticattn.staging.images`), which the general staging
-    copies, its first ``host_counts[COUNT_SPANS]`` rows as written, the rest unused
+    host_spans, spans : int32 pinned and device ``(max_image_spans, 3)``, or None: image spans
     """
 
     host_qsl: torch.Tensor
@@ -127,8 +122,7 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
                   decode_threshold: int) -> None:
     """Stage any step over a static extent of ``num_reqs`` requests and ``num_tokens``
     tokens; the real counts come from ``host_counts``. Two kernels: copy, then derive. The
-    copy brings the image span block too, where there is one (no node of its own): its first
-    ``host_counts[COUNT_SPANS]`` rows, every later row unused."""
+    copy brings the image span block too, where there is one (no node of its own)."""
     if backend == "triton":
         extent = max(num_tokens, num_reqs + 1)
         spans = v.spans is not None
@@ -141,12 +135,10 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
         )
         _derive(v, num_reqs, num_tokens, decode_threshold)
         return
-    if v.spans is not None:
-        used = torch.arange(v.spans.shape[0], device=v.spans.device) < v.host_counts[
-            COUNT_SPANS].to(v.spans.device, non_blocking=True)
-        v.spans.copy_(torch.where(used[:, None], v.host_spans.to(v.spans.device,
-                                                                 non_blocking=True), -1))
     dev = v.qsl.device
+    if v.spans is not None:  # the first S rows (3 words each), then -1
+        _copy_padded(v.host_spans.view(-1), v.spans.view(-1), v.spans.numel(),
+                     3 * v.host_counts[COUNT_SPANS].to(dev, non_blocking=True), -1)
     k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
     nt = v.host_counts[COUNT_TOKENS].to(dev, non_blocking=True)
     b = torch.arange(num_reqs + 1, device=dev, dtype=torch.int32)
