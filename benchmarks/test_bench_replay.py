@@ -17,7 +17,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
-from staticattn.consumers.gather import GatherConsumer
+from staticattn.consumers.emulated.gather import GatherConsumer
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 
 pytestmark = [

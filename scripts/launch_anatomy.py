@@ -29,7 +29,7 @@ from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.graphs.introspect import cudart_or_none
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions, StagingGuard
-from staticattn.kernels.frozen_launch import driver_or_none
+from staticattn.kernels.runtime.frozen_launch import driver_or_none
 
 AUTO_FREE = 1  # cudaGraphInstantiateFlagAutoFreeOnLaunch, what torch instantiates with
 TYPES = {0: "kernel", 7: "event_record", 6: "event_wait", 1: "memcpy", 2: "memset", 5: "empty"}

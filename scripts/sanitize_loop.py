@@ -19,7 +19,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import DecodeStream, DeviceStepSource
 from staticattn.builders import default_builders, make_arena
-from staticattn.consumers.gather import GatherConsumer
+from staticattn.consumers.emulated.gather import GatherConsumer
 from staticattn.graphs import (
     ContextGraphs,
     DeviceLengthSteps,

@@ -32,7 +32,7 @@ from staticattn.bench.random_batches import NUM_KV_BLOCKS, DecodeStream, DeviceS
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
-from staticattn.consumers.gather import GatherConsumer
+from staticattn.consumers.emulated.gather import GatherConsumer
 from staticattn.graphs import (
     ContextGraphs,
     DeviceLengthSteps,

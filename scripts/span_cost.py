@@ -1,10 +1,10 @@
 """What image spans cost a mixed step, measured in one process with interleaved rounds (host
 timings drift between runs and machines: compare only within a run).
 
-The reference mixed batch (``staticattn.bench.mixed.reference_mixed_batch``) replayed through
+The reference mixed batch (``staticattn.bench.mixed_steps.reference_mixed_batch``) replayed through
 its token bucket on three managers of one process: DeepSeek V4 (today's mixed rows), the
 vision preset without spans, and the vision preset with three images
-(``staticattn.bench.mixed.IMAGE_SPANS``). Rounds alternate the three so drift hits each
+(``staticattn.bench.mixed_steps.IMAGE_SPANS``). Rounds alternate the three so drift hits each
 alike; per path the host time of ``run()``, the GPU time of the replay and the host time of
 the in-place step (``begin_step()`` + ``launch(k, t)``, checks on, the spans in the block),
 medians with min and max over every round. Then the spans' own host work timed alone: their
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.mixed import IMAGE_SPANS, reference_mixed_batch
+from staticattn.bench.mixed_steps import IMAGE_SPANS, reference_mixed_batch
 from staticattn.bench.random_batches import NUM_KV_BLOCKS
 from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.builders import default_builders, make_arena

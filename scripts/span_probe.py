@@ -3,7 +3,7 @@ with and without image spans, beside DeepSeek V4, in one process with interleave
 
 The reference mixed batch through its token bucket (``span_cost.mixed_manager``). Per
 variant the host time of one call on an idle device: ``run()`` of V4; of the vision preset
-with no spans, an empty list and three images (:data:`~staticattn.bench.mixed.IMAGE_SPANS`);
+with no spans, an empty list and three images (:data:`~staticattn.bench.mixed_steps.IMAGE_SPANS`);
 the same with the runner's span check replaced by the identity (the check's share inside a
 step); the bare graph launch of each bucket; the in-place ``launch(k, t)`` of V4 and of the
 vision preset with a scan of the block, ``num_spans=0`` and ``num_spans=3`` (the engine's
@@ -23,7 +23,7 @@ import torch
 from span_cost import mixed_manager  # this script's directory is on sys.path
 
 import staticattn.graphs.runner as runner_module
-from staticattn.bench.mixed import IMAGE_SPANS
+from staticattn.bench.mixed_steps import IMAGE_SPANS
 from staticattn.graphs import GraphManager
 from staticattn.staging import check_image_spans
 

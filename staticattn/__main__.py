@@ -26,7 +26,7 @@ def _make_step(spec: str | None, config):
     """The step of ``--step module:function`` built for ``config`` (default: the built-in
     gather consumer); :class:`StepSpecError` when calling the function fails."""
     if not spec:
-        from staticattn.consumers.gather import GatherConsumer
+        from staticattn.consumers.emulated.gather import GatherConsumer
 
         return GatherConsumer(config)
     factory = load_step(spec)
@@ -49,7 +49,7 @@ def _no_cuda(what: str, json_path: str | None) -> int:
 
 def cmd_demo(args) -> int:
     if args.dcp:
-        from staticattn.distributed.demo import run_dcp_demo
+        from staticattn.distributed.dcp_demo import run_dcp_demo
 
         kwargs = {} if args.steps is None else {"steps": args.steps}
         return run_dcp_demo(args.dcp, seed=args.seed, preset=args.dcp_preset,
@@ -97,7 +97,7 @@ def _emit(report, json_path: str | None, text: str) -> None:
 
 def cmd_bench(args, cuda: bool) -> int:
     if args.dcp:
-        from staticattn.distributed.bench import run_dcp_bench
+        from staticattn.distributed.dcp_bench import run_dcp_bench
 
         return run_dcp_bench(args.dcp, batches=args.batch_requests or (1, 8, 16),
                              reps=args.reps, seed=args.seed, preset=args.preset,
@@ -117,7 +117,7 @@ def cmd_bench(args, cuda: bool) -> int:
         _emit(report, args.json, report.table())
         return 0
     if args.mix:
-        from staticattn.bench.mixed import run_mixed_bench
+        from staticattn.bench.mixed_steps import run_mixed_bench
 
         report = run_mixed_bench(_builders, None, reps=args.reps, seed=args.seed,
                                  progress=progress)
@@ -146,7 +146,7 @@ def cmd_bench(args, cuda: bool) -> int:
                                  staging_guard=StagingGuard(args.staging_guard)))
     if len(reports) == 1:
         return _save(reports[0], args, reports[0].header() + "\n" + reports[0].table())
-    from staticattn.bench.compare import PresetComparison
+    from staticattn.bench.preset_compare import PresetComparison
 
     comparison = PresetComparison(reports)
     return _save(comparison, args, comparison.text())
@@ -159,7 +159,7 @@ def _bench_step(args) -> tuple:
     if args.consumer == "gather":
         return (lambda cfg: _make_step(None, cfg)), "built-in gather consumer"
     if args.consumer == "real":
-        from staticattn.consumers.real import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real.chain import real_consumer_step, real_consumers_available
 
         have = real_consumers_available()
         names = " + ".join(k for k, v in sorted(have.items()) if v)

@@ -253,7 +253,7 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
                       f"layer types; --dcp takes {', '.join(DCP_PRESETS)}")
             return  # its own small arena per rank (distributed/world.py)
         if args.consumer == "real" and cuda:
-            from staticattn.kernels.dsa_libs import available, import_error
+            from staticattn.kernels.runtime.dsa_libs import available, import_error
 
             if not any(available().values()):
                 why = "; ".join(f"{name}: {import_error(name)}" for name in sorted(available()))

@@ -28,12 +28,12 @@ from tqdm import tqdm
 from staticattn.arena import ArenaConfig, cache_groups, cdiv
 from staticattn.bench.random_batches import group_columns
 from staticattn.builders import default_builders, make_arena
-from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.checks.reference_check import compared_builders, reference_mismatch
-from staticattn.consumers.gather import GatherConsumer
+from staticattn.consumers.emulated.gather import GatherConsumer
+from staticattn.graphs.captured import GraphKind
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions
-from staticattn.graphs.records import GraphKind
 from staticattn.model import model_preset
 
 __all__ = ["run_demo", "DemoReport", "DEFAULT_STEPS"]
@@ -203,8 +203,8 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None], preset: str):
     with them only decode steps replay, and steps with prefills run eagerly. Asked for the
     real kernels where none can run, says why and falls back to the gather consumer."""
     if choice == "real":
-        from staticattn.consumers.real import real_consumer_step, real_consumers_available
-        from staticattn.kernels.dsa_libs import import_error
+        from staticattn.consumers.real.chain import real_consumer_step, real_consumers_available
+        from staticattn.kernels.runtime.dsa_libs import import_error
 
         have = real_consumers_available()
         if any(have.values()):

@@ -45,6 +45,6 @@ def backend(request) -> str:
 @pytest.fixture
 def device() -> str:
     """Where kernels run in tests (:data:`support.DEVICE`)."""
-    from support import DEVICE
+    from helpers.support import DEVICE
 
     return DEVICE

@@ -9,9 +9,14 @@ import torch
 
 from staticattn.errors import ArenaError
 
-__all__ = ["BufferDecl", "Where"]
+__all__ = ["BufferDecl", "NULL_BLOCK_ID", "PAD_SLOT_ID", "Where"]
 
 Where = Literal["device", "host"]
+
+#: Slot of a token whose KV is not written (graph padding, or told so by the engine).
+PAD_SLOT_ID = -1
+#: Block 0 is reserved as the null block: padded requests' rows point at it.
+NULL_BLOCK_ID = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """Replay-latency benchmarks: graph replay against the eager build, next to the launch floor,
 and the randomized steps they (and the checks and the demo) run."""
 
+from staticattn.bench.bench_report import BenchReport, BenchRow, Stat
 from staticattn.bench.replay import run_bench
-from staticattn.bench.report import BenchReport, BenchRow, Stat
 
 __all__ = ["BenchReport", "BenchRow", "Stat", "run_bench"]

@@ -34,16 +34,16 @@ import torch
 from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.bench_report import Stat, environment, floor_lines
 from staticattn.bench.floor import launch_floor
-from staticattn.bench.mixed import reference_mixed_batch
+from staticattn.bench.mixed_steps import reference_mixed_batch
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, RandomStep, fixed_step
-from staticattn.bench.report import Stat, environment, floor_lines
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import make_arena
-from staticattn.builders.validation.host import screen_step, step_passes, uniform_decode_passes
+from staticattn.graphs.captured import RunResult, slice_outputs
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions, StagingGuard
-from staticattn.graphs.records import RunResult, slice_outputs
+from staticattn.validation.host_arrays import screen_step, step_passes, uniform_decode_passes
 
 __all__ = ["Breakdown", "run_breakdown"]
 

@@ -24,9 +24,9 @@ import numpy as np
 from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.bench_report import Stat, environment
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.bench.replay import step_times_us
-from staticattn.bench.report import Stat, environment
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.contexts import ContextGraphs
 from staticattn.graphs.manager import GraphManager

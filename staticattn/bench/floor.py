@@ -13,9 +13,9 @@ from collections.abc import Callable
 
 import torch
 
-from staticattn.bench.report import Stat
+from staticattn.bench.bench_report import Stat
 from staticattn.graphs.capturer import capture, warm_up
-from staticattn.graphs.launch import make_launcher
+from staticattn.graphs.graph_launch import make_launcher
 
 __all__ = ["host_times_us", "launch_floor", "launch_host_us", "replay_gpu_times_us",
            "replay_gpu_us"]

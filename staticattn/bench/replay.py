@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
+from staticattn.bench.bench_report import BenchReport, BenchRow, Stat, environment
 from staticattn.bench.floor import host_times_us, launch_floor
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
-from staticattn.bench.report import BenchReport, BenchRow, Stat, environment
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild, GraphOptions, StagingGuard

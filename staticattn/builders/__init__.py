@@ -36,14 +36,14 @@ from staticattn.builders.attention_utils.split import (
     split_decodes_prefills_and_extends,
 )
 from staticattn.builders.batch import Batch
+from staticattn.builders.batch_checks import validate
 from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
 from staticattn.builders.contract import MetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.builders.swa.decoder_replay import DecoderReplayBuilder
 from staticattn.builders.swa.draft import DraftSWAMetadataBuilder
-from staticattn.builders.swa.replay import DecoderReplayBuilder
-from staticattn.builders.validation.batch_checks import validate
-from staticattn.builders.validation.host import validate_host_step
+from staticattn.validation.host_arrays import validate_host_step
 
 __all__ = [
     "Batch", "CompressedMetadataBuilder", "DecoderReplayBuilder", "DraftSWAMetadataBuilder",

@@ -59,7 +59,7 @@ class Batch:
         Requests still processing their prompt (for the split's short-extend rule).
     step_counts : int32 device ``(4,)`` or None
         ``[num_reqs, num_tokens, num_decodes, num_decode_tokens]`` of the real step, derived
-        by the staging kernel (:mod:`staticattn.kernels.staging`): what a build for a
+        by the staging kernel (:mod:`staticattn.kernels.staging.stage_inputs`): what a build for a
         step of any composition (:meth:`for_mixed_capture`) reads instead of host values.
     query_lens : int32 device ``(num_reqs,)`` or None
         Each request's query length, derived by the staging kernel (0 for padding).
@@ -71,7 +71,7 @@ class Batch:
         no request replays.
     image_spans : int32 device ``(max_image_spans, 3)`` or None
         Image spans (``vllm-0.33-extras.md`` §3): rows ``(request, first, last)``, unused
-        rows request -1 (:mod:`staticattn.staging.images`); they widen the windows of the
+        rows request -1 (:mod:`staticattn.staging.span_block`); they widen the windows of the
         prefill tokens inside them. None for text models and uniform decode batches.
     block_tables : dict of str to int32 device ``(num_reqs, columns)``, or None
         The tables of the cache groups with tables of their own, by group name

@@ -14,16 +14,16 @@ from staticattn.lazy import lazy_exports
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
-    "CheckReport": "staticattn.checks.report",
-    "SCHEMA_VERSION": "staticattn.checks.report",
-    "SizeCheck": "staticattn.checks.report",
+    "CheckReport": "staticattn.checks.check_report",
+    "SCHEMA_VERSION": "staticattn.checks.check_report",
+    "SizeCheck": "staticattn.checks.check_report",
     "FAULT_KINDS": "staticattn.checks.findings",
     "RULE": "staticattn.checks.findings",
     "Finding": "staticattn.checks.findings",
     "StagingWriter": "staticattn.checks.checker",
     "check_graph_safety": "staticattn.checks.checker",
-    "same_outputs": "staticattn.checks.outputs",
-    "snapshot_outputs": "staticattn.checks.outputs",
+    "same_outputs": "staticattn.checks.output_compare",
+    "snapshot_outputs": "staticattn.checks.output_compare",
     "EagerCheck": "staticattn.checks.reference_check",
     "check_eagerly": "staticattn.checks.reference_check",
     "reference_mismatch": "staticattn.checks.reference_check",
@@ -39,8 +39,8 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:
+    from staticattn.checks.check_report import SCHEMA_VERSION, CheckReport, SizeCheck
     from staticattn.checks.checker import StagingWriter, check_graph_safety
     from staticattn.checks.findings import FAULT_KINDS, RULE, Finding
-    from staticattn.checks.outputs import same_outputs, snapshot_outputs
+    from staticattn.checks.output_compare import same_outputs, snapshot_outputs
     from staticattn.checks.reference_check import EagerCheck, check_eagerly, reference_mismatch
-    from staticattn.checks.report import SCHEMA_VERSION, CheckReport, SizeCheck

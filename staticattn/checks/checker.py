@@ -19,7 +19,7 @@ graph manager does (staging + builders + the user's step), under guards
    and the replay == the manager's own eager path at the step's own extents (what a step no
    graph holds runs): integer outputs bit for bit, floats within a tolerance; a step that
    depends on what capture fixes (``batch.max_seq_len``...) is an error naming the
-   attribute where it can (:mod:`staticattn.checks.extents`);
+   attribute where it can (:mod:`staticattn.checks.extent_probe`);
 5. a replay held back on the GPU while the staging writer writes the next step;
 6. memory baked into a graph and freed since: tensors the graph reads, and pool memory
    another graph reuses;
@@ -44,10 +44,11 @@ from staticattn.arena import Arena
 from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import MetadataBuilder
-from staticattn.checks.extents import extent_mismatch
+from staticattn.checks.check_report import CheckReport, SizeCheck
+from staticattn.checks.extent_probe import extent_mismatch
 from staticattn.checks.findings import Finding, finding
 from staticattn.checks.guarded_capture import Captured, PhasedStep, guarded_capture
-from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.checks.probes import (
     RACE_ATTEMPTS,
     RACE_SLEEP_CYCLES,
@@ -56,15 +57,14 @@ from staticattn.checks.probes import (
     stale_reads,
     unwritten_outputs,
 )
-from staticattn.checks.report import CheckReport, SizeCheck
-from staticattn.checks.views import moved_views
+from staticattn.checks.view_addresses import moved_views
 from staticattn.checks.watch import ArenaIndex, TensorRef
 from staticattn.errors import GraphError
+from staticattn.graphs.captured import GraphKind
 from staticattn.graphs.capturer import arena_contents_kept, frozen_gc
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
 from staticattn.graphs.options import GraphOptions
-from staticattn.graphs.records import GraphKind
 from staticattn.staging import StepInputs
 
 __all__ = ["check_graph_safety", "CheckReport", "SizeCheck", "StagingWriter"]

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
-from staticattn.checks.report import SizeCheck
+from staticattn.checks.check_report import SizeCheck
 from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import ArenaIndex, CaptureWatch
+from staticattn.graphs.captured import GraphKind
 from staticattn.graphs.capturer import capture
 from staticattn.graphs.manager import GraphManager, StepFn
-from staticattn.graphs.records import GraphKind
 
 __all__ = ["Captured", "PhasedStep", "guarded_capture"]
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.utils._pytree import tree_flatten
 
-from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.checks.watch import TensorRef
 
 __all__ = ["RACE_ATTEMPTS", "RACE_SLEEP_CYCLES", "freed_and_reused", "sentinels",

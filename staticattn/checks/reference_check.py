@@ -26,12 +26,12 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
-from staticattn.checks.extents import emulated_replay, extent_mismatch
-from staticattn.checks.outputs import same_outputs, snapshot_outputs
+from staticattn.checks.extent_probe import emulated_replay, extent_mismatch
+from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild
-from staticattn.reference import compressed, dcp, indexer, swa, v41_compressed
-from staticattn.reference.compare import ReferenceMismatch
+from staticattn.reference import compressed, dcp_indexer, indexer, swa, v41_compressed
+from staticattn.reference.assertions import ReferenceMismatch
 from staticattn.reference.step import HostStep
 
 __all__ = ["CAPTURE_ONLY", "EagerCheck", "check_eagerly", "compared_builders",
@@ -64,7 +64,7 @@ def _expected_indexer(cfg, builder, step: HostStep, tables: dict) -> tuple[dict,
         return (v41_compressed.indexer_metadata(cfg, v41, name),
                 v41_compressed.type_view(cfg, v41, name)[1])
     if cfg.dcp_world_size > 1:
-        return dcp.indexer_metadata(cfg, step, cfg.dcp_rank), step
+        return dcp_indexer.indexer_metadata(cfg, step, cfg.dcp_rank), step
     return indexer.indexer_metadata(cfg, step), step
 
 
@@ -92,7 +92,7 @@ def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: 
         try:
             if isinstance(builder, IndexerMetadataBuilder):
                 want, addressed = _expected_indexer(cfg, builder, step, tables)
-                check = dcp if cfg.dcp_world_size > 1 else indexer
+                check = dcp_indexer if cfg.dcp_world_size > 1 else indexer
                 check.assert_matches(builder.build(batch), want, addressed, manager.arena)
             elif isinstance(builder, SparseSWAMetadataBuilder):
                 swa.assert_matches(builder.build(batch), swa.expected_for_step(cfg, step))
@@ -125,7 +125,7 @@ class EagerCheck:
             extent: str | None = None) -> None:
         """Count one step: its outputs equal or not, its metadata's first difference, and
         the first difference between its emulated replay and its eager run at its own
-        extents (:func:`~staticattn.checks.extents.extent_mismatch`)."""
+        extents (:func:`~staticattn.checks.extent_probe.extent_mismatch`)."""
         self.steps += 1
         self.output_mismatches += not outputs_equal
         self.reference_mismatches += mismatch is not None
@@ -164,7 +164,7 @@ def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
     reference builds, the reference builds' metadata against the reference, and what the
     replay of the graph that would hold the step computes (its body run eagerly at the
     capture extents) against the eager step at the step's own extents
-    (:mod:`staticattn.checks.extents`).
+    (:mod:`staticattn.checks.extent_probe`).
 
     ``max_seq_len`` bounds the drawn contexts (the reference's loops grow with them);
     ``progress`` shows a progress bar. Runs on any device; captures nothing."""

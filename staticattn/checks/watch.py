@@ -28,7 +28,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from staticattn.graphs.launch import cuda_index
+from staticattn.graphs.graph_launch import cuda_index
 
 __all__ = ["ArenaIndex", "CaptureWatch", "TensorRef"]
 

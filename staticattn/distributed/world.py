@@ -17,7 +17,7 @@ import torch.distributed as dist
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
-from staticattn.consumers.dcp_decode import DCPDecodeAttention
+from staticattn.consumers.dcp.dcp_decode import DCPDecodeAttention
 
 __all__ = ["Rank", "dcp_config", "dcp_world", "graph_pool_blocks", "join", "kv_pool_blocks",
            "leave", "random_decode_step", "write_decode_step"]
@@ -49,7 +49,7 @@ def join(world: int, what: str) -> Rank | None:
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
-    # Host values are exchanged over gloo beside NCCL (builders/validation/dcp_step.py says why).
+    # Host values are exchanged over gloo beside NCCL (validation/dcp_step.py says why).
     # None is the default group: a Rank holds no reference to it (see leave).
     check_group = dist.new_group(backend="gloo") if cuda else None
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"

@@ -19,11 +19,11 @@ import torch
 from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
+from staticattn.graphs.captured import CapturedGraph, GraphKind
+from staticattn.graphs.graph_launch import draws_random_numbers, make_launcher
 from staticattn.graphs.introspect import new_graph, node_census
-from staticattn.graphs.launch import draws_random_numbers, make_launcher
 from staticattn.graphs.options import GraphOptions, StagingGuard
 from staticattn.graphs.pool import GraphPool
-from staticattn.graphs.records import CapturedGraph, GraphKind
 from staticattn.graphs.sizes import (
     bucket_requests,
     default_capture_sizes,

@@ -23,10 +23,10 @@ import numpy as np
 
 from staticattn.arena import ArenaConfig
 from staticattn.errors import GraphError
+from staticattn.graphs.captured import CapturedGraph, RunResult, RunStats
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild, GraphOptions
 from staticattn.graphs.pool import GraphPool
-from staticattn.graphs.records import CapturedGraph, RunResult, RunStats
 
 __all__ = ["ContextBucket", "ContextGraphs", "default_context_buckets",
            "normalize_context_buckets"]

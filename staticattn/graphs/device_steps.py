@@ -43,15 +43,15 @@ from typing import Any
 import numpy as np
 
 from staticattn.builders.batch import Batch
-from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import GraphError, InvalidBatchError
+from staticattn.graphs.captured import CapturedGraph, GraphKind
 from staticattn.graphs.capturer import GraphSpec
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild
-from staticattn.graphs.records import CapturedGraph, GraphKind
 from staticattn.graphs.sizes import bucket_requests, default_mixed_buckets, normalize_mixed_buckets
 from staticattn.graphs.table import GraphTable
 from staticattn.staging import StepInputs, replay_start_array
+from staticattn.validation.values import check_capacity
 
 __all__ = ["DeviceLengthSteps", "ProducerFn"]
 

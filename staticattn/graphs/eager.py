@@ -18,10 +18,10 @@ from typing import Any
 
 from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
+from staticattn.graphs.captured import GraphKind, slice_outputs
 from staticattn.graphs.capturer import Capturer
 from staticattn.graphs.options import EagerBuild
 from staticattn.graphs.recorded_launches import RecordedLaunches
-from staticattn.graphs.records import GraphKind, slice_outputs
 from staticattn.staging import StagedCounts, StepInputs
 
 __all__ = ["EagerSteps"]

@@ -5,7 +5,7 @@ writes a step straight into the pinned staging views and launches it with one ca
 writes ``views.seq_lens[:k]``, ``views.slot_mapping[:t]`` (and ``views.query_start_loc[:
 k + 1]`` for a step of any composition, with DeepSeek V4.1's bounded replay
 ``views.replay_start[:k]`` too); ``launch(k)`` or ``launch(k, t)`` checks the
-written prefixes in a few vectorized passes (:class:`~staticattn.builders.validation.views.
+written prefixes in a few vectorized passes (:class:`~staticattn.validation.in_place_views.
 ViewChecks`) and launches the graph that holds the step. Nothing is converted or copied on
 the host.
 """
@@ -18,11 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.graphs.captured import RunStats
 from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.options import EagerBuild
-from staticattn.graphs.records import RunStats
 from staticattn.graphs.table import GraphTable
 from staticattn.staging import (
     COUNT_REQS,
@@ -32,6 +31,7 @@ from staticattn.staging import (
     StagedCounts,
     StepInputs,
 )
+from staticattn.validation.in_place_views import ViewChecks
 
 __all__ = ["InPlaceSteps"]
 
@@ -40,9 +40,9 @@ class InPlaceSteps:
     """In-place steps of one manager (see the module docstring).
 
     Takes the inputs, the manager's :class:`~staticattn.graphs.table.GraphTable`,
-    :class:`~staticattn.graphs.records.RunStats` and
+    :class:`~staticattn.graphs.captured.RunStats` and
     :class:`~staticattn.graphs.eager.EagerSteps`, the view checks (``checks``: a
-    :class:`~staticattn.builders.validation.views.ViewChecks` over the inputs' host views),
+    :class:`~staticattn.validation.in_place_views.ViewChecks` over the inputs' host views),
     whether to check, and ``require_open`` (the manager's: raises once it is closed).
     Offers :meth:`begin_step` and :meth:`launch`; ``validate`` may be switched on a live
     manager (through ``GraphManager.validate``).

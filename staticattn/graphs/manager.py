@@ -73,19 +73,19 @@ import torch
 from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import MetadataBuilder, check_bound
-from staticattn.builders.validation.blocks import BlockIds
-from staticattn.builders.validation.values import slot_bound
-from staticattn.builders.validation.views import ViewChecks
 from staticattn.errors import GraphError
+from staticattn.graphs.captured import CapturedGraph, GraphKind, RunStats
 from staticattn.graphs.capturer import Capturer
 from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.in_place import InPlaceSteps
 from staticattn.graphs.options import EagerBuild, GraphOptions
 from staticattn.graphs.pool import GraphPool
-from staticattn.graphs.records import CapturedGraph, GraphKind, RunStats
 from staticattn.graphs.runner import StepRunner
 from staticattn.graphs.table import GraphTable
 from staticattn.staging import HostViews, StepInputs
+from staticattn.validation.block_ids import BlockIds
+from staticattn.validation.in_place_views import ViewChecks
+from staticattn.validation.values import slot_bound
 
 __all__ = ["GraphManager", "StepFn"]
 

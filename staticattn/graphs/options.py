@@ -55,7 +55,7 @@ class GraphOptions:
     ----------
     validate : bool
         Check every step before anything is written or launched (default True). With False
-        the caller promises what :func:`~staticattn.builders.validation.host.
+        the caller promises what :func:`~staticattn.validation.host_arrays.
         validate_host_step` checks (``run``) or what :class:`~staticattn.builders.
         validation.views.ViewChecks` checks (``launch``); a step that breaks the promise may
         read or write out of bounds. The manager's ``validate`` starts from it and can be

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from staticattn.errors import GraphError
-from staticattn.graphs.launch import cuda_index
+from staticattn.graphs.graph_launch import cuda_index
 
 __all__ = ["GraphPool"]
 

@@ -12,7 +12,7 @@ Extents are recorded at their second step (the first runs the builds plainly and
 noted): recording costs a few times a plain run, which a step whose extents never come back
 should not pay. Recording runs the builds under stream capture (relaxed mode, on a side
 stream; the graph is inspected, never instantiated) with every launch handed to a recorder
-and frozen (:func:`~staticattn.kernels.frozen_launch.freeze`). The captured graph's node
+and frozen (:func:`~staticattn.kernels.runtime.frozen_launch.freeze`). The captured graph's node
 census is the proof that the record is complete: as many kernel nodes as frozen launches,
 as many event record nodes as recorded events, and nothing else. Device work that does not
 go through the recorded launch path (a torch op, a library kernel), a launch that cannot be
@@ -33,10 +33,10 @@ from typing import Any
 import torch
 
 from staticattn.builders.swa.tile_scheduler import renew_tile_scheduler_metas
+from staticattn.graphs.captured import GraphKind
 from staticattn.graphs.introspect import cudart_or_none, raw_node_census
-from staticattn.graphs.records import GraphKind
-from staticattn.kernels.frozen_launch import FrozenLaunch, driver_or_none, freeze
-from staticattn.kernels.launch import recording
+from staticattn.kernels.runtime.compiled_launch import recording
+from staticattn.kernels.runtime.frozen_launch import FrozenLaunch, driver_or_none, freeze
 
 __all__ = ["FrozenBuilds", "RecordedLaunchStats", "RecordedLaunches"]
 

@@ -10,20 +10,20 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from staticattn.builders.validation.blocks import BlockIds
-from staticattn.builders.validation.host import (
+from staticattn.errors import GraphError, InvalidBatchError
+from staticattn.graphs.captured import CapturedGraph, GraphKind, RunResult, RunStats
+from staticattn.graphs.eager import EagerSteps
+from staticattn.graphs.options import EagerBuild, GraphOptions
+from staticattn.graphs.pool import GraphPool
+from staticattn.graphs.table import GraphTable
+from staticattn.staging import StepInputs, check_image_spans, check_replay_start
+from staticattn.validation.block_ids import BlockIds
+from staticattn.validation.extents import check_extents
+from staticattn.validation.host_arrays import (
     screen_step,
     uniform_decode_passes,
     validate_host_step,
 )
-from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs.eager import EagerSteps
-from staticattn.graphs.options import EagerBuild, GraphOptions
-from staticattn.graphs.pool import GraphPool
-from staticattn.graphs.records import CapturedGraph, GraphKind, RunResult, RunStats
-from staticattn.graphs.table import GraphTable
-from staticattn.staging import StepInputs, check_image_spans, check_replay_start
-from staticattn.staging.extents import check_extents
 
 __all__ = ["StepRunner"]
 
@@ -34,7 +34,7 @@ class StepRunner:
     """Steps handed as host arrays, for one manager.
 
     Takes the inputs, the manager's :class:`~staticattn.graphs.table.GraphTable`,
-    :class:`~staticattn.graphs.records.RunStats`, :class:`~staticattn.graphs.eager.
+    :class:`~staticattn.graphs.captured.RunStats`, :class:`~staticattn.graphs.eager.
     EagerSteps` and :class:`~staticattn.graphs.pool.GraphPool` (its replay stream carries
     the timing events), the slot bound, the block ids' checks (:class:`~staticattn.builders.
     validation.blocks.BlockIds`, or None) and the options (``validate``, ``time_gpu``,
@@ -95,14 +95,14 @@ class StepRunner:
             position after a prefix hit, ``0 <= replay_start <= seq_lens - query_lens``; 0
             for the decodes. Staged like the other step inputs (a graph reads it from the
             staging, captured with 0s). None: no request replays. Checked whenever given
-            (:func:`~staticattn.staging.replay.check_replay_start`), before anything is
+            (:func:`~staticattn.validation.replay_start.check_replay_start`), before anything is
             written.
         image_spans : rows of ``(request, first, last)`` or a mapping ``request ->
             [(first, last), ...]``, optional
             DeepSeek V4's vision variant (``max_image_tokens > 0``,
             ``vllm-0.33-extras.md`` §3): positions ``first .. last`` of a request form one
             image, seen bidirectionally by its prefill tokens. Staged like the other inputs;
-            checked whenever given (:func:`~staticattn.staging.images.check_image_spans`:
+            checked whenever given (:func:`~staticattn.validation.image_spans.check_image_spans`:
             capacity, within the request, no overlap, at most ``W + mit`` tokens), before
             anything is written. None: no spans.
         eager : EagerBuild, optional

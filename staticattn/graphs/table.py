@@ -7,7 +7,7 @@ import bisect
 
 from staticattn.arena import ArenaConfig
 from staticattn.errors import GraphError
-from staticattn.graphs.records import CapturedGraph, GraphKind, RunStats
+from staticattn.graphs.captured import CapturedGraph, GraphKind, RunStats
 
 __all__ = ["GraphTable"]
 

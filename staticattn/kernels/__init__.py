@@ -1,5 +1,5 @@
 """Device work of the builders: Triton kernels for CUDA, plain-torch versions for anywhere."""
 
-from staticattn.kernels.backend import resolve_backend, triton_interpreted
+from staticattn.kernels.runtime.backend import resolve_backend, triton_interpreted
 
 __all__ = ["resolve_backend", "triton_interpreted"]

@@ -14,7 +14,7 @@ One module per concern:
   decode layout, paged-MQA schedule, prefill chunks);
 * :mod:`~staticattn.reference.swa` -- the sparse sliding-window and C128A metadata;
 * :mod:`~staticattn.reference.mixed` -- both builders' ``build_mixed`` for a token bucket;
-* :mod:`~staticattn.reference.dcp` -- one rank's indexer metadata under decode context
+* :mod:`~staticattn.reference.dcp_indexer` -- one rank's indexer metadata under decode context
   parallelism;
 * :mod:`~staticattn.reference.checksums` -- what the built-in gather consumer must write;
 * :mod:`~staticattn.reference.topk_attention` -- the reference decode-context-parallel
@@ -23,7 +23,7 @@ One module per concern:
   replay starts, gather lengths and chunk plans (V4 and V4.1);
 * :mod:`~staticattn.reference.v41_rows` -- a layer's prefill combined rows and FlashInfer
   rows;
-* :mod:`~staticattn.reference.v41_replay` -- the decoder-replay sub-batch and the DSpark
+* :mod:`~staticattn.reference.v41_decoder_replay` -- the decoder-replay sub-batch and the DSpark
   draft rows.
 * :mod:`~staticattn.reference.short_topk` -- the short-context top-k fill, per row;
 * :mod:`~staticattn.reference.compressor` -- the compressor's step flag (``c128_boundary``);

@@ -1,5 +1,5 @@
 """What the gather consumer must write for every token, from the step alone (no metadata):
-the cache entries attention would read, summed (see staticattn.consumers.gather).
+the cache entries attention would read, summed (see staticattn.consumers.emulated.gather).
 
 * SWA: positions ``max(p - W + 1, 0) .. p`` through the SWA block table;
 * C128A: the ``min((p + 1) // R, maxC)`` complete compressed entries through the main

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from staticattn.model import Addressing, Cache, LayerType
 from staticattn.reference import v41_compressed as formulas
-from staticattn.reference.compare import same
+from staticattn.reference.assertions import same
 
 __all__ = ["assert_matches", "expected"]
 
@@ -53,7 +53,7 @@ def expected(cfg, step, tables: dict, types: list[LayerType], num_reqs: int,
 
 def assert_matches(meta, want: dict) -> None:
     """Every type's fields of ``meta`` (a ``CompressedMetadata``) equal ``want``
-    (:func:`expected`); :class:`~staticattn.reference.compare.ReferenceMismatch` naming the
+    (:func:`expected`); :class:`~staticattn.reference.assertions.ReferenceMismatch` naming the
     type and field otherwise."""
     same("types", list(meta.types), list(want))
     for name, fields in want.items():

@@ -7,7 +7,7 @@ Everything works on Python ints and lists; nothing here calls staticattn's kerne
 
 from __future__ import annotations
 
-from staticattn.reference.compare import holds, same
+from staticattn.reference.assertions import holds, same
 
 __all__ = ["SPLIT_KV", "assert_matches", "cdiv", "compressed_slot_mapping", "decode_part",
            "decode_values", "indexer_metadata", "mqa_schedule", "prefill_chunk",
@@ -207,7 +207,7 @@ def indexer_metadata(config, step, *, graph=False, legacy=False):
     dict
         ``num_decodes``, ``num_prefills``, ``num_decode_tokens``, ``num_prefill_tokens``
         (ints); ``slot_mapping`` (``T`` ints, -1 = no write; None under DCP: per rank,
-        :mod:`staticattn.reference.dcp`); ``positions`` (``T`` ints); ``block_table``
+        :mod:`staticattn.reference.dcp_indexer`); ``positions`` (``T`` ints); ``block_table``
         (``R`` rows of ``max_blocks_per_req`` ints); ``decode`` (None without decodes, else
         :func:`decode_part`'s dict: ``seq_lens`` rows of per-token lengths, ``decode_lens``,
         ``block_table``, ``schedule`` (``num_sms + 1`` rows of two ints) ...); ``prefill``
@@ -228,7 +228,7 @@ def indexer_metadata(config, step, *, graph=False, legacy=False):
             query_lens, max_q, nt, n, require_uniform=not config.use_flattening
         )
     if config.dcp_world_size > 1:
-        slots = None  # each rank's own: staticattn.reference.dcp
+        slots = None  # each rank's own: staticattn.reference.dcp_indexer
     elif ratio > 1:
         slots = compressed_slot_mapping(qsl, seq_lens, table, config.storage_block_size,
                                         ratio, nt)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference import swa as swa_oracle
-from staticattn.reference.compare import holds, same
+from staticattn.reference.assertions import holds, same
 
 if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
@@ -67,7 +67,7 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
     padded_seq = seq + [0] * (num_reqs - k)
     padded_table = table + [[0] * len(table[0])] * (num_reqs - k)
     if cfg.dcp_world_size > 1:
-        slots = None  # each rank's own: staticattn.reference.dcp
+        slots = None  # each rank's own: staticattn.reference.dcp_indexer
     elif ratio > 1:
         slots = indexer_oracle.compressed_slot_mapping(
             padded_qsl, padded_seq, padded_table, cfg.storage_block_size, ratio, num_tokens)

@@ -1,4 +1,4 @@
-"""Oracle of the DCP decode consumer (``staticattn.consumers.dcp_decode``), written from its
+"""Oracle of the DCP decode consumer (``staticattn.consumers.dcp.dcp_decode``), written from its
 definition with plain loops over one request's global keys: no ranks, caches or block
 tables.
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from staticattn.reference.compare import holds, same
+from staticattn.reference.assertions import holds, same
 
 if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig

@@ -1,16 +1,17 @@
 """A step's inputs: the arena's input views, host staging, and the staging kernels' launch."""
 
-from staticattn.kernels.staging import (
+from staticattn.kernels.staging.stage_inputs import (
     COUNT_DECODE_TOKENS,
     COUNT_DECODES,
     COUNT_REQS,
     COUNT_SPANS,
     COUNT_TOKENS,
 )
-from staticattn.staging.buffers import NULL_BLOCK_ID, PAD_SLOT_ID, input_buffers
-from staticattn.staging.images import ImageSpans, check_image_spans
+from staticattn.staging.input_buffers import NULL_BLOCK_ID, PAD_SLOT_ID, input_buffers
 from staticattn.staging.inputs import HostViews, StagedCounts, StepInputs
-from staticattn.staging.replay import check_replay_start, replay_start_array
+from staticattn.staging.span_block import ImageSpans
+from staticattn.validation.image_spans import check_image_spans
+from staticattn.validation.replay_start import check_replay_start, replay_start_array
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_SPANS", "COUNT_TOKENS",

@@ -6,7 +6,7 @@ Two ways in, both at fixed addresses (DESIGN.md, Lifecycle 4):
   by the host into the staging block (pinned on CUDA), real values only, with the real counts;
   the staging kernels, the first nodes of a captured step, read them straight from pinned
   memory, pad to the step's static extent on the device and derive ``positions``,
-  ``token_to_req`` and the decode/prefill split (:mod:`staticattn.kernels.staging`);
+  ``token_to_req`` and the decode/prefill split (:mod:`staticattn.kernels.staging.stage_inputs`);
 * large persistent state (the block tables) lives only in device views that the engine
   updates in place, the rows that changed; no step copies a whole table.
 
@@ -25,9 +25,9 @@ import torch
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.arena.groups import cache_groups
-from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.launch import record_event
-from staticattn.kernels.staging import (
+from staticattn.kernels.runtime.backend import resolve_backend
+from staticattn.kernels.runtime.compiled_launch import record_event
+from staticattn.kernels.staging.stage_inputs import (
     COUNT_REQS,
     COUNT_TOKENS,
     StagingViews,
@@ -36,10 +36,11 @@ from staticattn.kernels.staging import (
     stage_replay_start,
     stage_uniform,
 )
-from staticattn.staging.buffers import PAD_SLOT_ID
-from staticattn.staging.extents import check_extents
-from staticattn.staging.images import ImageSpans, check_image_spans
-from staticattn.staging.replay import check_replay_start
+from staticattn.staging.input_buffers import PAD_SLOT_ID
+from staticattn.staging.span_block import ImageSpans
+from staticattn.validation.extents import check_extents
+from staticattn.validation.image_spans import check_image_spans
+from staticattn.validation.replay_start import check_replay_start
 
 __all__ = ["ExtentViews", "HostViews", "StagedCounts", "StepInputs"]
 
@@ -76,7 +77,7 @@ class HostViews:
         architectures without it.
     image_spans : int32 ``(max_image_spans, 3)`` or None
         With image spans (a vision model): rows ``(request, first, last)``, unused rows
-        request -1 (:mod:`staticattn.staging.images`), read by steps with prefills.
+        request -1 (:mod:`staticattn.staging.span_block`), read by steps with prefills.
     """
 
     query_start_loc: np.ndarray
@@ -155,7 +156,7 @@ class StepInputs:
         replay = "input.replay_start" in arena
         self.replay_start = arena["input.replay_start"] if replay else None
         self.host_replay_start = arena["staging.replay_start"] if replay else None
-        #: The image spans' block (:mod:`staticattn.staging.images`), None for text models.
+        #: The image spans' block (:mod:`staticattn.staging.span_block`), None for text models.
         self.images = ImageSpans(arena["staging.image_spans"], arena["input.image_spans"],
                                  self.host_counts.numpy()) \
             if "input.image_spans" in arena else None
@@ -216,7 +217,7 @@ class StepInputs:
         :class:`CapacityError` / :class:`InvalidBatchError` before writing anything when
         the extents do not fit the staging block; the checks of the values themselves
         (sequence vs query lengths, ``max_model_len``, slots, decode-first order) are
-        :func:`staticattn.builders.validation.host.validate_host_step`'s, which
+        :func:`staticattn.validation.host_arrays.validate_host_step`'s, which
         :class:`~staticattn.graphs.GraphManager` runs first.
 
         Parameters
@@ -238,12 +239,12 @@ class StepInputs:
         replay_start : int array ``(num_reqs,)``, optional
             Bounded replay (``docs/spec/deepseek-v41.md`` §8.1): each request's first
             replayed position, ``0 <= replay_start <= seq_lens - query_lens``, 0 for the
-            decodes (:func:`~staticattn.staging.replay.check_replay_start`); only prefill
-            requests' values reach the device (:func:`~staticattn.kernels.staging.
+            decodes (:func:`~staticattn.validation.replay_start.check_replay_start`); only prefill
+            requests' values reach the device (:func:`~staticattn.kernels.staging.stage_inputs.
             stage_replay_start`). None: no request replays (all 0).
         image_spans : rows of ``(request, first, last)`` or a mapping, optional
-            A vision model's images (:mod:`staticattn.staging.images`), checked here unless
-            ``checked`` (:func:`~staticattn.staging.images.check_image_spans`). None: none.
+            A vision model's images (:mod:`staticattn.staging.span_block`), checked here unless
+            ``checked`` (:func:`~staticattn.validation.image_spans.check_image_spans`). None: none.
         """
         query_lens = np.asarray(query_lens)
         seq_lens = np.asarray(seq_lens)

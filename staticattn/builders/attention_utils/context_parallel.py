@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from staticattn.errors import ConfigError, InvalidBatchError
-from staticattn.kernels.dcp import dcp_local_count
+from staticattn.kernels.dcp.ownership import dcp_local_count
 
 __all__ = ["get_dcp_local_seq_lens"]
 
@@ -50,7 +50,8 @@ def get_dcp_local_seq_lens(
 
     Notes
     -----
-    Elementwise torch ops only (:func:`staticattn.kernels.dcp.dcp_local_count`, the formula
+    Elementwise torch ops only (:func:`staticattn.kernels.dcp.ownership.dcp_local_count`, the
+    formula
     the builders' kernels share): no host read, so it runs on any device and inside a graph,
     though it allocates its result and temporaries (from the graph's pool under capture).
 

@@ -19,9 +19,9 @@ import torch
 from staticattn.arena.arena import Arena
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.config import ArenaConfig, cdiv
-from staticattn.builders.validation.values import check_non_decreasing, host_ints
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.staging.inputs import PAD_SLOT_ID
+from staticattn.validation.values import check_non_decreasing, host_ints
 
 __all__ = [
     "CONV1D_BLOCK_M", "conv1d_buffers", "compute_causal_conv1d_metadata",

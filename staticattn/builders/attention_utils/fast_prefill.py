@@ -12,8 +12,8 @@ import numpy as np
 import torch
 
 from staticattn.builders.batch import Batch
-from staticattn.builders.validation.values import host_ints
 from staticattn.errors import InvalidBatchError
+from staticattn.validation.values import host_ints
 
 __all__ = ["make_kv_sharing_fast_prefill_batch"]
 

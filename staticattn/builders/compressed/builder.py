@@ -4,7 +4,7 @@
 Per step and per type owning a compressed KV cache (V4.1: ``c1a``, ``c2a``; V4: ``c4a``,
 ``c128a``) it writes, into arena views, the compressed slot each token writes, the compressed
 entries each token may read ``n_c(p)``, and for a type with a compressor ring of its own
-(V4.1's ``c2a``) each token's ring slot (:mod:`staticattn.kernels.compressed_kv`). For the
+(V4.1's ``c2a``) each token's ring slot (:mod:`staticattn.kernels.compressed.kv_slots`). For the
 top-k types it holds the decode operand a layer derives from its top-k
 (:meth:`~staticattn.builders.compressed.metadata.CompressedMetadata.decode_topk`).
 
@@ -36,13 +36,13 @@ from staticattn.arena import Arena, ArenaConfig, BufferDecl, cache_groups
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.metadata import CompressedKVMetadata, CompressedMetadata
-from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
-from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.compressed_kv import CompressedKVType, compressed_kv_slots
-from staticattn.kernels.entry_boundary import entry_written
+from staticattn.kernels.compressed.entry_boundary import entry_written
+from staticattn.kernels.compressed.kv_slots import CompressedKVType, compressed_kv_slots
+from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.model import Cache, LayerType, Reads
 from staticattn.staging import PAD_SLOT_ID
+from staticattn.validation.values import check_capacity
 
 __all__ = ["CompressedMetadataBuilder", "kv_source_types", "ring_capacity"]
 
@@ -80,7 +80,7 @@ class CompressedMetadataBuilder:
     - a type that reads every entry (C128A): ``entry_written`` int32 ``(1,)``, the
       reference's ``c128_boundary`` as a device flag (a second launch).
 
-    One launch per build (up to three types, :data:`~staticattn.kernels.compressed_kv.
+    One launch per build (up to three types, :data:`~staticattn.kernels.compressed.kv_slots.
     TYPES_PER_LAUNCH`), the same in :meth:`build`, :meth:`build_decode` and
     :meth:`build_mixed`: the real token count is read on the device, so padded tokens get
     -1 slots and count 0 on every path.

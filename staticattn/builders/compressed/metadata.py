@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from staticattn.errors import InvalidBatchError
-from staticattn.kernels.compressed_topk import global_topk_slots
+from staticattn.kernels.compressed.topk_operand import global_topk_slots
 
 __all__ = ["CompressedKVMetadata", "CompressedMetadata"]
 

@@ -1,5 +1,5 @@
 """The sparse-attention indexer's metadata builder and what it hands the step: the builder
-(:mod:`.builder`), its decode layout (:mod:`.layout`), its prefill chunks (:mod:`.prefill`)
+(:mod:`.builder`), its decode layout (:mod:`.decode_layout`), its prefill chunks (:mod:`.prefill`)
 and the metadata records (:mod:`.metadata`)."""
 
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder

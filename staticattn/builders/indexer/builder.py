@@ -44,8 +44,7 @@ from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import claim_arena
-from staticattn.builders.indexer.index_type import index_type
-from staticattn.builders.indexer.layout import (
+from staticattn.builders.indexer.decode_layout import (
     DecodeLayout,
     DecodeLens,
     eager_layout,
@@ -53,6 +52,7 @@ from staticattn.builders.indexer.layout import (
     host_query_start_loc,
     need_token_views,
 )
+from staticattn.builders.indexer.index_type import index_type
 from staticattn.builders.indexer.metadata import (
     IndexerDecodeMetadata,
     IndexerMetadata,
@@ -60,10 +60,10 @@ from staticattn.builders.indexer.metadata import (
 )
 from staticattn.builders.indexer.prefill import IndexerPrefill
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
-from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.compressed_slots import compressed_slot_mapping
-from staticattn.kernels.indexer_decode import indexer_decode_tensors
-from staticattn.kernels.mqa_schedule import paged_mqa_schedule
+from staticattn.kernels.indexer.decode_tensors import indexer_decode_tensors
+from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
+from staticattn.kernels.indexer.mqa_schedule import paged_mqa_schedule
+from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.staging import PAD_SLOT_ID
 
 __all__ = ["IndexerMetadataBuilder", "flattens"]

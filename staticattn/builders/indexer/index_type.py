@@ -18,7 +18,7 @@ import torch
 from staticattn.arena import ArenaConfig, cache_groups
 from staticattn.builders.batch import Batch
 from staticattn.errors import ConfigError
-from staticattn.kernels.dcp import DCPShard
+from staticattn.kernels.dcp.ownership import DCPShard
 from staticattn.model import Addressing, Cache, LayerType, layer_type
 
 __all__ = ["IndexType", "index_type"]

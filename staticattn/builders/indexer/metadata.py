@@ -71,7 +71,7 @@ class IndexerPrefillChunkMetadata:
 class IndexerPrefillPlan:
     """The prefill chunks as planned on the device (the graph-safe mixed build), over the
     static extents of the step (``R`` requests, ``T`` tokens); see
-    :mod:`staticattn.kernels.indexer_plan`.
+    :mod:`staticattn.kernels.indexer.prefill_plan`.
 
     Attributes
     ----------

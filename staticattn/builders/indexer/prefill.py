@@ -19,13 +19,13 @@ from staticattn.builders.indexer.metadata import (
     IndexerPrefillMetadata,
     IndexerPrefillPlan,
 )
-from staticattn.kernels.dcp import dcp_local_count
-from staticattn.kernels.indexer_plan import (
+from staticattn.kernels.dcp.ownership import dcp_local_count
+from staticattn.kernels.indexer.prefill_plan import (
     CHUNK_FIELDS,
     max_prefill_chunks,
     plan_prefill_chunks,
 )
-from staticattn.kernels.indexer_prefill import indexer_prefill_chunk
+from staticattn.kernels.indexer.prefill_ranges import indexer_prefill_chunk
 
 __all__ = ["IndexerPrefill", "max_chunks"]
 

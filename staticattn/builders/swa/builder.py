@@ -4,9 +4,9 @@ graph-safe.
 The reference splits this work over two builders (its SWA builder and the FlashMLA-sparse
 builder's C128A part, spec §6-§7) and several launches per step. Here one kernel over the
 step's tokens writes the validity mask, the SWA window rows, the C128A decode and prefill
-rows and the paged prefill SWA rows (:mod:`staticattn.kernels.swa_decode`); a second one,
+rows and the paged prefill SWA rows (:mod:`staticattn.kernels.swa.swa_rows`); a second one,
 when the step may have prefills, writes the prefill gather lengths and every windowed type's
-prefill chunk plan (:mod:`staticattn.kernels.swa_prefill`). A uniform decode step is one
+prefill chunk plan (:mod:`staticattn.kernels.swa.prefill_gather`). A uniform decode step is one
 launch, a step with prefills two, as before the prefill rows and plans came in.
 
 V4.1's bounded replay (``docs/spec/deepseek-v41.md`` §8.1): prefill windows and gather
@@ -62,14 +62,14 @@ from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import claim_arena
 from staticattn.builders.swa.combined import IndexRows
-from staticattn.builders.swa.layout import PREFILL_CHUNK_SIZE, swa_buffers
+from staticattn.builders.swa.declarations import PREFILL_CHUNK_SIZE, swa_buffers
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.outputs import BoundViews
-from staticattn.builders.validation.values import check_capacity
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
-from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.swa_decode import build_swa_decode
-from staticattn.kernels.swa_prefill import prefill_gather_lens
+from staticattn.kernels.runtime.backend import resolve_backend
+from staticattn.kernels.swa.prefill_gather import prefill_gather_lens
+from staticattn.kernels.swa.swa_rows import build_swa_decode
+from staticattn.validation.values import check_capacity
 
 __all__ = ["SparseSWAMetadataBuilder"]
 
@@ -88,7 +88,7 @@ class SparseSWAMetadataBuilder:
         ``C`` of the chunk plans' area budget (the reference's ``PREFILL_CHUNK_SIZE``, 4).
     name : str
         The metadata key and the buffers' prefix ("swa"); another for a second instance
-        (the decoder-replay sub-batch's, :mod:`.replay`).
+        (the decoder-replay sub-batch's, :mod:`.decoder_replay`).
     row_scratch : bool
         Declare the per-layer row scratch (:meth:`prefill_combined_rows`,
         :meth:`flashinfer_rows`); without it they need caller-owned outputs.
@@ -121,7 +121,7 @@ class SparseSWAMetadataBuilder:
 
     # ------------------------------------------------------------------ contract
     def buffers(self, config: ArenaConfig) -> list[BufferDecl]:
-        """The ``swa.*`` views: :func:`staticattn.builders.swa.layout.swa_buffers`. Raises
+        """The ``swa.*`` views: :func:`staticattn.builders.swa.declarations.swa_buffers`. Raises
         :class:`ConfigError` without ``sliding_window``. Under decode context parallelism
         the same buffers serve (replicated, see the module docstring)."""
         return swa_buffers(config, self.name, row_scratch=self.row_scratch)

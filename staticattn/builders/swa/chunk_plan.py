@@ -13,7 +13,7 @@ area, it is not a request count.
 
 The eager build plans on the host from the batch's host lengths (:func:`host_chunk_plan`,
 the reference's ``get_prefill_chunk_plan``) and on the device into the arena
-(:mod:`staticattn.kernels.swa_prefill`); a graph build only on the device, a fixed-capacity
+(:mod:`staticattn.kernels.swa.prefill_gather`); a graph build only on the device, a fixed-capacity
 table and a device count. Worked example A (W = 4, ratio 4): prefills ``L = [10, 5]``,
 ``q = [3, 5]`` -> ``[(0, 2, 2, 8)]``.
 """

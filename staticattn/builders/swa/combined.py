@@ -7,8 +7,8 @@ Outputs go to the builder's row scratch (``swa.row_scratch``, one layer's rows a
 each call overwrites the previous one's) or to views the caller owns; nothing is allocated.
 From an eager build the rows cover the step's prefill tokens (combined) or all its tokens
 (FlashInfer); from a mixed build the bucket's capacity, rows past the real step -1 with
-length 0. Kernels: :mod:`staticattn.kernels.swa_combined`,
-:mod:`staticattn.kernels.swa_flashinfer`.
+length 0. Kernels: :mod:`staticattn.kernels.swa.combined_rows`,
+:mod:`staticattn.kernels.swa.flashinfer_rows`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.builders.swa.layout import combined_width, flashinfer_width, topk_columns
+from staticattn.builders.swa.declarations import combined_width, flashinfer_width, topk_columns
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.errors import ArenaError, InvalidBatchError
-from staticattn.kernels.swa_combined import prefill_combined_rows
-from staticattn.kernels.swa_flashinfer import flashinfer_rows
+from staticattn.kernels.swa.combined_rows import prefill_combined_rows
+from staticattn.kernels.swa.flashinfer_rows import flashinfer_rows
 from staticattn.model import Reads, layer_type
 
 __all__ = ["IndexRows"]

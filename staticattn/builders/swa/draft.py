@@ -4,7 +4,7 @@
 DeepSeek V4.1 speculates with DSpark: a uniform draft step (every request ``query_len``
 tokens, no prefill) whose layers attend, non-causally, one window per request shared by its
 draft block, ``[max(prefix - W, 0), L)``, in rows of ``round_up(W + num_spec, 64)``
-(:mod:`staticattn.kernels.swa_draft`). The reference refreshes exactly these fields inside
+(:mod:`staticattn.kernels.swa.draft_rows`). The reference refreshes exactly these fields inside
 its FULL draft graph (``update_draft_decode_metadata``): ``is_valid_token``,
 ``token_to_req`` (here the staging's, already on the device) and the rows with their
 lengths; the tile-scheduler holder is a fresh one per build, as for every decode build.
@@ -23,8 +23,8 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.contract import claim_arena
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
 from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
-from staticattn.kernels.backend import resolve_backend
-from staticattn.kernels.swa_draft import draft_swa_rows
+from staticattn.kernels.runtime.backend import resolve_backend
+from staticattn.kernels.swa.draft_rows import draft_swa_rows
 
 __all__ = ["DraftSWAMetadata", "DraftSWAMetadataBuilder", "draft_swa_width"]
 

@@ -68,7 +68,7 @@ class SparseSWAMetadata:
     prefill_swa_indices : int32 device ``(Tp, 1, Wp)`` or None
         Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p`` of request
         ``b``: the flat SWA slots of positions ``start .. p``, ``start = max(p - W + 1,
-        replay_start[b])``, then -1 (``Wp`` = :func:`~staticattn.builders.swa.layout.
+        replay_start[b])``, then -1 (``Wp`` = :func:`~staticattn.builders.swa.declarations.
         prefill_swa_width`, ``W``); a row of -1 for an invalid token. None without prefills.
     prefill_swa_lens : int32 device ``(Tp,)`` or None
         ``p - start + 1``; 0 for invalid tokens.

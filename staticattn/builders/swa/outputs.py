@@ -11,11 +11,11 @@ from staticattn.builders.attention_utils.split import DecodePrefillSplit
 from staticattn.builders.batch import Batch
 from staticattn.builders.swa.chunk_plan import PrefillChunkPlan, host_chunk_plan
 from staticattn.builders.swa.combined import IndexRows
-from staticattn.builders.swa.layout import plan_ratio, plan_types, row_scratch_width
+from staticattn.builders.swa.declarations import plan_ratio, plan_types, row_scratch_width
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
-from staticattn.kernels.swa_decode import SWADecodeOutputs
-from staticattn.kernels.swa_prefill import ChunkPlanViews
+from staticattn.kernels.swa.prefill_gather import ChunkPlanViews
+from staticattn.kernels.swa.swa_rows import SWADecodeOutputs
 
 __all__ = ["BoundViews"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from staticattn.kernels.dsa_libs import FLASH_MLA, available, memoised_on_libs, require
+from staticattn.kernels.runtime.dsa_libs import FLASH_MLA, available, memoised_on_libs, require
 from staticattn.model import LAYER_TYPES
 
 __all__ = ["TileSchedulerMeta", "new_tile_scheduler_meta", "renew_tile_scheduler_metas",
@@ -55,9 +55,10 @@ _HOLDER_FIELDS = tuple(f.name for f in fields(TileSchedulerMeta))
 
 @memoised_on_libs
 def _holder_factory() -> Callable[[], Any]:
-    """FlashMLA's holder factory when :mod:`staticattn.kernels.dsa_libs` finds a usable
+    """FlashMLA's holder factory when :mod:`staticattn.kernels.runtime.dsa_libs` finds a usable
     ``flash_mla`` (whose ``get_mla_metadata()`` returns an empty holder), else
-    :class:`TileSchedulerMeta`. Decided once, until :func:`~staticattn.kernels.dsa_libs.forget`."""
+    :class:`TileSchedulerMeta`. Decided once, until
+    :func:`~staticattn.kernels.runtime.dsa_libs.forget`."""
     if not available()[FLASH_MLA]:
         return TileSchedulerMeta
     get_mla_metadata = require(FLASH_MLA).get_mla_metadata

@@ -1,0 +1,98 @@
+"""The exact global top-k of rows whose keys are sharded over decode-context-parallel ranks,
+for prefill rows as well as decode rows (``vllm-0.33-extras.md`` §7.1).
+
+Each rank hands its local top-k of every row (local indices into the keys it holds) and the
+scores it ranked them by; :class:`DCPTopKMerge` packs them as ``(score, global id)``
+candidates (:func:`~staticattn.kernels.dcp.topk_merge.pack_candidates`), all-gathers them over the
+group into a buffer it owns and merges them into the global top-k, the same on every rank.
+A prefill chunk's rows pass their full-width logits with ``row_starts`` (their
+``cu_seqlen_ks``), or row-local logits without; decode rows row-local logits.
+
+Example (two ranks, each with its own group member)::
+
+    merge = DCPTopKMerge(cfg, group, topk=2048, local_k=2048, max_rows=8192)
+    ids = merge(local_topk, logits, row_starts=chunk.cu_seqlen_ks)  # (rows, 2048) int64
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from staticattn.arena import ArenaConfig
+from staticattn.errors import InvalidBatchError
+from staticattn.kernels.dcp.topk_merge import merge_candidates, pack_candidates
+
+__all__ = ["DCPTopKMerge", "gather_rank_major"]
+
+#: ``(output, input, group=)``: the in-place all-gather into one tensor (its newer name
+#: where this torch has it).
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def gather_rank_major(buffer: torch.Tensor, world: int, rank: int, group=None) -> None:
+    """Every rank's ``buffer[rank]`` into ``buffer[r]`` of every rank, in place; nothing at
+    world 1.
+
+    Parameters
+    ----------
+    buffer : device tensor ``(world, n, ...)``, any dtype, contiguous
+        One contiguous block per rank (rank-major).
+    world, rank : int
+    group : ProcessGroup, optional
+    """
+    if world == 1:
+        return
+    whole = buffer.view(world * buffer.shape[1], *buffer.shape[2:])
+    _all_gather(whole, buffer[rank], group=group)
+
+
+class DCPTopKMerge:
+    """Callable ``(local_topk, logits, row_starts=None) -> int64 (n, topk)`` global ids.
+
+    Parameters
+    ----------
+    config : ArenaConfig
+        The rank's config (``dcp_world_size``, ``dcp_rank``, the interleave).
+    group : ProcessGroup, optional
+        The DCP group (NCCL, or gloo on CPU); None for the default group.
+    topk : int
+        ``K``, the global width.
+    local_k : int
+        The width of each rank's local top-k (``min(K, local keys)`` makes the merge exact).
+    max_rows : int
+        Rows of a call at most (the exchange buffer's capacity).
+    ratio : int, optional
+        The compress ratio of the keys (default the indexer's): keys are dealt at
+        interleave ``I // R``.
+    """
+
+    def __init__(self, config: ArenaConfig, group=None, *, topk: int, local_k: int,
+                 max_rows: int, ratio: int | None = None) -> None:
+        self.world, self.rank, self.group = config.dcp_world_size, config.dcp_rank, group
+        ratio = ratio or config.index_compress_ratio
+        self.interleave = max(config.cp_kv_cache_interleave_size // ratio, 1)
+        self.topk, self.local_k, self.max_rows = topk, local_k, max_rows
+        dev = config.torch_device
+        self._cand = torch.zeros(self.world * max_rows * local_k * 2, dtype=torch.float64,
+                                 device=dev)
+        self._ids = torch.full((max_rows, topk), -1, dtype=torch.int64, device=dev)
+
+    def __call__(self, local_topk: torch.Tensor, logits: torch.Tensor,
+                 row_starts: torch.Tensor | None = None) -> torch.Tensor:
+        """``local_topk`` int ``(n, local_k)`` (-1 = none), ``logits`` float ``(n, cols)``,
+        ``row_starts`` int ``(n,)`` or None; returns a view of an owned int64 ``(n, topk)``
+        buffer, valid until the next call."""
+        n = local_topk.shape[0]
+        if n > self.max_rows or local_topk.shape[1] != self.local_k:
+            raise InvalidBatchError(
+                f"local_topk must be (<= {self.max_rows}, {self.local_k}) (rows, local_k), "
+                f"got {tuple(local_topk.shape)}")
+        cand = self._cand[: self.world * n * self.local_k * 2].view(
+            self.world, n, self.local_k, 2)
+        pack_candidates(local_topk, logits, row_starts, cand[self.rank], world=self.world,
+                        rank=self.rank, interleave=self.interleave)
+        gather_rank_major(cand, self.world, self.rank, self.group)
+        out = self._ids[:n]
+        merge_candidates(cand, out)
+        return out

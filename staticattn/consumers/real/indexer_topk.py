@@ -1,0 +1,253 @@
+"""The sparse-attention indexer's decode consumer: DeepGEMM paged-MQA logits, then a top-k
+masked to each token's visible keys, written into buffers the step owns (spec §5, step 5).
+
+Per step, for the decode part of ``md["indexer"]`` (``rows x width`` entries, one per decode
+token):
+
+1. ``logits = deep_gemm.fp8_paged_mqa_logits(q, kv_cache, weights, decode.seq_lens,
+   decode.block_table, decode.schedule_metadata, W, clean_logits=False)``:
+   fp32 ``(entries, W)``, ``logits[e, j] = sum_h relu(q[e, h] . k_j) * w[e, h] *
+   scale_j`` on every 256-key split the schedule covers. Columns past the entry's length hold
+   garbage (pages past its table read block 0) or were never written. ``W`` follows the
+   metadata's ``max_seq_len`` (:meth:`IndexerTopKStep.context_width`): a graph captured for a
+   context bucket scans that bucket's keys, not ``max_model_len``'s;
+2. ``masked = where(j < seq_lens[e], logits, -inf)`` into an owned fp32 buffer;
+3. ``torch.topk(masked, K, sorted=True, out=(values, indices))`` into owned buffers;
+4. ``out[e] = indices`` as int32, ``-1`` where ``index >= seq_lens[e]`` (rows shorter than
+   ``K``). Valid entries come first (sorted by logit), so ``count(out[e] >= 0) = min(K,
+   seq_lens[e])`` and the valid ones are a prefix: what FlashMLA's ``topk_length`` expects;
+5. the short-context fill (``vllm-0.33-extras.md`` §4), decided per row on the device: a
+   token whose ``seq_lens[e]`` keys fit the ``K`` columns gets ``[0, ..., n - 1, -1, ...]``
+   (the same set as its scored row, in position order); longer rows keep their scored top-k.
+   No host branch decides it, so a graph captured over short sequences replays long ones
+   scored (vLLM #52492) and the reverse.
+
+Everything has a fixed shape per captured size and no host read, so the whole consumer is
+recorded in the graph. DeepGEMM's logits tensor is allocated per call (inside a capture: from
+the graph's pool); it never leaves the step. Prefill tokens (eager mixed steps) get rows of -1:
+their logits come from ``fp8_mqa_logits``, which this consumer does not run.
+
+On sm90 DeepGEMM takes ``next_n`` in (1, 2) natively and 64-entry pages only, so the
+index type's pages must hold 64 entries (V3.2: block 64, R = 1; V4: block 256, R = 4;
+V4.1 on the SM90 block 64: ``c1a`` only, ``c2a``'s pages hold 32 --
+:func:`index_type_unserved`); ``next_n >= 3`` reaches it flattened (the builder's layout,
+one row per token). A config with several index types (V4.1) takes one step per type
+(``index_type=``), each reading its own ``md["indexer.<type>"]``.
+
+The step's inputs are owned buffers the caller fills before each step: ``q`` (e4m3
+``(max_decode_tokens, H, D)``), ``weights`` (fp32 ``(max_decode_tokens, H)``) and the
+cache ``kv_cache`` (:func:`staticattn.consumers.real.caches.write_indexer_cache`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.builders.batch import Batch
+from staticattn.consumers.real.caches import INDEXER_BLOCK, alloc_indexer_cache
+from staticattn.errors import ConfigError, InvalidBatchError
+from staticattn.kernels.indexer.short_topk_fill import fill_short_context_topk
+from staticattn.kernels.runtime.backend import resolve_backend
+from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, require
+from staticattn.model import LayerType
+
+__all__ = ["IndexerTopKStep", "LogitsFn", "index_type_unserved"]
+
+#: ``(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len) -> logits``,
+#: DeepGEMM's ``fp8_paged_mqa_logits`` signature (keyword ``clean_logits`` dropped).
+LogitsFn = Callable[..., torch.Tensor]
+
+#: Keys per split of the logits kernel's schedule: a step's logits width is a whole number
+#: of them.
+_SPLIT = 256
+
+#: Query heads / head dim the sm90 kernel takes (H in {32, 64}, D in {32, 64, 128}).
+_HEADS = (32, 64)
+_HEAD_DIMS = (32, 64, 128)
+
+
+class IndexerTopKStep:
+    """Step ``(batch, md) -> int32 (num_tokens, K)`` top-k key indices per token.
+
+    Parameters
+    ----------
+    config : ArenaConfig
+        The index type's K pages must hold 64 entries (:func:`index_type_unserved`); on
+        CUDA ``num_sms`` must equal DeepGEMM's.
+    index_type : str, optional
+        The index-owning layer type whose indexer metadata (``md["indexer.<type>"]``) it
+        reads, for a config with several (DeepSeek V4.1: "c1a", "c2a"); default the
+        config's one (``md["indexer"]``).
+    num_kv_blocks : int
+        Blocks of the owned K cache; block ids of the batch must be below it.
+    num_heads, head_dim : int
+        Indexer query heads (64) and head dim (128).
+    topk : int, optional
+        Keys kept per token; default ``config.index_topk``, capped at ``max_context_len``
+        (the longest compressed length, ``cdiv(max_model_len, R)``).
+    logits_fn : callable, optional
+        Stand-in for ``deep_gemm.fp8_paged_mqa_logits`` (a torch emulation lets the CPU
+        tests run this step); default DeepGEMM's, which needs CUDA.
+    short_context_fill : bool
+        Fill the rows whose keys fit the top-k (step 5); default True.
+
+    Attributes
+    ----------
+    q : e4m3 ``(max_decode_tokens, num_heads, head_dim)``; entry ``e`` = decode token ``e``.
+    weights : fp32 ``(max_decode_tokens, num_heads)``.
+    kv_cache : uint8 ``(num_kv_blocks, 64, 1, head_dim + 4)``.
+    out : int32 ``(max_num_batched_tokens, topk)``: the step's result, -1 padded.
+    """
+
+    def __init__(
+        self,
+        config: ArenaConfig,
+        *,
+        index_type: str | None = None,
+        num_kv_blocks: int = 4096,
+        num_heads: int = 64,
+        head_dim: int = 128,
+        topk: int | None = None,
+        logits_fn: LogitsFn | None = None,
+        short_context_fill: bool = True,
+    ) -> None:
+        row = (config.index_layer_type if index_type is None
+               else _index_row(config, index_type))
+        why = index_type_unserved(config, row)
+        if why is not None:
+            raise ConfigError(why)
+        if num_heads not in _HEADS or head_dim not in _HEAD_DIMS:
+            raise ConfigError(f"num_heads={num_heads}, head_dim={head_dim}: the sm90 kernel "
+                              f"takes heads in {_HEADS} and head dims in {_HEAD_DIMS}")
+        if logits_fn is None:
+            dg = require(DEEP_GEMM)
+            if config.torch_device.type != "cuda":
+                raise ConfigError("the DeepGEMM indexer step needs a CUDA arena config")
+            if dg.get_num_sms() != config.num_sms:
+                raise ConfigError(
+                    f"config.num_sms={config.num_sms} but DeepGEMM runs on "
+                    f"{dg.get_num_sms()} SMs; the logits kernel asserts the schedule has "
+                    "get_num_sms() + 1 rows"
+                )
+            logits_fn = _deep_gemm_logits(dg)
+        self.config = config
+        #: The metadata it reads (``md[name]``), the builder's name.
+        self.name = "indexer" if index_type is None else f"indexer.{index_type}"
+        self.compress_ratio = max(row.compress_ratio, 1)
+        self.logits_fn = logits_fn
+        self.short_context_fill = short_context_fill
+        self.num_heads, self.head_dim = num_heads, head_dim
+        self.max_context_len = cdiv(config.max_model_len, self.compress_ratio)
+        self.topk = min(topk or config.index_topk, self.max_context_len)
+        dev = config.torch_device
+        self.backend = resolve_backend(config.kernel_backend, dev)
+        rows, ctx, k = config.max_decode_tokens, self.max_context_len, self.topk
+        self.q = torch.zeros(rows, num_heads, head_dim, dtype=torch.uint8,
+                             device=dev).view(torch.float8_e4m3fn)
+        self.weights = torch.zeros(rows, num_heads, dtype=torch.float32, device=dev)
+        self.kv_cache = alloc_indexer_cache(num_kv_blocks, head_dim, dev)
+        self.out = torch.full((config.max_num_batched_tokens, k), -1, dtype=torch.int32,
+                              device=dev)
+        # Work buffers: fixed addresses, so no op of the step allocates a result; flat, so
+        # that a narrower step (a context bucket's graph) takes contiguous views of them.
+        self._cols = torch.arange(ctx, dtype=torch.int32, device=dev).view(1, ctx)
+        self._mask = torch.empty(rows * ctx, dtype=torch.bool, device=dev)
+        self._masked = torch.empty(rows * ctx, dtype=torch.float32, device=dev)
+        self._values = torch.empty(rows * k, dtype=torch.float32, device=dev)
+        self._indices = torch.empty(rows * k, dtype=torch.int64, device=dev)
+        self._invalid = torch.empty(rows * k, dtype=torch.bool, device=dev)
+        self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
+
+    def __call__(self, batch: Batch, md: dict[str, Any]) -> torch.Tensor:
+        out = self.out[: batch.num_actual_tokens]
+        self.topk_into(md[self.name], out)
+        return out
+
+    def topk_into(self, idx_md, out: torch.Tensor) -> None:
+        """Write the top-k of every decode token of ``idx_md`` (an ``IndexerMetadata``) into
+        ``out`` (``(num_tokens, K)`` int32); rows past the decode tokens get -1."""
+        td = idx_md.num_decode_tokens
+        dec = idx_md.decode
+        if dec is not None and td and dec.requires_padding:
+            raise InvalidBatchError(
+                "the indexer step takes uniform decode rows only; this eager batch has "
+                "decode requests of unequal query length (the reference engine packs them "
+                "with a host sync first)"
+            )
+        rows, width = dec.seq_lens.shape if dec is not None else (0, 0)
+        entries = rows * width
+        if td and entries != td:
+            raise InvalidBatchError(f"decode layout {rows}x{width} does not cover the "
+                                    f"{td} decode tokens")
+        # Checked first, written after: a rejected batch leaves the output as it was.
+        if td < out.shape[0]:
+            out[td:].fill_(-1)
+        if dec is None or td == 0:
+            return
+        ctx = self.context_width(idx_md.max_seq_len)
+        k = min(self.topk, ctx)
+        q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)
+        logits = self.logits_fn(q, self.kv_cache, self.weights[:entries], dec.seq_lens,
+                                dec.block_table, dec.schedule_metadata, ctx)
+        lens = dec.seq_lens.view(entries, 1)
+        mask = self._mask[: entries * ctx].view(entries, ctx)
+        masked = self._masked[: entries * ctx].view(entries, ctx)
+        torch.lt(self._cols[:, :ctx], lens, out=mask)
+        torch.where(mask, logits, self._neg_inf, out=masked)
+        values = self._values[: entries * k].view(entries, k)
+        indices = self._indices[: entries * k].view(entries, k)
+        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(values, indices))
+        invalid = self._invalid[: entries * k].view(entries, k)
+        torch.ge(indices, lens, out=invalid)
+        dst = out[:entries]
+        dst[:, :k].copy_(indices)
+        dst[:, :k].masked_fill_(invalid, -1)
+        if k < dst.shape[1]:
+            dst[:, k:].fill_(-1)  # a step no wider than k keys: the rest is "no key"
+        if self.short_context_fill:
+            fill_short_context_topk(self.backend, dst, dec.seq_lens.view(entries),
+                                    num_rows=entries)
+
+    def context_width(self, max_seq_len: int) -> int:
+        """Logits columns a step whose sequences are at most ``max_seq_len`` long needs: its
+        compressed length rounded up to whole 256-key splits, at most the capacity's. In a
+        graph ``max_seq_len`` is the bound it was captured for (a context bucket's, or
+        ``max_model_len``); eagerly, the step's own longest sequence."""
+        keys = cdiv(max(int(max_seq_len), 1), self.compress_ratio)
+        return min(self.max_context_len, cdiv(keys, _SPLIT) * _SPLIT)
+
+
+def _index_row(config: ArenaConfig, name: str) -> LayerType:
+    rows = {t.name: t for t in config.index_layer_types}
+    if name not in rows:
+        raise ConfigError(f"index_type {name!r}: this config's index-owning layer types are "
+                          f"{list(rows)}")
+    return rows[name]
+
+
+def index_type_unserved(config: ArenaConfig, row: LayerType) -> str | None:
+    """Why DeepGEMM's paged MQA logits cannot serve the index type ``row`` of ``config``
+    on SM90, or None when they can: the sm90 kernel reads index-K pages of exactly 64
+    entries (it asserts ``block_kv == 64``; SM100 also takes 32), and a type's pages hold
+    ``block_size // R`` entries. DeepSeek V4.1 on the SM90 kernel block (64): ``c1a`` 64
+    (served), ``c2a`` 32 (not); on the SM100 block (128): ``c1a`` 128 (not), ``c2a`` 64."""
+    entries = row.entries_per_block(config.block_size)
+    if entries == INDEXER_BLOCK:
+        return None
+    return (f"index type {row.name!r}: DeepGEMM's sm90 paged MQA logits read index-K pages "
+            f"of {INDEXER_BLOCK} entries (the kernel asserts block_kv == {INDEXER_BLOCK}), "
+            f"but {row.name} pages hold {entries} (block_size {config.block_size} // R "
+            f"{max(row.compress_ratio, 1)}); block_size "
+            f"{INDEXER_BLOCK * max(row.compress_ratio, 1)} would serve it")
+
+
+def _deep_gemm_logits(dg) -> LogitsFn:
+    def logits(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len):
+        return dg.fp8_paged_mqa_logits(q, kv_cache, weights, seq_lens, block_table, schedule,
+                                       max_context_len, clean_logits=False)
+
+    return logits

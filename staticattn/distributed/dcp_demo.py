@@ -1,0 +1,120 @@
+"""The decode-context-parallel demo: one process per rank, started by torchrun.
+
+    torchrun --nproc-per-node 2 -m staticattn demo --dcp 2 [--steps 500]
+             [--dcp-preset deepseek-v4 | deepseek-v3.2]
+
+Each rank builds its own arena (``dcp_rank`` = the launcher's rank), the indexer builder and
+the reference DCP consumer (:mod:`staticattn.consumers.dcp.dcp_decode`); on GPUs it captures one
+graph per decode size holding the staging, the rank's build and the consumer with its NCCL
+all-gathers (without CUDA: gloo, every step eager). Every rank draws the same random decode
+steps (one seed), writes its share of each request's keys, checks the step against the group
+(:func:`~staticattn.validation.dcp_step.check_dcp_step`, over gloo) and runs it. Each rank
+also runs the step on a one-rank arena holding every key (the single-GPU step) and compares:
+the top-k exactly, the merged output within float32 rounding (``rtol 1e-4, atol 1e-5``).
+Rank 0 prints the totals and the host time per step of every rank (p50, p99).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from staticattn.distributed.world import (
+    dcp_config,
+    dcp_world,
+    graph_pool_blocks,
+    join,
+    leave,
+    random_decode_step,
+    write_decode_step,
+)
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+from staticattn.validation.dcp_step import check_dcp_step
+
+__all__ = ["run_dcp_demo"]
+
+
+def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
+                 preset: str = "deepseek-v4", json_path: str | None = None,
+                 progress: bool = True) -> int:
+    """Run the demo on this rank of a torchrun launch of ``world`` ranks, with a small arena
+    of ``preset`` ("deepseek-v4" or "deepseek-v3.2"); the exit status (0 when every step
+    matched the single-GPU step on every rank). ``json_path``: rank 0 writes the totals as
+    JSON there, or prints them instead of the text for "-". ``progress``: a progress bar on
+    rank 0."""
+    me = join(world, "demo")
+    if me is None:
+        return 2
+    cfg = dcp_config(preset, world, me.rank, me.device)
+    mine = _run_steps(me, cfg, preset, steps, seed, progress)
+    totals = [None] * world
+    dist.all_gather_object(totals, mine, group=me.check_group)
+    if me.rank == 0:
+        _report(totals, preset, cfg.next_n, steps, me.cuda, json_path)
+    leave(me)
+    return 0 if all(t[0] == 0 for t in totals) else 1
+
+
+def _run_steps(me, cfg, preset: str, steps: int, seed: int, progress: bool) -> tuple:
+    """This rank's ``(mismatches, replays, host µs p50 and p99)`` over ``steps`` random
+    decode steps; the arenas, consumers and managers it builds die with it, before the
+    launch is left."""
+    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
+    single = dcp_world(dcp_config(preset, 1, 0, me.device), None)
+    rng = np.random.default_rng(seed)
+    host_us, mismatches, replays = [], 0, 0
+    options = GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg))
+    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
+            GraphManager(*single[:2], [single[2]], single[3], options) as one:
+        if me.cuda:
+            gm.capture(buckets=())  # every rank captures the same sizes, in one order
+        for _ in tqdm(range(steps), desc=f"DCP demo, rank {me.rank}", unit="step",
+                      disable=me.rank != 0 or not progress, leave=False):
+            step = random_decode_step(cfg, rng)
+            write_decode_step(inputs, consumer, step)
+            write_decode_step(single[1], single[3], step)
+            lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
+            check_dcp_step(cfg, lengths[0], lengths[1], group=me.check_group,
+                           timeout=timedelta(seconds=60))
+            t0 = time.perf_counter()
+            res = gm.run(*lengths)
+            host_us.append((time.perf_counter() - t0) * 1e6)
+            replays += res.mode == "graph"
+            ids, out = (x.clone() for x in res.outputs)
+            want_ids, want = one.run(*lengths, eager=EagerBuild.REFERENCE).outputs
+            mismatches += not (torch.equal(ids, want_ids)
+                               and torch.allclose(out, want, rtol=1e-4, atol=1e-5))
+    return mismatches, replays, np.percentile(host_us, [50, 99])
+
+
+def _report(totals: list, preset: str, next_n: int, steps: int, cuda: bool,
+            json_path: str | None) -> None:
+    """Rank 0's lines (per rank, then the verdict) or JSON."""
+    mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA)"
+    bad = sum(t[0] for t in totals)
+    verdict = "PASS" if bad == 0 else "FAIL"
+    lines = [f"DCP demo ({preset}, next_n {next_n}): {len(totals)} ranks, {steps} decode "
+             f"steps each, {mode}"]
+    for r, (mismatches, replayed, (p50, p99)) in enumerate(totals):
+        lines.append(f"rank {r}: replayed {replayed}/{steps}, host us per step p50 {p50:.0f} "
+                     f"p99 {p99:.0f}, mismatches against the single-GPU step {mismatches}")
+    lines.append(f"{verdict}: {len(totals)} ranks x {steps} steps checked against the "
+                 f"single-GPU step, {bad} mismatches")
+    data = {"verdict": verdict, "preset": preset, "mode": mode, "steps": steps,
+            "mismatches": bad,
+            "ranks": [{"rank": r, "replayed": t[1], "mismatches": t[0],
+                       "host_us_p50": float(t[2][0]), "host_us_p99": float(t[2][1])}
+                      for r, t in enumerate(totals)]}
+    if json_path == "-":
+        print(json.dumps(data, indent=2))
+        return
+    print("\n".join(lines))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(data, f, indent=2)

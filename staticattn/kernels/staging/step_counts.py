@@ -1,0 +1,67 @@
+"""The Triton helpers through which kernels read a step's counts: one place for the slots of
+``step_counts`` inside kernels.
+
+``step_counts`` (int32, device, ``NUM_COUNTS`` long) holds a step's requests, tokens,
+decodes and decode tokens at the slots ``COUNT_REQS``, ``COUNT_TOKENS``, ``COUNT_DECODES``
+and ``COUNT_DECODE_TOKENS`` of :mod:`staticattn.kernels.staging.stage_inputs`, written by the
+staging
+kernels inside a graph. A kernel built for a graph whose counts are decided per replay
+(``DEVICE_COUNTS``) reads them there; otherwise it takes the count its launch passed
+(``static``). A ``@triton.jit`` function reads no module-level int, so the slots are
+repeated below as literals; ``tests/kernels/test_step_counts.py`` holds them equal to ``COUNT_*``.
+"""
+
+from __future__ import annotations
+
+from staticattn.kernels.runtime.deferred import lazy_jit
+
+__all__ = ["step_counts_jit"]
+
+
+@lazy_jit
+def step_counts_jit():
+    """The ``@triton.jit`` helpers ``live_reqs``, ``live_tokens``, ``live_decodes`` and
+    ``live_decode_tokens``, each ``(counts, static, DEVICE_COUNTS) -> int32`` (define on
+    first use; publish them into the calling kernel's module with
+    :func:`~staticattn.kernels.runtime.deferred.publish`)."""
+    import triton
+    import triton.language as tl
+
+    # Interpreted Triton wants triton.language among a jit function's module globals.
+    globals()["tl"] = tl
+
+    @triton.jit
+    def live_reqs(counts, static, DEVICE_COUNTS: tl.constexpr):
+        """The step's requests: ``counts[COUNT_REQS]`` or ``static``."""
+        n = static
+        if DEVICE_COUNTS:
+            n = tl.load(counts)
+        return n
+
+    @triton.jit
+    def live_tokens(counts, static, DEVICE_COUNTS: tl.constexpr):
+        """The step's tokens: ``counts[COUNT_TOKENS]`` or ``static``."""
+        n = static
+        if DEVICE_COUNTS:
+            n = tl.load(counts + 1)
+        return n
+
+    @triton.jit
+    def live_decodes(counts, static, DEVICE_COUNTS: tl.constexpr):
+        """The step's decode requests (the first ones): ``counts[COUNT_DECODES]`` or
+        ``static``."""
+        n = static
+        if DEVICE_COUNTS:
+            n = tl.load(counts + 2)
+        return n
+
+    @triton.jit
+    def live_decode_tokens(counts, static, DEVICE_COUNTS: tl.constexpr):
+        """The step's decode tokens (the first ones): ``counts[COUNT_DECODE_TOKENS]`` or
+        ``static``."""
+        n = static
+        if DEVICE_COUNTS:
+            n = tl.load(counts + 3)
+        return n
+
+    return live_reqs, live_tokens, live_decodes, live_decode_tokens

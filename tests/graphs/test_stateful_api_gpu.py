@@ -1,0 +1,26 @@
+"""The state machine of ``helpers/stateful_api.py`` on a GPU, real graphs captured: at least
+``STATICATTN_STATEFUL_STEPS`` (default 5000) steps per preset, compiled Triton kernels."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import stateful_api
+from helpers.stateful_api import run_machine
+
+pytestmark = pytest.mark.gpu
+
+STEPS = int(os.environ.get("STATICATTN_STATEFUL_STEPS", "5000"))
+#: Steps per example: long runs, since every example captures its graphs first.
+PER_EXAMPLE = 200
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4", "deepseek-v4.1-flash",
+                                    "deepseek-v4-vision"])
+def test_public_api_against_the_oracle_on_the_gpu(preset):
+    done = 0  # new examples every round (derandomize off); a failure prints its blob
+    while done < STEPS:  # hypothesis draws runs of varying length: run until enough steps
+        run_machine(preset, "triton", max(1, (STEPS - done) // (PER_EXAMPLE // 2)),
+                    PER_EXAMPLE, derandomize=False)
+        done += sum(stateful_api.STATS.values())

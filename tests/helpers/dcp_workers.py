@@ -1,0 +1,260 @@
+"""The per-rank bodies of the multi-process DCP tests (``distributed/test_dcp_gloo.py``): each runs
+in
+its own process, joined to a gloo group over a file store, and writes what it saw to
+``<out>/rank<r>.json`` for the parent to check."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import traceback
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+WORLD = 2
+STEPS = 40
+CONSUMER_STEPS = 30
+
+
+def config(rank: int, world: int = WORLD):
+    from staticattn.arena import ArenaConfig
+
+    return ArenaConfig(
+        max_num_seqs=8, max_num_batched_tokens=128, max_model_len=2048, block_size=256,
+        num_speculative_tokens=1, architecture="deepseek_v4", compress_ratios=(1, 4, 128),
+        sliding_window=16, swa_block_size=16, num_sms=5, max_prefill_workspace=600,
+        max_logits_bytes=4 * 6_000, dcp_world_size=world, dcp_rank=rank,
+        cp_kv_cache_interleave_size=4, device="cpu", kernel_backend="torch",
+    )
+
+
+def random_step(cfg, rng: np.random.Generator, num_reqs: int | None = None):
+    """A decode-first step of ``num_reqs`` requests (random when None): decodes of 1..next_n
+    tokens, then a few prefills and extends."""
+    from helpers.support import make_step
+
+    n = cfg.next_n
+    num_reqs = int(rng.integers(1, cfg.max_num_seqs + 1)) if num_reqs is None else num_reqs
+    num_decodes = int(rng.integers(0, num_reqs + 1))
+    q = [int(rng.integers(1, n + 1)) for _ in range(num_decodes)]
+    budget = cfg.max_num_batched_tokens - sum(q) - (num_reqs - num_decodes)
+    for _ in range(num_reqs - num_decodes):
+        extra = int(rng.integers(0, max(budget // 2, 0) + 1))
+        budget -= extra
+        q.append(n + 1 + extra)
+    while sum(q) > cfg.max_num_batched_tokens:
+        q.pop()
+    seq = [int(rng.integers(qi, cfg.max_model_len + 1)) for qi in q]
+    return make_step(cfg, q, seq, rng=rng)
+
+
+def _join(rank: int, out: str, world: int = WORLD, backend: str = "gloo") -> None:
+    dist.init_process_group(backend, init_method=f"file://{out}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+
+
+def _write(out: str, rank: int, record: dict) -> None:
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
+
+
+def consistent_steps(rank: int, out: str, world: int = WORLD, steps: int = STEPS) -> None:
+    """Every rank builds the same random steps; rank r's decode and slot outputs, gathered
+    to every rank, go to the parent, which checks them against the oracle."""
+    from helpers.support import stage
+    from staticattn.builders import make_arena
+    from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+    from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+    from staticattn.validation.dcp_step import check_dcp_step
+
+    _join(rank, out, world)
+    cfg = config(rank, world)
+    indexer, swa = IndexerMetadataBuilder(), SparseSWAMetadataBuilder()
+    _, inputs = make_arena(cfg, [indexer, swa])
+    rng = np.random.default_rng(1234)  # the same seed on every rank: the same steps
+    record = {"steps": []}
+    for _ in range(steps):
+        step = random_step(cfg, rng)
+        check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=20))
+        batch = stage(inputs, step)
+        meta = indexer.build(batch)
+        swa_meta = swa.build(batch)
+        mine = {
+            "slot_mapping": meta.slot_mapping.tolist(),
+            "decode_seq_lens": None if meta.decode is None else meta.decode.seq_lens.tolist(),
+            "decode_global": (None if meta.decode is None
+                              else meta.decode.global_seq_lens.tolist()),
+            "chunks": [[c.local_cu_seq_lens.tolist(), c.cu_seqlen_ks.tolist(),
+                        c.cu_seqlen_ke.tolist(), c.local_total_seq_lens,
+                        c.max_local_total_seq_lens]
+                       for c in (meta.prefill.chunks if meta.prefill else [])],
+            "swa": swa_meta.decode_swa_indices.tolist(),
+        }
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        record["steps"].append({"query_lens": step.query_lens.tolist(),
+                                "seq_lens": step.seq_lens.tolist(),
+                                "block_table": step.block_table.tolist(), "ranks": every})
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+def _check_step(rank: int, out: str, cfg, query_lens, seq_lens) -> None:
+    """Join, run the cross-rank step check on this rank's step, record what happened."""
+    from staticattn.validation.dcp_step import check_dcp_step
+
+    _join(rank, out)
+    record = {"staged": False}
+    try:
+        check_dcp_step(cfg, query_lens, seq_lens, timeout=timedelta(seconds=20))
+        record["staged"] = True  # the engine would stage and launch here
+    except Exception as exc:  # noqa: BLE001 - the parent checks the type
+        record["error"] = type(exc).__name__
+        record["message"] = str(exc)
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+def mismatched_steps(rank: int, out: str) -> None:
+    """Rank 0 is handed 3 requests, rank 1 four: each must raise the typed error from the
+    check, before anything is staged."""
+    cfg = config(rank)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=3 + rank)
+    _check_step(rank, out, cfg, step.query_lens, step.seq_lens)
+
+
+def mismatched_lengths(rank: int, out: str) -> None:
+    """The same request and token counts, one sequence length off by one on rank 1."""
+    cfg = config(rank)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=4)
+    seq_lens = step.seq_lens.copy()
+    seq_lens[-1] += rank
+    _check_step(rank, out, cfg, step.query_lens, seq_lens)
+
+
+def duplicate_rank(rank: int, out: str) -> None:
+    """Both processes were configured as dcp_rank 0."""
+    cfg = config(0)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=4)
+    _check_step(rank, out, cfg, step.query_lens, step.seq_lens)
+
+
+def wrong_world(rank: int, out: str) -> None:
+    """A config for 4 ranks in a group of 2."""
+    cfg = config(rank).replace(dcp_world_size=4)
+    step = random_step(cfg, np.random.default_rng(7), num_reqs=4)
+    _check_step(rank, out, cfg, step.query_lens, step.seq_lens)
+
+
+def silent_rank(rank: int, out: str) -> None:
+    """Rank 1 never joins the check (it failed earlier); rank 0 must get the typed error
+    within its timeout, not hang."""
+    from staticattn.validation.dcp_step import check_dcp_step
+
+    _join(rank, out)
+    cfg = config(rank)
+    record = {}
+    if rank == 1:
+        time.sleep(8)
+    else:
+        step = random_step(cfg, np.random.default_rng(7))
+        start = time.monotonic()
+        try:
+            check_dcp_step(cfg, step.query_lens, step.seq_lens, timeout=timedelta(seconds=2))
+        except Exception as exc:  # noqa: BLE001 - the parent checks the type
+            record["error"] = type(exc).__name__
+        record["waited_s"] = time.monotonic() - start
+    _write(out, rank, record)
+    os._exit(0)  # the group is broken on purpose: skip its teardown
+
+
+def consumer_steps(rank: int, out: str) -> None:
+    """Every rank runs the same random decode steps (the DCP demo's,
+    ``distributed.world.random_decode_step``) through its own metadata build and the DCP
+    consumer (gloo collectives); rank 0 also runs them at world 1 (the single-GPU step).
+    Each records its top-k ids and outputs."""
+    from staticattn.distributed.world import (
+        dcp_world,
+        graph_pool_blocks,
+    random_decode_step,
+        write_decode_step,
+    )
+    from staticattn.graphs import GraphManager, GraphOptions
+
+    _join(rank, out)
+    runs = [(config(rank), dist.group.WORLD)]
+    if rank == 0:
+        runs.append((config(0).replace(dcp_world_size=1), None))
+    worlds = [dcp_world(cfg, group) for cfg, group in runs]
+    # Each world's own pool: the world-1 run's slots address the whole (unsharded) pool.
+    managers = [GraphManager(arena, inputs, [builder], consumer,
+                             GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg)))
+                for (arena, inputs, builder, consumer), (cfg, _) in zip(worlds, runs)]
+    record = {"steps": []}
+    rng = np.random.default_rng(4321)  # the same seed on every rank: the same steps
+    for _ in range(CONSUMER_STEPS):
+        step = random_decode_step(config(rank), rng)
+        results = []
+        for (_, inputs, _, consumer), gm in zip(worlds, managers):
+            write_decode_step(inputs, consumer, step)
+            ids, att = gm.run(step["query_lens"], step["seq_lens"], step["slot_mapping"]).outputs
+            results.append({"ids": ids.tolist(), "out": att.tolist()})
+        record["steps"].append(results)
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+MERGE_TOPK = 8
+
+
+def merge_rows(rng: np.random.Generator) -> list[list[float]]:
+    """A prefill chunk's rows of global scores (a few values: ties), then a decode row."""
+    rows = [rng.integers(-3, 6, size=int(rng.integers(0, 40))).astype(float).tolist()
+            for _ in range(int(rng.integers(1, 6)))]
+    return rows + [rng.normal(size=int(rng.integers(0, 30))).tolist()]
+
+
+def topk_merge_rows(rank: int, out: str, device: str = "cpu") -> None:
+    """Every rank ranks the keys it holds of the same random rows (chunk-wide logits with
+    row starts, as a prefill chunk's) and merges through :class:`DCPTopKMerge` (gloo on
+    CPU, NCCL with ``device="cuda"``: one GPU per rank); records the merged ids."""
+    from staticattn.consumers.dcp.merge import DCPTopKMerge
+    from staticattn.reference import dcp_topk as oracle
+
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    _join(rank, out, backend="nccl" if device != "cpu" else "gloo")
+    cfg = config(rank).replace(device=device)
+    interleave = cfg.cp_kv_cache_interleave_size // cfg.index_compress_ratio
+    merge = DCPTopKMerge(cfg, dist.group.WORLD, topk=MERGE_TOPK, local_k=MERGE_TOPK,
+                         max_rows=8)
+    rng = np.random.default_rng(99)  # the same rows on every rank
+    record = {"ids": []}
+    for _ in range(20):
+        rows = merge_rows(rng)
+        held = [[r[x] for x in oracle.local_keys(len(r), WORLD, rank, interleave)]
+                for r in rows]
+        starts = [sum(len(h) for h in held[:i]) for i in range(len(rows))]
+        logits = torch.zeros(len(rows), max(1, sum(len(h) for h in held)))
+        for i, h in enumerate(held):
+            logits[i, starts[i]: starts[i] + len(h)] = torch.tensor(h)
+        tops = torch.tensor([oracle.exact_topk(h, MERGE_TOPK) for h in held])
+        ids = merge(tops.to(device), logits.to(device), torch.tensor(starts, device=device))
+        record["ids"].append(ids.tolist())
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+def run(rank: int, target, out: str) -> None:
+    """Spawn entry: run ``target`` and leave a traceback for the parent on failure."""
+    try:
+        torch.set_num_threads(1)
+        target(rank, out)
+    except BaseException:
+        _write(out, rank, {"crash": traceback.format_exc()})
+        raise

@@ -1,0 +1,73 @@
+"""The decode-context-parallel fields of ArenaConfig: validated at construction, and what
+they change in the derived sizes."""
+
+from __future__ import annotations
+
+import pytest
+
+from staticattn.arena import ArenaConfig
+from staticattn.errors import ConfigError
+
+V4 = dict(device="cpu", max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    (dict(dcp_world_size=0), "dcp_world_size=0 must be a positive int"),
+    (dict(dcp_world_size=2, dcp_rank=2), r"dcp_rank=2 is outside \[0, dcp_world_size=2\)"),
+    (dict(dcp_rank=-1), r"dcp_rank=-1 is outside"),
+    (dict(dcp_world_size=2, cp_kv_cache_interleave_size=0), "interleave_size=0 must be"),
+    (dict(dcp_world_size=2, cp_kv_cache_interleave_size=2), "multiple of the sharded "
+     "compress ratio 4"),
+    (dict(dcp_world_size=2, cp_kv_cache_interleave_size=512), "does not divide block_size"),
+])
+def test_bad_dcp_fields_are_config_errors(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        ArenaConfig.deepseek_v4(**V4, **fields)
+
+
+def test_c128a_is_replicated_so_the_interleave_need_not_respect_128():
+    cfg = ArenaConfig.deepseek_v4(**V4, dcp_world_size=4, dcp_rank=3,
+                                  cp_kv_cache_interleave_size=4)
+    assert cfg.dcp_sharded_ratios == (4,)
+    assert cfg.dcp_compressed_interleave == 1
+
+
+def test_one_rank_ignores_the_interleave():
+    """An interleave that W > 1 would refuse (2 is no multiple of ratio 4) is accepted on
+    one rank, and changes none of the single-GPU sizes."""
+    plain = ArenaConfig.deepseek_v4(**V4)
+    cfg = ArenaConfig.deepseek_v4(**V4, cp_kv_cache_interleave_size=2)
+    assert cfg.max_blocks_per_req == plain.max_blocks_per_req
+    assert cfg.max_swa_blocks_per_req == plain.max_swa_blocks_per_req
+
+
+def test_main_table_is_sharded_swa_table_is_not():
+    one = ArenaConfig.deepseek_v4(**V4)
+    two = ArenaConfig.deepseek_v4(**V4, dcp_world_size=2, cp_kv_cache_interleave_size=64)
+    assert two.max_blocks_per_req == one.max_blocks_per_req // 2
+    assert two.max_swa_blocks_per_req == one.max_swa_blocks_per_req
+
+
+def test_step_fingerprint_tells_configs_and_steps_apart():
+    """The cross-rank check's fingerprint: the rank and the device may differ across ranks;
+    any other config field, or the step, changes it; mismatched arrays are refused."""
+    import numpy as np
+
+    from staticattn.errors import InvalidBatchError
+    from staticattn.validation.dcp_step import FINGERPRINT_FIELDS, step_fingerprint
+
+    base = dict(**V4, dcp_world_size=2, cp_kv_cache_interleave_size=4)
+    q, s = np.array([2, 1, 40]), np.array([9, 30, 40])
+    r0 = step_fingerprint(ArenaConfig.deepseek_v4(**base), q, s)
+    r1 = step_fingerprint(ArenaConfig.deepseek_v4(**{**base, "dcp_rank": 1,
+                                                     "device": "cpu:1"}), q, s)
+    rank = FINGERPRINT_FIELDS.index("dcp_rank")
+    assert list(np.delete(r0, rank)) == list(np.delete(r1, rank)) and r1[rank] == 1
+    config = FINGERPRINT_FIELDS.index("config_checksum")
+    other = step_fingerprint(ArenaConfig.deepseek_v4(**{**base, "max_num_seqs": 9}), q, s)
+    assert other[config] != r0[config]
+    moved = step_fingerprint(ArenaConfig.deepseek_v4(**base), q, np.array([9, 31, 40]))
+    assert moved[FINGERPRINT_FIELDS.index("seq_lens_checksum")] != r0[
+        FINGERPRINT_FIELDS.index("seq_lens_checksum")]
+    with pytest.raises(InvalidBatchError, match="seq_lens has 2"):
+        step_fingerprint(ArenaConfig.deepseek_v4(**base), q, s[:2])
