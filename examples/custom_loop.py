@@ -116,7 +116,7 @@ def main() -> int:
             host = gm.begin_step()  # the pinned staging, once the last step has read it
             host.query_start_loc[: k + 1] = np.cumsum([0, *q])
             host.seq_lens[:k], host.slot_mapping[:t] = seq, slot
-            replays_before, gpu = gm.stats.replays + gm.stats.mixed_replays, ""
+            replays_before, gpu = gm.stats.replays_total, ""
             if cuda:
                 start.record()
             t0 = time.perf_counter()
@@ -126,7 +126,7 @@ def main() -> int:
                 end.record()
                 end.synchronize()
                 gpu = f", GPU {start.elapsed_time(end) * 1e3:.1f} us"
-            graph = gm.stats.replays + gm.stats.mixed_replays > replays_before
+            graph = gm.stats.replays_total > replays_before
             replays += graph
             # The same step through the reference builds: equal up to float rounding.
             out = out.clone()  # the step's outputs live until the next step
@@ -148,7 +148,8 @@ def main() -> int:
         if cuda:
             print(gm.describe())
         else:  # "forced": the reference builds this loop runs for its check
-            print("eager steps: " + ", ".join(f"{why} {n}" for why, n in gm.stats.eager.items()))
+            print("eager steps: " + ", ".join(f"{why.value} {n}"
+                                              for why, n in gm.stats.eager.items()))
     print(f"{steps} steps, {replays} replayed ({100 * replays / max(steps, 1):.0f}%)")
     print(f"checked {steps} steps against the reference builds (outputs): {mismatches} "
           "mismatches")

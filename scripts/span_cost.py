@@ -28,7 +28,7 @@ from staticattn.bench.random_batches import NUM_KV_BLOCKS
 from staticattn.bench.replay import in_place_host_us, step_times_us
 from staticattn.builders import default_builders, make_arena
 from staticattn.graphs import GraphManager, GraphOptions
-from staticattn.staging import check_image_spans
+from staticattn.validation.image_spans import check_image_spans
 
 
 def mixed_manager(preset: str, seed: int = 0):

@@ -24,8 +24,8 @@ from span_cost import mixed_manager  # this script's directory is on sys.path
 
 import staticattn.graphs.runner as runner_module
 from staticattn.bench.mixed_steps import IMAGE_SPANS
-from staticattn.graphs import GraphManager
-from staticattn.staging import check_image_spans
+from staticattn.graphs import GraphKind, GraphManager
+from staticattn.validation.image_spans import check_image_spans
 
 SPANS = list(IMAGE_SPANS)
 
@@ -65,7 +65,7 @@ def main() -> None:
         finally:
             runner_module.check_image_spans = real_check
 
-    bucket_v4, bucket_vision = v4.table.mixed[8192], vision.table.mixed[8192]
+    bucket_v4, bucket_vision = (gm.graph_for(8192, GraphKind.MIXED) for gm in (v4, vision))
     images = vision.inputs.images
     variants = {
         "run v4": lambda: _timed(lambda: v4.run(*v4_args)),

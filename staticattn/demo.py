@@ -313,7 +313,8 @@ def _run_step(gm: GraphManager, server: SyntheticServer, i: int, report: DemoRep
         report.replayed += 1
         report.replayed_mixed += res.graph_kind is GraphKind.MIXED
     else:
-        report.eager[res.reason] = report.eager.get(res.reason, 0) + 1
+        why = res.reason.value
+        report.eager[why] = report.eager.get(why, 0) + 1
     # On a GPU a step that ran eagerly (the real consumers' prefill steps) is counted only.
     if res.mode == "graph" or not cuda:
         ran = snapshot_outputs(res.outputs)

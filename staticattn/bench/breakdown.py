@@ -1,22 +1,26 @@
 """Where a step's host time goes: per-phase medians for the captured and the eager paths,
 next to the one-kernel launch floor measured in the same run.
 
-Each path is timed by calling, in order, the same pieces its entry point calls, with a clock
-read between them (each step started on an idle device):
+Each path is timed by calling the graph manager's own phases -- the checks
+(:class:`~staticattn.validation.step_checks.StepChecks`), the dispatcher's lookup, the
+array front end's staging and replay (:class:`~staticattn.graphs.runner.StepRunner`), the
+eager builds (:class:`~staticattn.graphs.eager.EagerSteps`) -- in the order its entry point
+calls them, with a clock read as each ends (each step started on an idle device):
 
-* ``run()``, decode replay: validate (the pre-screen), stage (write the lengths, slots and
-  count into the pinned staging), launch, bookkeeping (the result object);
-* in-place, decode replay: wait (``begin_step``), validate (the view checks), launch (count,
-  lookup, ``cudaGraphLaunch``); the engine's writes into the views are not counted;
-* ``run(eager=EagerBuild.GRAPH)``, the eager path of a step no graph holds: validate,
-  stage, the builds a graph holds launched eagerly (staging kernels, every ``build_decode``
-  or ``build_mixed``, the step), bookkeeping -- through the recorded launches of the step's
+* ``run()``, decode replay: check (the pre-screen), dispatch, stage (the lengths, slots and
+  count into the pinned staging), launch (``cudaGraphLaunch`` and the result);
+* in-place, decode replay: wait (``begin_step``), check (the view checks), launch (the
+  manager's ``launch(k)`` with its checks off: count, lookup, ``cudaGraphLaunch``); the
+  engine's writes into the views are not counted;
+* ``run(eager=EagerBuild.GRAPH)``, the eager path of a step no graph holds: check, stage,
+  the builds a graph holds launched eagerly (staging kernels, every ``build_decode`` or
+  ``build_mixed``, the step) with the result -- through the recorded launches of the step's
   extents (recorded by an earlier step), recording them (the second step at these extents:
   the recorded launches are dropped before each, the extents kept as seen), and with no
   recorded launches (the builds themselves, which is also what the first step at new
   extents runs);
-* ``run(eager=EagerBuild.REFERENCE)``: validate, stage, staging kernels, one phase per
-  builder's ``build``, the step, bookkeeping -- the reference builds.
+* ``run(eager=EagerBuild.REFERENCE)``: check, stage, staging kernels, one phase per
+  builder's ``build``, the step, the result -- the reference builds.
 
 Each eager path is timed for a uniform decode step and for the reference mixed batch.
 """
@@ -38,102 +42,76 @@ from staticattn.bench.bench_report import Stat, environment, floor_lines
 from staticattn.bench.floor import launch_floor
 from staticattn.bench.mixed_steps import reference_mixed_batch
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, RandomStep, fixed_step
-from staticattn.builders.batch import Batch
 from staticattn.builders.contract import make_arena
-from staticattn.graphs.captured import RunResult, slice_outputs
+from staticattn.graphs.captured import EagerReason
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions, StagingGuard
-from staticattn.validation.host_arrays import screen_step, step_passes, uniform_decode_passes
+from staticattn.validation.step_checks import CheckedStep
 
 __all__ = ["Breakdown", "run_breakdown"]
 
-Phases = list[tuple[str, Callable[[], object]]]
+#: One step of a path: runs the step, calling ``mark(phase)`` as each phase ends
+#: (``mark(None)``: what ran since the last mark is not a phase, and is not counted).
+PathStep = Callable[[Callable[[str | None], None]], None]
+_FORCED = EagerReason.FORCED
 
 
-def _phase_medians(phases_of: Callable[[], Phases], reps: int) -> dict[str, float]:
+def _phase_medians(path: PathStep, setup: Callable[[], None], reps: int) -> dict[str, float]:
     samples: dict[str, list[float]] = {}
+    clock = [0.0, 0]  # the last mark, and the step's rep (the first 10 warm up)
+
+    def mark(name: str | None) -> None:
+        now = time.perf_counter()
+        if clock[1] >= 10 and name is not None:
+            samples.setdefault(name, []).append((now - clock[0]) * 1e6)
+        clock[0] = time.perf_counter()
+
     for rep in range(reps + 10):
-        phases = phases_of()
+        setup()
         torch.cuda.synchronize()
-        clock = time.perf_counter()
-        for name, fn in phases:
-            fn()
-            now = time.perf_counter()
-            if rep >= 10:
-                samples.setdefault(name, []).append((now - clock) * 1e6)
-            clock = now
+        clock[:] = time.perf_counter(), rep
+        path(mark)
     medians = {name: statistics.median(xs) for name, xs in samples.items()}
     medians["total"] = sum(medians.values())
     return medians
 
 
-def _run_decode(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+def _run_decode(gm: GraphManager, step: RandomStep) -> tuple[PathStep, Callable[[], None]]:
+    s, slots = step.seq_lens, step.slot_mapping
     k, n = step.query_lens.shape[0], gm.config.next_n
-    g = gm.table.decode[k]
 
-    def phases() -> Phases:
-        return [
-            ("validate", lambda: uniform_decode_passes(k, step.seq_lens, step.slot_mapping,
-                                                       gm.config, gm.slot_bound)),
-            ("stage", lambda: gm.inputs.stage_uniform_decode(step.seq_lens, step.slot_mapping)),
-            ("launch", g.launch),
-            ("bookkeeping", lambda: RunResult(g.outputs_for(k * n), "graph", g.size, None,
-                                              k * n, None, g.kind)),
-        ]
+    def path(mark) -> None:
+        gm.checks.uniform_decode(k, s, slots)
+        mark("check")
+        g = gm.dispatcher.decode(k)
+        mark("dispatch")
+        gm.inputs.stage_uniform_decode(s, slots)
+        mark("stage")
+        gm.runner.replay(g, k * n)
+        mark("launch")
 
-    return phases
+    return path, lambda: None
 
 
-def _in_place_decode(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
+def _in_place_decode(gm: GraphManager, step: RandomStep) -> tuple[PathStep, Callable[[], None]]:
     k = step.query_lens.shape[0]
 
-    def write() -> None:
-        gm.host.seq_lens[:k] = step.seq_lens
-        gm.host.slot_mapping[: step.slot_mapping.shape[0]] = step.slot_mapping
+    def path(mark) -> None:
+        views = gm.begin_step()
+        mark("wait")
+        views.seq_lens[:k] = step.seq_lens  # the engine's writes: not a phase
+        views.slot_mapping[: step.slot_mapping.shape[0]] = step.slot_mapping
+        mark(None)
+        gm.checks.views.decode(k)
+        mark("check")
+        gm.launch(k)  # its own checks are off for this path: the phase before
+        mark("launch")
 
-    def launch() -> None:
-        gm.validate = False  # the checks are the phase before
-        gm.launch(k)
-        gm.validate = True
-
-    def phases() -> Phases:
-        write()
-        return [("wait", gm.begin_step), ("validate", lambda: gm.in_place.checks.decode(k)),
-                ("launch", launch)]
-
-    return phases
-
-
-def _run_eager(gm: GraphManager, step: RandomStep) -> Callable[[], Phases]:
-    q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
-    state: dict[str, object] = {}
-
-    def stage() -> None:
-        state["counts"] = gm.inputs.stage(q, s, slots)
-
-    def kernels() -> None:
-        counts = state["counts"]
-        gm.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
-        state["batch"] = Batch.from_staged(gm.inputs, counts)
-        state["md"] = {}
-
-    def build(builder) -> Callable[[], None]:
-        return lambda: state["md"].__setitem__(builder.name, builder.build(state["batch"]))
-
-    def phases() -> Phases:
-        return [("validate", lambda: step_passes(q, s, slots, gm.config, gm.slot_bound)),
-                ("stage", stage),
-                ("staging kernels", kernels),
-                *[(f"build {b.name}", build(b)) for b in gm.builders],
-                ("step", lambda: state.__setitem__("out", gm.step(state["batch"], state["md"]))),
-                ("bookkeeping", lambda: RunResult(slice_outputs(state["out"], slots.shape[0]),
-                                                  "eager", None, "forced", slots.shape[0]))]
-
-    return phases
+    return path, lambda: None
 
 
 def _run_graph_build(gm: GraphManager, step: RandomStep,
-                     launches: str = "hit") -> Callable[[], Phases]:
+                     launches: str = "hit") -> tuple[PathStep, Callable[[], None]]:
     """``run(eager=EagerBuild.GRAPH)``'s phases; ``launches``: "hit" (the step's launches
     were recorded on an earlier step), "recorded" (dropped before each step, the extents
     kept as seen, so each records them: the second step at these extents) or "off" (the
@@ -143,24 +121,35 @@ def _run_graph_build(gm: GraphManager, step: RandomStep,
     uniform = bool((q == n).all())
     recorded = gm.eager.recorded_launches
 
-    def validate() -> None:
-        if uniform:  # the lean path run() takes for a uniform decode step
-            uniform_decode_passes(k, s, slots, gm.config, gm.slot_bound)
-        else:
-            screen_step(q, s, slots, gm.config, gm.slot_bound)
-
-    def builds() -> None:
-        gm.eager.graph_builds(k, t, uniform, recorded=launches != "off")
-
-    def phases() -> Phases:
+    def setup() -> None:
         if launches == "recorded" and recorded is not None:
             recorded.clear(keep_seen=True)
-        return [("validate", validate),
-                ("stage", lambda: gm.runner.stage_for_graph(q, s, slots, uniform)),
-                ("graph builds + step", builds),
-                ("bookkeeping", lambda: RunResult(None, "eager", None, "forced", t))]
 
-    return phases
+    def path(mark) -> None:
+        if uniform:  # the lean path run() takes for a uniform decode step
+            gm.checks.uniform_decode(k, s, slots)
+            checked = CheckedStep(n, n, None, None)
+        else:
+            checked = gm.runner.check(q, s, slots)
+        mark("check")
+        gm.runner.stage(q, s, slots, checked, uniform)
+        mark("stage")
+        gm.runner.eager_graph_builds(k, t, uniform, _FORCED, recorded=launches != "off")
+        mark("graph builds + step")
+
+    return path, setup
+
+
+def _run_eager(gm: GraphManager, step: RandomStep) -> tuple[PathStep, Callable[[], None]]:
+    q, s, slots = step.query_lens, step.seq_lens, step.slot_mapping
+
+    def path(mark) -> None:
+        checked = gm.runner.check(q, s, slots)
+        mark("check")
+        gm.runner.eager_reference_builds(q, s, slots, checked, _FORCED, mark)
+        mark("result")
+
+    return path, lambda: None
 
 
 @dataclass(slots=True)
@@ -215,8 +204,12 @@ def run_breakdown(config: ArenaConfig, builders_factory: Callable[[ArenaConfig],
                        _run_graph_build(gm, step, "off"))]
         paths += [("run(eager=REFERENCE), decode", _run_eager(gm, decode)),
                   ("run(eager=REFERENCE), reference mixed batch", _run_eager(gm, mixed))]
-        medians = {label: _phase_medians(phases, reps)
-                   for label, phases in tqdm(paths, desc="breakdown", unit="path",
-                                             disable=not progress, leave=False)}
+        medians = {}
+        for label, (path, setup) in tqdm(paths, desc="breakdown", unit="path",
+                                         disable=not progress, leave=False):
+            # The in-place path times its checks as a phase of their own.
+            gm.validate = not label.startswith("in-place")
+            medians[label] = _phase_medians(path, setup, reps)
+        gm.validate = True
     return Breakdown(header, medians, floor)
 

@@ -61,7 +61,7 @@ from staticattn.checks.view_addresses import moved_views
 from staticattn.checks.watch import ArenaIndex, TensorRef
 from staticattn.errors import GraphError
 from staticattn.graphs.captured import GraphKind
-from staticattn.graphs.capturer import arena_contents_kept, frozen_gc
+from staticattn.graphs.capturer import arena_contents_kept
 from staticattn.graphs.introspect import dump_dot, node_census
 from staticattn.graphs.manager import GraphManager, StepFn
 from staticattn.graphs.options import GraphOptions
@@ -147,18 +147,16 @@ def check_graph_safety(
         # What the probes stage and build is put back afterwards, as a capture by the
         # graph manager does: the check disturbs nothing an engine may still read.
         with arena_contents_kept(arena):
-            pool, stream = torch.cuda.graph_pool_handle(), torch.cuda.Stream(arena.device)
-            with frozen_gc():
-                for size in order:
-                    c = guarded_capture(manager, phased, size // arena.config.next_n, size,
-                                        reports[size], pool, stream, index)
-                    if c is not None:
-                        captured[size] = c
-                        # Pool memory that outlived its capture is the graph's to keep; cyclic
-                        # garbage (which frozen gc leaves alive) is collected first, between
-                        # captures, where a collection frees nothing a graph holds.
-                        gc.collect()
-                        escaped[size] = [a for a in c.watch.allocations if not a.expired()]
+            for size in order:  # through the manager's own capture path, watched
+                c = guarded_capture(manager, phased, size // arena.config.next_n, size,
+                                    reports[size], index)
+                if c is not None:
+                    captured[size] = c
+                    # Pool memory that outlived its capture is the graph's to keep; cyclic
+                    # garbage (which frozen gc leaves alive) is collected first, between
+                    # captures, where a collection frees nothing a graph holds.
+                    gc.collect()
+                    escaped[size] = [a for a in c.watch.allocations if not a.expired()]
             with torch.random.fork_rng(devices=[arena.device]), tqdm(
                     total=len(captured) * num_batches, desc="check: replays", unit="batch",
                     disable=not progress, leave=False) as bar:

@@ -1,9 +1,11 @@
 """Capture one graph under the checker's guards and turn what the guards saw into findings.
 
-The body is the graph manager's (staging kernels + every builder's ``build_decode`` + the
-step); the step is wrapped by :class:`PhasedStep` so the watch tells the builds' ops from
-the step's. Sync-debug mode "error" is set inside the capture (entering a capture
-synchronises on purpose).
+The capture is the graph manager's own (:meth:`Capturer.capture_each
+<staticattn.graphs.capturer.Capturer.capture_each>`: its warm-up, pool and streams), watched
+through a :class:`~staticattn.graphs.capturer.CaptureHook`: the body (staging kernels +
+every builder's ``build_decode`` + the step) runs under the guards, and the step is wrapped
+by :class:`PhasedStep` so the watch tells the builds' ops from the step's. Sync-debug mode
+"error" is set inside the capture (entering a capture synchronises on purpose).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import torch
 from staticattn.checks.check_report import SizeCheck
 from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import ArenaIndex, CaptureWatch
+from staticattn.errors import GraphError
 from staticattn.graphs.captured import GraphKind
-from staticattn.graphs.capturer import capture
+from staticattn.graphs.capturer import GraphSpec
+from staticattn.graphs.dispatch import Dispatcher
 from staticattn.graphs.manager import GraphManager, StepFn
 
-__all__ = ["Captured", "PhasedStep", "guarded_capture"]
+__all__ = ["Captured", "GuardHook", "PhasedStep", "guarded_capture"]
 
 #: aten ops that wait on the device, and the Python spelling users know them by.
 SYNC_OPS = {
@@ -66,39 +70,67 @@ class Captured:
     watch: CaptureWatch
 
 
+class GuardHook:
+    """The checker's :class:`~staticattn.graphs.capturer.CaptureHook`: the captured body
+    runs under the sync guard and ``watch``; a failed warm-up or capture becomes a finding
+    of ``report``; ``allocations_before`` is the allocator's count when the capture began."""
+
+    error_mode = "thread_local"
+
+    def __init__(self, watch: CaptureWatch | None, report: SizeCheck | None) -> None:
+        self.watch, self.report = watch, report
+        self.allocations_before = 0
+
+    def wrap(self, spec: GraphSpec, body):
+        """``body`` under the sync guard and the watch; the allocator's count noted."""
+        self.allocations_before = _allocations()
+        watch = self.watch
+        if watch is None:
+            return body
+
+        def guarded_body():
+            with sync_guard(), watch:
+                return body()
+
+        return guarded_body
+
+    def failed(self, spec: GraphSpec, phase: str, exc: Exception) -> None:
+        """The failure as a finding: the step fails eagerly, or the capture broke."""
+        if self.report is None:
+            return
+        if phase == "warm-up":
+            self.report.add("eager_failure", f"the step fails even eagerly: {exc!r}")
+        else:
+            _capture_broke(exc, self.watch, self.report)
+
+
 def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, size: int,
-                    report: SizeCheck, pool, stream: torch.cuda.Stream,
-                    index: ArenaIndex) -> Captured | None:
-    """Warm up and capture the decode graph of ``size`` tokens on ``stream`` into ``pool``
-    (one stream and one pool for every size, as the graph manager captures: the pool's free
-    blocks are reused across graphs only on one stream); add the findings to ``report``.
-    None when the step fails eagerly or the capture breaks."""
-    inputs = manager.inputs
-    try:
-        manager.capturer.warm_up(num_reqs, size, stream)
-    except Exception as exc:
-        report.add("eager_failure", f"the step fails even eagerly: {exc!r}")
-        return None
-    baseline = _capture_allocations(
-        lambda: inputs.copy_to_device(num_reqs, size, uniform=True), stream)
+                    report: SizeCheck, index: ArenaIndex) -> Captured | None:
+    """Warm up and capture the decode graph of ``size`` tokens through the manager's own
+    capture path (its pool and streams, as every graph it captures); add the findings to
+    ``report``. None when the step fails eagerly or the capture breaks."""
+    capturer, inputs = manager.capturer, manager.inputs
+    context = capturer.context_len
+    # Allocations the capture machinery itself makes around the staging kernels alone,
+    # subtracted as noise (captured into a scratch record, dropped after).
+    counting = GuardHook(None, None)
+    scratch = GraphSpec(GraphKind.DECODE, size, num_reqs, lambda: None, lambda: (
+        inputs.copy_to_device(num_reqs, size, uniform=True), {}), context)
+    capturer.capture_each([scratch], Dispatcher(manager.config, manager.contexts),
+                          hook=counting)
+    baseline = _allocations() - counting.allocations_before
     watch = CaptureWatch(arena=index)
+    hook = GuardHook(watch, report)
     phased.watch = watch
-
-    def guarded_body():
-        with sync_guard(), watch:
-            return manager.capturer.body(GraphKind.DECODE, num_reqs, size)
-
-    allocs0 = _allocations()
     try:
-        graph, (outputs, metadata) = capture(guarded_body, stream, pool=pool,
-                                             error_mode="thread_local")
-    except Exception as exc:
-        _capture_broke(exc, watch, report)
+        [graph] = capturer.capture_each([capturer.spec(GraphKind.DECODE, context, size)],
+                                        manager.dispatcher, hook=hook)
+    except GraphError:  # the hook has named what broke it
         torch.cuda.synchronize()
         return None
     finally:
         phased.watch = None
-    unattributed = _allocations() - allocs0 - baseline
+    unattributed = _allocations() - hook.allocations_before - baseline
     torch.cuda.synchronize()
     add_watch_findings(watch, report)
     if not watch.allocations and unattributed > 0:
@@ -106,7 +138,7 @@ def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, si
                    f"{unattributed} allocations inside capture beyond the staging-only "
                    "baseline by no aten op (an extension allocating through the caching "
                    "allocator): graph pool memory, valid until the next replay")
-    return Captured(size, graph, outputs, metadata, watch)
+    return Captured(size, graph.graph, graph.outputs, graph.metadata, watch)
 
 
 def add_watch_findings(watch: CaptureWatch, report: SizeCheck) -> None:
@@ -155,10 +187,3 @@ def _listed(items: list[str], limit: int = 5) -> str:
 
 def _allocations() -> int:
     return torch.cuda.memory_stats().get("allocation.all.allocated", 0)
-
-
-def _capture_allocations(fn, stream) -> int:
-    """Allocations the capture machinery itself makes around ``fn`` (subtracted as noise)."""
-    before = _allocations()
-    capture(fn, stream)
-    return _allocations() - before

@@ -1,20 +1,20 @@
-"""What a captured graph is (its kind, its record) and what a step returns and counts."""
+"""What a captured graph is (the kind of step it serves, its record) and what a step returns."""
 
 from __future__ import annotations
 
 import enum
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["CapturedGraph", "GraphKind", "RunResult", "RunStats", "slice_outputs"]
+__all__ = ["CapturedGraph", "EagerReason", "GraphKind", "RunResult", "slice_outputs"]
 
 
 class GraphKind(enum.Enum):
-    """What a graph serves. ``DECODE``: a uniform decode step (every request ``next_n``
+    """The kinds of step, and of the graphs that serve them: every table that differs per
+    kind is keyed by it. ``DECODE``: a uniform decode step (every request ``next_n``
     tokens); ``MIXED``: a step of any composition within a token bucket;
     ``DEVICE_LENGTHS``: a step whose query lengths a device kernel decides
     (:class:`~staticattn.graphs.DeviceLengthSteps`)."""
@@ -24,7 +24,19 @@ class GraphKind(enum.Enum):
     DEVICE_LENGTHS = "device-lengths"
 
 
-_DECODE = GraphKind.DECODE  # read on every replay: one global, not a class attribute
+class EagerReason(enum.Enum):
+    """Why a step ran eagerly (:class:`~staticattn.graphs.dispatch.Dispatcher`)."""
+
+    #: No graph was captured that a step of its kind could replay.
+    NOT_CAPTURED = "not-captured"
+    #: Graphs of its kind were captured, none large enough.
+    TOO_LARGE = "too-large"
+    #: A step with a prefill, and no token bucket captured.
+    PREFILL = "prefill"
+    #: Decodes of unequal query lengths, and no token bucket captured.
+    NON_UNIFORM = "non-uniform"
+    #: The caller asked for an eager build (``run(..., eager=...)``).
+    FORCED = "forced"
 
 
 @dataclass(slots=True)
@@ -32,9 +44,10 @@ class CapturedGraph:
     """One captured graph: what it serves, what the capture returned, and its figures.
 
     ``kind`` is ``GraphKind.DECODE`` (a uniform decode step of up to ``num_reqs`` requests,
-    ``size = num_reqs * next_n`` tokens) or ``MIXED`` / ``DEVICE_LENGTHS`` (any step of up
-    to ``num_reqs`` requests and ``size`` tokens). ``launch()`` replays it on the pool's
-    replay stream (``how`` says through what: "cudaGraphLaunch" or "replay").
+    ``size = num_reqs * next_n`` tokens, whose sequences are at most ``context_len`` long) or
+    ``MIXED`` / ``DEVICE_LENGTHS`` (any step of up to ``num_reqs`` requests and ``size``
+    tokens). ``launch()`` replays it on the pool's replay stream (``how`` says through what:
+    "cudaGraphLaunch" or "replay"); ``replays`` counts the steps the dispatcher sent to it.
     ``pool_bytes`` is what its capture added to the graph pool it shares (the largest graph,
     captured first, holds most of it; those after reuse that memory), so the graphs' sum is
     the pool's size.
@@ -51,6 +64,8 @@ class CapturedGraph:
     nodes: dict[str, int] | None
     launch: Callable[[], None]
     how: str
+    context_len: int = 0
+    replays: int = 0
     sliced: dict[int, Any] = field(default_factory=dict)
     results: dict[int, RunResult] = field(default_factory=dict)
 
@@ -81,7 +96,7 @@ class RunResult:
     outputs: Any
     mode: str  # "graph" or "eager"
     graph_size: int | None = None
-    reason: str | None = None
+    reason: EagerReason | None = None
     num_tokens: int = 0
     #: CUDA events around the step's device work (manager built with ``time_gpu=True``).
     gpu_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
@@ -95,27 +110,6 @@ class RunResult:
         start, end = self.gpu_events
         end.synchronize()
         return start.elapsed_time(end) * 1e3
-
-
-@dataclass(slots=True)
-class RunStats:
-    """A manager's step counts: decode replays, token-bucket replays, eager steps by
-    reason ("not-captured", "too-large", "prefill", "non-uniform", "forced")."""
-
-    replays: int = 0
-    mixed_replays: int = 0
-    eager: Counter = field(default_factory=Counter)
-
-    @property
-    def eager_total(self) -> int:
-        return sum(self.eager.values())
-
-    def count_replay(self, kind: GraphKind) -> None:
-        """Count one replay of a graph of ``kind`` (decode, else mixed)."""
-        if kind is _DECODE:
-            self.replays += 1
-        else:
-            self.mixed_replays += 1
 
 
 def slice_outputs(outputs: Any, num_tokens: int) -> Any:

@@ -1,8 +1,9 @@
-"""Capturing a manager's graphs: warm up, then capture, one graph per kind and size, largest
-first, into one shared pool -- the one way staticattn records a CUDA graph.
+"""Capturing a manager's graphs: warm up, then capture, one graph per kind, context and
+size, largest first, into one shared pool -- the one way staticattn records a CUDA graph.
 
-:class:`Capturer` is the graph manager's capture part; the functions beside it are what
-every capture does (the sanity checker captures through them too).
+:class:`Capturer` is the graph manager's capture part; a :class:`CaptureHook` lets a caller
+watch a capture without a capture path of its own (the sanity checker guards its captures
+through one).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import gc
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -20,6 +21,7 @@ from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
 from staticattn.graphs.captured import CapturedGraph, GraphKind
+from staticattn.graphs.dispatch import Dispatcher
 from staticattn.graphs.graph_launch import draws_random_numbers, make_launcher
 from staticattn.graphs.introspect import new_graph, node_census
 from staticattn.graphs.options import GraphOptions, StagingGuard
@@ -31,56 +33,74 @@ from staticattn.graphs.sizes import (
     normalize_capture_sizes,
     normalize_mixed_buckets,
 )
-from staticattn.graphs.table import GraphTable
 from staticattn.staging import StepInputs
 
-__all__ = ["Capturer", "GraphSpec", "arena_contents_kept", "capture", "capture_failed",
-           "frozen_gc", "progress", "warm_up"]
+__all__ = ["CaptureHook", "Capturer", "GraphSpec", "arena_contents_kept", "capture",
+           "capture_failed", "frozen_gc", "progress", "warm_up"]
 
 DECODE, MIXED = GraphKind.DECODE, GraphKind.MIXED
 
 
 class GraphSpec(NamedTuple):
     """One graph to capture: its kind, size (tokens) and request slots, how to stage the
-    minimal step it is warmed up and captured with, and its body (returns ``(outputs,
-    metadata)``)."""
+    minimal step it is warmed up and captured with, its body (returns ``(outputs,
+    metadata)``) and the longest sequence it serves (its context bucket)."""
 
     kind: GraphKind
     size: int
     num_reqs: int
     stage: Callable[[], None]
     body: Callable[[], tuple[Any, Any]]
+    context_len: int
+
+
+class CaptureHook(Protocol):
+    """What a caller may do around each capture of :meth:`Capturer.record`: wrap the body
+    that is captured (``wrap``: guards, a watch), choose the capture's error mode
+    (``error_mode``: "global", "thread_local" or "relaxed") and hear of a failure before it
+    is raised (``failed(spec, phase, exc)``, ``phase`` "warm-up" or "capture")."""
+
+    error_mode: str
+
+    def wrap(self, spec: GraphSpec, body: Callable[[], Any]) -> Callable[[], Any]:
+        """The body to capture for ``spec`` (called just before the capture begins)."""
+
+    def failed(self, spec: GraphSpec, phase: str, exc: Exception) -> None:
+        """Hear that ``spec``'s ``phase`` ("warm-up" or "capture") raised ``exc``."""
 
 
 class Capturer:
     """Warm-up and capture of a manager's graphs into its pool.
 
     Takes the arena, its inputs, the builders, the step, the :class:`~staticattn.graphs.
-    pool.GraphPool`, the options (``progress``, ``raw_launch``, ``staging_guard``) and
-    ``context_len``: the longest sequence the decode graphs are captured for (None:
-    ``max_model_len``). Owns nothing it captures: every record goes to the
-    :class:`~staticattn.graphs.table.GraphTable` it is handed. Offers :meth:`capture` (a
-    manager's decode graphs and token buckets), :meth:`capture_each` (any graphs, as
-    :class:`GraphSpec`), and what one graph holds: :meth:`builds`, :meth:`body`,
-    :meth:`stage_warm_up`, :meth:`warm_up`; ``marks_after_staging`` says where the body
-    records the staging guard's event.
+    pool.GraphPool`, the options (``progress``, ``raw_launch``, ``staging_guard``) and the
+    context buckets (tokens, ascending, the last ``max_model_len``): the decode graphs are
+    captured once per bucket, for sequences of at most its length. Owns nothing it captures:
+    every record goes to the :class:`~staticattn.graphs.dispatch.Dispatcher` it is handed.
+    Offers :meth:`capture` (a manager's decode graphs and token buckets), :meth:`capture_each`
+    (any graphs, as :class:`GraphSpec`, under an optional :class:`CaptureHook`), and what one
+    graph holds: :meth:`builds`, :meth:`body`, :meth:`stage_warm_up`; ``marks_after_staging``
+    says where the body records the staging guard's event.
     """
 
     def __init__(self, arena: Arena, inputs: StepInputs, builders: Sequence, step: Callable,
-                 pool: GraphPool, options: GraphOptions, context_len: int | None = None) -> None:
+                 pool: GraphPool, options: GraphOptions, contexts: Sequence[int]) -> None:
         self.arena, self.inputs, self.pool = arena, inputs, pool
         self.builders, self.step = list(builders), step
         self.config = arena.config
         self.progress, self.raw_launch = options.progress, options.raw_launch
         #: The staging guard's event right after the staging kernels (else at the end).
         self.marks_after_staging = options.staging_guard is StagingGuard.STAGING
-        self.context_len = context_len
+        self.contexts = list(contexts)
+        #: The widest context bucket: what token buckets and eager decode builds serve.
+        self.context_len = self.contexts[-1]
         self._n = self.config.next_n
 
     def capture(self, sizes: Sequence[int] | None, buckets: Sequence[int] | None,
-                table: GraphTable) -> list[CapturedGraph]:
-        """Capture the decode ``sizes`` and token ``buckets`` (tokens; None: the defaults,
-        empty: none) that ``table`` lacks, largest first; see ``GraphManager.capture``."""
+                dispatcher: Dispatcher) -> list[CapturedGraph]:
+        """Capture the decode ``sizes`` (for every context bucket) and token ``buckets``
+        (tokens; None: the defaults, empty: none) that ``dispatcher`` lacks, widest context
+        and largest size first; see ``GraphManager.capture``."""
         cfg = self.config
         self.pool.require_cuda("run() still works: every step runs eagerly")
         sizes = default_capture_sizes(cfg) if sizes is None else (
@@ -91,54 +111,72 @@ class Capturer:
         if buckets and lacking:
             raise GraphError(f"builders {lacking} have no build_mixed; capture token buckets "
                              "only with builders that do (or pass buckets=())")
-        todo = [(MIXED, b) for b in buckets if b not in table.by_size(MIXED)]
-        todo += [(DECODE, s) for s in sizes if s not in table.by_size(DECODE)]
-        todo.sort(key=lambda item: item[1], reverse=True)
-        return self.capture_each([self._spec(kind, size) for kind, size in todo], table,
+        widest = self.context_len
+        todo = [(MIXED, widest, b) for b in buckets]
+        todo += [(DECODE, c, s) for c in self.contexts for s in sizes]
+        have = {(g.kind, g.context_len, g.size) for g in dispatcher.all_graphs()}
+        todo = sorted((item for item in todo if item not in have),
+                      key=lambda item: (item[1], item[2]), reverse=True)
+        return self.capture_each([self.spec(*item) for item in todo], dispatcher,
                                  self.progress)
 
-    def _spec(self, kind: GraphKind, size: int) -> GraphSpec:
+    def spec(self, kind: GraphKind, context_len: int, size: int) -> GraphSpec:
+        """The :class:`GraphSpec` of the manager's decode graph or token bucket of ``size``
+        tokens (a decode graph: for context bucket ``context_len``)."""
         num_reqs = size // self._n if kind is DECODE else bucket_requests(self.config, size)
         return GraphSpec(kind, size, num_reqs,
                          lambda: self.stage_warm_up(kind, num_reqs, size),
-                         lambda: self.body(kind, num_reqs, size))
+                         lambda: self.body(kind, num_reqs, size, context_len), context_len)
 
-    def capture_each(self, specs: Sequence[GraphSpec], table: GraphTable,
-                     show_progress: bool = False) -> list[CapturedGraph]:
+    def capture_each(self, specs: Sequence[GraphSpec], dispatcher: Dispatcher,
+                     show_progress: bool = False,
+                     hook: CaptureHook | None = None) -> list[CapturedGraph]:
         """Capture ``specs`` in order into the pool (opened on first use), with gc frozen
-        and the arena's contents put back after; each record goes to ``table``, those
-        captured before a failure too. A failure raises :class:`GraphError`."""
+        and the arena's contents put back after; each record goes to ``dispatcher``, those
+        captured before a failure too. A failure raises :class:`GraphError` (after
+        ``hook.failed``)."""
         self.pool.open()
         captured: list[CapturedGraph] = []
         with frozen_gc(), arena_contents_kept(self.arena):
             try:
                 for spec in progress(specs, show_progress, "capturing graphs"):
                     try:
-                        captured.append(self.record(spec))
+                        captured.append(self.record(spec, hook))
                     except Exception as exc:
                         raise capture_failed(exc, f"the {spec.kind.value} graph of {spec.size} "
                                              "tokens", self.arena.device) from exc
             finally:
-                table.add(*captured)
+                dispatcher.add(*captured)
         return captured
 
-    def record(self, spec: GraphSpec) -> CapturedGraph:
+    def record(self, spec: GraphSpec, hook: CaptureHook | None = None) -> CapturedGraph:
         """Stage the minimal step, warm the body up, capture it into the pool and make its
         launcher (raw unless ``raw_launch`` is off or the body draws random numbers, which
-        only ``replay()`` advances)."""
+        only ``replay()`` advances). Under ``hook`` the captured body is ``hook.wrap``'s,
+        and a failure of the warm-up or the capture reaches ``hook.failed`` first."""
         pool = self.pool
         mem0 = pool.held_bytes()
         t0 = time.perf_counter()
         spec.stage()
-        _, draws = warm_up(lambda: draws_random_numbers(spec.body, pool.device),
-                           pool.capture_stream)
-        graph, (outputs, metadata) = capture(spec.body, pool.capture_stream, pool=pool.handle)
+        phase = "warm-up"
+        try:
+            _, draws = warm_up(lambda: draws_random_numbers(spec.body, pool.device),
+                               pool.capture_stream)
+            phase = "capture"
+            body = spec.body if hook is None else hook.wrap(spec, spec.body)
+            graph, (outputs, metadata) = capture(
+                body, pool.capture_stream, pool=pool.handle,
+                error_mode="global" if hook is None else hook.error_mode)
+        except Exception as exc:
+            if hook is not None:
+                hook.failed(spec, phase, exc)
+            raise
         launch, how = make_launcher(graph, pool.stream, raw=self.raw_launch and not draws)
         return CapturedGraph(
             kind=spec.kind, size=spec.size, num_reqs=spec.num_reqs, graph=graph,
             outputs=outputs, metadata=metadata, capture_s=time.perf_counter() - t0,
             pool_bytes=pool.held_bytes() - mem0, nodes=node_census(graph), launch=launch,
-            how=how,
+            how=how, context_len=spec.context_len,
         )
 
     def stage_warm_up(self, kind: GraphKind, num_reqs: int, num_tokens: int) -> None:
@@ -151,31 +189,30 @@ class Capturer:
             q = np.array([min(num_tokens, self.config.max_model_len)])
         self.inputs.stage(q, q, np.full(int(q.sum()), -1, dtype=np.int64))
 
-    def warm_up(self, num_reqs: int, num_tokens: int, stream: torch.cuda.Stream) -> None:
-        """Run one decode graph's body eagerly at minimal sequence lengths, so the capture
-        that follows compiles nothing and starts short."""
-        self.stage_warm_up(DECODE, num_reqs, num_tokens)
-        warm_up(lambda: self.body(DECODE, num_reqs, num_tokens), stream)
-
-    def body(self, kind: GraphKind, num_reqs: int, num_tokens: int):
+    def body(self, kind: GraphKind, num_reqs: int, num_tokens: int,
+             context_len: int | None = None):
         """What one graph holds: the staging kernels, every builder's build, the step, and
-        the staging guard's event where ``staging_guard`` puts it. Returns ``(step outputs,
-        {builder name: metadata})``."""
+        the staging guard's event where ``staging_guard`` puts it (a decode graph's for
+        sequences of at most ``context_len``, default the widest bucket). Returns ``(step
+        outputs, {builder name: metadata})``."""
         after_staging = self.marks_after_staging
-        batch, metadata = self.builds(kind, num_reqs, num_tokens, mark=after_staging)
+        batch, metadata = self.builds(kind, num_reqs, num_tokens, mark=after_staging,
+                                      context_len=context_len)
         outputs = self.step(batch, metadata)
         if not after_staging:
             self.inputs.mark_staging_read()
         return outputs, metadata
 
-    def builds(self, kind: GraphKind, num_reqs: int, num_tokens: int, mark: bool = True):
+    def builds(self, kind: GraphKind, num_reqs: int, num_tokens: int, mark: bool = True,
+               context_len: int | None = None):
         """The staging kernels and every builder's graph build (``build_decode`` for a
-        decode graph, else ``build_mixed``) at these extents; ``mark``: record the staging
-        guard's event after the staging kernels. Returns ``(batch, {builder name:
-        metadata})``."""
+        decode graph, for sequences of at most ``context_len``, default the widest bucket;
+        else ``build_mixed``) at these extents; ``mark``: record the staging guard's event
+        after the staging kernels. Returns ``(batch, {builder name: metadata})``."""
         if kind is DECODE:
             self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True, mark=mark)
-            batch = Batch.for_decode_capture(self.inputs, num_reqs, self.context_len)
+            batch = Batch.for_decode_capture(self.inputs, num_reqs,
+                                             context_len or self.context_len)
             return batch, {b.name: b.build_decode(batch) for b in self.builders}
         self.inputs.copy_to_device(num_reqs, num_tokens, mark=mark)
         batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)

@@ -36,22 +36,19 @@ checked, then).
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from staticattn.builders.batch import Batch
-from staticattn.errors import GraphError, InvalidBatchError
+from staticattn.errors import GraphError
 from staticattn.graphs.captured import CapturedGraph, GraphKind
 from staticattn.graphs.capturer import GraphSpec
+from staticattn.graphs.dispatch import StepKey
 from staticattn.graphs.manager import GraphManager
-from staticattn.graphs.options import EagerBuild
 from staticattn.graphs.sizes import bucket_requests, default_mixed_buckets, normalize_mixed_buckets
-from staticattn.graphs.table import GraphTable
-from staticattn.staging import StepInputs, replay_start_array
-from staticattn.validation.values import check_capacity
+from staticattn.staging import StepInputs
 
 __all__ = ["DeviceLengthSteps", "ProducerFn"]
 
@@ -68,8 +65,10 @@ class DeviceLengthSteps:
     ----------
     manager : GraphManager
         Supplies the inputs, builders (each with ``build_mixed``), the user's step, its
-        capturer (into its pool, replayed on its stream) and its options; its own graphs are
-        unaffected.
+        capturer (into its pool, replayed on its stream), its checks, and its dispatcher,
+        which keeps these graphs beside its own (kind ``DEVICE_LENGTHS``) and counts their
+        steps in ``manager.stats``. Its graphs hold one producer: a second producer once
+        they are captured is a :class:`GraphError`.
     producer : callable ``(inputs, R, T) -> None``
         Launches the kernels that write ``inputs.query_start_loc[: R + 1]``,
         ``inputs.seq_lens[:R]`` and ``inputs.slot_mapping[:T]`` on the device. Captured in
@@ -86,38 +85,44 @@ class DeviceLengthSteps:
         if lacking:
             raise GraphError(f"builders {lacking} have no build_mixed; steps with device "
                              "query lengths replay the mixed builds")
+        if (manager.device_producer not in (None, producer)
+                and manager.dispatcher.graphs(DEVICE_LENGTHS)):
+            raise GraphError("this manager's device-length graphs hold another producer; a "
+                             "manager serves one: build a second GraphManager for a second "
+                             "producer")
+        manager.device_producer = producer
         self.manager = manager
         self.producer = producer
         self.inputs: StepInputs = manager.inputs
         self.config = manager.config
-        #: The captured graphs, by token bucket (kind ``GraphKind.DEVICE_LENGTHS``).
-        self.table = GraphTable(self.config)
-        self.replays = 0
-        self.eager: Counter[str] = Counter()
+        # The manager's: these graphs go into its dispatcher, their steps through its checks.
+        self.dispatcher, self.checks = manager.dispatcher, manager.checks
 
     # ----------------------------------------------------------------- capture
     def capture(self, buckets: Sequence[int] | None = None) -> list[CapturedGraph]:
         """One graph per token bucket (default: the manager's default buckets), largest
-        first, in the manager's pool; already-captured buckets are kept."""
+        first, in the manager's pool and dispatcher; already-captured buckets are kept."""
         gm = self.manager
         gm.require_open()
         gm.pool.require_cuda("launch() still runs every step eagerly")
         buckets = (default_mixed_buckets(self.config) if buckets is None
                    else normalize_mixed_buckets(self.config, buckets))
-        have = self.table.by_size(DEVICE_LENGTHS)
+        have = self.graphs
         todo = sorted((b for b in buckets if b not in have), reverse=True)
-        return gm.capturer.capture_each([self._spec(size) for size in todo], self.table)
+        return gm.capturer.capture_each([self.spec(size) for size in todo], self.dispatcher)
 
-    def _spec(self, size: int) -> GraphSpec:
+    def spec(self, size: int) -> GraphSpec:
+        """The :class:`~staticattn.graphs.capturer.GraphSpec` of the bucket of ``size``
+        tokens."""
         num_reqs = bucket_requests(self.config, size)
         return GraphSpec(DEVICE_LENGTHS, size, num_reqs,
                          lambda: self.inputs.stage_device_step(num_reqs),
-                         lambda: self.body(num_reqs, size))
+                         lambda: self.body(num_reqs, size), self.config.max_model_len)
 
     @property
     def graphs(self) -> dict[int, CapturedGraph]:
         """The captured graphs by token bucket (tokens)."""
-        return self.table.by_size(DEVICE_LENGTHS)
+        return self.dispatcher.graphs(DEVICE_LENGTHS)
 
     def body(self, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
         """What one graph holds: the producer, the device-starts staging, every builder's
@@ -136,9 +141,9 @@ class DeviceLengthSteps:
 
     # ------------------------------------------------------------------ launch
     def graph_for(self, num_reqs: int, num_tokens: int) -> CapturedGraph | None:
-        """The smallest captured bucket of ``>= num_tokens`` tokens and ``>= num_reqs``
-        requests, or None."""
-        return self.table.holding(DEVICE_LENGTHS, num_reqs, num_tokens)
+        """The bucket the dispatcher gives a step of ``num_reqs`` requests and at most
+        ``num_tokens`` tokens, or None."""
+        return self.dispatcher.bucket(DEVICE_LENGTHS, num_reqs, num_tokens)
 
     def launch(self, num_reqs: int, num_tokens: int, *, replay_start=None) -> Any:
         """Run a step of ``num_reqs`` requests and at most ``num_tokens`` tokens whose
@@ -148,26 +153,22 @@ class DeviceLengthSteps:
         first replayed position, under the module's contract.
 
         Replays the smallest bucket that holds it (outputs at the bucket's extent; the
-        first ``nt`` rows are the step's, valid until the next step); else runs eagerly.
-        Raises :class:`CapacityError` / :class:`InvalidBatchError` before anything is
-        written when ``num_reqs`` or ``num_tokens`` is out of range, or ``replay_start``
-        is given without bounded replay, of another length or negative.
+        first ``nt`` rows are the step's, valid until the next step); else runs eagerly,
+        counted under its reason in the manager's stats. Raises :class:`CapacityError` /
+        :class:`InvalidBatchError` before anything is written when ``num_reqs`` or
+        ``num_tokens`` is out of range, or ``replay_start`` is given without bounded replay,
+        of another length or negative.
         """
         self.manager.require_open()
+        replay_start = self.checks.device_step(num_reqs, num_tokens, replay_start)
         num_reqs, num_tokens = int(num_reqs), int(num_tokens)
-        if num_reqs < 1 or num_tokens < 0:
-            raise InvalidBatchError(f"a step needs at least one request and a token bound "
-                                    f">= 0; got num_reqs={num_reqs}, num_tokens={num_tokens}")
-        check_capacity(num_reqs, num_tokens, self.config)
-        if replay_start is not None:
-            replay_start = replay_start_array(self.config, replay_start, num_reqs)
-        g = self.graph_for(num_reqs, num_tokens)
+        g, reason = self.dispatcher.route(StepKey(DEVICE_LENGTHS, num_tokens, num_reqs))
         if g is None:
-            self.eager["no bucket" if len(self.table) else "not captured"] += 1
+            self.dispatcher.count_eager(reason)
             return self._eager(num_reqs, num_tokens, replay_start)
         self.inputs.stage_device_step(num_reqs, replay_start)
         g.launch()
-        self.replays += 1
+        g.replays += 1
         return g.outputs
 
     def read_step(self, num_reqs: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -180,19 +181,11 @@ class DeviceLengthSteps:
         return np.diff(qsl), seq, slots
 
     def _eager(self, num_reqs: int, num_tokens: int, replay_start) -> Any:
-        """The producer eagerly, its lengths read back, the reference builds on them."""
+        """The producer eagerly, its lengths read back and checked (the replay starts fully,
+        now), the reference builds on them (counted once, by the caller)."""
         self.inputs.wait_staging_free()
         self.producer(self.inputs, num_reqs, num_tokens)
         q, s, slots = self.read_step(num_reqs)
-        return self.manager.run(q, s, slots, replay_start=replay_start,
-                                eager=EagerBuild.REFERENCE).outputs
+        step = self.manager.runner.check(q, s, slots, replay_start)
+        return self.manager.run_eager(q, s, slots, step.replay_start)
 
-    def describe(self) -> str:
-        """One line per captured graph and the step counts."""
-        lines = [f"{'tokens':>6} {'reqs':>5} {'capture ms':>11} {'pool MiB':>9}  launch"]
-        for size in self.table.sizes(DEVICE_LENGTHS):
-            g = self.graphs[size]
-            lines.append(f"{g.size:>6} {g.num_reqs:>5} {g.capture_s * 1e3:>11.1f} "
-                         f"{g.pool_bytes / 2**20:>9.2f}  {g.how}")
-        lines.append(f"replays {self.replays}, eager {dict(self.eager)}")
-        return "\n".join(lines)

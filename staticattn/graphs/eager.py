@@ -72,11 +72,22 @@ class EagerSteps:
             batch, metadata = self._builds(kind, num_reqs, num_tokens)
         return slice_outputs(self.step(batch, metadata), num_tokens)
 
-    def reference_builds(self, counts: StagedCounts) -> Any:
+    def reference_builds(self, counts: StagedCounts,
+                         phase_done: Callable[[str], None] | None = None) -> Any:
         """The device half of an eager step whose host values are already staged: the
         reference builds (``build``), launched one kernel at a time. Outputs for the real
-        tokens."""
+        tokens. ``phase_done(name)``, when given, is called as each phase ends ("staging
+        kernels", "build <builder>", "step"): how the bench times them."""
         self.inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
         batch = Batch.from_staged(self.inputs, counts)
-        metadata = {b.name: b.build(batch) for b in self.builders}
-        return slice_outputs(self.step(batch, metadata), counts.num_tokens)
+        if phase_done is None:
+            metadata = {b.name: b.build(batch) for b in self.builders}
+            return slice_outputs(self.step(batch, metadata), counts.num_tokens)
+        phase_done("staging kernels")
+        metadata = {}
+        for b in self.builders:
+            metadata[b.name] = b.build(batch)
+            phase_done(f"build {b.name}")
+        outputs = self.step(batch, metadata)
+        phase_done("step")
+        return slice_outputs(outputs, counts.num_tokens)

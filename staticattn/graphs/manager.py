@@ -30,6 +30,9 @@ Workflow:
      ``launch(k, t)`` (``launch(k, t, num_spans=m)`` with spans): bounds checked in a few
      vectorized passes, one graph launch, nothing else.
 
+   Each ``begin_step()`` hands out one step; ``launch()`` takes only a step begun and not
+   yet launched (else a :class:`~staticattn.errors.GraphError`).
+
    ``replay_start`` (DeepSeek V4.1's bounded replay, ``docs/spec/deepseek-v41.md`` §8.1):
    each prefill request's first replayed position, 0 for decodes; a step input like the
    lengths, which every graph but a uniform decode one stages (captured with 0s).
@@ -43,12 +46,19 @@ Workflow:
 The manager composes parts, each with its interface in its docstring: ``pool``
 (:class:`~staticattn.graphs.pool.GraphPool`: the memory pool, capture and replay streams;
 replays run on ``pool.stream``, the stream current when ``capture`` first ran),
-``capturer`` (:class:`~staticattn.graphs.capturer.Capturer`), ``table``
-(:class:`~staticattn.graphs.table.GraphTable`), ``eager``
-(:class:`~staticattn.graphs.eager.EagerSteps`), ``runner``
-(:class:`~staticattn.graphs.runner.StepRunner`), whose ``run`` is the manager's, and
-``in_place`` (:class:`~staticattn.graphs.in_place.InPlaceSteps`), whose ``begin_step`` and
-``launch`` are the manager's.
+``capturer`` (:class:`~staticattn.graphs.capturer.Capturer`), ``dispatcher``
+(:class:`~staticattn.graphs.dispatch.Dispatcher`: every graph, and the one decision of
+which graph replays a step or why it runs eagerly), ``checks``
+(:class:`~staticattn.validation.step_checks.StepChecks`: every check of a step), ``eager``
+(:class:`~staticattn.graphs.eager.EagerSteps`), and two front ends that describe a step
+to the dispatcher: ``runner`` (:class:`~staticattn.graphs.runner.StepRunner`), whose
+``run`` is the manager's, and ``in_place`` (:class:`~staticattn.graphs.in_place.
+InPlaceSteps`), whose ``begin_step`` and ``launch`` are the manager's.
+
+With ``contexts`` (context buckets, tokens) the decode graphs are captured once per bucket,
+each for sequences of at most its length, and a uniform decode step replays the graph of
+the smallest bucket holding its longest sequence: its cost follows the contexts it serves
+rather than ``max_model_len`` (:class:`~staticattn.graphs.contexts.ContextGraphs`).
 
 Example (on a CUDA machine; ``step`` reads metadata views and writes buffers it owns)::
 
@@ -74,17 +84,18 @@ from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
 from staticattn.builders.contract import MetadataBuilder, check_bound
 from staticattn.errors import GraphError
-from staticattn.graphs.captured import CapturedGraph, GraphKind, RunStats
+from staticattn.graphs.captured import CapturedGraph, GraphKind
 from staticattn.graphs.capturer import Capturer
+from staticattn.graphs.dispatch import Dispatcher, DispatchStats
 from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.in_place import InPlaceSteps
 from staticattn.graphs.options import EagerBuild, GraphOptions
 from staticattn.graphs.pool import GraphPool
 from staticattn.graphs.runner import StepRunner
-from staticattn.graphs.table import GraphTable
+from staticattn.graphs.sizes import normalize_context_buckets
 from staticattn.staging import HostViews, StepInputs
 from staticattn.validation.block_ids import BlockIds
-from staticattn.validation.in_place_views import ViewChecks
+from staticattn.validation.step_checks import StepChecks
 from staticattn.validation.values import slot_bound
 
 __all__ = ["GraphManager", "StepFn"]
@@ -113,12 +124,13 @@ class GraphManager:
         recorded launches, the staging guard (:class:`~staticattn.graphs.options.
         GraphOptions`).
     pool : GraphPool, optional
-        A pool shared with other managers of the same arena (one per context bucket); by
+        A pool shared with other managers of the same arena (a draft model's, say); by
         default the manager makes its own, and drops it on :meth:`close`.
-    context_len : int, optional
-        The longest sequence the decode graphs are captured for (default
-        ``max_model_len``). The manager does not check it per step: route only steps whose
-        sequences fit (:class:`~staticattn.graphs.ContextGraphs` does).
+    contexts : sequence of int, optional
+        Context buckets (tokens): the decode graphs are captured once per bucket, for
+        sequences of at most its length, and each decode step replays the smallest bucket
+        holding its longest sequence. Default: one bucket, ``max_model_len``; the last is
+        always ``max_model_len`` (added when missing).
 
     The step APIs are the parts': ``run(query_lens, seq_lens, slot_mapping, *,
     replay_start=None, image_spans=None, eager=None)`` (:meth:`StepRunner.run
@@ -127,43 +139,45 @@ class GraphManager:
     in_place.InPlaceSteps`).
 
     Raises :class:`GraphError` when ``options`` is not a :class:`GraphOptions`, ``step`` is
-    not callable, ``builders`` is empty, ``inputs`` are not the arena's, ``context_len`` is
-    not an int in ``[1, max_model_len]`` or the options validate without ``num_kv_blocks``,
-    and
+    not callable, ``builders`` is empty, ``inputs`` are not the arena's, a context bucket
+    is not an int in ``[1, max_model_len]`` or the options validate without
+    ``num_kv_blocks``, and
     :class:`~staticattn.errors.ArenaError` when a builder is not bound to ``arena``.
     """
 
     def __init__(self, arena: Arena, inputs: StepInputs, builders: Sequence[MetadataBuilder],
                  step: StepFn, options: GraphOptions | None = None, *,
-                 pool: GraphPool | None = None, context_len: int | None = None) -> None:
+                 pool: GraphPool | None = None, contexts: Sequence[int] | None = None) -> None:
         options = GraphOptions() if options is None else options
         _check_arguments(arena, inputs, builders, step, options)
-        if context_len is not None and (type(context_len) is not int
-                                        or not 1 <= context_len <= arena.config.max_model_len):
-            raise GraphError(f"context_len={context_len} must be in [1, max_model_len="
-                             f"{arena.config.max_model_len}]")
-        self.arena, self.inputs, self.config = arena, inputs, arena.config
+        cfg = arena.config
+        self.contexts = normalize_context_buckets(cfg, () if contexts is None else contexts)
+        self.arena, self.inputs, self.config = arena, inputs, cfg
         self.options = options
         self._builders, self._step = list(builders), step
         self._owns_pool = pool is None
         self.pool = GraphPool(arena.device) if pool is None else pool
-        self.stats = RunStats()
-        self.table = GraphTable(self.config)
+        self.dispatcher = Dispatcher(cfg, self.contexts)
         #: Slots must be below it: the KV pool's slot count (None without a pool size,
         #: which only a manager that does not validate may lack).
-        self.slot_bound = slot_bound(self.config, options.num_kv_blocks, None)
+        self.slot_bound = slot_bound(cfg, options.num_kv_blocks, None)
         #: The block tables' ids against the pool (None without a pool size).
         self.block_ids = (None if options.num_kv_blocks is None
                           else BlockIds(inputs, options.num_kv_blocks))
-        self.capturer = Capturer(arena, inputs, builders, step, self.pool, options, context_len)
+        self.checks = StepChecks(cfg, inputs.host, self.slot_bound, self.block_ids,
+                                 options.num_kv_blocks, options.validate)
+        self.capturer = Capturer(arena, inputs, builders, step, self.pool, options,
+                                 self.contexts)
         self.eager = EagerSteps(inputs, builders, step, self.capturer, options.eager_build,
                                 options.recorded_launches)
-        self.runner = StepRunner(inputs, self.table, self.stats, self.eager, self.pool,
-                                 self.slot_bound, self.block_ids, options)
-        self.in_place = InPlaceSteps(inputs, self.table, self.stats, self.eager,
-                                     ViewChecks(inputs.host, self.config, self.slot_bound,
-                                                self.block_ids),
-                                     options.validate, self.require_open)
+        self.runner = StepRunner(inputs, self.dispatcher, self.eager, self.pool, self.checks,
+                                 options)
+        self.in_place = InPlaceSteps(inputs, self.dispatcher, self.eager, self.checks,
+                                     self.require_open)
+        #: The producer of the device-length graphs in this manager's dispatcher (None until
+        #: a :class:`~staticattn.graphs.DeviceLengthSteps` takes one: its graphs hold it,
+        #: so a manager serves one).
+        self.device_producer = None
         # The step APIs are the parts' own bound methods, not wrappers: a wrapper would add
         # a Python call to every step.
         self.run = self.runner.run
@@ -194,14 +208,15 @@ class GraphManager:
         the pool when the manager made it; every later step or capture is refused."""
         if self.closed:
             return
-        if len(self.table) and torch.cuda.is_available():
+        if len(self.dispatcher) and torch.cuda.is_available():
             torch.cuda.synchronize(self.arena.device)
-        self.table.clear()
+        self.dispatcher.clear()
         if self._owns_pool:
             self.pool.close()
         if self.eager.recorded_launches is not None:
             self.eager.recorded_launches.clear()
         self.runner.close()
+        self.inputs.handed_out = False  # no step of a closed manager is launched
 
     @property
     def closed(self) -> bool:
@@ -230,14 +245,13 @@ class GraphManager:
     @property
     def validate(self) -> bool:
         """Whether ``run`` and ``launch`` check each step (from the options; switchable)."""
-        return self.runner.validate
+        return self.checks.validate
 
     @validate.setter
     def validate(self, on: bool) -> None:
-        if on and self.slot_bound is None:
-            raise GraphError("validation checks slots and block ids against the KV pool: build "
-                             "the manager with GraphOptions(num_kv_blocks=...) to switch it on")
-        self.runner.validate = self.in_place.validate = bool(on)
+        if on:
+            self.checks.require_pool()
+        self.checks.validate = bool(on)
 
     @property
     def time_gpu(self) -> bool:
@@ -249,9 +263,10 @@ class GraphManager:
         self.runner.time_gpu = bool(on) and self.arena.device.type == "cuda"
 
     @property
-    def context_len(self) -> int:
-        """The longest sequence the decode graphs are captured for."""
-        return self.capturer.context_len or self.config.max_model_len
+    def stats(self) -> DispatchStats:
+        """The step counts so far: replays per kind, eager steps per reason, decode replays
+        per context bucket (:class:`~staticattn.graphs.dispatch.DispatchStats`)."""
+        return self.dispatcher.stats
 
     @property
     def host(self) -> HostViews:
@@ -266,44 +281,48 @@ class GraphManager:
     # ------------------------------------------------------------------ graphs
     def capture(self, sizes: Sequence[int] | None = None,
                 buckets: Sequence[int] | None = None) -> list[CapturedGraph]:
-        """Capture one graph per decode size and one per token bucket (all in tokens),
-        largest first, into the pool.
+        """Capture one graph per decode size (per context bucket) and one per token bucket
+        (all in tokens), widest context and largest size first, into the pool.
 
         ``sizes`` default to :func:`~staticattn.graphs.sizes.default_capture_sizes`,
         ``buckets`` to :func:`~staticattn.graphs.sizes.default_mixed_buckets`; an empty
         sequence captures none of that kind. Already-captured graphs are kept.
         """
         self.require_open()
-        return self.capturer.capture(sizes, buckets, self.table)
+        return self.capturer.capture(sizes, buckets, self.dispatcher)
 
     @property
     def graphs(self) -> dict[int, CapturedGraph]:
-        """The decode graphs by size (tokens)."""
-        return self.table.by_size(GraphKind.DECODE)
+        """The decode graphs by size (tokens), of the widest context bucket."""
+        return self.dispatcher.graphs(GraphKind.DECODE)
 
     @property
     def mixed_graphs(self) -> dict[int, CapturedGraph]:
         """The token buckets by size (tokens)."""
-        return self.table.by_size(GraphKind.MIXED)
+        return self.dispatcher.graphs(GraphKind.MIXED)
 
     @property
     def capture_sizes(self) -> list[int]:
-        return self.table.sizes(GraphKind.DECODE)
+        """The captured decode sizes, ascending (tokens)."""
+        return self.dispatcher.sizes(GraphKind.DECODE)
 
     @property
     def buckets(self) -> list[int]:
-        return self.table.sizes(GraphKind.MIXED)
+        """The captured token buckets, ascending (tokens)."""
+        return self.dispatcher.sizes(GraphKind.MIXED)
 
-    def graph_for(self, size: int, kind: GraphKind = GraphKind.DECODE) -> CapturedGraph:
-        """The graph of ``kind`` captured for ``size`` tokens."""
+    def graph_for(self, size: int, kind: GraphKind = GraphKind.DECODE,
+                  context_len: int | None = None) -> CapturedGraph:
+        """The graph of ``kind`` captured for ``size`` tokens (a decode graph: of context
+        bucket ``context_len``, default the widest)."""
         self.require_open()
-        return self.table.get(kind, size)
+        return self.dispatcher.get(kind, size, context_len)
 
     @property
     def pool_bytes(self) -> int:
         """What this manager's captures added to the graph pool (bytes): the pool's size when
         the pool is its own."""
-        return self.table.pool_bytes
+        return self.dispatcher.pool_bytes
 
     # ---------------------------------------------------------------- eagerly
     def run_eager(self, q, s, slots, replay_start=None, image_spans=None) -> Any:
@@ -311,14 +330,14 @@ class GraphManager:
         for the real tokens. Host ints: ``q``, ``s``, ``replay_start`` (or None)
         ``(num_reqs,)``, ``slots`` ``(num_tokens,)``, checked by the caller."""
         return self.eager.reference_builds(self.inputs.stage(
-            q, s, slots, replay_start=replay_start, image_spans=image_spans))
+            q, s, slots, checked=True, replay_start=replay_start, image_spans=image_spans))
 
     # ------------------------------------------------------------------ reports
     def describe(self) -> str:
         """A table per captured graph (kind, tokens, requests, capture time, nodes, pool
         memory, how it is launched), the totals, the step counts and the recorded
         launches."""
-        text = self.table.describe(self.stats)
+        text = self.dispatcher.describe()
         recorded = self.eager.recorded_launches
         if recorded is None:
             return text

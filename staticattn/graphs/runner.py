@@ -1,7 +1,16 @@
-"""The array part of :class:`~staticattn.graphs.GraphManager`: a step handed as host
-arrays (``run(query_lens, seq_lens, slot_mapping)``, with DeepSeek V4.1's ``replay_start``)
-is checked, written into the staging and replayed through the smallest graph that holds it,
-else run eagerly and counted."""
+"""The array front end of :class:`~staticattn.graphs.GraphManager`: a step handed as host
+arrays (``run(query_lens, seq_lens, slot_mapping)``, with DeepSeek V4.1's ``replay_start``
+and a vision model's ``image_spans``) is checked
+(:class:`~staticattn.validation.step_checks.StepChecks`), written into the staging and
+replayed through the graph the :class:`~staticattn.graphs.dispatch.Dispatcher` picks, else
+run eagerly under the reason it gives.
+
+Each step passes through the same phases, which :mod:`staticattn.bench.breakdown` times
+one by one: the checks (:meth:`StepChecks.uniform_decode <staticattn.validation.step_checks.
+StepChecks.uniform_decode>`, :meth:`StepRunner.check`), the dispatcher's lookup, the staging
+(:meth:`StepRunner.stage`) and :meth:`StepRunner.replay` or
+:meth:`StepRunner.eager_graph_builds`.
+"""
 
 from __future__ import annotations
 
@@ -10,56 +19,42 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from staticattn.errors import GraphError, InvalidBatchError
-from staticattn.graphs.captured import CapturedGraph, GraphKind, RunResult, RunStats
+from staticattn.errors import GraphError
+from staticattn.graphs.captured import CapturedGraph, EagerReason, GraphKind, RunResult
+from staticattn.graphs.dispatch import Dispatcher, StepKey
 from staticattn.graphs.eager import EagerSteps
 from staticattn.graphs.options import EagerBuild, GraphOptions
 from staticattn.graphs.pool import GraphPool
-from staticattn.graphs.table import GraphTable
-from staticattn.staging import StepInputs, check_image_spans, check_replay_start
-from staticattn.validation.block_ids import BlockIds
-from staticattn.validation.extents import check_extents
-from staticattn.validation.host_arrays import (
-    screen_step,
-    uniform_decode_passes,
-    validate_host_step,
-)
+from staticattn.staging import StepInputs
+from staticattn.validation.step_checks import CheckedStep, StepChecks
 
 __all__ = ["StepRunner"]
 
-_GRAPH, _DECODE = EagerBuild.GRAPH, GraphKind.DECODE
+_GRAPH, _DECODE, _MIXED = EagerBuild.GRAPH, GraphKind.DECODE, GraphKind.MIXED
+_FORCED = EagerReason.FORCED
 
 
 class StepRunner:
     """Steps handed as host arrays, for one manager.
 
-    Takes the inputs, the manager's :class:`~staticattn.graphs.table.GraphTable`,
-    :class:`~staticattn.graphs.captured.RunStats`, :class:`~staticattn.graphs.eager.
-    EagerSteps` and :class:`~staticattn.graphs.pool.GraphPool` (its replay stream carries
-    the timing events), the slot bound, the block ids' checks (:class:`~staticattn.builders.
-    validation.blocks.BlockIds`, or None) and the options (``validate``, ``time_gpu``,
-    ``num_kv_blocks``). Owns ``validate`` and ``time_gpu`` (switchable through the manager)
-    and ``closed`` (set by :meth:`close`: every later step is refused). Offers :meth:`run`,
-    :meth:`stage_for_graph`, :meth:`close` and :meth:`require_open`.
+    Takes the inputs, the manager's :class:`~staticattn.graphs.dispatch.Dispatcher`,
+    :class:`~staticattn.graphs.eager.EagerSteps`, :class:`~staticattn.graphs.pool.GraphPool`
+    (its replay stream carries the timing events), :class:`~staticattn.validation.
+    step_checks.StepChecks` and the options (``time_gpu``). Owns ``time_gpu``
+    (switchable through the manager) and ``closed`` (set by :meth:`close`: every later step
+    is refused). Offers :meth:`run`, its phases, :meth:`close` and :meth:`require_open`.
     """
 
-    def __init__(self, inputs: StepInputs, table: GraphTable, stats: RunStats,
-                 eager: EagerSteps, pool: GraphPool, slot_bound: int | None,
-                 block_ids: BlockIds | None, options: GraphOptions) -> None:
+    def __init__(self, inputs: StepInputs, dispatcher: Dispatcher, eager: EagerSteps,
+                 pool: GraphPool, checks: StepChecks, options: GraphOptions) -> None:
         self.inputs, self.config = inputs, inputs.config
-        self.table, self.stats, self.eager, self._pool = table, stats, eager, pool
-        self.slot_bound = slot_bound
-        # The block ids a validated step uses, where the tables are host memory (a CPU
-        # arena; None otherwise: reading a device table would synchronise).
-        self._host_blocks = block_ids if block_ids is not None and block_ids.host_tables \
-            else None
-        self.validate = options.validate
+        self.dispatcher, self.eager, self._pool, self.checks = dispatcher, eager, pool, checks
         self.time_gpu = options.time_gpu and inputs.device.type == "cuda"
         self.closed = False
-        self._num_kv_blocks = options.num_kv_blocks
         self._eager_build = eager.build
         self._graph_builds = eager.build is _GRAPH
         self._n = self.config.next_n
+        self._max_reqs = self.config.max_num_seqs
         self._decode_queries: dict[tuple[int, np.dtype], bytes] = {}
 
     def close(self) -> None:
@@ -95,19 +90,19 @@ class StepRunner:
             position after a prefix hit, ``0 <= replay_start <= seq_lens - query_lens``; 0
             for the decodes. Staged like the other step inputs (a graph reads it from the
             staging, captured with 0s). None: no request replays. Checked whenever given
-            (:func:`~staticattn.validation.replay_start.check_replay_start`), before anything is
-            written.
+            (:func:`~staticattn.validation.replay_start.check_replay_start`), before
+            anything is written.
         image_spans : rows of ``(request, first, last)`` or a mapping ``request ->
             [(first, last), ...]``, optional
             DeepSeek V4's vision variant (``max_image_tokens > 0``,
             ``vllm-0.33-extras.md`` §3): positions ``first .. last`` of a request form one
             image, seen bidirectionally by its prefill tokens. Staged like the other inputs;
-            checked whenever given (:func:`~staticattn.validation.image_spans.check_image_spans`:
-            capacity, within the request, no overlap, at most ``W + mit`` tokens), before
-            anything is written. None: no spans.
+            checked whenever given (:func:`~staticattn.validation.image_spans.
+            check_image_spans`: capacity, within the request, no overlap, at most ``W +
+            mit`` tokens), before anything is written. None: no spans.
         eager : EagerBuild, optional
             Run eagerly through these builds even if a graph could replay the step (A/B
-            checks, benchmarks), counted under the reason "forced".
+            checks, benchmarks), counted under ``EagerReason.FORCED``.
 
         Returns
         -------
@@ -120,32 +115,30 @@ class StepRunner:
         s = np.asarray(seq_lens)
         slots = np.asarray(slot_mapping)
         n = self._n
-        # Replay path first, kept to a handful of numpy calls: it runs every decode step.
+        # The replay path of a uniform decode step first, a handful of numpy calls: it runs
+        # every decode step. O(1) tests first: a step whose token count is not k * next_n
+        # is not uniform. Then the query lengths against k * [next_n] in their dtype, byte
+        # for byte: one memcmp, cheaper than ``(q == n).all()``'s reduction.
         k = q.shape[0] if q.ndim == 1 else 0
-        table = self.table.decode
-        # O(1) tests first: a step whose token count is not k * next_n is not uniform. Then
-        # the query lengths against k * [next_n] in their dtype, byte for byte: one memcmp,
-        # cheaper than ``(q == n).all()``'s reduction.
         if ((eager is None or eager is _GRAPH) and replay_start is None
-                and image_spans is None and 0 < k < len(table)
+                and image_spans is None and 0 < k <= self._max_reqs
                 and slots.shape[0] == k * n and q.dtype.kind in "iu" and q.tobytes() == (
                     self._decode_queries.get((k, q.dtype)) or self._decode_query(k, q.dtype))
-                and (
-                    uniform_decode_passes(k, s, slots, self.config, self.slot_bound)
-                    if self.validate else self._uniform_extents(k, s))):
-            if self._host_blocks is not None and self.validate:
-                self._host_blocks.check_step(k, s)
-            g = None if eager else table[k]
+                and self.checks.uniform_decode(k, s, slots)):
+            dispatcher = self.dispatcher
+            g = None if eager else dispatcher.decode(
+                k, s.item(s.argmax()) if dispatcher.many_contexts else 0)
             if g is not None:
                 self.inputs.stage_uniform_decode(s, slots)
-                return self._replay(g, k * n)
+                return self.replay(g, k * n)
             if eager or self._graph_builds:  # no decode graph: a bucket, or eager
-                g, reason = (None, "forced") if eager else self.table.pick(k, k * n, True, n)
+                g, reason = (None, _FORCED) if eager else dispatcher.route(
+                    StepKey(_DECODE, k * n, k, n, int(s.max())))
                 if g is not None:  # every sequence >= next_n: a bucket holds the step
-                    self.stage_for_graph(q, s, slots, False)
-                    return self._replay(g, k * n)
+                    self.stage(q, s, slots, CheckedStep(n, n, None, None))
+                    return self.replay(g, k * n)
                 self.inputs.stage_uniform_decode(s, slots)
-                return self._eager_graph_build(k, k * n, True, reason)
+                return self.eager_graph_builds(k, k * n, True, reason)
         return self._run_general(q, s, slots, eager, replay_start, image_spans)
 
     def _decode_query(self, num_reqs: int, dtype: np.dtype) -> bytes:
@@ -155,90 +148,89 @@ class StepRunner:
             num_reqs, self._n, dtype=dtype).tobytes()
         return pattern
 
-    def _uniform_extents(self, num_reqs: int, s: np.ndarray) -> bool:
-        """Without validation, what still bounds every kernel of a uniform decode step:
-        ``seq_lens`` as long as the query lengths and ``k * next_n`` tokens in capacity."""
-        return (s.ndim == 1 and s.shape[0] == num_reqs
-                and num_reqs * self._n <= self.config.max_num_batched_tokens)
-
     def _run_general(self, q, s, slots, eager: EagerBuild | None,
                      replay_start=None, image_spans=None) -> RunResult:
         """Every step the decode replay path did not take: check, then replay the graph
-        that holds it, or run eagerly."""
+        the dispatcher picks, or run eagerly."""
         if eager is not None and not isinstance(eager, EagerBuild):
             raise GraphError(f"eager must be None, EagerBuild.GRAPH or EagerBuild.REFERENCE; "
                              f"got {eager!r}")
-        if q.ndim == 1 and q.shape[0] == 0:
-            raise InvalidBatchError("a step needs at least one request; got none")
-        cfg = self.config
-        lengths = screen_step(q, s, slots, cfg, self.slot_bound) if self.validate else None
-        if lengths is None:
-            if self.validate:
-                validate_host_step(q, s, slots, cfg, require_decode_first=True,
-                                   num_kv_blocks=self._num_kv_blocks,
-                                   decode_threshold=cfg.decode_threshold)
-            lengths = int(q.min()), int(q.max())
-        if replay_start is not None:
-            replay_start = np.asarray(replay_start)
-            check_replay_start(cfg, replay_start, q, s)
-        spans = check_image_spans(cfg, image_spans, q, s)
+        step = self.check(q, s, slots, replay_start, image_spans)
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
-        if self._host_blocks is not None and self.validate:
-            self._host_blocks.check_step(k, s)
-        shortest, longest = lengths
-        uniform = longest == self._n == shortest
+        uniform = step.longest == self._n == step.shortest
         if eager is not None:
-            g, reason = None, "forced"
+            g, reason = None, _FORCED
         else:
-            g, reason = self.table.pick(k, num_tokens, uniform, longest)
+            g, reason = self.dispatcher.route(StepKey(
+                _DECODE if uniform else _MIXED, num_tokens, k, step.longest,
+                int(s.max()) if self.dispatcher.many_contexts else 0))
         if g is not None:
-            self.stage_for_graph(q, s, slots, g.kind is _DECODE, replay_start, spans)
-            return self._replay(g, num_tokens)
+            self.stage(q, s, slots, step, g.kind is _DECODE)
+            return self.replay(g, num_tokens)
         if (eager or self._eager_build) is _GRAPH:
-            if not self.validate:  # the extents still bound every kernel
-                check_extents(cfg, q, s, slots, k, num_tokens)
-            self.stage_for_graph(q, s, slots, uniform, replay_start, spans)
-            return self._eager_graph_build(k, num_tokens, uniform, reason)
-        counts = self.inputs.stage(q, s, slots, checked=self.validate,
-                                   replay_start=replay_start, image_spans=spans)
-        events = self._record_start()
-        outputs = self.eager.reference_builds(counts)
-        self._record_end(events)
-        self.stats.eager[reason] += 1
-        return RunResult(outputs, "eager", None, reason, num_tokens, events)
+            self.stage(q, s, slots, step, uniform)
+            return self.eager_graph_builds(k, num_tokens, uniform, reason)
+        return self.eager_reference_builds(q, s, slots, step, reason)
 
-    def stage_for_graph(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
-                        uniform: bool, replay_start: np.ndarray | None = None,
-                        image_spans: list[tuple[int, int, int]] | None = None) -> None:
+    # ------------------------------------------------------------------ phases
+    def check(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray, replay_start=None,
+              image_spans=None) -> CheckedStep:
+        """The checks of a step of any composition (:meth:`StepChecks.arrays
+        <staticattn.validation.step_checks.StepChecks.arrays>`). Host ints ``q``, ``s``
+        ``(num_reqs,)``, ``slots`` ``(num_tokens,)``."""
+        return self.checks.arrays(q, s, slots, replay_start, image_spans)
+
+    def stage(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray, step: CheckedStep,
+              uniform: bool = False) -> None:
         """Write a checked step into the staging that a graph's staging kernels (or the
-        same builds run eagerly) read: for a uniform decode step (``uniform``) the lengths,
-        slots and request count only (its decodes replay nothing), else the query starts,
-        token count, replay starts (None: 0s) and image spans (None: none) too. Host ints:
-        ``q``, ``s``, ``replay_start`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``;
-        ``image_spans`` checked ``(request, first, last)`` triples."""
+        same builds run eagerly) read: for a uniform decode step (``uniform``) as
+        :meth:`stage_decode`, else the query starts, token count, replay starts (None: 0s)
+        and image spans (None: none) too. Host ints: ``q``, ``s`` ``(num_reqs,)``,
+        ``slots`` ``(num_tokens,)``."""
         if uniform:
             self.inputs.stage_uniform_decode(s, slots)
         else:
-            self.inputs.stage_step(q, s, slots, replay_start, image_spans)
+            self.inputs.stage_step(q, s, slots, step.replay_start, step.image_spans)
 
-    def _eager_graph_build(self, num_reqs: int, num_tokens: int, uniform: bool,
-                           reason: str) -> RunResult:
-        """Run a staged step through the graph builds, eagerly, counted under ``reason``."""
-        events = self._record_start()
-        outputs = self.eager.graph_builds(num_reqs, num_tokens, uniform)
-        self._record_end(events)
-        self.stats.eager[reason] += 1
-        return RunResult(outputs, "eager", None, reason, num_tokens, events)
-
-    def _replay(self, g: CapturedGraph, num_tokens: int) -> RunResult:
+    def replay(self, g: CapturedGraph, num_tokens: int) -> RunResult:
+        """Launch a graph on a staged step of ``num_tokens`` tokens and count it; its
+        result."""
         events = self._record_start() if self.time_gpu else None
         g.launch()
-        self.stats.count_replay(g.kind)
+        g.replays += 1
         if events is None:  # untimed: the graph's one result object for this count
             return g.result_for(num_tokens)
         self._record_end(events)
         return RunResult(g.outputs_for(num_tokens), "graph", g.size, None, num_tokens, events,
                          g.kind)
+
+    def eager_graph_builds(self, num_reqs: int, num_tokens: int, uniform: bool,
+                           reason: EagerReason, recorded: bool = True) -> RunResult:
+        """Run a staged step through the graph builds, eagerly (through their recorded
+        launches unless ``recorded`` is off), counted under ``reason``."""
+        events = self._record_start()
+        outputs = self.eager.graph_builds(num_reqs, num_tokens, uniform, recorded=recorded)
+        self._record_end(events)
+        self.dispatcher.count_eager(reason)
+        return RunResult(outputs, "eager", None, reason, num_tokens, events)
+
+    def eager_reference_builds(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray,
+                               step: CheckedStep, reason: EagerReason,
+                               phase_done=None) -> RunResult:
+        """Stage a checked step with its padding and run the reference builds on it,
+        eagerly, counted under ``reason``; ``phase_done(name)`` as in
+        :meth:`EagerSteps.reference_builds <staticattn.graphs.eager.EagerSteps.
+        reference_builds>`. Host ints ``q``, ``s`` ``(num_reqs,)``, ``slots``
+        ``(num_tokens,)``."""
+        counts = self.inputs.stage(q, s, slots, checked=True, replay_start=step.replay_start,
+                                   image_spans=step.image_spans)
+        if phase_done is not None:
+            phase_done("stage")
+        events = self._record_start()
+        outputs = self.eager.reference_builds(counts, phase_done)
+        self._record_end(events)
+        self.dispatcher.count_eager(reason)
+        return RunResult(outputs, "eager", None, reason, counts.num_tokens, events)
 
     def _record_start(self):
         if not self.time_gpu:

@@ -1,20 +1,23 @@
 """Which steps get a graph: uniform decode sizes (spec §10.3) and token buckets for steps
-of any composition, both in tokens."""
+of any composition, both in tokens, and the context buckets decode graphs are captured for."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from staticattn.arena.config import ArenaConfig, round_up
 from staticattn.errors import GraphError
 
 __all__ = [
-    "bucket_requests", "default_capture_sizes", "default_mixed_buckets",
-    "normalize_capture_sizes", "normalize_mixed_buckets",
+    "bucket_requests", "default_capture_sizes", "default_context_buckets",
+    "default_mixed_buckets", "normalize_capture_sizes", "normalize_context_buckets",
+    "normalize_mixed_buckets",
 ]
 
 #: The smallest token bucket: below it a graph costs the same whatever its size.
 MIN_BUCKET = 16
+#: The smallest context bucket: below it a decode step costs about the same.
+MIN_CONTEXT = 2048
 
 
 def default_capture_sizes(config: ArenaConfig, max_size: int | None = None) -> list[int]:
@@ -88,7 +91,8 @@ def default_mixed_buckets(config: ArenaConfig) -> list[int]:
 def bucket_requests(config: ArenaConfig, bucket: int) -> int:
     """Request slots of a token bucket: ``bucket`` (never more than ``max_num_seqs``), one
     per token. A step with zero-token requests may have more requests than tokens; the
-    table then picks a larger bucket with the slots, or none (:meth:`GraphTable.pick`)."""
+    dispatcher then picks a larger bucket with the slots, or none
+    (:meth:`~staticattn.graphs.dispatch.Dispatcher.bucket`)."""
     return min(config.max_num_seqs, bucket)
 
 
@@ -101,4 +105,36 @@ def normalize_mixed_buckets(config: ArenaConfig, buckets: Iterable[int]) -> list
                 f"token bucket {b} must be in [1, max_num_batched_tokens="
                 f"{config.max_num_batched_tokens}]"
             )
+    return out
+
+
+def default_context_buckets(config: ArenaConfig) -> list[int]:
+    """Powers of two from :data:`MIN_CONTEXT` below ``max_model_len``, then
+    ``max_model_len`` itself (1M: 2K, 4K, ..., 512K, 1M; 4K: 2K, 4K).
+
+    Why: a decode graph bakes in the widths its consumer sizes from the batch's
+    ``max_seq_len`` (the indexer's logits row and top-k scan, for one); captured for a
+    1M-token limit, every replay pays for 1M even when every context is 2K."""
+    top = config.max_model_len
+    out, c = [], MIN_CONTEXT
+    while c < top:
+        out.append(c)
+        c *= 2
+    return [*out, top]
+
+
+def normalize_context_buckets(config: ArenaConfig, contexts: Sequence[int]) -> list[int]:
+    """A user's context buckets, sorted and deduplicated, ending at ``max_model_len`` (added
+    when missing, so every step has a bucket); each a positive int no larger."""
+    for c in contexts:
+        if isinstance(c, bool) or not isinstance(c, int):
+            raise GraphError(f"context bucket {c!r} must be an int in [1, max_model_len="
+                             f"{config.max_model_len}]")
+    out = sorted(set(contexts))
+    for c in out:
+        if c < 1 or c > config.max_model_len:
+            raise GraphError(f"context bucket {c} must be in [1, max_model_len="
+                             f"{config.max_model_len}]")
+    if not out or out[-1] != config.max_model_len:
+        out.append(config.max_model_len)
     return out

@@ -17,6 +17,7 @@ and every writer waits on it first (:meth:`StepInputs.wait_staging_free`).
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -25,11 +26,10 @@ import torch
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.arena.groups import cache_groups
+from staticattn.errors import InvalidBatchError
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.kernels.runtime.compiled_launch import record_event
 from staticattn.kernels.staging.stage_inputs import (
-    COUNT_REQS,
-    COUNT_TOKENS,
     StagingViews,
     stage_device,
     stage_general,
@@ -37,6 +37,7 @@ from staticattn.kernels.staging.stage_inputs import (
     stage_uniform,
 )
 from staticattn.staging.input_buffers import PAD_SLOT_ID
+from staticattn.staging.pinned_counts import PinnedCounts
 from staticattn.staging.span_block import ImageSpans
 from staticattn.validation.extents import check_extents
 from staticattn.validation.image_spans import check_image_spans
@@ -86,6 +87,49 @@ class HostViews:
     counts: np.ndarray
     replay_start: np.ndarray | None = None
     image_spans: np.ndarray | None = None
+
+    def write(self, name: str, values: np.ndarray, start: int = 0) -> None:
+        """Write ``values`` into view ``name`` ("seq_lens", "slot_mapping",
+        "query_start_loc", "replay_start") at ``[start : start + len(values)]``, refusing
+        what a plain numpy assignment converts without a word.
+
+        A plain ``views.seq_lens[:k] = values`` truncates floats (``100.7`` -> ``100``),
+        reads bools as 0 and 1 and wraps integers past the view's dtype (int32 for the
+        lengths and starts): no check after the write can tell. Here ``values`` (host ints
+        ``(n,)``, any integer dtype; a list is converted first) must be integers within the
+        view's dtype, else an :class:`~staticattn.errors.InvalidBatchError` names the view
+        and nothing is written. Costs a dtype test on top of the assignment (and a range
+        test when ``values`` is wider than the view).
+        """
+        try:
+            view = _WRITABLE[name](self)
+        except KeyError:
+            view = None
+        if view is None:
+            raise InvalidBatchError(f"no integer view {name!r} to write; this arena has "
+                                    f"{[v for v in _WRITABLE if _WRITABLE[v](self) is not None]}")
+        if type(values) is not np.ndarray:
+            values = np.asarray(values)
+        dtype = values.dtype
+        if dtype.kind not in "iu" or values.ndim != 1:
+            if values.size or values.ndim != 1:
+                raise InvalidBatchError(
+                    f"{name} takes a 1-D array of integers; got dtype {dtype}, shape "
+                    f"{values.shape} (a float would be truncated, a bool read as 0 or 1)")
+        elif dtype.itemsize > view.itemsize or dtype.kind == "u" and dtype.itemsize == \
+                view.itemsize:
+            info = np.iinfo(view.dtype)
+            if values.size and (values.item(values.argmin()) < info.min
+                                or values.item(values.argmax()) > info.max):
+                raise InvalidBatchError(f"{name} holds a value outside {view.dtype}; it "
+                                        "would wrap around on assignment")
+        view[start : start + values.shape[0]] = values
+
+
+#: The views :meth:`HostViews.write` writes, and how to reach each (an attribute getter:
+#: cheaper than ``getattr`` by name).
+_WRITABLE = {name: operator.attrgetter(name) for name in
+             ("seq_lens", "slot_mapping", "query_start_loc", "replay_start")}
 
 
 class ExtentViews(NamedTuple):
@@ -157,9 +201,11 @@ class StepInputs:
         self.replay_start = arena["input.replay_start"] if replay else None
         self.host_replay_start = arena["staging.replay_start"] if replay else None
         #: The image spans' block (:mod:`staticattn.staging.span_block`), None for text models.
-        self.images = ImageSpans(arena["staging.image_spans"], arena["input.image_spans"],
-                                 self.host_counts.numpy()) \
+        self.images = ImageSpans(arena["staging.image_spans"], arena["input.image_spans"]) \
             if "input.image_spans" in arena else None
+        #: The one writer of the pinned counts the staging kernels read.
+        self.counts = PinnedCounts(self.host_counts.numpy(),
+                                   0 if self.images is None else self.images.capacity)
         self.host = HostViews(
             self.host_query_start_loc.numpy(), self.host_seq_lens.numpy(),
             self.host_slot_mapping.numpy(), self.host_counts.numpy(),
@@ -176,6 +222,9 @@ class StepInputs:
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None
         )
         self._extent_views: dict[tuple[int, int], ExtentViews] = {}
+        #: The views went out to an engine for an in-place step not yet launched (set by
+        #: the graph manager's ``begin_step``; any writer's wait for the staging ends it).
+        self.handed_out = False
 
     def views(self, num_reqs: int, num_tokens: int) -> ExtentViews:
         """The input views cut to an extent; cut once per extent and kept (slicing a tensor
@@ -288,12 +337,10 @@ class StepInputs:
         np.add.accumulate(query_lens, out=host.query_start_loc[1 : num_reqs + 1])
         host.seq_lens[:num_reqs] = seq_lens
         host.slot_mapping[:num_tokens] = slot_mapping
-        host.counts[COUNT_REQS] = num_reqs
-        host.counts[COUNT_TOKENS] = num_tokens
         if host.replay_start is not None:
             host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
-        if self.images is not None:
-            self.images.stage(image_spans)
+        num_spans = 0 if self.images is None else self.images.stage(image_spans)
+        self.counts.step(num_reqs, num_tokens, num_spans)
 
     def stage_uniform_decode(self, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
         """:meth:`stage` for a uniform decode step that a graph will pad: every request
@@ -308,7 +355,7 @@ class StepInputs:
         host = self.host
         host.seq_lens[:num_reqs] = seq_lens
         host.slot_mapping[: slot_mapping.shape[0]] = slot_mapping
-        host.counts[COUNT_REQS] = num_reqs
+        self.counts.uniform(num_reqs)
 
     def stage_device_step(self, num_reqs: int, replay_start: np.ndarray | None = None) -> None:
         """The host half of a step whose query starts, lengths and slots an earlier kernel
@@ -317,11 +364,10 @@ class StepInputs:
         for the prefill requests only; None: all 0)."""
         self.wait_staging_free()
         host = self.host
-        host.counts[COUNT_REQS] = num_reqs
         if host.replay_start is not None:
             host.replay_start[:num_reqs] = 0 if replay_start is None else replay_start
-        if self.images is not None:  # the producer's steps carry no spans
-            self.images.stage(None)
+        self.counts.uniform(num_reqs)
+        self.counts.spans(0)  # the producer's steps carry no spans
 
     @property
     def staging_events(self) -> tuple[torch.cuda.Event, ...]:
@@ -330,7 +376,10 @@ class StepInputs:
 
     def wait_staging_free(self) -> None:
         """Block until the last staging kernel has read the staging block. A query first:
-        the event has nearly always fired, and asking is cheaper than synchronising."""
+        the event has nearly always fired, and asking is cheaper than synchronising. The
+        caller is about to write the staging: views handed out for an in-place step are no
+        longer that step's (``handed_out`` ends)."""
+        self.handed_out = False
         if self._consumed is not None and not self._consumed.query():
             self._consumed.synchronize()
 

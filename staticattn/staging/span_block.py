@@ -26,7 +26,6 @@ import struct
 import numpy as np
 import torch
 
-from staticattn.kernels.staging.stage_inputs import COUNT_SPANS
 from staticattn.validation.image_spans import SPAN_FIELDS
 
 __all__ = ["ImageSpans", "NO_REQUEST"]
@@ -41,31 +40,28 @@ class ImageSpans:
     Attributes
     ----------
     host : int32 host ``(max_image_spans, 3)`` (pinned on CUDA)
-        Rows ``(request, first, last)``; the first ``counts[COUNT_SPANS]`` are the step's.
-    counts : int32 host ``(NUM_COUNTS,)``
-        The pinned counts the staging kernels read (``staging.counts``).
+        Rows ``(request, first, last)``; the step's first, as many as its span count (the
+        pinned counts', :class:`~staticattn.staging.pinned_counts.PinnedCounts`).
     device : int32 device ``(max_image_spans, 3)``
         What the SWA kernels read (``batch.image_spans``): the step's rows, then unused rows
         ``(-1, -1, -1)``.
     """
 
-    def __init__(self, host: torch.Tensor, device: torch.Tensor, counts: np.ndarray) -> None:
+    def __init__(self, host: torch.Tensor, device: torch.Tensor) -> None:
         self.host = host
         self.device = device
-        self.counts = counts
-        capacity = host.shape[0]
+        self.capacity = capacity = host.shape[0]
         # The host block's bytes, written with one struct call per step: a few spans cost
         # less that way than through numpy's conversion of a list of tuples.
         self._bytes = host.numpy().reshape(-1).view(np.uint8).data
         self._packers = [struct.Struct(f"<{SPAN_FIELDS * n}i") for n in range(capacity + 1)]
         #: Rows :meth:`stage` wrote since the block last went out to an engine.
         self._staged = 0
-        counts[COUNT_SPANS] = 0
 
-    def stage(self, rows) -> None:
+    def stage(self, rows) -> int:
         """Write checked rows ``(request, first, last)`` (tuples or lists; None: no span)
-        into the host block and count them; the caller has waited for the staging to be
-        free."""
+        into the host block and return how many (the step's span count, for the pinned
+        counts); the caller has waited for the staging to be free."""
         n = 0 if rows is None else len(rows)
         if n:
             try:  # sum() joins a few short tuples faster than itertools.chain unpacks them
@@ -75,7 +71,7 @@ class ImageSpans:
             self._packers[n].pack_into(self._bytes, 0, *words)
             if n > self._staged:
                 self._staged = n
-        self.counts[COUNT_SPANS] = n
+        return n
 
     def handed_out(self) -> None:
         """The host block goes out as an in-place view: the rows :meth:`stage` wrote are

@@ -1,8 +1,8 @@
-"""Graphs keyed by context bucket (``ContextGraphs``): the bucket ladder, the routing of a
-step (through ``run`` and through the in-place ``launch``) to the smallest bucket that holds
-its longest sequence, a bucket refusing a longer step, and every bucket computing the step
-right (on CPU each bucket's decode graph is emulated by its body run eagerly; the GPU test
-replays captured ones)."""
+"""Graphs keyed by context bucket (``ContextGraphs``): the bucket ladder, the dispatcher's
+routing of a step (through ``run`` and through the in-place ``launch``) to the smallest
+bucket that holds its longest sequence, a bucket without the step's decode graph borrowing
+the widest's, and every bucket computing the step right (on CPU each bucket's decode graph
+is emulated by its body run eagerly; the GPU test replays captured ones)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,13 @@ from staticattn.builders import make_arena
 from staticattn.errors import CapacityError, GraphError
 from staticattn.graphs import (
     ContextGraphs,
+    EagerReason,
     GraphKind,
     default_context_buckets,
 )
-from staticattn.graphs.contexts import normalize_context_buckets
+from staticattn.graphs.sizes import normalize_context_buckets
+
+DECODE = GraphKind.DECODE
 
 
 def _cfg(max_model_len=16384):
@@ -33,14 +36,14 @@ def _graphs(cfg, decode_tokens: int = 32):
     arena, inputs = make_arena(cfg, [b])
     cg = ContextGraphs(arena, inputs, [b], ToyStep(cfg, arena.device),
                        options=quiet())
-    for bucket in cg.context_buckets:
-        bucket.manager.table.add(emulated_graph(bucket.manager, GraphKind.DECODE, decode_tokens))
+    for c in cg.contexts:
+        cg.dispatcher.add(emulated_graph(cg, DECODE, decode_tokens, c))
     return cg, inputs
 
 
 def _served(cg) -> list[int]:
-    """Steps per bucket, replayed or eager."""
-    return [b.manager.stats.replays + b.manager.stats.eager_total for b in cg.context_buckets]
+    """Decode replays per bucket."""
+    return [cg.stats.context_replays[c] for c in cg.contexts]
 
 
 def test_the_default_ladder_doubles_up_to_the_context_limit():
@@ -51,8 +54,9 @@ def test_the_default_ladder_doubles_up_to_the_context_limit():
     for bad in ([0], [32768]):
         with pytest.raises(GraphError, match="must be in"):
             normalize_context_buckets(_cfg(), bad)
-    with pytest.raises(TypeError):
-        normalize_context_buckets(_cfg(), [2048.5])
+    for bad in ([2048.5], [True]):
+        with pytest.raises(GraphError, match="must be an int"):
+            normalize_context_buckets(_cfg(), bad)
 
 
 @pytest.mark.parametrize(("longest", "bucket"), [
@@ -66,11 +70,10 @@ def test_run_sends_a_decode_step_to_the_smallest_bucket_holding_it(longest, buck
     res = cg.run(np.full(3, n), s, np.arange(3 * n))
     assert res.mode == "graph" and res.outputs.tolist() == toy_expected(np.full(3, n), s)
     assert _served(cg) == [int(i == bucket) for i in range(4)]
-    assert cg.context_buckets[bucket].manager.stats.replays == 1
-    assert cg.context_buckets[bucket].context_len >= longest
+    assert cg.contexts[bucket] >= longest
 
 
-def test_other_steps_and_steps_past_the_decode_graphs_go_to_the_widest():
+def test_other_steps_and_steps_past_the_decode_graphs_run_eagerly():
     cfg = _cfg()
     n = cfg.next_n
     cg, _ = _graphs(cfg, decode_tokens=2 * n)  # decode graphs of 2 requests
@@ -78,7 +81,8 @@ def test_other_steps_and_steps_past_the_decode_graphs_go_to_the_widest():
     assert res.mode == "eager" and res.outputs.tolist() == toy_expected([n, 5], [100, 100])
     res = cg.run(np.full(3, n), [100, 100, 100], np.arange(3 * n))  # past them
     assert res.outputs.tolist() == toy_expected(np.full(3, n), [100] * 3)
-    assert _served(cg) == [0, 0, 0, 2]
+    assert _served(cg) == [0, 0, 0, 0]
+    assert cg.stats.eager == {EagerReason.PREFILL: 1, EagerReason.TOO_LARGE: 1}
     with pytest.raises(CapacityError):  # past max_model_len: the validation says why
         cg.run([n], [cfg.max_model_len + 1], np.arange(n))
 
@@ -93,22 +97,22 @@ def test_launch_routes_by_the_lengths_written_into_the_views():
         views.slot_mapping[: 2 * n] = np.arange(2 * n)
         out = cg.launch(2)
         assert out[: 2 * n].tolist() == toy_expected([n, n], [longest, n])
-        assert cg.context_buckets[bucket].manager.stats.replays == 1, (longest, _served(cg))
+        assert cg.stats.context_replays[cg.contexts[bucket]] == 1, (longest, _served(cg))
 
 
-def test_a_bucket_refuses_a_longer_step():
+def test_a_bucket_without_the_steps_decode_graph_borrows_the_widest():
+    """A narrow bucket holds decode graphs of 2 requests only; a step of 3 requests of
+    short contexts replays the widest bucket's graph of 4 (run and launch alike)."""
     cfg = _cfg()
-    cg, _ = _graphs(cfg)
     n = cfg.next_n
-    with pytest.raises(GraphError, match="past this context bucket"):
-        cg.context_buckets[0].run([n], [2049], np.arange(n))
+    cg, _ = _graphs(cfg, decode_tokens=2 * n)
+    cg.dispatcher.add(emulated_graph(cg, DECODE, 4 * n))  # the widest bucket only
+    s = np.array([100, 200, 300])
+    assert cg.run(np.full(3, n), s, np.arange(3 * n)).outputs.tolist() == toy_expected(
+        np.full(3, n), s)
     views = cg.begin_step()
-    views.seq_lens[:1] = [5000]
-    views.slot_mapping[:n] = np.arange(n)
-    with pytest.raises(GraphError, match="past this context bucket"):
-        cg.context_buckets[1].launch(1)
-    assert _served(cg) == [0, 0, 0, 0]
-    assert cg.context_buckets[3].launch(1)[:n].tolist() == toy_expected([n], [5000])
-    res = cg.context_buckets[1].run([n], [4096], np.arange(n))  # a step that fits
-    assert res.outputs.tolist() == toy_expected([n], [4096])
-    assert _served(cg) == [0, 1, 0, 1]
+    views.seq_lens[:3], views.slot_mapping[: 3 * n] = s, np.arange(3 * n)
+    assert cg.launch(3)[: 3 * n].tolist() == toy_expected(np.full(3, n), s)
+    assert _served(cg) == [0, 0, 0, 2]
+    assert cg.dispatcher.decode(3, 100) is cg.graph_for(4 * n)
+    assert cg.dispatcher.decode(2, 100) is cg.graph_for(2 * n, context_len=2048)

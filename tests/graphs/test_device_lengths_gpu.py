@@ -23,7 +23,13 @@ from helpers.mixed_steps import CONFIGS
 from helpers.support import HostStep, quiet
 
 from staticattn.checks import same_outputs, snapshot_outputs
-from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager
+from staticattn.graphs import (
+    DeviceLengthSteps,
+    EagerBuild,
+    EagerReason,
+    GraphKind,
+    GraphManager,
+)
 from staticattn.reference import checksums
 
 pytestmark = pytest.mark.gpu
@@ -99,8 +105,9 @@ def test_drafter_decided_lengths_replay_equal_to_eager(name):
                             tables[0][:k], tables[1][:k], k, nt)
             assert replayed[0][:nt].tolist() == checksums.expected(cfg, step, *caches, nt), i
             assert g is not None
-        assert steps.replays == REPLAYS and not steps.eager
+        stats = gm.stats  # the eager steps are the A/B runs' own, forced
+        assert stats.replays[GraphKind.DEVICE_LENGTHS] == REPLAYS
+        assert set(stats.eager) == {EagerReason.FORCED}
         assert seen_lengths == set(range(1, n + 1))
         assert arena.fingerprint() == fingerprint
-        print(f"\n{name}: {steps.replays} replays of device-decided lengths\n"
-              + steps.describe())
+        print(f"\n{name}: {REPLAYS} replays of device-decided lengths\n" + gm.describe())

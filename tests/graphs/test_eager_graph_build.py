@@ -15,7 +15,7 @@ from helpers.support import DEVICE, READER_BACKEND, _t, host_steps, quiet
 from hypothesis import given, settings
 
 from staticattn.errors import GraphError
-from staticattn.graphs import EagerBuild, GraphManager, StagingGuard
+from staticattn.graphs import EagerBuild, EagerReason, GraphManager, StagingGuard
 from staticattn.graphs.captured import RunResult
 from staticattn.reference import checksums
 
@@ -47,7 +47,7 @@ def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, n
         _write_tables(inputs, step)
         args = (step.query_lens, step.seq_lens, step.slot_mapping)
         res = gm.run(*args)
-        assert (res.mode, res.reason) == ("eager", "not-captured")
+        assert (res.mode, res.reason) == ("eager", EagerReason.NOT_CAPTURED)
         got = res.outputs.tolist()
         assert got == checksums.expected(cfg, step, *caches, step.num_tokens)
         assert gm.run(*args, eager=EagerBuild.GRAPH).outputs.tolist() == got
@@ -62,7 +62,7 @@ def test_the_graph_build_fallback_equals_the_oracle_and_the_reference(backend, n
     check()
     assert arena.fingerprint() == fingerprint
     # Per step: run and launch fell back, the two forced runs were asked for.
-    assert gm.stats.eager["forced"] == gm.stats.eager["not-captured"] > 0
+    assert gm.stats.eager[EagerReason.FORCED] == gm.stats.eager[EagerReason.NOT_CAPTURED] > 0
 
 
 def test_the_eager_build_is_chosen_and_checked():
@@ -81,7 +81,7 @@ def test_the_eager_build_is_chosen_and_checked():
     ref = GraphManager(arena, inputs, [b], step, quiet(eager_build=EagerBuild.REFERENCE))
     assert ref.eager_build is EagerBuild.REFERENCE
     res = ref.run([2, 2], [9, 40], np.arange(4))
-    assert isinstance(res, RunResult) and res.reason == "not-captured"
+    assert isinstance(res, RunResult) and res.reason is EagerReason.NOT_CAPTURED
     # Either guard runs the same eager step (the event only moves inside captured graphs).
     q, lens, slots = [2, 2], [9, 40], np.arange(4)
     at_end = GraphManager(arena, inputs, [b], step,

@@ -13,8 +13,10 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.errors import GraphError, InvalidBatchError
 from staticattn.graphs import (
+    EagerReason,
     GraphKind,
     GraphManager,
+    StepKey,
     default_capture_sizes,
     normalize_capture_sizes,
 )
@@ -56,31 +58,33 @@ def _manager():
 
 
 def _fake(kind, size, num_reqs):
-    """What dispatch reads of a captured graph."""
-    return SimpleNamespace(kind=kind, size=size, num_reqs=num_reqs)
+    """What dispatch reads of a captured graph (of the one context bucket)."""
+    return SimpleNamespace(kind=kind, size=size, num_reqs=num_reqs, context_len=4096,
+                           replays=0, pool_bytes=0)
 
 
 def test_dispatch_picks_the_smallest_graph_that_holds_the_step():
     gm = _manager()
 
     def pick(num_reqs, num_tokens, shortest, longest):
-        g, reason = gm.table.pick(num_reqs, num_tokens, shortest == longest == 2, longest)
+        kind = DECODE if shortest == longest == 2 else MIXED
+        g, reason = gm.dispatcher.route(StepKey(kind, num_tokens, num_reqs, longest))
         return (g.kind, g.size) if g is not None else reason
 
-    assert pick(2, 4, 2, 2) == "not-captured"
-    gm.table.add(_fake(DECODE, 8, 4), _fake(DECODE, 4, 2))
+    assert pick(2, 4, 2, 2) is EagerReason.NOT_CAPTURED
+    gm.dispatcher.add(_fake(DECODE, 8, 4), _fake(DECODE, 4, 2))
     assert pick(1, 2, 2, 2) == (DECODE, 4)
     assert pick(3, 6, 2, 2) == (DECODE, 8)
-    assert pick(5, 10, 2, 2) == "too-large"
-    assert pick(2, 3, 1, 2) == "non-uniform"  # no token bucket captured
-    assert pick(2, 7, 2, 5) == "prefill"
-    gm.table.add(_fake(MIXED, 16, 16))
-    gm.table.add(_fake(MIXED, 64, 32))
+    assert pick(5, 10, 2, 2) is EagerReason.TOO_LARGE
+    assert pick(2, 3, 1, 2) is EagerReason.NON_UNIFORM  # no token bucket captured
+    assert pick(2, 7, 2, 5) is EagerReason.PREFILL
+    gm.dispatcher.add(_fake(MIXED, 16, 16))
+    gm.dispatcher.add(_fake(MIXED, 64, 32))
     assert pick(2, 3, 1, 2) == (MIXED, 16)
     assert pick(5, 10, 2, 2) == (MIXED, 16)  # a uniform decode beyond the decode graphs
     assert pick(2, 17, 2, 15) == (MIXED, 64)
     assert pick(20, 60, 1, 5) == (MIXED, 64)
-    assert pick(30, 65, 1, 5) == "too-large"
+    assert pick(30, 65, 1, 5) is EagerReason.TOO_LARGE
     assert gm.capture_sizes == [4, 8] and gm.buckets == [16, 64]
     assert gm.graph_for(16, MIXED).num_reqs == 16
     with pytest.raises(GraphError, match="no decode graph of 6 tokens"):
@@ -91,7 +95,7 @@ def _counts(gm, before=None) -> tuple:
     """The manager's step counts (decode replays, token-bucket replays, eager by reason),
     since ``before`` when given."""
     st = gm.stats
-    now = (st.replays, st.mixed_replays, dict(st.eager))
+    now = (st.replays[DECODE], st.replays[MIXED], dict(st.eager))
     if before is None:
         return now
     eager = {r: c - before[2].get(r, 0) for r, c in now[2].items() if c != before[2].get(r, 0)}
@@ -101,6 +105,7 @@ def _counts(gm, before=None) -> tuple:
 def _launchable(kind, size, num_reqs, launched):
     """A captured graph as far as run() and launch() see it; launching records its key."""
     return SimpleNamespace(kind=kind, size=size, num_reqs=num_reqs, outputs=(kind, size),
+                           context_len=4096, replays=0, pool_bytes=0,
                            launch=lambda: launched.append((kind, size)),
                            outputs_for=lambda t: (kind, size),
                            result_for=lambda t: RunResult((kind, size), "graph", size, None, t,
@@ -115,8 +120,8 @@ def test_launch_picks_the_graph_run_picks_and_counts_the_same_reasons():
     for buckets in ({}, {16: 16, 64: 32}):
         gm = _manager()
         launched = []
-        gm.table.add(_launchable(DECODE, 4, 2, launched),
-                     *(_launchable(MIXED, t, r, launched) for t, r in buckets.items()))
+        gm.dispatcher.add(_launchable(DECODE, 4, 2, launched),
+                          *(_launchable(MIXED, t, r, launched) for t, r in buckets.items()))
         steps = [np.array([2, 2]), np.array([2] * 5), np.array([1, 2, 7]), np.array([2] * 20),
                  np.array([9] * 10)]
         for q in steps:
@@ -147,7 +152,8 @@ def test_launch_picks_the_graph_run_picks_and_counts_the_same_reasons():
 def test_uniform_launch_through_a_bucket_needs_every_sequence_to_hold_its_tokens():
     gm = _manager()
     launched = []
-    gm.table.add(_launchable(DECODE, 4, 2, launched), _launchable(MIXED, 16, 16, launched))
+    gm.dispatcher.add(_launchable(DECODE, 4, 2, launched),
+                      _launchable(MIXED, 16, 16, launched))
     views = gm.begin_step()
     views.seq_lens[:5] = [9, 9, 1, 9, 9]  # request 2 schedules 2 tokens of a 1-token sequence
     views.slot_mapping[:10] = np.arange(10)
@@ -159,7 +165,7 @@ def test_uniform_launch_through_a_bucket_needs_every_sequence_to_hold_its_tokens
     assert (views.counts == host_before[1]).all()
     views.seq_lens[2] = 2
     gm.launch(5)
-    assert launched == [(MIXED, 16)] and gm.stats.mixed_replays == 1
+    assert launched == [(MIXED, 16)] and gm.stats.replays == {MIXED: 1}
 
 
 def test_eager_run_on_cpu_counts_fallbacks_and_matches_the_step():
@@ -171,7 +177,7 @@ def test_eager_run_on_cpu_counts_fallbacks_and_matches_the_step():
         res = gm.run(q, s, np.zeros(int(q.sum()), dtype=np.int64))
         assert res.mode == "eager"
         assert res.outputs.tolist() == toy_expected(q, s)
-    assert gm.stats.replays == 0 and gm.stats.eager_total == 20
+    assert gm.stats.replays_total == 0 and gm.stats.eager_total == 20
 
 
 def test_capture_needs_cuda_and_closed_manager_refuses():

@@ -10,7 +10,7 @@ from helpers.toy import ToyBuilder, ToyStep, toy_expected
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.graphs import GraphKind, GraphManager
+from staticattn.graphs import EagerReason, GraphKind, GraphManager
 
 pytestmark = pytest.mark.gpu
 
@@ -45,12 +45,13 @@ def test_capture_replay_pad_and_fallback():
             assert res.mode == ("graph" if k * 2 <= 64 else "eager")
         torch.cuda.synchronize()
         res = gm.run([2, 1], [9, 4], [0, 1, 2])
-        assert res.mode == "eager" and res.reason == "non-uniform"
+        assert res.mode == "eager" and res.reason is EagerReason.NON_UNIFORM
         assert res.outputs.tolist() == toy_expected([2, 1], [9, 4])
         res = gm.run([2, 7], [9, 40], np.arange(9))
-        assert res.reason == "prefill"
+        assert res.reason is EagerReason.PREFILL
         assert arena.fingerprint() == before
-        assert gm.stats.replays > 0 and gm.stats.eager["too-large"] > 0
+        assert gm.stats.replays[GraphKind.DECODE] > 0
+        assert gm.stats.eager[EagerReason.TOO_LARGE] > 0
         replay_allocs = torch.cuda.memory_stats()["allocation.all.allocated"] - allocs0
         print("allocations over 300 mixed steps (eager ones included):", replay_allocs)
 
@@ -85,7 +86,7 @@ def test_every_step_replays_with_token_buckets():
             assert res.outputs.tolist() == toy_expected(q, s)
             modes.append((res.mode, res.graph_kind))
         assert set(modes) <= {("graph", GraphKind.DECODE), ("graph", GraphKind.MIXED)}
-        assert gm.stats.eager_total == 0 and gm.stats.mixed_replays > 0
+        assert gm.stats.eager_total == 0 and gm.stats.replays[GraphKind.MIXED] > 0
 
 
 def test_in_place_launch_equals_run():

@@ -15,7 +15,7 @@ from helpers.toy import ToyBuilder, ToyStep, toy_expected
 from staticattn import EagerBuild, GraphOptions, StagingGuard
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
-from staticattn.errors import ArenaError, GraphError, InvalidBatchError
+from staticattn.errors import ArenaError, GraphError
 from staticattn.graphs import GraphManager
 
 
@@ -62,18 +62,17 @@ def test_the_options_reach_every_part():
     gm = GraphManager(arena, inputs, [b], step, GraphOptions(
         validate=False, progress=False, raw_launch=False, num_kv_blocks=4,
         staging_guard=StagingGuard.STEP, eager_build=EagerBuild.REFERENCE))
-    assert gm.validate is False and gm.runner.validate is False
-    assert gm.in_place.validate is False
+    assert gm.validate is False and gm.checks.validate is False
     assert gm.capturer.progress is False and gm.capturer.raw_launch is False
     assert gm.capturer.marks_after_staging is False
     assert gm.eager.build is EagerBuild.REFERENCE and gm.eager.recorded_launches is None
-    assert gm.slot_bound == 4 * cfg.swa_block_size == gm.in_place.checks.slot_bound
+    assert gm.slot_bound == 4 * cfg.swa_block_size == gm.checks.views.slot_bound
     assert gm.time_gpu is False  # asked for or not, only a CUDA arena times
     default = GraphManager(arena, inputs, [b], step, GraphOptions(num_kv_blocks=8))
     assert default.options == GraphOptions(num_kv_blocks=8)
     assert default.capturer.marks_after_staging
-    assert default.slot_bound == 8 * cfg.swa_block_size == default.runner.slot_bound
-    assert default.validate and default.in_place.validate
+    assert default.slot_bound == 8 * cfg.swa_block_size == default.checks.slot_bound
+    assert default.validate and default.checks.validate
     assert default.block_ids.num_kv_blocks == 8
     # Without a pool size nothing bounds a slot: validating needs one, not validating not.
     with pytest.raises(GraphError, match=r"GraphOptions\(num_kv_blocks=...\) is required"):
@@ -100,7 +99,7 @@ def test_validate_switches_both_step_apis():
         gm.run([n], [cfg.max_model_len + 1], np.arange(n))
     gm.validate = False
     assert gm.run([n], [5], np.arange(n)).outputs.tolist() == toy_expected([n], [5])
-    assert gm.runner.validate is gm.in_place.validate is False
+    assert gm.checks.validate is False
 
 
 def test_the_constructor_refuses_what_it_cannot_work_with():
@@ -123,24 +122,23 @@ def test_the_constructor_refuses_what_it_cannot_work_with():
         GraphManager(arena, other_inputs, [b], step)
     pool = GraphOptions(progress=False, num_kv_blocks=8)
     for bad in (cfg.max_model_len + 1, 0, True, 64.0):
-        with pytest.raises(GraphError, match="context_len"):
-            GraphManager(arena, inputs, [b], step, pool, context_len=bad)
-    gm = GraphManager(arena, inputs, [b], step, pool, context_len=64)
-    assert gm.context_len == 64 and gm.capturer.context_len == 64
-    assert GraphManager(arena, inputs, [b], step, pool).context_len == cfg.max_model_len
+        with pytest.raises(GraphError, match="context bucket"):
+            GraphManager(arena, inputs, [b], step, pool, contexts=[bad])
+    gm = GraphManager(arena, inputs, [b], step, pool, contexts=[64])
+    assert gm.contexts == [64, cfg.max_model_len] == gm.capturer.contexts
+    assert GraphManager(arena, inputs, [b], step, pool).contexts == [cfg.max_model_len]
 
 
 def test_a_closed_manager_refuses_every_step_api():
     cfg, arena, inputs, b, step = _world()
     gm = GraphManager(arena, inputs, [b], step, GraphOptions(progress=False, num_kv_blocks=8))
     n = cfg.next_n
-    gm.close()
-    assert gm.closed
     views = gm.begin_step()
     views.seq_lens[:1], views.slot_mapping[:n] = [5], np.arange(n)
+    gm.close()
+    assert gm.closed
     for call in (lambda: gm.run([n], [5], np.arange(n)), lambda: gm.launch(1),
-                 lambda: gm.capture([n]), lambda: gm.graph_for(n)):
+                 lambda: gm.launch(0), gm.begin_step, lambda: gm.capture([n]),
+                 lambda: gm.graph_for(n)):
         with pytest.raises(GraphError, match="closed"):
             call()
-    with pytest.raises(InvalidBatchError):  # a bad count is still refused first
-        gm.launch(0)

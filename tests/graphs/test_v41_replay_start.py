@@ -35,11 +35,9 @@ from staticattn.graphs import (
     ContextGraphs,
     DeviceLengthSteps,
     EagerBuild,
-    GraphKind,
+    EagerReason,
     GraphManager,
 )
-from staticattn.graphs.capturer import GraphSpec
-from staticattn.graphs.sizes import bucket_requests
 from staticattn.reference import v41_swa
 
 
@@ -121,19 +119,13 @@ def _world(backend: str):
         eager_build=EagerBuild.REFERENCE))
     contexts = ContextGraphs(arena, inputs, [builder], step, contexts=[16, 64],
                              options=options)
-    for bucket in contexts.context_buckets:
-        widest = bucket.context_len == cfg.max_model_len
-        graphs_for(bucket.manager, buckets=BUCKETS if widest else ())
+    graphs_for(contexts)
     producer = Producer(cfg)
     device_steps = DeviceLengthSteps(gm, producer)
     if DEVICE == "cuda":
         device_steps.capture(BUCKETS)
     else:
-        for size in BUCKETS:
-            k = bucket_requests(cfg, size)
-            device_steps.table.add(emulated(GraphSpec(
-                GraphKind.DEVICE_LENGTHS, size, k, lambda k=k: inputs.stage_device_step(k),
-                lambda k=k, size=size: device_steps.body(k, size))))
+        gm.dispatcher.add(*(emulated(device_steps.spec(size)) for size in BUCKETS))
     return cfg, inputs, gm, reference, contexts, device_steps, producer
 
 
@@ -162,14 +154,14 @@ def test_every_entry_point_equals_the_oracle(backend):
             res = gm.run(*args, replay_start=rs, eager=eager)
             assert (res.mode, listed(res.outputs, n)) == ("eager", want), eager
         res = reference.run(*args, replay_start=rs)
-        assert (res.reason, listed(res.outputs, n)) == ("not-captured", want)
+        assert (res.reason, listed(res.outputs, n)) == (EagerReason.NOT_CAPTURED, want)
         assert listed(_in_place(gm, step, rs), n) == want
         assert listed(contexts.run(*args, replay_start=rs).outputs, n) == want
         assert listed(_in_place(contexts, step, rs), n) == want
         producer.hold(step)
         got = device_steps.launch(step.num_reqs, n, replay_start=np.asarray(rs))
         assert listed(got, n) == want
-        assert device_steps.eager["no bucket"] + device_steps.eager["not captured"] == 0
+        assert set(gm.stats.eager) <= {EagerReason.FORCED}  # every step replayed
 
     check()
 
@@ -179,13 +171,14 @@ def test_without_graphs_device_length_steps_run_the_reference_builds(backend):
     the replay starts checked in full, the reference builds on them."""
     cfg, inputs, gm, *_ = _world(backend)
     producer = Producer(cfg)
-    bare = DeviceLengthSteps(gm, producer)
+    bare = DeviceLengthSteps(GraphManager(gm.arena, inputs, gm.builders, gm.step, quiet()),
+                             producer)
     step, rs = replayed_step(cfg)
     write_step_tables(inputs, step)
     producer.hold(step)
     out = bare.launch(step.num_reqs, step.num_tokens, replay_start=rs)
     assert listed(out, step.num_tokens) == expected(cfg, step, rs)
-    assert bare.eager["not captured"] == 1
+    assert bare.manager.stats.eager == {EagerReason.NOT_CAPTURED: 1}
     with pytest.raises(InvalidBatchError, match="is given for a decode"):
         bare.launch(step.num_reqs, step.num_tokens, replay_start=[3, 0, 0])
 
@@ -197,13 +190,13 @@ def replayed_step(cfg):
     return step, np.asarray(rs)
 
 
-def _written(inputs, stats) -> list:
+def _written(inputs, manager) -> list:
     """What a refused step must leave as it was: the host staging, the device's replay
-    starts, the step counts."""
-    h = inputs.host
+    starts, the manager's step counts."""
+    h, stats = inputs.host, manager.stats
     return [a.copy() for a in (h.query_start_loc, h.seq_lens, h.slot_mapping, h.counts,
                                h.replay_start)] + [
-        inputs.replay_start.tolist(), stats.replays, stats.mixed_replays, dict(stats.eager)]
+        inputs.replay_start.tolist(), dict(stats.replays), dict(stats.eager)]
 
 
 def _same(a: list, b: list) -> bool:
@@ -233,12 +226,12 @@ def test_bad_replay_starts_are_refused_before_anything_is_written(entry, bad):
     if entry == "device lengths":
         if bad in ("past the context", "for a decode"):
             pytest.skip("the lengths are the device's: the contract, not a host check")
-        runs = lambda: (producer.calls, device_steps.replays, dict(device_steps.eager))
-        calls, before = runs(), _written(inputs, gm.stats)
+        runs = lambda: (producer.calls, dict(gm.stats.replays), dict(gm.stats.eager))
+        calls, before = runs(), _written(inputs, gm)
         with pytest.raises(InvalidBatchError, match=match):
             device_steps.launch(step.num_reqs, step.num_tokens, replay_start=rs)
         assert runs() == calls
-        assert _same(_written(inputs, gm.stats), before)
+        assert _same(_written(inputs, gm), before)
         return
     if entry == "launch":
         views = gm.begin_step()
@@ -248,19 +241,17 @@ def test_bad_replay_starts_are_refused_before_anything_is_written(entry, bad):
         views.seq_lens[:k], views.slot_mapping[:t] = step.seq_lens, step.slot_mapping
         views.query_start_loc[: k + 1] = np.concatenate(([0], np.cumsum(step.query_lens)))
         views.replay_start[:k] = rs
-        before = _written(inputs, gm.stats)
+        before = _written(inputs, gm)
         with pytest.raises(InvalidBatchError, match=match):
             gm.launch(k, t)
-        assert _same(_written(inputs, gm.stats), before)
+        assert _same(_written(inputs, gm), before)
         views.replay_start[:k] = 0
         return
     manager = {"run": gm, "run reference": reference, "context graphs": contexts}[entry]
-    stats = gm.stats if entry == "run" else (reference.stats if entry == "run reference"
-                                              else contexts.context_buckets[-1].manager.stats)
-    before = _written(inputs, stats)
+    before = _written(inputs, manager)
     with pytest.raises(InvalidBatchError, match=match):
         manager.run(*args, replay_start=rs)
-    assert _same(_written(inputs, stats), before)
+    assert _same(_written(inputs, manager), before)
 
 
 def test_an_architecture_without_bounded_replay_takes_none():

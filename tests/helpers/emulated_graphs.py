@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from helpers.support import DEVICE
 from staticattn.graphs import CapturedGraph, GraphKind
 from staticattn.graphs.capturer import GraphSpec
-from staticattn.graphs.sizes import bucket_requests
 
 __all__ = ["BUCKETS", "SIZES", "emulated", "graphs_for"]
 
@@ -25,19 +24,16 @@ def emulated(spec: GraphSpec) -> CapturedGraph:
     spec.stage()
     outputs, metadata = spec.body()
     return CapturedGraph(spec.kind, spec.size, spec.num_reqs, None, outputs, metadata, 0.0, 0,
-                         None, spec.body, "eagerly")
+                         None, spec.body, "eagerly", spec.context_len)
 
 
 def graphs_for(gm, sizes: Sequence[int] = SIZES, buckets: Sequence[int] = BUCKETS) -> None:
-    """Decode graphs of ``sizes`` and token buckets ``buckets`` (tokens) for manager ``gm``:
-    captured on CUDA, else emulated."""
+    """Decode graphs of ``sizes`` (for every context bucket) and token buckets ``buckets``
+    (tokens) for manager ``gm``: captured on CUDA, else emulated."""
     if DEVICE == "cuda":
         gm.capture(sizes, buckets)
         return
-    cap, cfg = gm.capturer, gm.config
-    for kind, extents in ((GraphKind.DECODE, sizes), (GraphKind.MIXED, buckets)):
-        for size in extents:
-            k = size // cfg.next_n if kind is GraphKind.DECODE else bucket_requests(cfg, size)
-            gm.table.add(emulated(GraphSpec(
-                kind, size, k, lambda kind=kind, k=k, size=size: cap.stage_warm_up(kind, k, size),
-                lambda kind=kind, k=k, size=size: cap.body(kind, k, size))))
+    cap = gm.capturer
+    specs = [cap.spec(GraphKind.DECODE, c, size) for c in gm.contexts for size in sizes]
+    specs += [cap.spec(GraphKind.MIXED, cap.context_len, size) for size in buckets]
+    gm.dispatcher.add(*(emulated(spec) for spec in specs))

@@ -27,11 +27,11 @@ def enter_step(gm, path: str, q, s, slots):
 def refused_unchanged(gm, arena, fn, *fragments) -> None:
     """``fn`` raises a typed error naming ``fragments``; no buffer changed, no step ran."""
     before = {name: arena[name].clone() for name in arena.names()}
-    steps = (gm.stats.eager_total, gm.stats.replays, gm.stats.mixed_replays)
+    steps = (gm.stats.eager_total, gm.stats.replays_total)
     with pytest.raises(InvalidBatchError) as info:
         fn()
     for fragment in fragments:
         assert fragment in str(info.value), str(info.value)
     for name, was in before.items():
         assert torch.equal(arena[name], was), f"{name} changed after a refused step"
-    assert (gm.stats.eager_total, gm.stats.replays, gm.stats.mixed_replays) == steps
+    assert (gm.stats.eager_total, gm.stats.replays_total) == steps

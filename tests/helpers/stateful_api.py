@@ -236,7 +236,7 @@ class ApiMachine(RuleBasedStateMachine):
             self.gm.capture([n, 4 * n], buckets=[4, self.cfg.max_num_batched_tokens])
             self.cg.capture([n, 4 * n], buckets=[self.cfg.max_num_batched_tokens])
         else:  # small graphs: steps past their slots or tokens are drawn often
-            self.gm.table.add(emulated_graph(self.gm, GraphKind.DECODE, 2 * n),
+            self.gm.dispatcher.add(emulated_graph(self.gm, GraphKind.DECODE, 2 * n),
                               emulated_graph(self.gm, GraphKind.MIXED, 4))
 
     @rule(data=st.data())
@@ -263,7 +263,7 @@ class ApiMachine(RuleBasedStateMachine):
             self.gm.capture([size] if kind is GraphKind.DECODE else [],
                             buckets=[size] if kind is GraphKind.MIXED else [])
         else:
-            self.gm.table.add(emulated_graph(self.gm, kind, size))
+            self.gm.dispatcher.add(emulated_graph(self.gm, kind, size))
 
     def step(self, data, path, bad_block) -> None:
         q, s, slots, dtype = data.draw(steps(self.cfg))
@@ -342,9 +342,9 @@ class ApiMachine(RuleBasedStateMachine):
         k, t = len(q), sum(q)
         count = None if rows is None or form == "scan" and len(rows) <= len(
             self.inputs.host.image_spans) else len(rows)
+        host = self.gm.begin_step()
         if k > self.cfg.max_num_seqs or t > self.cfg.max_num_batched_tokens:
             return lambda: self.gm.launch(k, t, num_spans=count)  # refused on the counts
-        host = self.gm.begin_step()
         host.seq_lens[:k] = s
         host.slot_mapping[:t] = slots
         if k and all(x == self.cfg.next_n for x in q):

@@ -61,21 +61,24 @@ def toy_expected(query_lens, seq_lens) -> list[int]:
     return out
 
 
-def emulated_graph(manager, kind, size: int):
+def emulated_graph(manager, kind, size: int, context_len: int | None = None):
     """A graph of ``kind`` (:class:`~staticattn.graphs.GraphKind`) and ``size`` tokens for
     ``manager`` whose launch runs the graph's body eagerly -- staging kernels, builds at the
     capture extents, the step: what its replay computes, on any device. Its request slots
-    are those ``capture`` would give it."""
+    are those ``capture`` would give it; a decode graph's context bucket is ``context_len``
+    (default the widest)."""
     from staticattn.graphs import CapturedGraph, GraphKind
     from staticattn.graphs.sizes import bucket_requests
 
     num_reqs = (size // manager.config.next_n if kind is GraphKind.DECODE
                 else bucket_requests(manager.config, size))
 
+    context = manager.capturer.context_len if context_len is None else context_len
+
     def body():
-        return manager.capturer.body(kind, num_reqs, size)
+        return manager.capturer.body(kind, num_reqs, size, context)
 
     manager.capturer.stage_warm_up(kind, num_reqs, size)
     outputs, metadata = body()
     return CapturedGraph(kind, size, num_reqs, None, outputs, metadata, 0.0, 0, None, body,
-                         "eagerly")
+                         "eagerly", context)

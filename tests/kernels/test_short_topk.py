@@ -244,7 +244,7 @@ def test_graphs_captured_short_replay_long_and_short_rows():
     steps = _steps(inputs, np.random.default_rng(11), ORDER * 2)
     filled, scored = _run_all(gm, step, inputs, keys, steps, eager_each=True)
     assert filled > 0 and scored > 0
-    assert gm.stats.replays > 0
+    assert gm.stats.replays_total > 0
     # Beyond every graph: the recorded launches of the graph builds.
     gm2 = GraphManager(arena, inputs, builders, step, quiet())
     filled, scored = _run_all(gm2, step, inputs, keys, _steps(inputs, np.random.default_rng(5),

@@ -27,7 +27,7 @@ from staticattn.builders import (
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.checks import same_outputs, snapshot_outputs
 from staticattn.errors import CapacityError, GraphError, InvalidBatchError
-from staticattn.graphs import DeviceLengthSteps, EagerBuild, GraphManager
+from staticattn.graphs import DeviceLengthSteps, EagerBuild, EagerReason, GraphManager
 from staticattn.reference import mixed as oracle
 
 
@@ -135,7 +135,9 @@ def test_without_graphs_every_step_runs_eagerly_on_the_producers_lengths():
             assert q.tolist() == [1 + (b + calls) % 2 for b in range(5)]
             want = gm.run(q, s, slots, eager=EagerBuild.REFERENCE).outputs
             assert same_outputs(snapshot_outputs(out), snapshot_outputs(want))
-        assert steps.eager == {"not captured": 3} and steps.replays == 0
+        # Three device-length steps without graphs, three forced A/B runs.
+        assert gm.stats.eager == {EagerReason.NOT_CAPTURED: 3, EagerReason.FORCED: 3}
+        assert gm.stats.replays_total == 0
         for bad, error in (((-1, 4), InvalidBatchError), ((0, 4), InvalidBatchError),
                            ((17, 40), CapacityError),
                            ((2, 10_000), CapacityError)):

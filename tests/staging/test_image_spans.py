@@ -28,8 +28,7 @@ from staticattn.graphs import EagerBuild, GraphManager
 from staticattn.reference import v41_rows
 from staticattn.reference import v41_swa as oracle
 from staticattn.reference.step import HostStep
-from staticattn.staging import check_image_spans
-from staticattn.validation.image_spans import spans_pass
+from staticattn.validation.image_spans import check_image_spans, spans_pass
 
 #: Example B's geometry: W = 4, mit = 3, SWA pages of 4, one draft token (threshold 2).
 VISION = dict(device=DEVICE, architecture="deepseek_v4", compress_ratios=(1, 4), block_size=8,

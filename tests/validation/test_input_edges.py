@@ -24,7 +24,7 @@ from helpers.toy import ToyBuilder, ToyStep, emulated_graph, toy_expected
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.checks import reference_mismatch
-from staticattn.graphs import EagerBuild, GraphKind, GraphManager
+from staticattn.graphs import EagerBuild, EagerReason, GraphKind, GraphManager, StepKey
 
 SMALL = dict(max_num_seqs=16, max_num_batched_tokens=256, max_model_len=4096,
              num_speculative_tokens=1)
@@ -126,7 +126,7 @@ def _toy_manager(buckets):
     b = ToyBuilder()
     arena, inputs = make_arena(cfg, [b])
     gm = GraphManager(arena, inputs, [b], ToyStep(cfg, arena.device), quiet())
-    gm.table.add(*(emulated_graph(gm, GraphKind.MIXED, t) for t in buckets))
+    gm.dispatcher.add(*(emulated_graph(gm, GraphKind.MIXED, t) for t in buckets))
     return gm
 
 
@@ -138,25 +138,25 @@ def test_more_requests_than_the_bucket_slots_take_a_larger_bucket_or_run_eagerly
     slots = np.arange(3)
     for buckets, mode, size in [((4, 32), "graph", 32), ((4,), "eager", None)]:
         with _toy_manager(buckets) as gm:
-            replays = gm.stats.mixed_replays
+            replays = gm.stats.replays[GraphKind.MIXED]
             out = enter_step(gm, path, q, s, slots)()
             if path == "run":
                 assert (out.mode, out.graph_size) == (mode, size)
                 out = out.outputs
-            assert gm.stats.mixed_replays == replays + (mode == "graph")
+            assert gm.stats.replays[GraphKind.MIXED] == replays + (mode == "graph")
             assert out[:3].tolist() == toy_expected(q, s)
     with _toy_manager((4,)) as gm:  # three zero-token requests fit four slots
         res = gm.run(np.zeros(3, int), np.array([5, 6, 7]), np.zeros(0, int))
         assert (res.mode, res.graph_size, res.outputs.shape[0]) == ("graph", 4, 0)
 
 
-def test_the_table_never_picks_a_bucket_short_of_requests():
+def test_the_dispatcher_never_picks_a_bucket_short_of_requests():
     gm = _toy_manager((4, 8, 32))
     for reqs in range(1, 17):
         for tokens in range(0, 33):
-            g, reason = gm.table.pick(reqs, tokens, False, 2)
+            g, reason = gm.dispatcher.route(StepKey(GraphKind.MIXED, tokens, reqs, 2))
             if g is None:
-                assert reason == "too-large"
+                assert reason is EagerReason.TOO_LARGE
                 continue
             assert g.num_reqs >= reqs and g.size >= tokens
             holding = [t for t in (4, 8, 32) if t >= tokens and min(16, t) >= reqs]
@@ -168,7 +168,7 @@ def test_zero_token_requests_never_replay_a_decode_graph():
     stage two requests of ``next_n`` tokens. It runs eagerly (no bucket captured)."""
     gm = _toy_manager(())
     n = gm.config.next_n
-    gm.table.add(emulated_graph(gm, GraphKind.DECODE, 2 * n))
+    gm.dispatcher.add(emulated_graph(gm, GraphKind.DECODE, 2 * n))
     for dtype in (np.int64, np.uint8):
         q, s = np.array([n, 0], dtype), np.array([5, 5], dtype)
         res = gm.run(q, s, np.arange(n))
