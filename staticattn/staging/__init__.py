@@ -8,8 +8,9 @@ from staticattn.kernels.staging.stage_inputs import (
     COUNT_SPANS,
     COUNT_TOKENS,
 )
+from staticattn.staging.host_views import HostViews
 from staticattn.staging.input_buffers import NULL_BLOCK_ID, PAD_SLOT_ID, input_buffers
-from staticattn.staging.inputs import HostViews, StagedCounts, StepInputs
+from staticattn.staging.inputs import StagedCounts, StepInputs
 from staticattn.staging.pinned_counts import PinnedCounts
 from staticattn.staging.span_block import ImageSpans
 

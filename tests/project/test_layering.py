@@ -3,7 +3,8 @@
 Each package ("room") may import only the rooms beneath it; no module imports itself back
 through a chain (no cycle, function-level imports included); importing a room at run time
 loads nothing above it; the graph manager's parts sit beneath the manager; no module reads
-another object's private names; and every file stays small (at most 400 lines).
+another object's private names; no two modules share a file name; and every file stays
+small (at most 400 lines).
 """
 
 from __future__ import annotations
@@ -253,6 +254,22 @@ def test_importing_the_package_loads_only_its_lazy_exports():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=PACKAGE.parent, timeout=300)
     assert done.stdout.split() == [*sorted(ROOT_LOADS), "False"], done.stdout + done.stderr
+
+
+#: File names several rooms use for the same part of a parallel structure: each builder
+#: room has its builder and its metadata record.
+SHARED_NAMES = {"builder.py", "metadata.py"}
+
+
+def test_no_two_modules_share_a_file_name():
+    """One meaning per word: two modules of one name would be two things read alike (the
+    builder rooms' parallel parts excepted)."""
+    seen: dict[str, list[str]] = {}
+    for p in PACKAGE.rglob("*.py"):
+        if p.name != "__init__.py" and p.name not in SHARED_NAMES:
+            seen.setdefault(p.name, []).append(str(p.relative_to(PACKAGE)))
+    twins = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not twins, f"modules sharing a file name: {twins}"
 
 
 def test_files_stay_small():
