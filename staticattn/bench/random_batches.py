@@ -69,9 +69,9 @@ def group_columns(group, cfg: ArenaConfig, tokens: int) -> int:
 
 
 def block_ids(rng: np.random.Generator, num_kv_blocks: int, size) -> np.ndarray:
-    """Random block ids of a pool of ``num_kv_blocks`` blocks: int32 of shape ``size`` in
-    ``[1, num_kv_blocks)``, 0 (the null block) being left out; all 0 for a pool of one block,
-    which holds nothing else."""
+    """Random block ids of a pool of ``num_kv_blocks`` blocks: int32 of shape ``size`` (e.g.
+    ``(rows, columns)``) in ``[1, num_kv_blocks)``, 0 (the null block) being left out; all 0
+    for a pool of one block, which holds nothing else."""
     return rng.integers(1 if num_kv_blocks > 1 else 0, num_kv_blocks, size=size,
                         dtype=np.int32)
 
