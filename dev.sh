@@ -3,28 +3,63 @@
 # `./dev.sh installed` checks the package as a user installs it (wheel, fresh virtualenv).
 # On a machine with a GPU, `./dev.sh gpu-check` runs the tests and then the GPU extras.
 # `./dev.sh docs` builds the guides and the API reference (warnings are errors).
-# Installs only what is missing, and never replaces an installed torch.
+#
+# Every command runs in .venv, a virtualenv inside this clone (ignored by git) that finds
+# every package of the Python that made it ($PYTHON, default python3): an installed torch is
+# reused, never replaced. What a command needs and that Python lacks is installed into .venv
+# only, each install announced first (scripts/dev_env.py lists it from pyproject.toml);
+# where there is no torch at all, a CPU build (torch==2.13.0+cpu), never a CUDA one.
+# Nothing is installed anywhere else, and staticattn itself is never installed: the commands
+# run this clone's code from its root. `rm -r .venv` undoes it all.
 set -euo pipefail
 cd "$(dirname "$0")"
-PY=${PYTHON:-python3}
+BASE=${PYTHON:-python3}
+VENV=.venv
+PY=$VENV/bin/python
 
-ensure_deps() {
-  if ! "$PY" -c "import torch" 2>/dev/null; then
-    # A CPU build: the default wheel on PyPI pulls several GB of CUDA libraries.
-    "$PY" -m pip install -q torch==2.13.0 || \
-      "$PY" -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+# share_packages FROM_PY VENV: VENV's Python finds every package FROM_PY finds, through a .pth
+# file (--system-site-packages alone reaches the base interpreter's, not a virtualenv's).
+share_packages() {
+  local site
+  site=$("$2/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  "$1" -c 'import sys; print("\n".join(p for p in sys.path if p.endswith(("site-packages", "dist-packages"))))' \
+    > "$site/_dev_sh_shared.pth"
+}
+
+make_venv() {
+  [ -x "$PY" ] && return
+  echo "dev.sh: creating $VENV (a virtualenv inside this clone, ignored by git) that finds the packages of $BASE"
+  "$BASE" -m venv --system-site-packages --without-pip "$VENV"
+  share_packages "$BASE" "$VENV"
+}
+
+# ensure GROUP...: what the command needs (scripts/dev_env.py), installed into .venv if missing.
+ensure() {
+  make_venv
+  local groups=("$@") missing device=0
+  # 0: CUDA, 1: no CUDA, 2: no torch.
+  "$PY" -c 'import sys
+try:
+    import torch
+except ImportError:
+    sys.exit(2)
+sys.exit(0 if torch.cuda.is_available() else 1)' || device=$?
+  if [ "$device" = 2 ]; then
+    echo "dev.sh: no torch here; installing torch==2.13.0+cpu (a CPU build) into $VENV"
+    "$PY" -m pip install -q "torch==2.13.0+cpu" || \
+      "$PY" -m pip install -q "torch==2.13.0+cpu" --index-url https://download.pytorch.org/whl/cpu
   fi
-  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    # Triton's CPU interpreter (how CPU runs Triton kernels) needs >= 3.8 with numpy >= 2.4.
-    "$PY" -c "import triton, sys; v=tuple(map(int, triton.__version__.split('.')[:2])); sys.exit(v < (3, 8))" \
-      2>/dev/null || "$PY" -m pip install -q "triton>=3.8"
+  [ "$device" = 0 ] || groups+=(cpu-interpreter)
+  missing=$("$PY" scripts/dev_env.py "${groups[@]}")
+  if [ -n "$missing" ]; then
+    echo "dev.sh: installing into $VENV (nothing else changes):" $missing
+    # shellcheck disable=SC2086  # one requirement per word
+    "$PY" -m pip install -q $missing
   fi
-  "$PY" -c "import staticattn, pytest, hypothesis, pytest_benchmark, xdist" 2>/dev/null || \
-    "$PY" -m pip install -q -e ".[test]"
 }
 
 # What a user installs, checked as installed: the wheel, built and installed into a fresh
-# virtualenv that borrows the site's packages (torch is not downloaded again), then the
+# virtualenv that finds .venv's packages (torch is not downloaded again), then the
 # installed demo run from outside the clone (every step checked against the reference that
 # ships with the package) and the plugin project's tests run with the installed plugin.
 installed_check() {
@@ -33,8 +68,9 @@ installed_check() {
   trap 'rm -rf "$work"' RETURN
   venv="$work/venv"
   "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" .
-  "$PY" -m venv --system-site-packages "$venv"
-  "$venv/bin/python" -m pip install -q --no-deps --no-index "$work"/dist/staticattn-*.whl
+  "$BASE" -m venv --without-pip "$venv"
+  share_packages "$PY" "$venv"
+  "$venv/bin/python" -m pip install -q -I --no-deps --no-index "$work"/dist/staticattn-*.whl
   cp -r examples/plugin_project "$work/plugin_project"
   (
     cd "$work"
@@ -49,14 +85,11 @@ installed_check() {
 cmd=${1:-}
 shift || true
 case "$cmd" in
-  demo) ensure_deps; exec "$PY" -m staticattn demo "$@" ;;
+  demo) ensure; exec "$PY" -m staticattn demo "$@" ;;
   # One process per core, at most 8: the interpreted Triton tests dominate a CPU run.
-  test) ensure_deps; exec "$PY" -m pytest -n auto --maxprocesses=8 --dist worksteal "$@" ;;
-  installed) ensure_deps; installed_check ;;
-  gpu-check) ensure_deps; exec "$PY" scripts/gpu_check.py "$@" ;;
-  docs)
-    ensure_deps
-    "$PY" -c "import sphinx, myst_parser" 2>/dev/null || "$PY" -m pip install -q -e ".[docs]"
-    exec "$PY" -m sphinx -W --keep-going -b html docs docs/_build/html "$@" ;;
+  test) ensure test; exec "$PY" -m pytest -n auto --maxprocesses=8 --dist worksteal "$@" ;;
+  installed) ensure test build; installed_check ;;
+  gpu-check) ensure test; exec "$PY" scripts/gpu_check.py "$@" ;;
+  docs) ensure docs; exec "$PY" -m sphinx -W --keep-going -b html docs docs/_build/html "$@" ;;
   *) echo "usage: ./dev.sh demo|test|installed|gpu-check|docs [args...]" >&2; exit 2 ;;
 esac

@@ -1,11 +1,12 @@
 """Measure replay latency from Python, read the JSON back, plot it.
 
-On a GPU: captures the decode graphs of a small DeepSeek-V4-like config, times each step
-through the graph and through the eager build (host and GPU, medians with min/max), writes
-the report's JSON and reads it back the way a dashboard would. Without CUDA there is nothing
-to time: the script says so and reads the H200 figures published in ``docs/results``
-instead. Either way ``--plot`` draws them when matplotlib (the ``plot`` extra) is installed,
-and says how to install it when not.
+On a GPU it measures: captures the decode graphs of a small DeepSeek-V4-like config, times
+each step through the graph and through the eager build (host and GPU, medians with
+min/max), writes the report's JSON and reads it back the way a dashboard would. Without CUDA
+there is nothing to time (replay latency is a GPU measurement): the script says so, and what
+it shows instead is the reading of a report, on the H200 figures published in
+``docs/results``, labelled as such. Either way ``--plot`` draws them when matplotlib (the
+``plot`` extra) is installed, and says how to install it when not.
 
     python -m examples.bench_replay [--out bench.json] [--plot bench.png]
 """
@@ -74,11 +75,14 @@ def main() -> None:
     args = parser.parse_args()
     if torch.cuda.is_available():
         measure(args.out)
-        source = args.out
+        data = json.loads(args.out.read_text())
+        print(f"measured here, on {data['env']['device']} ({args.out}):")
     else:
-        print(f"no CUDA device: nothing to time here; reading the published {PUBLISHED.name}")
-        source = PUBLISHED
-    data = json.loads(source.read_text())
+        print("no CUDA device: nothing is measured here (replay latency is a GPU measurement); "
+              "what follows shows how to read a report, on published figures")
+        data = json.loads(PUBLISHED.read_text())
+        print(f"published, not this machine: {data['env']['device']} "
+              f"(docs/results/{PUBLISHED.name}):")
     print(f"{'requests':>8} {'graph host us':>14} {'eager host us':>14} {'eager / graph':>14}")
     for num_reqs, graph, eager, ratio in summarize(data):
         print(f"{num_reqs:>8} {graph:>14.1f} {eager:>14.1f} {ratio:>14.1f}")

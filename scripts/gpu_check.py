@@ -1,5 +1,7 @@
-"""The GPU check: the README's test command (the whole suite), then the GPU extras -- the
-demo, the sanity check and a short bench -- and one summary line at the end.
+"""The GPU check: the README's test command (the whole suite, with the public-API state
+machine at its long length, ``STATICATTN_STATEFUL_STEPS=5000`` steps per preset, where the
+default run has 300), then the GPU extras -- the demo, the sanity check and a short bench --
+and one summary line at the end.
 
 Run it on a machine with a CUDA device (``./dev.sh gpu-check``); every stage's output goes to
 the terminal and, with ``--log-dir``, to one log file per stage. Exit code 0 only when every
@@ -9,6 +11,7 @@ stage passed.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -16,6 +19,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The state machine's steps per preset in the tests stage (tests/graphs/test_stateful_api_gpu.py).
+STATEFUL_STEPS = "5000"
+#: The exit status without CUDA: skipped, as the command line's (staticattn.cli.ExitCode).
+SKIPPED = 3
 
 STAGES = {
     # -rfEs: every failure, error and skip reason in the summary; a test past 300 s has its
@@ -32,8 +39,10 @@ STAGES = {
 def _run(name: str, cmd: list[str], log_dir: Path | None) -> tuple[int, str, float]:
     print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
     t0 = time.perf_counter()
+    env = {**os.environ, "STATICATTN_STATEFUL_STEPS": os.environ.get(
+        "STATICATTN_STATEFUL_STEPS", STATEFUL_STEPS)}
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, env=env)
     lines = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -75,8 +84,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device here; run ./dev.sh test for the CPU suite")
-        return 2
+        print("SKIPPED: gpu-check: no CUDA device here; run ./dev.sh test for the CPU suite")
+        return SKIPPED
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
     results = []

@@ -27,6 +27,7 @@ _EXPORTS = {
     "Batch": "staticattn.builders",
     "MetadataBuilder": "staticattn.builders",
     "make_arena": "staticattn.builders",
+    "default_builders": "staticattn.builders",
     "IndexerMetadataBuilder": "staticattn.builders",
     "SparseSWAMetadataBuilder": "staticattn.builders",
     "GraphManager": "staticattn.graphs",
@@ -35,13 +36,20 @@ _EXPORTS = {
     "StagingGuard": "staticattn.graphs",
     "check_graph_safety": "staticattn.checks",
     "run_bench": "staticattn.bench",
+    "check_eagerly": "staticattn.checks",
+    # The typed errors (staticattn.errors), for ``except`` clauses without a deep import.
+    **{name: "staticattn.errors" for name in (
+        "StaticAttnError", "ConfigError", "CapacityError", "InvalidBatchError", "ArenaError",
+        "GraphError", "BackendUnavailableError", "RankMismatchError", "StepSpecError")},
 }
 
 __all__ = [
-    "Arena", "ArenaConfig", "Batch", "BufferDecl", "EagerBuild", "GraphManager",
-    "GraphOptions", "IndexerMetadataBuilder", "MetadataBuilder", "SparseSWAMetadataBuilder",
-    "StagingGuard", "StepInputs", "__version__", "check_graph_safety", "make_arena",
-    "run_bench",
+    "Arena", "ArenaConfig", "ArenaError", "BackendUnavailableError", "Batch", "BufferDecl",
+    "CapacityError", "ConfigError", "EagerBuild", "GraphError", "GraphManager",
+    "GraphOptions", "IndexerMetadataBuilder", "InvalidBatchError", "MetadataBuilder",
+    "RankMismatchError", "SparseSWAMetadataBuilder", "StagingGuard", "StaticAttnError",
+    "StepInputs", "StepSpecError", "__version__", "check_eagerly", "check_graph_safety",
+    "default_builders", "make_arena", "run_bench",
 ]
 
 
@@ -55,8 +63,20 @@ if TYPE_CHECKING:
         IndexerMetadataBuilder,
         MetadataBuilder,
         SparseSWAMetadataBuilder,
+        default_builders,
         make_arena,
     )
-    from staticattn.checks import check_graph_safety
+    from staticattn.checks import check_eagerly, check_graph_safety
+    from staticattn.errors import (
+        ArenaError,
+        BackendUnavailableError,
+        CapacityError,
+        ConfigError,
+        GraphError,
+        InvalidBatchError,
+        RankMismatchError,
+        StaticAttnError,
+        StepSpecError,
+    )
     from staticattn.graphs import EagerBuild, GraphManager, GraphOptions, StagingGuard
     from staticattn.staging import StepInputs

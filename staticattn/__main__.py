@@ -1,7 +1,8 @@
 """Command line: ``python -m staticattn demo | check | bench`` (also the ``staticattn`` script).
 
 Every argument is checked (:mod:`staticattn.cli`) before a command says or does anything
-else; a bad one exits 2 with one line naming it."""
+else; a bad one exits 2 with one line naming it. Exit statuses
+(:class:`~staticattn.cli.ExitCode`): 0 pass, 1 fail, 2 bad argument, 3 skipped."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import argparse
 import json
 import sys
 
-from staticattn.cli import build_parser, config_of, load_step, validate
+from staticattn.cli import ExitCode, build_parser, config_of, config_overrides, load_step, validate
 from staticattn.errors import StepSpecError
 
 __all__ = ["main", "print_check_report"]
@@ -38,13 +39,13 @@ def _make_step(spec: str | None, config):
 
 
 def _no_cuda(what: str, json_path: str | None) -> int:
-    """Say that ``what`` needs CUDA (as JSON too when asked); exit status 2."""
+    """Say that ``what`` needs CUDA (as JSON too when asked); :attr:`ExitCode.SKIPPED`."""
     reason = f"no CUDA device; {what} needs one"
     if json_path == "-":  # a CI job reading JSON from stdout gets JSON here too
         print(json.dumps({"verdict": "skipped", "reason": reason}))
     else:
         print(f"SKIPPED: {reason}")
-    return 2
+    return ExitCode.SKIPPED
 
 
 def cmd_demo(args) -> int:
@@ -62,7 +63,7 @@ def cmd_demo(args) -> int:
 
 def cmd_check(args, cuda: bool) -> int:
     if not cuda:
-        return _no_cuda("the graph sanity check (it captures CUDA graphs)", args.json)
+        return check_without_cuda(args)
     from staticattn.builders import make_arena
     from staticattn.checks import check_graph_safety
 
@@ -72,27 +73,71 @@ def cmd_check(args, cuda: bool) -> int:
     step = _make_step(args.step, cfg)
     sizes = None if args.batch_requests is None else [r * cfg.next_n for r in args.batch_requests]
     report = check_graph_safety(arena, inputs, builders, step, sizes=sizes,
-                                num_batches=args.batches, seed=args.seed, dot_dir=args.dot,
-                                progress=not args.no_progress)
+                                num_batches=args.batches or 100, seed=args.seed,
+                                dot_dir=args.dot, progress=not args.no_progress)
     return print_check_report(report, args.json)
+
+
+def check_without_cuda(args) -> int:
+    """``check`` without CUDA: the checks that need no capture
+    (:func:`~staticattn.checks.check_eagerly`) on the same step, at the demo's CPU
+    capacities; then what needs a GPU, and the verdict. The exit status (0 PASS, 1 FAIL)."""
+    from staticattn.builders import make_arena
+    from staticattn.checks import check_eagerly
+    from staticattn.checks.reference_check import CAPTURE_ONLY
+    from staticattn.demo import NUM_KV_BLOCKS, cpu_config
+    from staticattn.graphs import GraphManager, GraphOptions
+
+    cfg = cpu_config(args.preset, **config_overrides(args))
+    builders = _builders(cfg)
+    arena, inputs = make_arena(cfg, builders)
+    step = _make_step(args.step, cfg)
+    name = args.step or "the built-in gather consumer"
+    options = GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS)
+    with GraphManager(arena, inputs, builders, step, options) as gm:
+        found = check_eagerly(gm, num_steps=args.batches or 20, seed=args.seed,
+                              progress=not args.no_progress)
+    word = "PASS" if found.ok else "FAIL"
+    bad = found.output_mismatches + found.reference_mismatches + found.extent_mismatches
+    unused = [flag for flag, value in (("--batch-requests", args.batch_requests),
+                                       ("--dot", args.dot)) if value is not None]
+    lines = [f"no CUDA device: the checks that need no graph capture, on {name} "
+             f"({args.preset} at {cfg.max_num_seqs} requests, {cfg.max_num_batched_tokens} "
+             f"tokens, {cfg.max_model_len}-token context)", *found.lines(),
+             "needs a GPU (not checked here): " + ", ".join(CAPTURE_ONLY)
+             + (f"; {', '.join(unused)} (capture only) unused" if unused else ""),
+             f"{word} without CUDA: {found.steps} random steps run eagerly, {bad} mismatches "
+             "(the capture checks need a GPU)"]
+    result = {"schema": "staticattn.check-eager/1", "verdict": word, "device": "cpu",
+              "preset": args.preset, "step": name, "max_num_seqs": cfg.max_num_seqs,
+              "max_num_batched_tokens": cfg.max_num_batched_tokens,
+              "max_model_len": cfg.max_model_len, **found.to_dict(),
+              "not_checked": list(CAPTURE_ONLY)}
+    _emit_text_or_json("\n".join(lines), json.dumps(result, indent=2), args.json)
+    return ExitCode.PASS if found.ok else ExitCode.FAIL
 
 
 def print_check_report(report, json_path: str | None) -> int:
     """Print the report: as text, or as JSON (``-`` for stdout, else a file beside the text);
     the exit status of ``check`` (0 PASS, 1 FAIL)."""
     _emit(report, json_path, str(report))
-    return 0 if report.ok else 1
+    return ExitCode.PASS if report.ok else ExitCode.FAIL
 
 
 def _emit(report, json_path: str | None, text: str) -> None:
     """``text`` on stdout, or the report's JSON instead (``-``), or both (a file path)."""
+    _emit_text_or_json(text, report.to_json(), json_path)
+
+
+def _emit_text_or_json(text: str, data: str, json_path: str | None) -> None:
+    """``text`` on stdout, or ``data`` (JSON) instead (``-``), or both (a file path)."""
     if json_path == "-":
-        print(report.to_json())
+        print(data)
         return
     print(text)
     if json_path:
         with open(json_path, "w") as f:
-            f.write(report.to_json())
+            f.write(data)
 
 
 def cmd_bench(args, cuda: bool) -> int:
@@ -115,7 +160,7 @@ def cmd_bench(args, cuda: bool) -> int:
                                staging_guard=StagingGuard(args.staging_guard),
                                progress=progress)
         _emit(report, args.json, report.table())
-        return 0
+        return ExitCode.PASS
     if args.mix:
         from staticattn.bench.mixed_steps import run_mixed_bench
 
@@ -174,12 +219,13 @@ def _save(report, args: argparse.Namespace, text: str) -> int:
         report.plot(args.plot)
         if args.json != "-":
             print(f"plot: {args.plot}")
-    return 0
+    return ExitCode.PASS
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line: ``demo``, ``check`` or ``bench`` (``--help`` for each); the
-    exit status (2 for a bad argument, with one line saying which and why)."""
+    exit status, an :class:`~staticattn.cli.ExitCode` (2 for a bad argument, with one line
+    saying which and why)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     import torch
@@ -194,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return cmd_bench(args, cuda)
     except StepSpecError as exc:
         args.cmd_parser.error(str(exc))
-    return 2  # not reached: error() exits
+    return ExitCode.BAD_ARGUMENT  # not reached: error() exits
 
 
 if __name__ == "__main__":

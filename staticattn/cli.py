@@ -4,6 +4,7 @@ command says or does anything else (an invalid argument exits 2 with one line na
 from __future__ import annotations
 
 import argparse
+import enum
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -13,7 +14,17 @@ from staticattn.errors import StepSpecError
 from staticattn.model import PRESETS as MODEL_PRESETS
 from staticattn.model import architecture, layer_type
 
-__all__ = ["build_parser", "load_step", "validate"]
+__all__ = ["ExitCode", "build_parser", "config_overrides", "load_step", "validate"]
+
+
+class ExitCode(enum.IntEnum):
+    """The exit status of every command, one meaning each."""
+
+    PASS = 0  #: every check passed (bench: measured)
+    FAIL = 1  #: a check failed
+    BAD_ARGUMENT = 2  #: a bad argument, named on one line (argparse's own status)
+    SKIPPED = 3  #: nothing could run here (bench without CUDA), said why
+
 
 
 def _dcp_served(name: str) -> bool:
@@ -37,10 +48,13 @@ built inside CUDA graphs from a static buffer arena.
 
   demo   a synthetic serving loop, every step checked (without CUDA: run eagerly on the
          CPU and checked against the reference)
-  check  graph-capture sanity checks of a step (needs CUDA)
+  check  graph-capture sanity checks of a step (without CUDA: the checks that need no
+         capture, on the same step)
   bench  replay latency per batch size, and other benches (needs CUDA)
 
 Batch sizes are counted in requests and contexts in tokens, in every command.
+Exit status: 0 pass, 1 fail, 2 bad argument (named on one line), 3 skipped (nothing
+could run here, e.g. bench without CUDA; said why).
 'staticattn COMMAND --help' describes each command's flags."""
 
 #: The bench flags each other bench does not use (an error when given, rather than ignored).
@@ -107,15 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help=JSON_HELP)
     d.set_defaults(cmd_parser=d)
     for name, help_, text in (
-            ("check", "graph-capture sanity checks (needs CUDA)",
+            ("check", "graph-capture sanity checks (without CUDA: those that need no capture)",
              "Capture a step (the built-in gather consumer, or --step) per batch size under "
              "guards and replay it against eager runs on random batches: host syncs, "
-             "allocations, addresses, replay vs eager, staging races. Ends with a PASS or "
-             "FAIL line; exit 0 on PASS, 1 on FAIL, 2 without CUDA or on a bad argument."),
+             "allocations, addresses, replay vs eager, staging races. Without CUDA, on the "
+             "same step at smaller capacities (32 requests, 1024 tokens, 16K context unless "
+             "--max-model-len): random steps run eagerly, the step through the graph builds "
+             "(staging kernels included) against the step through the reference builds, "
+             "the metadata against the plain-Python reference, and the replay emulated at "
+             "the capture extents against the step at its own; then what needs a GPU. Ends "
+             "with a PASS or FAIL line; exit 0 on PASS, 1 on FAIL, 2 on a bad argument."),
             ("bench", "replay latency per batch size (needs CUDA)",
              "Host and GPU time of a step replayed through its graph against the same step "
              "run eagerly, per batch size; --mix, --breakdown, --context and --dcp measure "
-             "other things (one at a time).")):
+             "other things (one at a time). Without CUDA only --dcp runs (gloo ranks on "
+             "the CPU); anything else says SKIPPED and exits 3.")):
         c = sub.add_parser(name, help=help_, description=text, allow_abbrev=False)
         c.set_defaults(cmd_parser=c)
         _config_flags(c)
@@ -123,9 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
             c.add_argument("--batch-requests", type=int_in(1), nargs="+", default=None,
                            metavar="R", help="batch sizes to capture, in requests (default: "
                            "the smallest, a middle and the largest capture size)")
-            c.add_argument("--batches", type=int_in(1), default=100,
+            c.add_argument("--batches", type=int_in(1), default=None,
                            help="random batches replayed per batch size, each also run "
-                           "eagerly (default: 100)")
+                           "eagerly (default: 100); without CUDA, random steps run eagerly "
+                           "(default: 20)")
             c.add_argument("--dot", default=None, metavar="DIR",
                            help="write a DOT dump of each captured graph into DIR")
         else:
@@ -192,12 +213,17 @@ def config_of(args: argparse.Namespace, device: str, preset: str | None = None):
     instead of ``--preset`` when given: a ``--compare`` preset)."""
     from staticattn.arena import ArenaConfig
 
-    overrides: dict[str, Any] = {"device": device}
+    return ArenaConfig.preset(preset or args.preset, device=device, **config_overrides(args))
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields ``--next-n`` and ``--max-model-len`` set (those given)."""
+    overrides: dict[str, Any] = {}
     if args.next_n is not None:
         overrides["num_speculative_tokens"] = args.next_n - 1
     if args.max_model_len is not None:
         overrides["max_model_len"] = args.max_model_len
-    return ArenaConfig.preset(preset or args.preset, **overrides)
+    return overrides
 
 
 def load_step(spec: str) -> Callable:

@@ -9,7 +9,8 @@ consumer, token by token, and every 20th step's reference build against the refe
 Without CUDA the loop runs eagerly on the CPU kernels (the graph builds, as a step no graph
 holds does, at smaller capacities), and every step is checked twice: its output against the
 reference build's through the gather consumer, and the reference build's metadata against
-the reference.
+the reference. On a model with image spans (``deepseek-v4-vision``) three prefill chunks in
+four carry an image, a span inside the chunk, checked like the rest of the step.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig, cache_groups, cdiv
-from staticattn.bench.random_batches import group_columns
+from staticattn.bench.random_batches import block_ids, group_columns
 from staticattn.builders import default_builders, make_arena
 from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.checks.reference_check import compared_builders, reference_mismatch
@@ -36,7 +37,7 @@ from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions
 from staticattn.model import model_preset
 
-__all__ = ["run_demo", "DemoReport", "DEFAULT_STEPS"]
+__all__ = ["run_demo", "DemoReport", "DEFAULT_STEPS", "cpu_config"]
 
 NUM_KV_BLOCKS = 4096
 #: Steps run when none are asked for: with CUDA, without (every step then runs eagerly and
@@ -44,6 +45,11 @@ NUM_KV_BLOCKS = 4096
 DEFAULT_STEPS = {"cuda": 300, "cpu": 60}
 #: On a GPU, every so many steps the reference build is also compared with the reference.
 GPU_REFERENCE_EVERY = 20
+#: The capacities of an arena without CUDA: every step then runs eagerly and through the
+#: plain-Python reference, whose loops grow with them.
+CPU_CAPACITIES = dict(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=16384)
+#: Without CUDA, images too are smaller (a span fits a step's chunk).
+CPU_MAX_IMAGE_TOKENS = 256
 
 
 @dataclass
@@ -51,7 +57,7 @@ class Request:
     row: int  # block-table row = its index in the batch (decodes first)
     seq_len: int  # tokens in the cache after its last step
     prompt_left: int  # prompt tokens not yet prefilled
-    swa_row: np.ndarray
+    swa_row: np.ndarray | None  # None without SWA layers (DeepSeek V3.2)
     main_row: np.ndarray
     #: Its rows of the cache groups' tables (DeepSeek V4.1), by group name.
     group_rows: dict = field(default_factory=dict)
@@ -73,6 +79,9 @@ class DemoReport:
     host_us: list = field(default_factory=list)
     gpu_us: list = field(default_factory=list)
     check_kind: str = ""
+    #: Image spans run (a vision model), and the steps that carried them.
+    image_spans: int = 0
+    image_steps: int = 0
     #: The builders whose reference builds are compared with the reference.
     compared: str = "indexer, swa"
 
@@ -100,6 +109,9 @@ class DemoReport:
             f"field by field) against staticattn.reference: "
             f"{self.reference_mismatches} mismatches",
         ]
+        if self.image_spans:
+            out.append(f"image spans: {self.image_spans} in {self.image_steps} steps, each "
+                       "step checked with its spans as above")
         if self.first_mismatch:
             out.append(f"first mismatch: {self.first_mismatch[:300]}")
         if self.host_us:
@@ -117,6 +129,7 @@ class DemoReport:
                 "check_kind": self.check_kind, "mismatches": self.mismatches,
                 "reference_checked": self.reference_checked,
                 "reference_mismatches": self.reference_mismatches,
+                "image_spans": self.image_spans, "image_steps": self.image_steps,
                 "first_mismatch": self.first_mismatch,
                 "host_us_median": median(self.host_us), "gpu_us_median": median(self.gpu_us)}
 
@@ -134,18 +147,19 @@ class SyntheticServer:
         context = int(rng.integers(0, self.max_len // 2))
         prompt = int(rng.integers(16, 600))
         final = min(cfg.max_model_len, context + prompt + 4096)
-        main = rng.integers(1, NUM_KV_BLOCKS, size=cdiv(final, cfg.block_size), dtype=np.int32)
-        swa = rng.integers(1, NUM_KV_BLOCKS, size=cdiv(final, cfg.swa_block_size),
-                           dtype=np.int32)
-        groups = {g.name: rng.integers(1, NUM_KV_BLOCKS, size=group_columns(g, cfg, final),
-                                       dtype=np.int32) for g in cache_groups(cfg)}
+        main = block_ids(rng, NUM_KV_BLOCKS, cdiv(final, cfg.block_size))
+        swa = (None if self.inputs.swa_block_table is None
+               else block_ids(rng, NUM_KV_BLOCKS, cdiv(final, cfg.swa_block_size)))
+        groups = {g.name: block_ids(rng, NUM_KV_BLOCKS, group_columns(g, cfg, final))
+                  for g in cache_groups(cfg)}
         return Request(row, context, prompt, swa, main, groups)
 
     def _write_row(self, r: Request) -> None:
         """An engine writes a request's rows when it is placed, not every step."""
         self.inputs.block_table[r.row, : r.main_row.shape[0]].copy_(torch.from_numpy(r.main_row))
-        self.inputs.swa_block_table[r.row, : r.swa_row.shape[0]].copy_(
-            torch.from_numpy(r.swa_row))
+        if r.swa_row is not None:
+            self.inputs.swa_block_table[r.row, : r.swa_row.shape[0]].copy_(
+                torch.from_numpy(r.swa_row))
         for name, row in r.group_rows.items():
             self.inputs.block_tables[name][r.row, : row.shape[0]].copy_(torch.from_numpy(row))
 
@@ -169,21 +183,35 @@ class SyntheticServer:
         self.requests.sort(key=lambda r: r.prompt_left > 0)
         for i, r in enumerate(self.requests):
             self._place(r, i)
-        q, s, slots = [], [], []
-        for r in self.requests:
+        q, s, slots, spans = [], [], [], []
+        for b, r in enumerate(self.requests):
             if r.prompt_left > 0:
                 take = min(r.prompt_left, int(rng.integers(64, 512)))  # chunked prefill
+                spans += self._image(b, r.seq_len, take)[: cfg.max_image_spans - len(spans)]
             else:
                 # Mostly uniform MTP decodes; now and then a request drafts fewer tokens.
                 take = n if rng.random() > 0.01 else int(rng.integers(1, n + 1))
             L = r.seq_len + take
             p = np.arange(L - take, L)
-            bs = cfg.swa_block_size
-            slots.append(r.swa_row[p // bs].astype(np.int64) * bs + p % bs)
+            # The slots address the SWA group where there is one, else the main one.
+            row, bs = ((r.main_row, cfg.block_size) if r.swa_row is None
+                       else (r.swa_row, cfg.swa_block_size))
+            slots.append(row[p // bs].astype(np.int64) * bs + p % bs)
             q.append(take)
             s.append(L)
         return (np.asarray(q, dtype=np.int32), np.asarray(s, dtype=np.int32),
-                np.concatenate(slots))
+                np.concatenate(slots), spans or None)
+
+    def _image(self, b: int, start: int, take: int) -> list[tuple[int, int, int]]:
+        """On a model with image spans, three chunks in four carry one image inside the
+        chunk's positions ``[start, start + take)`` of request ``b`` (an image is scheduled
+        whole): ``[(b, first, last)]``; else none."""
+        mit = self.cfg.max_image_tokens
+        if not mit or self.rng.random() < 0.25:
+            return []
+        length = int(self.rng.integers(1, min(mit, take) + 1))
+        first = start + int(self.rng.integers(0, take - length + 1))
+        return [(b, first, first + length - 1)]
 
     def advance(self, q: np.ndarray) -> None:
         n = self.cfg.next_n
@@ -218,15 +246,17 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None], preset: str):
         why = "; ".join(f"{name}: {import_error(name)}" for name in sorted(have))
         say(f"--consumer real: no real consumer can run here ({why}); falling back to the "
             "built-in gather consumer")
-    if cuda:
-        cfg = ArenaConfig.preset(preset)
-    else:
-        small = dict(max_num_seqs=32, max_num_batched_tokens=1024, max_model_len=16384,
-                     device="cpu")
-        if model_preset(preset).fields.get("max_image_tokens"):
-            small["max_image_tokens"] = 256  # images, too, smaller (a span fits a step)
-        cfg = ArenaConfig.preset(preset, **small)
+    cfg = ArenaConfig.preset(preset) if cuda else cpu_config(preset)
     return cfg, lambda c: GatherConsumer(c, NUM_KV_BLOCKS), "built-in gather consumer"
+
+
+def cpu_config(preset: str, **overrides) -> ArenaConfig:
+    """``preset`` at the capacities of a run without CUDA (:data:`CPU_CAPACITIES`, images
+    of at most :data:`CPU_MAX_IMAGE_TOKENS`), on the CPU; ``overrides`` win."""
+    small = dict(CPU_CAPACITIES, device="cpu")
+    if model_preset(preset).fields.get("max_image_tokens"):
+        small["max_image_tokens"] = CPU_MAX_IMAGE_TOKENS
+    return ArenaConfig.preset(preset, **{**small, **overrides})
 
 
 def run_demo(steps: int | None = None, seed: int = 0, progress: bool = True,
@@ -302,13 +332,15 @@ def _run_step(gm: GraphManager, server: SyntheticServer, i: int, report: DemoRep
               cuda: bool, check_reference: bool) -> None:
     """One step: run it, check it (replay vs eager; what ran eagerly vs the reference build;
     the reference build vs the reference when asked), advance the server."""
-    q, s, slots = server.next_step(i)
+    q, s, slots, spans = server.next_step(i)
     t0 = time.perf_counter()
-    res = gm.run(q, s, slots)
+    res = gm.run(q, s, slots, image_spans=spans)
     report.host_us.append((time.perf_counter() - t0) * 1e6)
     if res.gpu_events is not None:
         report.gpu_us.append(res.gpu_us())
     report.steps += 1
+    report.image_spans += len(spans or ())
+    report.image_steps += bool(spans)
     if res.mode == "graph":
         report.replayed += 1
         report.replayed_mixed += res.graph_kind is GraphKind.MIXED
@@ -320,9 +352,9 @@ def _run_step(gm: GraphManager, server: SyntheticServer, i: int, report: DemoRep
         ran = snapshot_outputs(res.outputs)
         report.checked += 1
         report.mismatches += int(not same_outputs(ran, snapshot_outputs(
-            gm.run_eager(q, s, slots))))
+            gm.run_eager(q, s, slots, image_spans=spans))))
     if check_reference:
-        mismatch = reference_mismatch(gm, q, s, slots)
+        mismatch = reference_mismatch(gm, q, s, slots, image_spans=spans)
         report.reference_checked += 1
         report.reference_mismatches += mismatch is not None
         report.first_mismatch = report.first_mismatch or mismatch

@@ -6,13 +6,13 @@ the main table (``input.block_table``); a layer type whose row says
 :attr:`~staticattn.model.Addressing.OWN_GROUPS` (DeepSeek V4.1's ``c1a``, ``c2a``) has one
 group per cache it owns, named ``"<type>.<cache>"``:
 
-==========================  ======================================  ==========================
-group                       a column holds                          columns
-==========================  ======================================  ==========================
-``<type>.compressed_kv``    ``S = block_size // R`` entries         ``cdiv(cdiv(L, R), S)``
-``<type>.index_k``          ``S`` index-K entries                   ``cdiv(cdiv(L, R), S)``
-``<type>.compressor_state`` the request's ring block (spec §5.3)    1
-==========================  ======================================  ==========================
+============================  ======================================  ==========================
+group                         a column holds                          columns
+============================  ======================================  ==========================
+``<type>.compressed_kv``      ``S = block_size // R`` entries         ``cdiv(cdiv(L, R), S)``
+``<type>.index_k``            ``S`` index-K entries                   ``cdiv(cdiv(L, R), S)``
+``<type>.compressor_state``   the request's ring block (spec §5.3)    1
+============================  ======================================  ==========================
 
 (``L = max_model_len``). Example, DeepSeek-V4.1-Flash: ``c1a.compressed_kv``,
 ``c1a.index_k``, ``c2a.compressed_kv``, ``c2a.index_k``, ``c2a.compressor_state``.

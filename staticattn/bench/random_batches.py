@@ -15,8 +15,8 @@ from staticattn.arena import ArenaConfig, cache_groups, cdiv
 from staticattn.staging import PAD_SLOT_ID, StepInputs
 
 __all__ = [
-    "NUM_KV_BLOCKS", "RandomStep", "fixed_step", "random_mixed_step", "random_uniform_decode",
-    "write_block_rows",
+    "NUM_KV_BLOCKS", "RandomStep", "block_ids", "fixed_step", "random_mixed_step",
+    "random_uniform_decode", "write_block_rows",
 ]
 
 #: The KV pool (blocks) random steps address by default: their block ids are in ``[1, it)``.
@@ -68,9 +68,17 @@ def group_columns(group, cfg: ArenaConfig, tokens: int) -> int:
     return cdiv(cdiv(tokens, t.compress_ratio), t.entries_per_block(cfg.block_size))
 
 
+def block_ids(rng: np.random.Generator, num_kv_blocks: int, size) -> np.ndarray:
+    """Random block ids of a pool of ``num_kv_blocks`` blocks: int32 of shape ``size`` (e.g.
+    ``(rows, columns)``) in ``[1, num_kv_blocks)``, 0 (the null block) being left out; all 0
+    for a pool of one block, which holds nothing else."""
+    return rng.integers(1 if num_kv_blocks > 1 else 0, num_kv_blocks, size=size,
+                        dtype=np.int32)
+
+
 def _random_rows(table: torch.Tensor, rows: int, cols: int, rng: np.random.Generator,
                  num_kv_blocks: int) -> np.ndarray:
-    host = rng.integers(1, num_kv_blocks, size=(rows, max(cols, 1)), dtype=np.int32)
+    host = block_ids(rng, num_kv_blocks, (rows, max(cols, 1)))
     table[:rows, : host.shape[1]].copy_(torch.from_numpy(host))
     return host
 
@@ -206,8 +214,7 @@ class DecodeStream:
                          group_columns(group, cfg, self.max_seq_len), rng, num_kv_blocks)
 
     def _rewrite(self, table: torch.Tensor, host: np.ndarray, rows: np.ndarray) -> None:
-        fresh = self.rng.integers(1, self.num_kv_blocks, size=(rows.shape[0], host.shape[1]),
-                                  dtype=np.int32)
+        fresh = block_ids(self.rng, self.num_kv_blocks, (rows.shape[0], host.shape[1]))
         host[rows] = fresh
         for i, row in enumerate(rows):
             table[int(row), : host.shape[1]].copy_(torch.from_numpy(fresh[i]))

@@ -21,18 +21,20 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
-from staticattn.bench.random_batches import random_mixed_step
+from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_mixed_step
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks.extent_probe import emulated_replay, extent_mismatch
 from staticattn.checks.output_compare import same_outputs, snapshot_outputs
+from staticattn.errors import GraphError
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild
-from staticattn.reference import compressed, dcp_indexer, indexer, swa, v41_compressed
+from staticattn.reference import compressed, dcp_indexer, indexer, swa, v41_compressed, v41_swa
 from staticattn.reference.assertions import ReferenceMismatch
 from staticattn.reference.step import HostStep
+from staticattn.validation.image_spans import check_image_spans
 
 __all__ = ["CAPTURE_ONLY", "EagerCheck", "check_eagerly", "compared_builders",
            "reference_mismatch"]
@@ -69,15 +71,18 @@ def _expected_indexer(cfg, builder, step: HostStep, tables: dict) -> tuple[dict,
 
 
 def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: np.ndarray,
-                       slot_mapping: np.ndarray) -> str | None:
+                       slot_mapping: np.ndarray, image_spans=None) -> str | None:
     """Stage the step, run the built-in builders' reference builds and compare every field
     with the reference; the first difference (builder and field named), or None.
 
     ``query_lens``, ``seq_lens``: host ints ``(num_reqs,)``, decodes first; ``slot_mapping``:
-    int64 ``(num_tokens,)``. The block-table rows are read from the arena (the engine wrote
-    them, the cache groups' tables too). Other builders are not compared. Overwrites the
-    staging and the metadata views: call it between steps, never while a replay may still
-    read them."""
+    int64 ``(num_tokens,)``; ``image_spans``: the step's ``(request, first, last)`` rows (a
+    model with image spans), as :meth:`GraphManager.run` takes them, or None. The SWA
+    builder's paged prefill rows are compared too, the spans' reach included
+    (:mod:`staticattn.reference.v41_swa`). The block-table rows are read from the arena (the
+    engine wrote them, the cache groups' tables too). Other builders are not compared.
+    Overwrites the staging and the metadata views: call it between steps, never while a
+    replay may still read them."""
     cfg, inputs = manager.config, manager.inputs
     q, s = np.asarray(query_lens), np.asarray(seq_lens)
     r = int(q.shape[0])
@@ -85,7 +90,8 @@ def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: 
     step = HostStep(q, s, np.asarray(slot_mapping), inputs.block_table[:r].cpu().numpy(),
                     None if swa_rows is None else swa_rows[:r].cpu().numpy(), r, int(q.sum()))
     tables = {name: table[:r].cpu().numpy() for name, table in inputs.block_tables.items()}
-    counts = inputs.stage(q, s, slot_mapping)
+    spans = check_image_spans(cfg, image_spans, q, s)
+    counts = inputs.stage(q, s, slot_mapping, image_spans=spans)
     inputs.copy_to_device(counts.num_reqs_padded, counts.num_tokens_padded)
     batch = Batch.from_staged(inputs, counts)
     for builder in manager.builders:
@@ -95,7 +101,9 @@ def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: 
                 check = dcp_indexer if cfg.dcp_world_size > 1 else indexer
                 check.assert_matches(builder.build(batch), want, addressed, manager.arena)
             elif isinstance(builder, SparseSWAMetadataBuilder):
-                swa.assert_matches(builder.build(batch), swa.expected_for_step(cfg, step))
+                meta = builder.build(batch)
+                swa.assert_matches(meta, swa.expected_for_step(cfg, step))
+                _paged_rows_match(cfg, meta, step, spans or [])
             elif isinstance(builder, CompressedMetadataBuilder):
                 want = compressed.expected(cfg, step, tables, list(kv_source_types(cfg)), r,
                                            step.num_tokens)
@@ -103,6 +111,18 @@ def reference_mismatch(manager: GraphManager, query_lens: np.ndarray, seq_lens: 
         except ReferenceMismatch as exc:
             return f"{builder.name}: {exc}"
     return None
+
+
+def _paged_rows_match(cfg, meta, step: HostStep, spans: list) -> None:
+    """The SWA build's paged prefill rows (with the image spans' reach), gather lengths and
+    chunk plans equal the reference's; :class:`ReferenceMismatch` otherwise."""
+    if meta.prefill_swa_indices is None and meta.num_prefills == 0:
+        return  # no prefill: no paged rows, on either side
+    swa_step = v41_swa.SWAStep(step.query_lens.tolist(), step.seq_lens.tolist(),
+                               [0] * step.num_reqs, step.slot_mapping.tolist(),
+                               step.swa_block_table.tolist(),
+                               [tuple(int(x) for x in row) for row in spans])
+    v41_swa.assert_eager(meta, v41_swa.expected_eager(cfg, swa_step))
 
 
 @dataclass(slots=True)
@@ -157,7 +177,7 @@ class EagerCheck:
 
 
 def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
-                  num_kv_blocks: int = 4096, max_seq_len: int | None = None,
+                  num_kv_blocks: int | None = None, max_seq_len: int | None = None,
                   progress: bool = False) -> EagerCheck:
     """Run ``num_steps`` random steps (decodes, then extends and fresh prefills) through
     ``manager`` eagerly: the step fed by the graph builds against the step fed by the
@@ -166,8 +186,13 @@ def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
     capture extents) against the eager step at the step's own extents
     (:mod:`staticattn.checks.extent_probe`).
 
-    ``max_seq_len`` bounds the drawn contexts (the reference's loops grow with them);
-    ``progress`` shows a progress bar. Runs on any device; captures nothing."""
+    ``num_kv_blocks``: the pool the random block ids are drawn from, ``[1, num_kv_blocks)``;
+    default the manager's (``GraphOptions.num_kv_blocks``), or 4096 for a manager that does
+    not validate and has none. A pool larger than the manager's is a :class:`GraphError`
+    (its steps would be refused). ``max_seq_len`` bounds the drawn contexts (the
+    reference's loops grow with them); ``progress`` shows a progress bar. Runs on any
+    device; captures nothing."""
+    num_kv_blocks = _pool_blocks(manager, num_kv_blocks)
     rng = np.random.default_rng(seed)
     check = EagerCheck(compared=tuple(compared_builders(manager.builders)))
     for _ in tqdm(range(num_steps), desc="eager checks", unit="step", disable=not progress,
@@ -181,3 +206,14 @@ def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,
         extent = None if emulated is None else extent_mismatch(manager, *emulated, q, s, slots)
         check.add(same_outputs(ours, theirs), reference_mismatch(manager, q, s, slots), extent)
     return check
+
+
+def _pool_blocks(manager: GraphManager, num_kv_blocks: int | None) -> int:
+    """The pool random steps draw from: ``num_kv_blocks``, within the manager's own."""
+    own = manager.options.num_kv_blocks
+    if num_kv_blocks is None:
+        return NUM_KV_BLOCKS if own is None else own
+    if own is not None and num_kv_blocks > own:
+        raise GraphError(f"check_eagerly: num_kv_blocks={num_kv_blocks} exceeds the manager's "
+                         f"pool, GraphOptions(num_kv_blocks={own}): its steps would be refused")
+    return num_kv_blocks

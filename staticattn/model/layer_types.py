@@ -7,16 +7,16 @@ row; code that differs per type reads the row instead of branching on a name, so
 is a new row (plus, where a model family encodes it, an entry of its ratio encoding in
 :mod:`staticattn.model.presets`).
 
-=========  ==  ======  ========  ==========================================  ==========  ======
-type       R   window  reads     owns (as a source layer)                    DCP         tables
-=========  ==  ======  ========  ==========================================  ==========  ======
-dsa        1   no      top-k     index K                                     sharded     main
-swaonly    0   yes     --        --                                          --          --
-c4a        4   yes     top-k     compressed KV, index K, compressor state    sharded     main
-c128a      128 yes     all       compressed KV, compressor state             replicated  main
-c1a        1   yes     top-k     compressed KV, index K                      not served  own
-c2a        2   yes     top-k     compressed KV, index K, compressor state    not served  own
-=========  ==  ======  ========  ==========================================  ==========  ======
+=========  ===  ======  ========  ==========================================  ==========  ======
+type       R    window  reads     owns (as a source layer)                    DCP         tables
+=========  ===  ======  ========  ==========================================  ==========  ======
+dsa        1    no      top-k     index K                                     sharded     main
+swaonly    0    yes     --        --                                          --          --
+c4a        4    yes     top-k     compressed KV, index K, compressor state    sharded     main
+c128a      128  yes     all       compressed KV, compressor state             replicated  main
+c1a        1    yes     top-k     compressed KV, index K                      not served  own
+c2a        2    yes     top-k     compressed KV, index K, compressor state    not served  own
+=========  ===  ======  ========  ==========================================  ==========  ======
 
 ``dsa`` is DeepSeek V3.2's sparse MLA layer: the indexer scores the uncompressed cache
 (``R = 1``) and the layer attends its top-k. The DeepSeek V4 types (spec §6.1) attend their

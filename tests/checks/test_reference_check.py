@@ -16,7 +16,8 @@ from helpers.support import DEVICE, quiet
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
 from staticattn.checks import check_eagerly, reference_mismatch
-from staticattn.graphs import GraphManager
+from staticattn.errors import GraphError
+from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.reference.assertions import ReferenceMismatch, holds, same
 
 
@@ -42,7 +43,7 @@ def test_the_comparisons_survive_python_dash_o():
     assert done.stdout.strip() == "caught x[0]: got 1, expected 2", done.stderr
 
 
-def _manager(step=None):
+def _manager(step=None, options=None):
     cfg = ArenaConfig.deepseek_v4(max_num_seqs=8, max_num_batched_tokens=256,
                                   max_model_len=4096, device=DEVICE)
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
@@ -52,7 +53,7 @@ def _manager(step=None):
     inputs.swa_block_table[:8].copy_(torch.from_numpy(
         np.arange(8 * cfg.max_swa_blocks_per_req, dtype=np.int32).reshape(8, -1) % 4000 + 1))
     return GraphManager(arena, inputs, builders, step or (lambda batch, md: None),
-                        quiet())
+                        options or quiet())
 
 
 def test_reference_mismatch_passes_a_true_build_and_names_a_wrong_one(monkeypatch):
@@ -90,6 +91,21 @@ def test_check_eagerly_counts_every_step_and_catches_differing_outputs():
     assert (found.steps, found.output_mismatches, found.reference_mismatches) == (3, 3, 0)
     assert not found.ok and "outputs differ" in found.first_mismatch
     assert found.to_dict()["output_mismatches"] == 3
+
+
+@pytest.mark.parametrize("pool", [64, 1])
+def test_check_eagerly_draws_within_the_managers_pool(pool):
+    """Its random block ids and slots stay in the manager's pool (a small one too), which
+    the manager validates every step against; a larger pool asked for is refused."""
+    options = GraphOptions(progress=False, num_kv_blocks=pool)
+    with _manager(options=options) as gm:
+        # Every step is validated against the pool (a CPU arena: the block ids of the
+        # columns it uses too) before it runs: one id past it would raise here.
+        found = check_eagerly(gm, num_steps=2, seed=3)
+        assert found.ok and found.steps == 2, found.lines()
+        with pytest.raises(GraphError, match=rf"num_kv_blocks=4096 exceeds the manager's "
+                                             rf"pool, GraphOptions\(num_kv_blocks={pool}\)"):
+            check_eagerly(gm, num_steps=1, num_kv_blocks=4096)
 
 
 def test_the_pytest_plugin_registers_without_torch():

@@ -16,7 +16,7 @@ from helpers.paths import ROOT
 
 import staticattn.reference.swa as swa_reference
 from staticattn.__main__ import main
-from staticattn.cli import build_parser
+from staticattn.cli import ExitCode, build_parser
 
 CUDA = torch.cuda.is_available()
 
@@ -128,14 +128,20 @@ def test_batch_sizes_are_requests_in_every_command():
     assert "tokens" in bench["context"].help and "requests" in bench["batch_requests"].help
 
 
-@pytest.mark.skipif(CUDA, reason="without CUDA only: the GPU run captures")
-@pytest.mark.parametrize("cmd", ["check", "bench"])
-def test_check_and_bench_without_cuda_say_skipped_in_text_or_json(cmd, capsys):
-    assert main([cmd]) == 2
+@pytest.mark.skipif(CUDA, reason="without CUDA only: the GPU run measures")
+def test_bench_without_cuda_says_skipped_in_text_or_json(capsys):
+    """Skipped has its own exit status (3), apart from a bad argument's (2)."""
+    assert main(["bench"]) == ExitCode.SKIPPED == 3
     assert capsys.readouterr().out.startswith("SKIPPED: no CUDA device; ")
-    assert main([cmd, "--json"]) == 2
+    assert main(["bench", "--json"]) == 3
     data = json.loads(capsys.readouterr().out)
     assert data["verdict"] == "skipped" and "needs one" in data["reason"]
+
+
+def test_exit_statuses_are_distinct_and_documented():
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3]
+    text = build_parser().format_help()
+    assert "Exit status: 0 pass, 1 fail, 2 bad argument" in text and "3 skipped" in text
 
 
 def test_the_demo_ends_with_a_verdict_and_prints_json(capsys, tmp_path):

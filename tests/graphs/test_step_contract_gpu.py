@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.staging_graph import S
-from helpers.staging_graph import staged_sums
+from helpers.staging_graph import S, staged_sums
 from helpers.support import quiet
 
 from staticattn.arena import ArenaConfig

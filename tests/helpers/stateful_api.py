@@ -389,6 +389,11 @@ class ApiMachine(RuleBasedStateMachine):
         self.cg.close()
 
 
+#: Steps per preset of the GPU run: short by default; ``scripts/gpu_check.py`` runs the long
+#: machine (``STATICATTN_STATEFUL_STEPS``).
+DEFAULT_GPU_STEPS = 300
+
+
 def run_machine(preset: str, backend: str, examples: int, steps_per_example: int,
                 derandomize: bool = True) -> None:
     """Run the machine of ``preset`` on ``backend``; then check it was not vacuous.
