@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from span_cost import mixed_manager  # this script's directory is on sys.path
 
-import staticattn.graphs.runner as runner_module
+import staticattn.validation.step_checks as checks_module
 from staticattn.bench.mixed_steps import IMAGE_SPANS
 from staticattn.graphs import GraphKind, GraphManager
 from staticattn.validation.image_spans import check_image_spans
@@ -56,14 +56,14 @@ def _in_place(gm: GraphManager, args, num_spans: int | None, rows=None) -> float
 def main() -> None:
     v4, v4_args = mixed_manager("deepseek-v4")
     vision, args = mixed_manager("deepseek-v4-vision")
-    real_check = runner_module.check_image_spans
+    real_check = checks_module.check_image_spans
 
     def unchecked() -> float:
-        runner_module.check_image_spans = lambda cfg, spans, q, s: spans
+        checks_module.check_image_spans = lambda cfg, spans, q, s: spans
         try:
             return _timed(lambda: vision.run(*args, image_spans=SPANS))
         finally:
-            runner_module.check_image_spans = real_check
+            checks_module.check_image_spans = real_check
 
     bucket_v4, bucket_vision = (gm.graph_for(8192, GraphKind.MIXED) for gm in (v4, vision))
     images = vision.inputs.images
