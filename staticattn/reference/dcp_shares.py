@@ -15,7 +15,7 @@ rank ``e % world``, at the local slot of ``e // world``.
 
 from __future__ import annotations
 
-__all__ = ["c128a_share", "c128a_write_slot", "swa_share"]
+__all__ = ["dense_share", "dense_write_slot", "swa_share"]
 
 
 def swa_share(position: int, window: int, block_row, block_size: int, world: int, rank: int,
@@ -28,7 +28,7 @@ def swa_share(position: int, window: int, block_row, block_size: int, world: int
     return out
 
 
-def c128a_share(position: int, max_entries: int, block_row, entries_per_block: int,
+def dense_share(position: int, max_entries: int, block_row, entries_per_block: int,
                 world: int, rank: int, ratio: int = 128) -> list[int]:
     """The rank's C128A local slots of a decode token at ``position``."""
     out = []
@@ -40,7 +40,7 @@ def c128a_share(position: int, max_entries: int, block_row, entries_per_block: i
     return out
 
 
-def c128a_write_slot(position: int, block_row, entries_per_block: int, world: int, rank: int,
+def dense_write_slot(position: int, block_row, entries_per_block: int, world: int, rank: int,
                      ratio: int = 128) -> int:
     """The local slot the token at ``position`` writes its completed entry to on ``rank``,
     -1 when it completes none or the entry is another rank's."""

@@ -1,5 +1,5 @@
 """FlashMLA's sparse FP8 decode captured in the graph behind the V4 builders (indexer + SWA):
-SWA-only and C128A layers, two of each sharing their type's tile-scheduler metadata
+SWA-only and dense layers, two of each sharing their type's tile-scheduler metadata
 (filled inside the capture), replayed on randomized batches with fresh queries, each replay's
 output compared with a torch sparse-attention reference built from the host truth."""
 

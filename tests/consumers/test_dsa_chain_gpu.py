@@ -1,5 +1,5 @@
 """The whole V4 decode consumer in one graph: DeepGEMM indexer logits + top-k, whose indices
-become the C4A layers' extra keys for FlashMLA, next to SWA-only and C128A layers (two of each
+become the C4A layers' extra keys for FlashMLA, next to SWA-only and dense layers (two of each
 type). Every replay checks the top-k and every layer's attention against torch references."""
 
 from __future__ import annotations

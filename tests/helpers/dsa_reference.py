@@ -152,9 +152,9 @@ def swa_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, swa_rows:
     return np.where(ok, slots, -1)
 
 
-def c128a_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, rows: np.ndarray,
+def dense_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, rows: np.ndarray,
                 max_c: int, per_block: int) -> np.ndarray:
-    """``(T, maxC)`` flat C128A slots: the ``min((p + 1) // 128, maxC)`` complete entries."""
+    """``(T, maxC)`` flat dense slots: the ``min((p + 1) // 128, maxC)`` complete entries."""
     n_c = np.where(valid, np.minimum((pos + 1) // 128, max_c), 0)
     o = np.arange(max_c)[None]
     ok = o < n_c[:, None]
@@ -302,8 +302,8 @@ def fill_attention_caches(step, seed: int = 0) -> dict[str, torch.Tensor]:
 
     deq = {}
     g = _gen(step.q, seed)
-    for name in ("swa", "c4a", "c128a"):
-        cache = getattr(step, f"{name}_cache")
+    for name, cache in (("swa", step.swa_cache), ("c4a", step.c4a_cache),
+                        ("c128a", step.dense_cache)):
         if cache is not None:
             nb, page = cache.shape[:2]
             write_model1_cache(cache, torch.randn(nb, page, DIM, generator=g,
@@ -321,7 +321,7 @@ def new_attention_inputs(step, seed: int) -> None:
 def attention_references(step, inputs, s, deq: dict[str, torch.Tensor],
                          topk: np.ndarray | None = None) -> dict[int, torch.Tensor]:
     """Per layer, the reference output (fp32 ``(T, H, 512)``) of every real token of step
-    ``s``, from the host truth: SWA window and C128A entries from positions and the
+    ``s``, from the host truth: SWA window and dense entries from positions and the
     engine's block-table rows, C4A keys from ``topk`` (the indexer's, local indices)."""
     cfg = inputs.config
     k = s.query_lens.shape[0]
@@ -333,7 +333,7 @@ def attention_references(step, inputs, s, deq: dict[str, torch.Tensor],
                                                 cfg.sliding_window, cfg.swa_block_size))
     keys = {"swaonly": (sk, sv)}
     if "c128a" in deq:
-        ck, cv = gather_keys(deq["c128a"], c128a_slots(tok_req, pos, valid, rows,
+        ck, cv = gather_keys(deq["c128a"], dense_slots(tok_req, pos, valid, rows,
                                                         cfg.dense_width,
                                                         cfg.block_size // 128))
         keys["c128a"] = (torch.cat([sk, ck], 1), torch.cat([sv, cv], 1))

@@ -66,8 +66,8 @@ def test_the_arena_is_sized_from_the_rows(extended_table):
     assert cfg.dense_layer_type is C64A and cfg.dense_width == 128  # round_up(4096 / 64, 128)
     assert cfg.dcp_sharded_ratios == (8,)
     assert arena["indexer.compressed_slot_mapping"].shape == (256,)
-    assert arena["swa.c128a_decode_indices"].shape == (cfg.max_decode_tokens, 1, 128)
-    assert arena["swa.c128a_prefill_indices"].shape == (256, 128)
+    assert arena["swa.dense_decode_indices"].shape == (cfg.max_decode_tokens, 1, 128)
+    assert arena["swa.dense_prefill_indices"].shape == (256, 128)
     assert builders[1].layer_types == ("swaonly", "c8a", "c64a")
 
 
@@ -87,7 +87,7 @@ def test_compressed_slots_and_lengths_follow_the_ratio(extended_table, backend):
     indexer_oracle.assert_matches(meta, indexer_oracle.indexer_metadata(cfg, step), step,
                                   arena)
     swa_meta = swa.build(batch)
-    assert swa_meta.c128a_decode_lens.tolist() == [299 // 64, 300 // 64]
+    assert swa_meta.dense_decode_lens.tolist() == [299 // 64, 300 // 64]
     assert_swa_matches(swa_meta, expected_for_step(cfg, step))
 
 

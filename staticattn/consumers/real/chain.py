@@ -4,7 +4,7 @@ chains them.
 * :class:`~staticattn.consumers.real.indexer_topk.IndexerTopKStep` -- DeepGEMM paged-MQA logits +
   masked top-k (the indexer, V3.2 and V4);
 * :class:`~staticattn.consumers.real.sparse_decode.SparseDecodeStep` -- FlashMLA sparse FP8
-  decode over the SWA window + C4A / C128A keys (V4);
+  decode over the SWA window + C4A / dense keys (V4);
 * :class:`DSADecodeStep` -- both, as one step: the indexer's top-k feeds the C4A layers;
 * :class:`~staticattn.consumers.real.v41_decode.V41DecodeStep` -- DeepSeek V4.1: an indexer per
   index type, its top-k turned into the type's compressed slots, FlashMLA per layer type.

@@ -11,13 +11,13 @@ row with one query), and for every layer ``l`` of every layer type::
         softmax_scale=..., is_fp8_kvcache=True,
         indices=md["swa"].decode_swa_indices, topk_length=md["swa"].decode_swa_lens,
         attn_sink=sink[l],
-        extra_k_cache=...,                   # C4A / C128A layers only
+        extra_k_cache=...,                   # C4A / dense layers only
         extra_indices_in_kvcache=..., extra_topk_length=...)
 
 and copies ``out`` into the step's own ``(max_num_batched_tokens, num_layers, H, 512)``
 buffer. The extra keys:
 
-* C128A: ``md["swa"].c128a_decode_indices`` / ``c128a_decode_lens`` over the C128A cache
+* C128A: ``md["swa"].dense_decode_indices`` / ``dense_decode_lens`` over the dense cache
   (``block_size // 128`` entries per page);
 * C4A: the indexer's top-k (local compressed indices, a valid prefix then -1), turned into
   flat slots of the C4A cache as the reference does
@@ -85,7 +85,7 @@ class SparseDecodeStep:
     ----------
     q : bf16 ``(num_layers, max_decode_tokens, 1, H, 512)``
     attn_sink : fp32 ``(num_layers, H)``
-    swa_cache, c4a_cache, c128a_cache : MODEL1 caches (the latter two None when unused)
+    swa_cache, c4a_cache, dense_cache : MODEL1 caches (the latter two None when unused)
     layers : list of ``(layer index, layer type)``
     out : bf16 ``(max_num_batched_tokens, num_layers, H, 512)``
     """
@@ -131,7 +131,7 @@ class SparseDecodeStep:
         dev = config.torch_device
         rows, n = config.max_decode_tokens, len(self.layers)
         dense = config.dense_layer_type
-        self.c128a_cache = (alloc_model1_cache(num_kv_blocks,
+        self.dense_cache = (alloc_model1_cache(num_kv_blocks,
                                                dense.entries_per_block(config.block_size), dev)
                             if dense is not None and dense.name in layer_types else None)
         self.c4a_cache = None
@@ -170,10 +170,10 @@ class SparseDecodeStep:
         if td == 0:
             return out
         extra = {Reads.NONE: {}}
-        if self.c128a_cache is not None:
-            extra[Reads.ALL] = dict(extra_k_cache=self.c128a_cache,
-                                    extra_indices_in_kvcache=swa.c128a_decode_indices,
-                                    extra_topk_length=swa.c128a_decode_lens)
+        if self.dense_cache is not None:
+            extra[Reads.ALL] = dict(extra_k_cache=self.dense_cache,
+                                    extra_indices_in_kvcache=swa.dense_decode_indices,
+                                    extra_topk_length=swa.dense_decode_lens)
         if self.c4a_cache is not None:
             idx, lens = self._c4a_slots(batch, swa, c4a_topk[:td])
             extra[Reads.TOPK] = dict(extra_k_cache=self.c4a_cache, extra_indices_in_kvcache=idx,

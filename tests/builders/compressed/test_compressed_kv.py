@@ -113,7 +113,7 @@ def test_v4_types_keep_v4_rules(backend):
             assert kv.entry_counts.tolist() == oracle.entry_counts(ratio, position, nt)
             assert kv.ring_slot_mapping is None and kv.ring_capacity == 0
         assert meta.types["c128a"].decode_topk_indices is None
-        # c128_boundary, a device flag: a request's new tokens complete a C128A entry.
+        # c128_boundary, a device flag: a request's new tokens complete a dense entry.
         assert meta.types["c4a"].entry_written is None
         want_flag = compressor.c128_boundary(step.query_lens, step.seq_lens)
         assert meta.types["c128a"].entry_written.tolist() == [int(want_flag)]
