@@ -21,7 +21,7 @@ from staticattn.errors import ConfigError
 from staticattn.kernels.dcp.ownership import DCPShard
 from staticattn.model import Addressing, Cache, LayerType, layer_type
 
-__all__ = ["IndexType", "index_type"]
+__all__ = ["IndexType", "index_type", "indexer_name"]
 
 
 class IndexType(NamedTuple):
@@ -106,3 +106,10 @@ def index_type(config: ArenaConfig, name: str | None) -> IndexType:
                if own else config.max_blocks_per_req)
     return IndexType(row, ratio, row.entries_per_block(config.block_size), columns,
                      row.own_slot_gate, own)
+
+
+def indexer_name(config: ArenaConfig, row: LayerType) -> str:
+    """The metadata key of the indexer serving the index type ``row`` among
+    ``default_builders(config)``: ``"indexer"`` when the config has one index-owning type
+    (DeepSeek V3.2, V4), ``"indexer.<type>"`` each when it has several (V4.1)."""
+    return "indexer" if len(config.index_layer_types) == 1 else f"indexer.{row.name}"

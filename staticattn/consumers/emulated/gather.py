@@ -40,6 +40,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.builder import kv_source_types, ring_capacity
+from staticattn.builders.indexer.index_type import indexer_name
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.consumers.emulated.compressed_checksums import CompressedArgs, compressed_checksums
 from staticattn.consumers.emulated.gather_checksums import GatherArgs, gather_checksums
@@ -88,8 +89,7 @@ class GatherConsumer:
         def cache(entries: int) -> torch.Tensor:
             return torch.randint(0, 1 << 20, (entries,), generator=gen, dtype=torch.int32).to(dev)
 
-        types = config.index_layer_types
-        self._index = [(f"indexer.{t.name}" if len(types) > 1 else "indexer", t) for t in types]
+        self._index = [(indexer_name(config, t), t) for t in config.index_layer_types]
         self._kv = [t for t in kv_source_types(config) if t.addressing is Addressing.OWN_GROUPS]
         self.columns = ["swa", "dense", *(name for name, _ in self._index),
                         *(f"{t.name}.{x}" for t in self._kv for x in ("read", "write"))]
