@@ -18,6 +18,7 @@ import torch
 from staticattn.arena import ArenaConfig, cache_groups
 from staticattn.builders.batch import Batch
 from staticattn.errors import ConfigError
+from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.kernels.dcp.ownership import DCPShard
 from staticattn.model import Addressing, Cache, LayerType, layer_type
 
@@ -57,14 +58,12 @@ class IndexType(NamedTuple):
             return batch.block_table
         return batch.table_of(self.row, Cache.INDEX_K)
 
-    def slot_gate(self, batch: Batch, window: int) -> dict:
-        """The gate of the computed slots, as keyword arguments of the slot kernels: with
-        the own-slot rule the staged slot mapping and the batch's replay starts (a token
-        bounded replay recomputes, ``0 < replay_start <= p < replay_start + window``, writes
-        no index-K entry either: ``docs/spec/deepseek-v41.md`` §8.1); else none."""
-        gated = self.own_slot_gate
-        return dict(own_slots=batch.slot_mapping if gated else None,
-                    replay_start=batch.replay_start if gated else None, window=window)
+    def slot_gate(self, batch: Batch, window: int) -> SlotGate | None:
+        """The gate of the computed slots: with the own-slot rule the staged slot mapping
+        and the batch's replay starts (``window`` the replayed span); else None."""
+        if not self.own_slot_gate:
+            return None
+        return SlotGate(batch.slot_mapping, batch.replay_start, window)
 
     def computes_slots(self, config: ArenaConfig) -> bool:
         """Whether the slot mapping is computed (compressed, own table, or the rank's own

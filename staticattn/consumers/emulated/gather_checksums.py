@@ -236,11 +236,8 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
     )
 
 
-@lazy_jit
-def _gather_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _gather_kernel(triton, tl):
     @triton.jit
     def paged_sum(table_row, pos, keep, page, cache, cache_size):
         """Values of ``cache`` at the slots of positions ``pos`` through one request's

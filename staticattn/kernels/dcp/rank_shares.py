@@ -24,7 +24,7 @@ import torch
 
 from staticattn.kernels.dcp.ownership import dcp_global_index, dcp_local_count, triton_dcp_helpers
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 
 __all__ = ["dense_rank_share", "swa_rank_share"]
 
@@ -112,14 +112,8 @@ def dense_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
     lens_out[:num_rows].copy_(keep.sum(dim=1))
 
 
-@lazy_jit
-def _swa_kernel():
-    import triton
-    import triton.language as tl
-
-    dcp_local_count_tl, _, _ = triton_dcp_helpers()
-    publish(globals(), dcp_local_count_tl)
-
+@lazy_jit(triton_dcp_helpers)
+def _swa_kernel(triton, tl, dcp_local_count_tl, **_):
     @triton.jit
     def swa_rank_share_kernel(rows, rows_stride, lens, positions, out, out_stride, lens_out,
                               num_rows, width, world, rank, interleave,
@@ -147,14 +141,8 @@ def _swa_kernel():
     return swa_rank_share_kernel
 
 
-@lazy_jit
-def _dense_kernel():
-    import triton
-    import triton.language as tl
-
-    dcp_local_count_tl, _, _ = triton_dcp_helpers()
-    publish(globals(), dcp_local_count_tl)
-
+@lazy_jit(triton_dcp_helpers)
+def _dense_kernel(triton, tl, dcp_local_count_tl, **_):
     @triton.jit
     def dense_rank_share_kernel(lens, token_to_req, table, table_stride, num_cols, out,
                                 out_stride, lens_out, num_rows, width, entries, world, rank,

@@ -18,17 +18,12 @@ from staticattn.kernels.runtime.deferred import lazy_jit
 __all__ = ["step_counts_jit"]
 
 
-@lazy_jit
-def step_counts_jit():
+@lazy_jit()
+def step_counts_jit(triton, tl):
     """The ``@triton.jit`` helpers ``live_reqs``, ``live_tokens``, ``live_decodes`` and
-    ``live_decode_tokens``, each ``(counts, static, DEVICE_COUNTS) -> int32`` (define on
-    first use; publish them into the calling kernel's module with
-    :func:`~staticattn.kernels.runtime.deferred.publish`)."""
-    import triton
-    import triton.language as tl
-
-    # Interpreted Triton wants triton.language among a jit function's module globals.
-    globals()["tl"] = tl
+    ``live_decode_tokens``, each ``(counts, static, DEVICE_COUNTS) -> int32`` (defined
+    on first use; a kernel takes them by naming this function in its
+    :func:`~staticattn.kernels.runtime.deferred.lazy_jit`)."""
 
     @triton.jit
     def live_reqs(counts, static, DEVICE_COUNTS: tl.constexpr):

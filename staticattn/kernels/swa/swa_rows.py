@@ -192,14 +192,9 @@ def build_swa_decode(
         build_torch(*args)
 
 
-@lazy_jit
-def _swa_decode_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit, window_rows_jit, span_reach_jit)
+def _swa_decode_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows, span_reach,
+                       **_):
     @triton.jit
     def dense_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
                    LOCAL: tl.constexpr, WIDTH: tl.constexpr, ENTRIES: tl.constexpr,
@@ -225,9 +220,7 @@ def _swa_decode_kernel():
                      mask=live_mask[:, None] & (e[None, :] < reach_row[:, None]))
         tl.store(lens + rows, n_new, mask=live_mask)
 
-    window_rows = window_rows_jit()
-    span_reach = span_reach_jit()
-    publish(globals(), window_rows, span_reach, dense_rows)
+    publish(globals(), dense_rows)
 
     @triton.jit(do_not_specialize=["num_tokens", "num_decode_tokens", "decode_rows"])
     def swa_decode_kernel(
