@@ -2,8 +2,8 @@
 from the spec's words (vllm-semantics §3.2, §6.5-§6.8, §7) and nothing else.
 
 Documented deviations from the reference that the oracle states (DESIGN "Semantics"):
-invalid and padded decode tokens get length 0 and index rows of -1 (SWA and C128A alike);
-``token_to_req_indices`` covers every token, padded tokens mapping to request 0; C128A
+invalid and padded decode tokens get length 0 and index rows of -1 (SWA and dense alike);
+``token_to_req_indices`` covers every token, padded tokens mapping to request 0; dense
 prefill rows come with their lengths.
 """
 

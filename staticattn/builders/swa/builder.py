@@ -205,7 +205,7 @@ class SparseSWAMetadataBuilder:
         The split is read on the device (``batch.step_counts``); every view covers the
         bucket's capacity and holds defined values past the real step: decode rows
         ``(min(T, max_decode_tokens), ...)`` with length 0 and rows of -1 past ``Td``;
-        C128A and paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens;
+        dense and paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens;
         prefill gather and sequence lengths ``(R,)``, 0 past the real prefills; chunk plans
         as tables with device counts. The int fields are those capacities; the exact split
         is ``step_counts``. Two kernels.

@@ -46,7 +46,7 @@ class DCPRankShares:
     ``(Td, W)`` global SWA slots, -1 after ``"swa_lens"`` int32 ``(Td,)``; ``"dense"`` int32
     ``(Td, cdiv(maxC, world))`` local dense slots through the rank's main block table
     (``block_size // 128`` local entries a page), -1 after ``"dense_lens"``; and
-    ``"dense_slots"`` int64 ``(T,)``, the local slot each token writes its completed C128A
+    ``"dense_slots"`` int64 ``(T,)``, the local slot each token writes its completed dense
     entry to (``(p + 1) % 128 == 0`` and the entry is this rank's), else -1. The dense ones
     are None without dense layers.
     """

@@ -9,10 +9,10 @@ int64 (padded tokens: zeros):
   first ``decode_swa_lens``), a prefill token through its request's gathered range: the last
   ``prefill_gather_lens`` positions before ``prefill_seq_lens``, clipped to the window, read
   through the SWA block table;
-* col 1, C128A: the sum of ``dense_cache`` over the token's complete compressed entries -- a
-  decode token through its ``dense_decode_indices`` row, a prefill token through its
-  ``dense_prefill_indices`` row of local indices, mapped to slots through the block table
-  (0 without dense layers);
+* col 1, the dense type (C128A in V4): the sum of ``dense_cache`` over the token's complete
+  compressed entries -- a decode token through its ``dense_decode_indices`` row, a prefill
+  token through its ``dense_prefill_indices`` row of local indices, mapped to slots through
+  the block table (0 without dense layers);
 * col 2, indexer: the sum of ``index_cache`` over the last ``min(n, 32)`` compressed keys of
   the ``n`` the token sees -- a decode token through its row of the decode lengths and block
   table (native or flattened), a prefill token through its key range ``[ks, ke)`` in its
@@ -22,7 +22,7 @@ DeepSeek V4.1 (two index types, compressed caches of their own, :meth:`GatherCon
 an indexer column per index type (``indexer.c1a``, ``indexer.c2a``: its keys through its
 ``index_k`` group's table), and per kv-source type two columns of the compressed builder's
 outputs (:mod:`staticattn.consumers.emulated.compressed_checksums`): the entries the token may read,
-and the entry and compressor-ring row it writes. C128A is absent there (column 1 is 0).
+and the entry and compressor-ring row it writes. The dense type is absent there (column 1 is 0).
 
 Each checksum is a function of the token alone when the metadata is right, whichever build
 made it (a decode graph, a mixed graph, the reference's eager build with its own layouts and
@@ -153,7 +153,7 @@ class GatherConsumer:
         swa, idx = metadata.get("swa"), metadata.get(name) if name else None
         cfg = self.config
         # The index type's K table (V4.1: its group's; otherwise the main one, which also
-        # addresses C128A: no config has both).
+        # addresses the dense type: no config has both).
         table = (batch.table_of(layer_type, Cache.INDEX_K) if layer_type is not None
                  else batch.block_table)
         index_cache = self.caches[name] if name else self.caches["dense"]

@@ -51,8 +51,9 @@ class SlotGate(NamedTuple):
 
     def launch_args(self, placeholder: torch.Tensor) -> tuple:
         """``(own_slots, replay_start, window)`` for a kernel calling ``gate_allows``, with
-        ``placeholder`` (any pointer, never read) standing in for a missing
-        ``replay_start``; the kernel's ``REPLAY`` is ``replay_start is not None``."""
+        ``placeholder`` (any device tensor, never read) standing in for a missing
+        ``replay_start`` (int32 ``(>= num_reqs,)``); the kernel's ``REPLAY`` is
+        ``replay_start is not None``."""
         replay = self.replay_start if self.replay_start is not None else placeholder
         return self.own_slots, replay, self.window
 

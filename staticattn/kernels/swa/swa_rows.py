@@ -18,7 +18,7 @@ for every decode token ``t < Td`` (request ``b``, absolute position ``p``):
 and for every prefill token ``t`` in ``[Td, nt)`` (``nt`` real tokens), prefill row
 ``t - Td``:
 
-* C128A: the local indices ``o`` for ``o < n_c``, -1 after (the reference's
+* dense: the local indices ``o`` for ``o < n_c``, -1 after (the reference's
   ``c128a_prefill_topk_indices``), with its length ``n_c`` in ``dense_prefill_lens``;
 * the paged SWA row (``prefill_swa_indices``, ``vllm-0.33-extras.md`` §2.3,
   ``deepseek-v41.md`` §7.4): the decode formula with the bounded-replay clamp,
@@ -133,7 +133,7 @@ def build_swa_decode(
     max_image_tokens: int = 0,
 ) -> None:
     """Write the validity mask of every token, the SWA / dense rows of the decode tokens and,
-    with ``prefill_rows``, the C128A and paged SWA rows of the prefill tokens.
+    with ``prefill_rows``, the dense and paged SWA rows of the prefill tokens.
 
     Parameters
     ----------
