@@ -1,8 +1,8 @@
-"""The SWA + C128A decode build: eager vs captured replay, per batch size (GPU only).
+"""The SWA + dense decode build: eager vs captured replay, per batch size (GPU only).
 
 Both sides do the same device work, staging included: the staging kernel then the build's
 one kernel, eagerly (two launches and the host work of ``build``) or as one graph replay.
-DeepSeek-V4-like preset: 1M context (C128A rows of 8192 entries), next_n = 2, window 128.
+DeepSeek-V4-like preset: 1M context (dense rows of 8192 entries), next_n = 2, window 128.
 
     pytest benchmarks/test_bench_swa.py --benchmark-only --benchmark-group-by=param:num_reqs
 """

@@ -56,13 +56,13 @@ def expected_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray, slots: np.n
     c128 = np.where(valid, np.minimum((p + 1) // 128, cfg.dense_width), 0)
     index = np.maximum(L - n + 1 + j, 0) // cfg.index_compress_ratio
     return {k: np.concatenate([v, np.zeros(pad, dtype=np.int64)])
-            for k, v in (("swa", swa), ("c128a", c128), ("indexer", index))}
+            for k, v in (("swa", swa), ("dense", c128), ("indexer", index))}
 
 
 def expected_mixed_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray,
                            slots: np.ndarray, size: int) -> dict[str, np.ndarray]:
     """A token bucket's per-row lengths: SWA, C128A and indexer over the decode rows (real
-    decode tokens, then 0), C128A over the prefill rows (real prefill tokens, then 0)."""
+    decode tokens, then 0), dense over the prefill rows (real prefill tokens, then 0)."""
     n = cfg.next_n
     first_long = int(np.argmax(q > n)) if (q > n).any() else q.shape[0]
     td = int(q[:first_long].sum())
@@ -77,8 +77,8 @@ def expected_mixed_lengths(cfg: ArenaConfig, q: np.ndarray, s: np.ndarray,
     c128 = np.minimum((p + 1) // 128, cfg.dense_width)
     return {
         "swa": pad(np.where(valid, np.minimum(p + 1, cfg.sliding_window), 0)[:td], rows),
-        "c128a": pad(np.where(valid, c128, 0)[:td], rows),
-        "c128a_prefill": pad(c128[td:], size),
+        "dense": pad(np.where(valid, c128, 0)[:td], rows),
+        "dense_prefill": pad(c128[td:], size),
         "indexer": pad(((p + 1) // cfg.index_compress_ratio)[:td], rows),
     }
 
@@ -130,13 +130,13 @@ def main() -> int:
             swa_md, index_md = g.metadata["swa"], g.metadata["indexer"]
             got = {
                 "swa": swa_md.decode_swa_lens,
-                "c128a": swa_md.c128a_decode_lens,
+                "dense": swa_md.dense_decode_lens,
                 "indexer": index_md.decode.seq_lens.reshape(-1),
             }
             if g.kind is GraphKind.MIXED:
                 exp = expected_mixed_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,
                                              g.size)
-                got["c128a_prefill"] = swa_md.c128a_prefill_lens
+                got["dense_prefill"] = swa_md.dense_prefill_lens
                 report["mixed_replays"] += 1
             else:
                 exp = expected_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,

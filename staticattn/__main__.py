@@ -204,7 +204,7 @@ def _bench_step(args) -> tuple:
     if args.consumer == "gather":
         return (lambda cfg: _make_step(None, cfg)), "built-in gather consumer"
     if args.consumer == "real":
-        from staticattn.consumers.real.chain import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
 
         have = real_consumers_available()
         names = " + ".join(k for k, v in sorted(have.items()) if v)

@@ -231,7 +231,7 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None], preset: str):
     with them only decode steps replay, and steps with prefills run eagerly. Asked for the
     real kernels where none can run, says why and falls back to the gather consumer."""
     if choice == "real":
-        from staticattn.consumers.real.chain import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
         from staticattn.kernels.runtime.dsa_libs import import_error
 
         have = real_consumers_available()

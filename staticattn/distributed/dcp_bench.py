@@ -27,7 +27,6 @@ writes the JSON.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 
 import numpy as np
@@ -37,14 +36,13 @@ from tqdm import tqdm
 
 from staticattn.bench.floor import host_times_us, replay_gpu_times_us
 from staticattn.bench.replay import step_times_us
+from staticattn.distributed.paired import emit, paired_managers
 from staticattn.distributed.world import (
     dcp_config,
-    dcp_world,
     graph_pool_blocks,
     join,
     leave,
     random_decode_step,
-    write_decode_step,
 )
 from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.graphs.capturer import capture, warm_up
@@ -123,14 +121,8 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
     if me.rank == 0:
         report = _report(every, preset, cfg, world, reps, me.cuda)
         rows = [{k: _plain(v) for k, v in row.items()} for row in report["rows"]]
-        data = {**{k: v for k, v in report.items() if k != "text"}, "rows": rows}
-        if json_path == "-":  # the JSON instead of the text
-            print(json.dumps(data, indent=1))
-        else:
-            print(report["text"])
-        if json_path and json_path != "-":
-            with open(json_path, "w") as f:
-                json.dump(data, f, indent=1)
+        emit(report["text"], {**{k: v for k, v in report.items() if k != "text"},
+                              "rows": rows}, json_path)
     return 0
 
 
@@ -138,28 +130,23 @@ def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
                progress: bool) -> list[dict]:
     """This rank's figures per batch size; the arenas, consumers and managers it builds die
     with it, before the launch is left."""
-    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
-    single = dcp_world(dcp_config(preset, 1, 0, me.device), None)
     n = cfg.next_n
     sizes = [k * n for k in batches]
     rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
     align = _aligner(me.cuda, me.check_group)
     rows = []
     options = GraphOptions(progress=False, time_gpu=me.cuda, num_kv_blocks=graph_pool_blocks(cfg))
-    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], options) as one:
+    with paired_managers(me, cfg, preset, options) as pair:
         if me.cuda:
-            gm.capture(sizes, buckets=())  # every rank captures the same sizes, in one order
-            one.capture(sizes, buckets=())
+            # Every rank captures the same sizes, in one order.
+            pair.rank.capture(sizes, buckets=())
+            pair.single.capture(sizes, buckets=())
         for k in tqdm(batches, desc="DCP bench", unit="batch size",
                       disable=me.rank != 0 or not progress, leave=False):
-            step = random_decode_step(cfg, rng, num_reqs=k)
-            write_decode_step(inputs, consumer, step)
-            write_decode_step(single[1], single[3], step)
-            lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
-            host, gpu = _time_steps(gm, lengths, reps, align)
-            coll = _time_collectives(consumer, k * n, reps, me.cuda, align)
-            host1, gpu1 = _time_steps(one, lengths, reps, align)
+            lengths = pair.write(random_decode_step(cfg, rng, num_reqs=k))
+            host, gpu = _time_steps(pair.rank, lengths, reps, align)
+            coll = _time_collectives(pair.consumers[0], k * n, reps, me.cuda, align)
+            host1, gpu1 = _time_steps(pair.single, lengths, reps, align)
             rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, host_1gpu=host1,
                              gpu_1gpu=gpu1))
     return rows

@@ -16,7 +16,6 @@ Rank 0 prints the totals and the host time per step of every rank (p50, p99).
 
 from __future__ import annotations
 
-import json
 import time
 from datetime import timedelta
 
@@ -25,16 +24,15 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from staticattn.distributed.paired import emit, paired_managers
 from staticattn.distributed.world import (
     dcp_config,
-    dcp_world,
     graph_pool_blocks,
     join,
     leave,
     random_decode_step,
-    write_decode_step,
 )
-from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+from staticattn.graphs import EagerBuild, GraphOptions
 from staticattn.validation.dcp_step import check_dcp_step
 
 __all__ = ["run_dcp_demo"]
@@ -65,29 +63,23 @@ def _run_steps(me, cfg, preset: str, steps: int, seed: int, progress: bool) -> t
     """This rank's ``(mismatches, replays, host µs p50 and p99)`` over ``steps`` random
     decode steps; the arenas, consumers and managers it builds die with it, before the
     launch is left."""
-    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
-    single = dcp_world(dcp_config(preset, 1, 0, me.device), None)
     rng = np.random.default_rng(seed)
     host_us, mismatches, replays = [], 0, 0
     options = GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg))
-    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
-            GraphManager(*single[:2], [single[2]], single[3], options) as one:
+    with paired_managers(me, cfg, preset, options) as pair:
         if me.cuda:
-            gm.capture(buckets=())  # every rank captures the same sizes, in one order
+            pair.rank.capture(buckets=())  # every rank captures the same sizes, in one order
         for _ in tqdm(range(steps), desc=f"DCP demo, rank {me.rank}", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
-            step = random_decode_step(cfg, rng)
-            write_decode_step(inputs, consumer, step)
-            write_decode_step(single[1], single[3], step)
-            lengths = (step["query_lens"], step["seq_lens"], step["slot_mapping"])
+            lengths = pair.write(random_decode_step(cfg, rng))
             check_dcp_step(cfg, lengths[0], lengths[1], group=me.check_group,
                            timeout=timedelta(seconds=60))
             t0 = time.perf_counter()
-            res = gm.run(*lengths)
+            res = pair.rank.run(*lengths)
             host_us.append((time.perf_counter() - t0) * 1e6)
             replays += res.mode == "graph"
             ids, out = (x.clone() for x in res.outputs)
-            want_ids, want = one.run(*lengths, eager=EagerBuild.REFERENCE).outputs
+            want_ids, want = pair.single.run(*lengths, eager=EagerBuild.REFERENCE).outputs
             mismatches += not (torch.equal(ids, want_ids)
                                and torch.allclose(out, want, rtol=1e-4, atol=1e-5))
     return mismatches, replays, np.percentile(host_us, [50, 99])
@@ -111,10 +103,4 @@ def _report(totals: list, preset: str, next_n: int, steps: int, cuda: bool,
             "ranks": [{"rank": r, "replayed": t[1], "mismatches": t[0],
                        "host_us_p50": float(t[2][0]), "host_us_p99": float(t[2][1])}
                       for r, t in enumerate(totals)]}
-    if json_path == "-":
-        print(json.dumps(data, indent=2))
-        return
-    print("\n".join(lines))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(data, f, indent=2)
+    emit("\n".join(lines), data, json_path)

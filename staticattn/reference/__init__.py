@@ -12,7 +12,7 @@ One module per concern:
   (the input of every function here);
 * :mod:`~staticattn.reference.indexer` -- the indexer metadata (split, compressed slots,
   decode layout, paged-MQA schedule, prefill chunks);
-* :mod:`~staticattn.reference.swa` -- the sparse sliding-window and C128A metadata;
+* :mod:`~staticattn.reference.swa` -- the sparse sliding-window and dense metadata;
 * :mod:`~staticattn.reference.mixed` -- both builders' ``build_mixed`` for a token bucket;
 * :mod:`~staticattn.reference.dcp_indexer` -- one rank's indexer metadata under decode context
   parallelism;
@@ -29,7 +29,7 @@ One module per concern:
 * :mod:`~staticattn.reference.compressor` -- the compressor's step flag (``c128_boundary``);
 * :mod:`~staticattn.reference.dcp_topk` -- the exact top-k merge of decode and prefill rows
   under decode context parallelism;
-* :mod:`~staticattn.reference.dcp_shares` -- one rank's SWA window and C128A entries when
+* :mod:`~staticattn.reference.dcp_shares` -- one rank's SWA window and dense entries when
   they are sharded instead of replicated.
 
 Example::

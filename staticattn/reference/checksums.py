@@ -8,10 +8,10 @@ the cache entries attention would read, summed (see staticattn.consumers.emulate
   main block table (``storage_block_size`` entries per block).
 
 A decode token (query length at most ``next_n``, before the first longer request) whose slot
-is -1 reads nothing through the SWA and C128A metadata (length 0); the indexer does not look
+is -1 reads nothing through the SWA and dense metadata (length 0); the indexer does not look
 at slots.
 
-DeepSeek V4.1 (:func:`expected_v41`, columns ``swa, c128a, indexer.c1a, indexer.c2a,
+DeepSeek V4.1 (:func:`expected_v41`, columns ``swa, dense, indexer.c1a, indexer.c2a,
 c1a.read, c1a.write, c2a.read, c2a.write``): each index type's keys ``n = (p + 1) // R``
 through its ``<type>.index_k`` table (``block_size // R`` entries per block); per kv-source
 type the last ``min(n, 32)`` of its ``n`` compressed entries through its
@@ -30,17 +30,17 @@ from staticattn.reference.swa import dense_ratio, dense_width
 TAIL = 32
 
 
-def expected(cfg, step, swa_cache, c128a_cache, index_cache, num_tokens: int) -> list[list[int]]:
-    """``num_tokens`` rows of ``[swa, c128a, indexer]`` sums (ints; rows past the step's
+def expected(cfg, step, swa_cache, dense_cache, index_cache, num_tokens: int) -> list[list[int]]:
+    """``num_tokens`` rows of ``[swa, dense, indexer]`` sums (ints; rows past the step's
     real tokens ``[0, 0, 0]``) for a :class:`~staticattn.reference.step.HostStep`; each cache
     is a flat sequence of ints indexed by slot (``cache[slot]``)."""
-    rows = [[swa, c128a, _index(cfg, step, b, p, index_cache)]
-            for b, p, swa, c128a in _windows(cfg, step, swa_cache, c128a_cache, None)]
+    rows = [[swa, dense, _index(cfg, step, b, p, index_cache)]
+            for b, p, swa, dense in _windows(cfg, step, swa_cache, dense_cache, None)]
     return rows + [[0, 0, 0]] * (num_tokens - len(rows))
 
 
-def _windows(cfg, step, swa_cache, c128a_cache, replay_start):
-    """Per real token ``(request, position, swa sum, c128a sum)``; a prefill token's SWA
+def _windows(cfg, step, swa_cache, dense_cache, replay_start):
+    """Per real token ``(request, position, swa sum, dense sum)``; a prefill token's SWA
     window starts no earlier than its request's ``replay_start`` (None: all 0)."""
     q = [int(x) for x in step.query_lens]
     d = 0
@@ -55,8 +55,8 @@ def _windows(cfg, step, swa_cache, c128a_cache, replay_start):
             start = int(replay_start[b]) if replay_start is not None and t >= td else 0
             yield (b, p, 0 if dead or not cfg.has_swa else _swa(cfg, step, b, p, swa_cache,
                                                                  start),
-                   0 if dead or cfg.dense_layer_type is None else _c128a(cfg, step, b, p,
-                                                                         c128a_cache))
+                   0 if dead or cfg.dense_layer_type is None else _dense(cfg, step, b, p,
+                                                                         dense_cache))
             t += 1
 
 
@@ -67,7 +67,7 @@ def _swa(cfg, step, b, p, cache, replay_start: int = 0) -> int:
                for pos in range(max(p - cfg.sliding_window + 1, replay_start, 0), p + 1))
 
 
-def _c128a(cfg, step, b, p, cache) -> int:
+def _dense(cfg, step, b, p, cache) -> int:
     per = cfg.block_size // dense_ratio(cfg)
     row = step.block_table[b]
     n = min(max(p + 1, 0) // dense_ratio(cfg), dense_width(cfg))
@@ -90,9 +90,9 @@ def expected_v41(cfg, v41, caches: dict, num_tokens: int) -> list[list[int]]:
     own = v41_oracle.group_own_slots(v41, cfg.sliding_window)
     cap = v41_oracle.ring_capacity(cfg.num_speculative_tokens)
     rows = []
-    for t, (b, p, swa, c128a) in enumerate(_windows(cfg, v41.step, caches["swa"],
-                                                     caches["c128a"], v41.replay_start)):
-        row = [swa, c128a]
+    for t, (b, p, swa, dense) in enumerate(_windows(cfg, v41.step, caches["swa"],
+                                                     caches["dense"], v41.replay_start)):
+        row = [swa, dense]
         for name, ratio in v41_oracle.RATIOS.items():
             per = cfg.block_size // ratio
             table = v41.tables[f"{name}.index_k"][b]

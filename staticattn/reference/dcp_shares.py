@@ -4,18 +4,18 @@
 * SWA: a decode token at ``p`` attends positions ``[max(p - W + 1, 0), p]``; rank ``r``
   keeps those it owns (``(x // I) % world == r``), ascending, at their (replicated) SWA
   slots ``bt[x // bs] * bs + x % bs``.
-* C128A: entries ``e < n_c = min((p + 1) // 128, maxC)``; rank ``r`` keeps those it owns
-  (``e % world == r``), ascending, at their local slots: local index ``l = e // world``,
-  slot ``bt[l // S] * S + l % S``.
+* The dense type (C128A): entries ``e < n_c = min((p + 1) // 128, maxC)``; rank ``r``
+  keeps those it owns (``e % world == r``), ascending, at their local slots: local index
+  ``l = e // world``, slot ``bt[l // S] * S + l % S``.
 
-An invalid token has no share on any rank. The writer of the C128A layout: the token at
+An invalid token has no share on any rank. The writer of the dense layout: the token at
 ``p`` with ``(p + 1) % 128 == 0`` completes entry ``e = p // 128`` and writes it only on
 rank ``e % world``, at the local slot of ``e // world``.
 """
 
 from __future__ import annotations
 
-__all__ = ["c128a_share", "c128a_write_slot", "swa_share"]
+__all__ = ["dense_share", "dense_write_slot", "swa_share"]
 
 
 def swa_share(position: int, window: int, block_row, block_size: int, world: int, rank: int,
@@ -28,9 +28,9 @@ def swa_share(position: int, window: int, block_row, block_size: int, world: int
     return out
 
 
-def c128a_share(position: int, max_entries: int, block_row, entries_per_block: int,
+def dense_share(position: int, max_entries: int, block_row, entries_per_block: int,
                 world: int, rank: int, ratio: int = 128) -> list[int]:
-    """The rank's C128A local slots of a decode token at ``position``."""
+    """The rank's dense local slots of a decode token at ``position``."""
     out = []
     for e in range(min((position + 1) // ratio, max_entries)):
         if e % world == rank:
@@ -40,7 +40,7 @@ def c128a_share(position: int, max_entries: int, block_row, entries_per_block: i
     return out
 
 
-def c128a_write_slot(position: int, block_row, entries_per_block: int, world: int, rank: int,
+def dense_write_slot(position: int, block_row, entries_per_block: int, world: int, rank: int,
                      ratio: int = 128) -> int:
     """The local slot the token at ``position`` writes its completed entry to on ``rank``,
     -1 when it completes none or the entry is another rank's."""

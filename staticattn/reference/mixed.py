@@ -14,7 +14,7 @@ fixed layout, which staticattn documents:
   key prefix sums of each request range in ``cu_seq_lens[2s : s + e + 1]``, the keys of a
   request's range before it, and each prefill token's ``ks``/``ke`` at its global index;
   everything else 0;
-* SWA and C128A rows of decode tokens past ``Td`` and C128A prefill rows past the real
+* SWA and dense rows of decode tokens past ``Td`` and dense prefill rows past the real
   prefill tokens: length 0, rows of -1; prefill gather and sequence lengths past the real
   prefills: 0.
 """
@@ -118,8 +118,8 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
 def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
     """Every output of ``SparseSWAMetadataBuilder.build_mixed`` for a bucket, as a dict of
     lists: per decode-token row lists of ``min(num_tokens, max_decode_tokens)`` rows (SWA
-    rows ``sliding_window`` ints, C128A rows ``c128a_max_compressed`` ints, -1 = none),
-    C128A prefill rows ``num_tokens`` long, per-request lists ``num_reqs`` long."""
+    rows ``sliding_window`` ints, dense rows ``dense_width`` ints, -1 = none),
+    dense prefill rows ``num_tokens`` long, per-request lists ``num_reqs`` long."""
     k, nt, d, td = counts(cfg, step)
     W = cfg.sliding_window
     qsl, owner, position = _tokens(step)
@@ -130,23 +130,23 @@ def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
                swa_rows=[], swa_lens=[], c_rows=[], c_lens=[], cp_rows=[], cp_lens=[])
     swa_table = [list(map(int, r)) for r in step.swa_block_table]
     table = [list(map(int, r)) for r in step.block_table]
-    has_c128a = cfg.dense_layer_type is not None
-    max_c = swa_oracle.dense_width(cfg) if has_c128a else 0
+    has_dense = cfg.dense_layer_type is not None
+    max_c = swa_oracle.dense_width(cfg) if has_dense else 0
     for t in range(rows):
         live = t < td and valid[t]
         row, n = swa_oracle.swa_row(cfg, swa_table[owner[t]], position[t]) if live else (
             [-1] * W, 0)
         out["swa_rows"].append(row)
         out["swa_lens"].append(n)
-        if has_c128a:
-            row, n = swa_oracle.c128a_row(cfg, table[owner[t]], position[t]) if live else (
+        if has_dense:
+            row, n = swa_oracle.dense_row(cfg, table[owner[t]], position[t]) if live else (
                 [-1] * max_c, 0)
             out["c_rows"].append(row)
             out["c_lens"].append(n)
-    if has_c128a:
+    if has_dense:
         for i in range(num_tokens):
             t = td + i
-            row, n = swa_oracle.c128a_prefill_row(cfg, position[t]) if t < nt else (
+            row, n = swa_oracle.dense_prefill_row(cfg, position[t]) if t < nt else (
                 [-1] * max_c, 0)
             out["cp_rows"].append(row)
             out["cp_lens"].append(n)
@@ -192,10 +192,10 @@ def assert_swa_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
     same("decode_swa_indices[:, 0]", meta.decode_swa_indices[:, 0], exp["swa_rows"])
     same("decode_swa_lens", meta.decode_swa_lens, exp["swa_lens"])
     if exp["c_rows"]:
-        same("c128a_decode_indices[:, 0]", meta.c128a_decode_indices[:, 0], exp["c_rows"])
-        same("c128a_decode_lens", meta.c128a_decode_lens, exp["c_lens"])
-        same("c128a_prefill_indices", meta.c128a_prefill_indices, exp["cp_rows"])
-        same("c128a_prefill_lens", meta.c128a_prefill_lens, exp["cp_lens"])
+        same("dense_decode_indices[:, 0]", meta.dense_decode_indices[:, 0], exp["c_rows"])
+        same("dense_decode_lens", meta.dense_decode_lens, exp["c_lens"])
+        same("dense_prefill_indices", meta.dense_prefill_indices, exp["cp_rows"])
+        same("dense_prefill_lens", meta.dense_prefill_lens, exp["cp_lens"])
     same("prefill_gather_lens", meta.prefill_gather_lens, exp["gather_lens"])
     same("prefill_seq_lens", meta.prefill_seq_lens, exp["prefill_seq_lens"])
     same("step_counts", meta.step_counts, counts(cfg, step))

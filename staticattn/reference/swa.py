@@ -2,8 +2,8 @@
 from the spec's words (vllm-semantics §3.2, §6.5-§6.8, §7) and nothing else.
 
 Documented deviations from the reference that the oracle states (DESIGN "Semantics"):
-invalid and padded decode tokens get length 0 and index rows of -1 (SWA and C128A alike);
-``token_to_req_indices`` covers every token, padded tokens mapping to request 0; C128A
+invalid and padded decode tokens get length 0 and index rows of -1 (SWA and dense alike);
+``token_to_req_indices`` covers every token, padded tokens mapping to request 0; dense
 prefill rows come with their lengths.
 """
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
     from staticattn.reference.step import HostStep
 
-__all__ = ["SWAExpected", "assert_matches", "c128a_count", "c128a_prefill_row", "c128a_row",
+__all__ = ["SWAExpected", "assert_matches", "dense_count", "dense_prefill_row", "dense_row",
            "expected", "expected_for_step", "layer_types", "split", "swa_row"]
 
 
@@ -32,14 +32,14 @@ class SWAExpected:
     token_to_req_indices: list[int]
     decode_swa_indices: list[list[int]]
     decode_swa_lens: list[int]
-    c128a_decode_indices: list[list[int]] | None
-    c128a_decode_lens: list[int] | None
+    dense_decode_indices: list[list[int]] | None
+    dense_decode_lens: list[int] | None
     prefill_seq_lens: list[int] | None
     prefill_gather_lens: list[int] | None
-    c128a_prefill_indices: list[list[int]] | None
-    c128a_prefill_lens: list[int] | None
+    dense_prefill_indices: list[list[int]] | None
+    dense_prefill_lens: list[int] | None
     window: int
-    c128a_width: int
+    dense_width: int
     layer_types: list[str] = field(default_factory=list)
 
 
@@ -88,26 +88,26 @@ def dense_width(cfg: ArenaConfig) -> int:
     return -(-entries // 128) * 128
 
 
-def c128a_count(cfg: ArenaConfig, p: int) -> int:
+def dense_count(cfg: ArenaConfig, p: int) -> int:
     """Spec §7: the complete ``R``-token groups at or before position ``p``, capped at maxC."""
     return min(max(p + 1, 0) // dense_ratio(cfg), dense_width(cfg))
 
 
-def c128a_row(cfg: ArenaConfig, table_row: list[int], p: int) -> tuple[list[int], int]:
-    """Spec §7: a decode token's C128A top-k as flat slots of the main group. Under decode
+def dense_row(cfg: ArenaConfig, table_row: list[int], p: int) -> tuple[list[int], int]:
+    """Spec §7: a decode token's dense top-k as flat slots of the main group. Under decode
     context parallelism C128A is replicated and a main-table column spans ``block_size *
-    dcp_world_size`` tokens, so a C128A page holds that many tokens' entries."""
+    dcp_world_size`` tokens, so a dense page holds that many tokens' entries."""
     per_block = cfg.block_size * cfg.dcp_world_size // dense_ratio(cfg)
-    n = c128a_count(cfg, p)
+    n = dense_count(cfg, p)
     row = [-1] * dense_width(cfg)
     for o in range(n):
         row[o] = table_row[o // per_block] * per_block + o % per_block
     return row, n
 
 
-def c128a_prefill_row(cfg: ArenaConfig, p: int) -> tuple[list[int], int]:
-    """Spec §7: a prefill token's C128A row holds the local indices ``o < n_c``."""
-    n = c128a_count(cfg, p)
+def dense_prefill_row(cfg: ArenaConfig, p: int) -> tuple[list[int], int]:
+    """Spec §7: a prefill token's dense row holds the local indices ``o < n_c``."""
+    n = dense_count(cfg, p)
     return list(range(n)) + [-1] * (dense_width(cfg) - n), n
 
 
@@ -155,11 +155,11 @@ def expected(
         for t in range(Td):
             row, n = [-1] * dense_width(cfg), 0
             if valid[t]:
-                row, n = c128a_row(cfg, block_table[owner[t]], position[t])
+                row, n = dense_row(cfg, block_table[owner[t]], position[t])
             c_rows.append(row)
             c_lens.append(n)
         if P > 0:
-            rows = [c128a_prefill_row(cfg, position[t]) for t in range(Td, Td + Tp)]
+            rows = [dense_prefill_row(cfg, position[t]) for t in range(Td, Td + Tp)]
             cp_rows, cp_lens = [r for r, _ in rows], [n for _, n in rows]
 
     pre_seq = pre_gather = None
@@ -173,10 +173,10 @@ def expected(
         num_decodes=D, num_prefills=P, num_decode_tokens=Td, num_prefill_tokens=Tp,
         is_valid_token=valid, token_to_req_indices=owner,
         decode_swa_indices=swa_rows, decode_swa_lens=swa_lens,
-        c128a_decode_indices=c_rows, c128a_decode_lens=c_lens,
+        dense_decode_indices=c_rows, dense_decode_lens=c_lens,
         prefill_seq_lens=pre_seq, prefill_gather_lens=pre_gather,
-        c128a_prefill_indices=cp_rows, c128a_prefill_lens=cp_lens, window=W,
-        c128a_width=dense_width(cfg) if cfg.dense_layer_type is not None else 0,
+        dense_prefill_indices=cp_rows, dense_prefill_lens=cp_lens, window=W,
+        dense_width=dense_width(cfg) if cfg.dense_layer_type is not None else 0,
         # The config's types (the encoding itself is checked against layer_types()).
         layer_types=[t.name for t in cfg.layer_types],
     )
@@ -206,20 +206,20 @@ def assert_matches(meta, exp: SWAExpected) -> None:
     same("decode_swa_indices.shape", tuple(meta.decode_swa_indices.shape), (td, 1, exp.window))
     same("decode_swa_indices[:, 0]", meta.decode_swa_indices[:, 0], exp.decode_swa_indices)
     same("decode_swa_lens", meta.decode_swa_lens, exp.decode_swa_lens)
-    if exp.c128a_decode_indices is None:
-        holds(meta.c128a_decode_indices is None and meta.c128a_decode_lens is None,
-              "no C128A decode metadata")
+    if exp.dense_decode_indices is None:
+        holds(meta.dense_decode_indices is None and meta.dense_decode_lens is None,
+              "no dense decode metadata")
     else:
-        same("c128a_decode_indices.shape", tuple(meta.c128a_decode_indices.shape),
-             (td, 1, exp.c128a_width))
-        same("c128a_decode_indices[:, 0]", meta.c128a_decode_indices[:, 0],
-             exp.c128a_decode_indices)
-        same("c128a_decode_lens", meta.c128a_decode_lens, exp.c128a_decode_lens)
+        same("dense_decode_indices.shape", tuple(meta.dense_decode_indices.shape),
+             (td, 1, exp.dense_width))
+        same("dense_decode_indices[:, 0]", meta.dense_decode_indices[:, 0],
+             exp.dense_decode_indices)
+        same("dense_decode_lens", meta.dense_decode_lens, exp.dense_decode_lens)
     _optional(meta, exp, ("prefill_seq_lens", "prefill_gather_lens"), "prefill metadata")
     # Lengths first: a wrong length (the position) and a stale row past a right length (an
     # earlier writer) then fail with different names.
-    _optional(meta, exp, ("c128a_prefill_lens", "c128a_prefill_indices"),
-              "C128A prefill metadata")
+    _optional(meta, exp, ("dense_prefill_lens", "dense_prefill_indices"),
+              "dense prefill metadata")
     for layer_type in ("swaonly", "c4a", "c128a"):
         plan = meta.tile_sched(layer_type)
         if td and layer_type in exp.layer_types:

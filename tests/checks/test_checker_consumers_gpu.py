@@ -45,27 +45,21 @@ def test_real_deepgemm_flashmla_step_passes():
     for lib in (DEEP_GEMM, FLASH_MLA):
         if import_error(lib):
             pytest.skip(import_error(lib))
-    from helpers.dsa_reference import (
-        fill_attention_caches,
-        fill_indexer_cache,
-        new_attention_inputs,
-        new_indexer_inputs,
-    )
+    from helpers.decode_steps import fill_caches, new_inputs
 
-    from staticattn.consumers.real.chain import DSADecodeStep
+    from staticattn.builders import default_builders
+    from staticattn.consumers.real.sparse_decode import SparseDecodeStep
 
     blocks = 1024
     cfg = ArenaConfig.deepseek_v4(max_model_len=16384, max_num_seqs=32,
                                   max_num_batched_tokens=64, device="cuda")
-    builders = _builders(cfg)
+    builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
-    step = DSADecodeStep(cfg, num_kv_blocks=blocks)
-    fill_indexer_cache(step.indexer, 3)
-    fill_attention_caches(step.attention, 4)
+    step = SparseDecodeStep(cfg, num_kv_blocks=blocks)
+    fill_caches(step, 3)
 
     def before(i: int) -> None:  # fresh queries each step, written in place
-        new_indexer_inputs(step.indexer, 3000 + i)
-        new_attention_inputs(step.attention, 4000 + i)
+        new_inputs(step, 3000 + i)
 
     report = check_graph_safety(arena, inputs, builders, step, sizes=[2, 16, 32],
                                 num_batches=30, num_kv_blocks=blocks, before_batch=before)

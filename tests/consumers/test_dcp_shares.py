@@ -1,4 +1,4 @@
-"""Per-rank SWA windows and C128A shares under decode context parallelism, the option beside
+"""Per-rank SWA windows and dense shares under decode context parallelism, the option beside
 replication (``vllm-0.33-extras.md`` §7.2): the spec's worked examples through the kernels,
 and randomized steps through the real SWA builder, each rank's share against the oracle
 (``staticattn/reference/dcp_shares.py``) and the ranks' shares a partition of the
@@ -16,7 +16,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.consumers.dcp.shares import DCPRankShares
-from staticattn.kernels.dcp.rank_shares import c128a_rank_share, swa_rank_share
+from staticattn.kernels.dcp.rank_shares import dense_rank_share, swa_rank_share
 from staticattn.reference import dcp_shares as oracle
 from staticattn.reference import v41_compressed
 
@@ -48,7 +48,7 @@ def test_the_swa_example_of_the_spec(backend, world, want):
         assert all(x == -1 for r, g in zip(whole, got) for x in r[len(g):])
 
 
-def test_the_c128a_example_of_the_spec(backend):
+def test_the_dense_example_of_the_spec(backend):
     """S = 2, positions [639, 255], table [[60, 61, 62], [70, 71, 72]]: dcp = 1 rows
     [120..124] and [140, 141]; world 2: rank 0 [120, 121, 122], [140]; rank 1 [120, 121],
     [140]."""
@@ -59,12 +59,12 @@ def test_the_c128a_example_of_the_spec(backend):
         for rank in range(world):
             out = torch.full((2, 5), 9, **I32)
             lens = torch.full((2,), 9, **I32)
-            c128a_rank_share(backend, torch.tensor([5, 2], **I32), torch.tensor([0, 1], **I32),
+            dense_rank_share(backend, torch.tensor([5, 2], **I32), torch.tensor([0, 1], **I32),
                              torch.tensor(table, **I32), out, lens, num_rows=2,
                              entries_per_block=2, world=world, rank=rank)
             got = [r[:n] for r, n in zip(out.tolist(), lens.tolist())]
             assert got == (want[1] if world == 1 else want[2][rank])
-            assert got == [oracle.c128a_share(p, 5, table[b], 2, world, rank)
+            assert got == [oracle.dense_share(p, 5, table[b], 2, world, rank)
                            for b, p in enumerate((639, 255))]
 
 
@@ -101,33 +101,36 @@ def test_shares_of_built_rows_partition_them(backend, world):
         for rank, shares in enumerate(ranks):
             out = shares(batch, md)
             rows, lens, c_rows, c_lens, c_slots = (out[k].tolist() for k in (
-                "swa", "swa_lens", "c128a", "c128a_lens", "c128a_slots"))
+                "swa", "swa_lens", "dense", "dense_lens", "dense_slots"))
             # The writer side: every real token, padded ones -1.
-            assert c_slots == [oracle.c128a_write_slot(p, step.block_table[b], s_c, world,
+            assert c_slots == [oracle.dense_write_slot(p, step.block_table[b], s_c, world,
                                                        rank) for b, p in zip(owner, position)
                                ] + [-1] * (len(c_slots) - len(owner))
             writes += sum(x >= 0 for x in c_slots)
             for t in range(td):
-                b, p, valid = owner[t], position[t], own[t] >= 0
+                # A padded decode row (a uniform step padded to its graph) shares nothing.
+                real = t < len(owner)
+                b, p = (owner[t], position[t]) if real else (0, 0)
+                valid = real and own[t] >= 0
                 want = oracle.swa_share(p, cfg.sliding_window, step.swa_block_table[b],
                                         cfg.swa_block_size, world, rank) if valid else []
                 assert rows[t][: lens[t]] == want and set(rows[t][lens[t]:]) <= {-1}
                 every_swa[t] += want
-                want = oracle.c128a_share(p, cfg.dense_width, step.block_table[b], s_c,
+                want = oracle.dense_share(p, cfg.dense_width, step.block_table[b], s_c,
                                           world, rank) if valid else []
                 assert c_rows[t][: c_lens[t]] == want and set(c_rows[t][c_lens[t]:]) <= {-1}
                 every_c[t] += c_lens[t]
         for t in range(td):
             assert sorted(every_swa[t]) == sorted(whole[t][: whole_lens[t]])
-        assert every_c == swa.c128a_decode_lens.tolist()
+        assert every_c == swa.dense_decode_lens.tolist()
 
     check()
     assert writes > 0 or backend == "triton"  # interpreted Triton: a few steps only
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_the_c128a_writer_slots(backend, world):
-    """A prefill over positions 100..299 and a decode at 511 complete C128A entries 0, 1 and
+def test_the_dense_writer_slots(backend, world):
+    """A prefill over positions 100..299 and a decode at 511 complete dense entries 0, 1 and
     3; each is written on its owner only (``e % world``), at the local slot of ``e //
     world``."""
     cfg = _v4(backend, max_num_batched_tokens=256)
@@ -142,8 +145,8 @@ def test_the_c128a_writer_slots(backend, world):
     for rank in range(world):
         shares = DCPRankShares(cfg.replace(dcp_world_size=world, dcp_rank=rank,
                                            cp_kv_cache_interleave_size=4))
-        slots = shares(batch, md)["c128a_slots"].tolist()
-        assert slots == [oracle.c128a_write_slot(p, step.block_table[b], s_c, world, rank)
+        slots = shares(batch, md)["dense_slots"].tolist()
+        assert slots == [oracle.dense_write_slot(p, step.block_table[b], s_c, world, rank)
                          for b, p in zip(owner, position)]
         written += [(position[t], rank) for t, x in enumerate(slots) if x >= 0]
     assert sorted(written) == sorted((p, (p // 128) % world) for p in (511, 127, 255))

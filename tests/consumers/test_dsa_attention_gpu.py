@@ -1,5 +1,5 @@
 """FlashMLA's sparse FP8 decode captured in the graph behind the V4 builders (indexer + SWA):
-SWA-only and C128A layers, two of each sharing their type's tile-scheduler metadata
+SWA-only and dense layers, two of each sharing their type's tile-scheduler metadata
 (filled inside the capture), replayed on randomized batches with fresh queries, each replay's
 output compared with a torch sparse-attention reference built from the host truth."""
 
@@ -18,12 +18,8 @@ pytestmark = pytest.mark.gpu
 if import_error(FLASH_MLA):
     pytest.skip(import_error(FLASH_MLA), allow_module_level=True)
 
-from helpers.dsa_reference import (  # noqa: E402
-    attention_step_problems,
-    fill_attention_caches,
-    new_attention_inputs,
-    replay_sizes,
-)
+from helpers.decode_steps import fill_caches, new_inputs, step_problems  # noqa: E402
+from helpers.dsa_reference import replay_sizes  # noqa: E402
 
 from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import make_arena  # noqa: E402
@@ -42,8 +38,9 @@ def test_flashmla_sparse_decode_replays():
                                   max_num_batched_tokens=64, device="cuda")
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
-    step = SparseDecodeStep(cfg, num_kv_blocks=BLOCKS)  # swaonly, c128a, swaonly, c128a
-    deq = fill_attention_caches(step)
+    # FlashMLA alone: swaonly, c128a, swaonly, c128a
+    step = SparseDecodeStep(cfg, topk_types=(), num_kv_blocks=BLOCKS, layers_per_type=2)
+    keys, deq = fill_caches(step)
     rng = np.random.default_rng(7)
     t0 = time.perf_counter()
     with GraphManager(arena, inputs, builders, step, quiet()) as gm:
@@ -56,8 +53,8 @@ def test_flashmla_sparse_decode_replays():
         t1 = time.perf_counter()
         failures, counts = replay_sizes(
             gm, SIZES, REPLAYS, rng, BLOCKS,
-            before=lambda i: new_attention_inputs(step, 2000 + i),
-            check=lambda s, out: attention_step_problems(step, inputs, s, out, deq),
+            before=lambda i: new_inputs(step, 2000 + i),
+            check=lambda s, out: step_problems(step, inputs, s, out, keys, deq),
         )
         print(f"capture {t1 - t0:.1f}s, {sum(counts.values())} replays "
               f"{time.perf_counter() - t1:.1f}s, {step.num_layers} layers "

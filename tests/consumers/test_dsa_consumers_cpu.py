@@ -1,36 +1,31 @@
 """The real-consumer steps on CPU, with torch emulations of DeepGEMM and FlashMLA in place of
-the libraries: the plumbing (metadata -> library call -> masking, top-k, C4A slots, owned
-outputs) end to end through the graph-safe builds, and the errors without the libraries.
-The GPU tests (``test_dsa_*_gpu.py``) run the same drivers on the real libraries."""
+the libraries: the plumbing (metadata -> library call -> masking, top-k, the top-k type's
+compressed slots, owned outputs) end to end through the graph-safe builds, and the errors
+without the libraries. The GPU tests (``test_dsa_*_gpu.py``) run the same drivers on the real
+libraries."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.decode_steps import fill_caches, new_inputs, step_problems
 from helpers.dsa_reference import (
-    attention_step_problems,
     emulated_flash_mla,
     emulated_paged_mqa_logits,
-    fill_attention_caches,
     fill_indexer_cache,
     indexer_problems,
-    new_attention_inputs,
     new_indexer_inputs,
 )
 
 from staticattn.arena import ArenaConfig
 from staticattn.bench.random_batches import random_uniform_decode
-from staticattn.builders import Batch, make_arena
+from staticattn.builders import Batch, default_builders, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
-from staticattn.consumers.real.chain import (
-    DSADecodeStep,
-    real_consumer_step,
-    real_consumers_available,
-)
+from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
 from staticattn.consumers.real.indexer_topk import IndexerTopKStep
 from staticattn.consumers.real.sparse_decode import SparseDecodeStep
-from staticattn.errors import BackendUnavailableError, ConfigError
+from staticattn.errors import BackendUnavailableError, ConfigError, GraphError
 
 BLOCKS = 64
 
@@ -119,44 +114,45 @@ def test_indexer_step_in_a_context_bucket_equals_the_capacity_wide_step():
 
 
 def test_attention_step_emulated():
+    """FlashMLA alone: the window-only and dense layers, two of each."""
     cfg = _v4()
     builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
     arena, inputs = make_arena(cfg, builders)
-    step = SparseDecodeStep(cfg, num_kv_blocks=BLOCKS, decode_fn=emulated_flash_mla)
+    step = SparseDecodeStep(cfg, topk_types=(), num_kv_blocks=BLOCKS,
+                            decode_fn=emulated_flash_mla)
     assert [lt for _, lt in step.layers] == ["swaonly", "c128a", "swaonly", "c128a"]
-    deq = fill_attention_caches(step, 1)
+    keys, deq = fill_caches(step, 1)
     rng = np.random.default_rng(1)
     for size in (2, 16):
         for i in range(4):
-            new_attention_inputs(step, i)
+            new_inputs(step, i)
             k = int(rng.integers(1, size // 2 + 1))
             s, out = _decode_step(inputs, builders, step, rng, k, size)
-            assert out.shape == (size, 4, 64, 512)
-            assert not out[2 * k :].any()
-            assert attention_step_problems(step, inputs, s, out, deq) == []
+            assert list(out) == ["attn"] and out["attn"].shape == (size, 4, 64, 512)
+            assert not out["attn"][2 * k :].any()
+            assert step_problems(step, inputs, s, out, keys, deq) == []
 
 
 def test_chained_step_emulated():
+    """V4 as the one-top-k-type case: the indexer's top-k feeds the top-k type's layers
+    through the compressed builder's operand, beside the window-only and dense layers."""
     cfg = _v4()
-    builders = [IndexerMetadataBuilder(), SparseSWAMetadataBuilder()]
+    builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
-    step = DSADecodeStep(cfg, num_kv_blocks=BLOCKS, layers_per_type=1,
-                         indexer_kwargs=dict(logits_fn=emulated_paged_mqa_logits),
-                         attention_kwargs=dict(decode_fn=emulated_flash_mla))
-    assert [lt for _, lt in step.attention.layers] == ["swaonly", "c4a", "c128a"]
-    keys = fill_indexer_cache(step.indexer, 2)
-    deq = fill_attention_caches(step.attention, 3)
+    step = SparseDecodeStep(cfg, num_kv_blocks=BLOCKS, layers_per_type=1,
+                            logits_fn=emulated_paged_mqa_logits, decode_fn=emulated_flash_mla)
+    assert [lt for _, lt in step.layers] == ["swaonly", "c4a", "c128a"]
+    assert list(step.indexers) == ["c4a"] and step.indexers["c4a"].name == "indexer"
+    keys, deq = fill_caches(step, 2)
     rng = np.random.default_rng(2)
     for i in range(4):
-        new_indexer_inputs(step.indexer, i)
-        new_attention_inputs(step.attention, i)
+        new_inputs(step, i)
         k = int(rng.integers(1, 9))
         s, out = _decode_step(inputs, builders, step, rng, k, 16)
-        topk = out["topk"][: 2 * k]
-        assert (topk >= 0).any()
-        assert indexer_problems(step.indexer, inputs, s, out["topk"], keys) == []
-        assert attention_step_problems(step.attention, inputs, s, out["attn"], deq,
-                                       topk.cpu().numpy()) == []
+        assert (out["topk.c4a"][: 2 * k] >= 0).any()
+        assert step_problems(step, inputs, s, out, keys, deq) == []
+    with pytest.raises(GraphError, match="CompressedMetadataBuilder"):
+        _decode_step(inputs, [b for b in builders if b.name != "compressed"], step, rng, 2, 16)
 
 
 def test_errors_without_the_libraries():
@@ -176,5 +172,5 @@ def test_config_errors():
         IndexerTopKStep(_v32(block_size=128), logits_fn=emulated_paged_mqa_logits)
     with pytest.raises(ConfigError, match="sliding_window"):
         SparseDecodeStep(_v32(), decode_fn=emulated_flash_mla)
-    with pytest.raises(ConfigError, match="with_c4a"):
-        SparseDecodeStep(_v4(), layer_types=["c4a"], decode_fn=emulated_flash_mla)
+    with pytest.raises(ConfigError, match=r"topk_types \['c128a'\]: not windowed top-k"):
+        SparseDecodeStep(_v4(), topk_types=["c128a"], decode_fn=emulated_flash_mla)

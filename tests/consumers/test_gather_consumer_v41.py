@@ -25,7 +25,7 @@ from staticattn.builders import Batch, default_builders, make_arena
 from staticattn.consumers import GatherConsumer
 from staticattn.reference import checksums
 
-COLUMNS = ["swa", "c128a", "indexer.c1a", "indexer.c2a", "c1a.read", "c1a.write", "c2a.read",
+COLUMNS = ["swa", "dense", "indexer.c1a", "indexer.c2a", "c1a.read", "c1a.write", "c2a.read",
            "c2a.write"]
 
 
@@ -41,7 +41,7 @@ def world(name: str, backend: str):
 def test_the_columns_name_the_v41_outputs():
     cfg, _, _, consumer, caches = world("flash-n2", "torch")
     assert consumer.columns == COLUMNS
-    assert sorted(caches) == sorted(["swa", "c128a", "indexer.c1a", "indexer.c2a",
+    assert sorted(caches) == sorted(["swa", "dense", "indexer.c1a", "indexer.c2a",
                                      "c1a.compressed_kv", "c2a.compressed_kv",
                                      "c2a.compressor_state"])
     # Pages of S = block_size // R entries per type; the ring: 8 rows per request.

@@ -25,12 +25,13 @@ for _lib in (DEEP_GEMM, FLASH_MLA):
     if import_error(_lib):
         pytest.skip(import_error(_lib), allow_module_level=True)
 
+from helpers.decode_steps import fill_caches, new_inputs, step_problems  # noqa: E402
 from helpers.dsa_reference import replay_sizes  # noqa: E402
-from helpers.v41_dsa import fill_v41_caches, new_v41_inputs, v41_problems  # noqa: E402
 
 from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import default_builders, make_arena  # noqa: E402
-from staticattn.consumers.real.chain import V41DecodeStep, real_consumer_step  # noqa: E402
+from staticattn.consumers.real.factory import real_consumer_step  # noqa: E402
+from staticattn.consumers.real.sparse_decode import SparseDecodeStep  # noqa: E402
 from staticattn.errors import ConfigError  # noqa: E402
 from staticattn.graphs import GraphManager  # noqa: E402
 
@@ -46,11 +47,11 @@ def _v41(preset: str = "deepseek-v4.1-flash", **kw) -> ArenaConfig:
 
 def test_factory_serves_what_the_kernels_serve():
     step = real_consumer_step(_v41(), num_kv_blocks=16)
-    assert isinstance(step, V41DecodeStep) and list(step.indexers) == ["c1a"]
+    assert isinstance(step, SparseDecodeStep) and list(step.indexers) == ["c1a"]
     step = real_consumer_step(_v41(block_size=128), num_kv_blocks=16)
     assert list(step.indexers) == ["c2a"]
     with pytest.raises(ConfigError, match="c2a pages hold 32"):
-        V41DecodeStep(_v41(), num_kv_blocks=16)
+        SparseDecodeStep(_v41(), num_kv_blocks=16)
 
 
 @pytest.mark.parametrize("preset, block_size, served", [
@@ -60,19 +61,19 @@ def test_v41_indexers_feed_flashmla_replays(preset, block_size, served):
     cfg = _v41(preset, block_size=block_size)
     builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
-    step = V41DecodeStep(cfg, index_types=[served], num_kv_blocks=BLOCKS, layers_per_type=2)
-    keys, deq = fill_v41_caches(step, 3)
+    step = SparseDecodeStep(cfg, topk_types=[served], num_kv_blocks=BLOCKS, layers_per_type=2)
+    keys, deq = fill_caches(step, 3)
     rng = np.random.default_rng(block_size)
 
     def check(s, out):
-        return v41_problems(step, inputs, s, out, keys, deq)
+        return step_problems(step, inputs, s, out, keys, deq)
 
     t0 = time.perf_counter()
     with GraphManager(arena, inputs, builders, step, quiet()) as gm:
         gm.capture(SIZES, buckets=())  # the real kernels serve decode tokens
         t1 = time.perf_counter()
         failures, counts = replay_sizes(gm, SIZES, REPLAYS, rng, BLOCKS,
-                                        lambda i: new_v41_inputs(step, 5000 + i), check)
+                                        lambda i: new_inputs(step, 5000 + i), check)
         print(f"capture {t1 - t0:.1f}s, layers {[lt for _, lt in step.layers]}; replays per "
               f"size {counts}")
     assert not failures, "\n".join(failures)

@@ -61,7 +61,7 @@ def incremental_writers(kernel, constexprs: dict) -> int:
     decode and prefill rows, paged prefill SWA rows. 0 for other kernels."""
     if kernel.fn.__name__ != "swa_decode_kernel":
         return 0
-    return (constexprs["HAS_C128A"] + constexprs["C128A_PREFILL"]
+    return (constexprs["HAS_DENSE"] + constexprs["DENSE_PREFILL"]
             + constexprs["SWA_PREFILL"])
 
 
@@ -124,21 +124,21 @@ def cases():
         **ptrs("host_counts qsl seq_lens counts_out", I32), "slots": I64, "num_reqs": 1,
         "num_tokens": 1}, dict(BLOCK=256)
     swa = {**ptrs("token_to_req swa_block_table block_table swa_indices_out swa_lens_out "
-                  "c128a_indices_out c128a_lens_out c128a_prefill_out c128a_prefill_lens_out "
+                  "dense_indices_out dense_lens_out dense_prefill_out dense_prefill_lens_out "
                   "prefill_swa_out prefill_swa_lens_out replay_start spans counts", I32),
            **ptrs("slot_mapping positions", I64), "is_valid_out": B,
            **dict.fromkeys("swa_bt_stride bt_stride num_tokens num_decode_tokens "
                            "decode_rows".split(), 1)}
     # The last case: V4's vision variant, 64 image spans of up to 1024 tokens.
-    for has_c128a, prefill_rows, device_counts, spans in (
+    for has_dense, prefill_rows, device_counts, spans in (
             (True, True, True, 0), (True, False, False, 0), (False, False, False, 0),
             (False, True, True, 0), (True, True, True, 64)):
         yield swa_decode._swa_decode_kernel(), swa, dict(
-            WINDOW=128, SWA_BLOCK=64, HAS_C128A=has_c128a,
-            C128A_PREFILL=has_c128a and prefill_rows, SWA_PREFILL=prefill_rows,
-            HAS_REPLAY=prefill_rows and not has_c128a, DEVICE_COUNTS=device_counts,
-            PREFILL_WIDTH=128 + (1024 if spans else 0), C128A_WIDTH=8192, C128A_ENTRIES=2,
-            C128A_RATIO=128, MIT=1024 if spans else 1, NUM_SPANS=spans, BLOCK_S=max(spans, 16),
+            WINDOW=128, SWA_BLOCK=64, HAS_DENSE=has_dense,
+            DENSE_PREFILL=has_dense and prefill_rows, SWA_PREFILL=prefill_rows,
+            HAS_REPLAY=prefill_rows and not has_dense, DEVICE_COUNTS=device_counts,
+            PREFILL_WIDTH=128 + (1024 if spans else 0), DENSE_WIDTH=8192, DENSE_ENTRIES=2,
+            DENSE_RATIO=128, MIT=1024 if spans else 1, NUM_SPANS=spans, BLOCK_S=max(spans, 16),
             BLOCK_T=2, BLOCK_W=2048 if spans else 128, BLOCK_C=1024)
     for device_counts in (True, False):
         yield swa_prefill._gather_lens_kernel(), {
@@ -208,7 +208,7 @@ def cases():
                                      **dict.fromkeys("rows_stride out_stride num_rows width "
                                                      "world rank interleave".split(), 1)}, dict(
         ROWS=4, COLS=128)
-    yield dcp_shares._c128a_kernel(), {**ptrs("lens token_to_req table out lens_out", I32),
+    yield dcp_shares._dense_kernel(), {**ptrs("lens token_to_req table out lens_out", I32),
                                        **dict.fromkeys("table_stride num_cols out_stride "
                                                        "num_rows width entries world "
                                                        "rank".split(), 1)}, dict(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from staticattn.model import Addressing, Cache
+
 # ------------------------------------------------------------------ indexer cache
 
 
@@ -152,10 +154,11 @@ def swa_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, swa_rows:
     return np.where(ok, slots, -1)
 
 
-def c128a_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, rows: np.ndarray,
-                max_c: int, per_block: int) -> np.ndarray:
-    """``(T, maxC)`` flat C128A slots: the ``min((p + 1) // 128, maxC)`` complete entries."""
-    n_c = np.where(valid, np.minimum((pos + 1) // 128, max_c), 0)
+def dense_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, rows: np.ndarray,
+                max_c: int, ratio: int, per_block: int) -> np.ndarray:
+    """``(T, maxC)`` flat slots of the dense type's cache: the ``min((p + 1) // R, maxC)``
+    complete entries."""
+    n_c = np.where(valid, np.minimum((pos + 1) // ratio, max_c), 0)
     o = np.arange(max_c)[None]
     ok = o < n_c[:, None]
     oo = np.where(ok, o, 0)
@@ -163,12 +166,21 @@ def c128a_slots(tok_req: np.ndarray, pos: np.ndarray, valid: np.ndarray, rows: n
     return np.where(ok, slots, -1)
 
 
-def c4a_slots(topk: np.ndarray, tok_req: np.ndarray, valid: np.ndarray, rows: np.ndarray,
-              per_block: int) -> np.ndarray:
-    """Local top-k indices -> flat C4A slots; every entry -1 for invalid tokens."""
+def topk_slots(topk: np.ndarray, tok_req: np.ndarray, valid: np.ndarray, rows: np.ndarray,
+               per_block: int) -> np.ndarray:
+    """Local top-k indices -> flat slots of a top-k type's cache; every entry -1 for invalid
+    tokens."""
     k = np.maximum(topk, 0)
     slots = rows[tok_req[:, None], k // per_block].astype(np.int64) * per_block + k % per_block
     return np.where((topk >= 0) & valid[:, None], slots, -1)
+
+
+def host_table(inputs, row, cache) -> torch.Tensor:
+    """The block table the engine addresses ``cache`` of the type ``row`` through: its own
+    group's (DeepSeek V4.1) or the main one."""
+    if row.addressing is Addressing.OWN_GROUPS:
+        return inputs.block_tables[row.group(cache)]
+    return inputs.block_table
 
 
 def ref_sparse_decode(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: float,
@@ -260,7 +272,7 @@ def emulated_flash_mla(q, k_cache, block_table, cache_seqlens, head_dim_v, plan,
 # Shared by the CPU tests (library emulations) and the GPU tests (the real libraries).
 
 
-def _gen(t: torch.Tensor, seed: int) -> torch.Generator:
+def seeded_generator(t: torch.Tensor, seed: int) -> torch.Generator:
     return torch.Generator(device=t.device).manual_seed(seed)
 
 
@@ -269,7 +281,7 @@ def fill_indexer_cache(step, seed: int = 0) -> torch.Tensor:
     from staticattn.consumers.real.caches import write_indexer_cache
 
     nb = step.kv_cache.shape[0]
-    g = _gen(step.kv_cache, seed)
+    g = seeded_generator(step.kv_cache, seed)
     write_indexer_cache(step.kv_cache, torch.randn(nb, 64, step.head_dim, generator=g,
                                                    device=step.kv_cache.device))
     return dequant_indexer_cache(step.kv_cache)
@@ -277,85 +289,25 @@ def fill_indexer_cache(step, seed: int = 0) -> torch.Tensor:
 
 def new_indexer_inputs(step, seed: int) -> None:
     """Fresh random queries (e4m3) and head weights."""
-    g = _gen(step.q, seed)
+    g = seeded_generator(step.q, seed)
     step.q.copy_(torch.randn(step.q.shape, generator=g, device=step.q.device)
                  .to(torch.float8_e4m3fn))
     step.weights.copy_(torch.randn(step.weights.shape, generator=g, device=step.q.device))
 
 
 def indexer_problems(step, inputs, s, out: torch.Tensor, keys: torch.Tensor) -> list[str]:
-    """Check the step's top-k of the real tokens of step ``s`` against the reference built
-    from the host truth (lengths, positions, the engine's block-table rows)."""
-    cfg = inputs.config
+    """Check the top-k of an ``IndexerTopKStep`` for the real tokens of step ``s`` against
+    the reference built from the host truth (lengths, positions, the engine's rows of the
+    table of the index type's K cache)."""
+    row = step.layer_type
     k = s.query_lens.shape[0]
-    tok_req, _, tok_len = decode_token_table(s.query_lens, s.seq_lens, cfg.index_compress_ratio)
+    tok_req, _, tok_len = decode_token_table(s.query_lens, s.seq_lens,
+                                             max(row.compress_ratio, 1))
     t = tok_req.shape[0]
-    ref = ref_indexer_logits(step.q[:t], step.weights[:t], keys, inputs.block_table[:k],
-                             tok_req, tok_len, step.max_context_len)
+    ref = ref_indexer_logits(step.q[:t], step.weights[:t], keys,
+                             host_table(inputs, row, Cache.INDEX_K)[:k], tok_req, tok_len,
+                             step.max_context_len)
     return check_topk(out[:t], ref, tok_len)
-
-
-def fill_attention_caches(step, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random keys into every cache of the step, random sinks; returns the dequantised
-    caches by name (bf16 ``(slots, 512)``)."""
-    from staticattn.consumers.real.caches import write_model1_cache
-
-    deq = {}
-    g = _gen(step.q, seed)
-    for name in ("swa", "c4a", "c128a"):
-        cache = getattr(step, f"{name}_cache")
-        if cache is not None:
-            nb, page = cache.shape[:2]
-            write_model1_cache(cache, torch.randn(nb, page, DIM, generator=g,
-                                                  device=cache.device))
-            deq[name] = dequant_model1_cache(cache)
-    step.attn_sink.copy_(torch.randn(step.attn_sink.shape, generator=g, device=step.q.device))
-    return deq
-
-
-def new_attention_inputs(step, seed: int) -> None:
-    g = _gen(step.q, seed)
-    step.q.copy_(torch.randn(step.q.shape, generator=g, device=step.q.device).clamp(-1, 1))
-
-
-def attention_references(step, inputs, s, deq: dict[str, torch.Tensor],
-                         topk: np.ndarray | None = None) -> dict[int, torch.Tensor]:
-    """Per layer, the reference output (fp32 ``(T, H, 512)``) of every real token of step
-    ``s``, from the host truth: SWA window and C128A entries from positions and the
-    engine's block-table rows, C4A keys from ``topk`` (the indexer's, local indices)."""
-    cfg = inputs.config
-    k = s.query_lens.shape[0]
-    tok_req, pos, _ = decode_token_table(s.query_lens, s.seq_lens, 1)
-    valid = s.slot_mapping >= 0
-    swa_rows = inputs.swa_block_table[:k].cpu().numpy()
-    rows = inputs.block_table[:k].cpu().numpy()
-    sk, sv = gather_keys(deq["swa"], swa_slots(tok_req, pos, valid, swa_rows,
-                                                cfg.sliding_window, cfg.swa_block_size))
-    keys = {"swaonly": (sk, sv)}
-    if "c128a" in deq:
-        ck, cv = gather_keys(deq["c128a"], c128a_slots(tok_req, pos, valid, rows,
-                                                        cfg.dense_width,
-                                                        cfg.block_size // 128))
-        keys["c128a"] = (torch.cat([sk, ck], 1), torch.cat([sv, cv], 1))
-    if "c4a" in deq:
-        ck, cv = gather_keys(deq["c4a"], c4a_slots(topk, tok_req, valid, rows,
-                                                    cfg.storage_block_size))
-        keys["c4a"] = (torch.cat([sk, ck], 1), torch.cat([sv, cv], 1))
-    t = tok_req.shape[0]
-    return {layer: ref_sparse_decode(step.q[layer, :t, 0], *keys[lt], step.scale,
-                                     step.attn_sink[layer])
-            for layer, lt in step.layers}
-
-
-def attention_step_problems(step, inputs, s, out: torch.Tensor, deq, topk=None) -> list[str]:
-    """Every layer's output of the real tokens against :func:`attention_references`."""
-    refs = attention_references(step, inputs, s, deq, topk)
-    t = int(s.query_lens.sum())
-    problems = []
-    for layer, lt in step.layers:
-        for p in attention_problems(out[:t, layer].float(), refs[layer]):
-            problems.append(f"layer {layer} ({lt}): {p}")
-    return problems
 
 
 def replay_sizes(gm, sizes, replays: int, rng: np.random.Generator, num_kv_blocks: int,

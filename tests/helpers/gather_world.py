@@ -16,7 +16,7 @@ def gather_world(cfg, num_kv_blocks: int = 100_000, backend: str | None = None):
                                              else [])
     arena, inputs = make_arena(cfg, builders)
     consumer = GatherConsumer(cfg, num_kv_blocks=num_kv_blocks, backend=backend)
-    caches = [consumer.caches[name].cpu().tolist() for name in ("swa", "c128a", "indexer")]
+    caches = [consumer.caches[name].cpu().tolist() for name in ("swa", "dense", "indexer")]
     return arena, inputs, builders, consumer, caches
 
 

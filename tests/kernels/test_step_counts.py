@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import (
     COUNT_DECODE_TOKENS,
     COUNT_DECODES,
@@ -20,14 +20,8 @@ from staticattn.kernels.staging.step_counts import step_counts_jit
 STATIC = 100
 
 
-@lazy_jit
-def _probe_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit)
+def _probe_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_tokens):
     @triton.jit
     def probe(counts, out, static, DEVICE_COUNTS: tl.constexpr):
         # Each helper gets its own static count, so a helper that returns another's shows.

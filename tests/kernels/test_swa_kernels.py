@@ -1,4 +1,4 @@
-"""The SWA kernels directly: wide C128A rows (several column blocks), the compiled tile shape
+"""The SWA kernels directly: wide dense rows (several column blocks), the compiled tile shape
 run interpreted, the gather-lengths kernel over several programs, and the row-stride guard."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ WIDE = dict(
 )
 
 
-def test_wide_c128a_rows_span_several_column_blocks(backend):
+def test_wide_dense_rows_span_several_column_blocks(backend):
     cfg = ArenaConfig(**WIDE, kernel_backend=backend)
     assert cfg.dense_width == 1280  # > the kernel's 1024-column block
     builder = SparseSWAMetadataBuilder()
@@ -49,7 +49,7 @@ def _random_decode_inputs(rng, num_tokens, num_reqs, cols, max_pos):
 def _outputs(tokens: int, rows: int, window: int, width: int,
              rng: np.random.Generator) -> SWADecodeOutputs:
     """Outputs as a previous step left them: SWA rows poisoned whole (they are rewritten
-    whole), C128A rows holding stale entries up to a random earlier length and -1 after it
+    whole), dense rows holding stale entries up to a random earlier length and -1 after it
     (the invariant every writer keeps, which lets the kernel stop at the longer length)."""
     old = torch.from_numpy(rng.integers(0, width + 1, rows).astype(np.int32)).to(DEVICE)
     stale = torch.arange(width, device=DEVICE)[None, None, :] < old[:, None, None]
@@ -57,8 +57,8 @@ def _outputs(tokens: int, rows: int, window: int, width: int,
         is_valid_token=torch.zeros(tokens + 5, dtype=torch.bool, device=DEVICE),
         swa_indices=torch.full((rows, 1, window), 77, dtype=torch.int32, device=DEVICE),
         swa_lens=torch.full((rows,), 77, dtype=torch.int32, device=DEVICE),
-        c128a_indices=torch.where(stale, 77, -1).to(torch.int32),
-        c128a_lens=old.clone(),
+        dense_indices=torch.where(stale, 77, -1).to(torch.int32),
+        dense_lens=old.clone(),
     )
 
 
@@ -78,7 +78,7 @@ def test_compiled_tile_shape_matches_torch(block_tokens):
                          block_tokens=tile)
         results.append(out)
     ref, got = results
-    for name in ("is_valid_token", "swa_indices", "swa_lens", "c128a_indices", "c128a_lens"):
+    for name in ("is_valid_token", "swa_indices", "swa_lens", "dense_indices", "dense_lens"):
         assert torch.equal(getattr(ref, name), getattr(got, name)), name
     assert not ref.is_valid_token[num_tokens:].any()  # nothing written past the step
 

@@ -25,7 +25,7 @@ def test_bad_dcp_fields_are_config_errors(fields, match):
         ArenaConfig.deepseek_v4(**V4, **fields)
 
 
-def test_c128a_is_replicated_so_the_interleave_need_not_respect_128():
+def test_the_dense_type_is_replicated_so_the_interleave_need_not_respect_128():
     cfg = ArenaConfig.deepseek_v4(**V4, dcp_world_size=4, dcp_rank=3,
                                   cp_kv_cache_interleave_size=4)
     assert cfg.dcp_sharded_ratios == (4,)

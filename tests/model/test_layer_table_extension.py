@@ -6,7 +6,10 @@ compressed cache and its own index cache, and ``c64a``, a type that reads every 
 64x compressed cache. A model made of them gets its arena buffers sized from the rows, and
 both builders' compressed slots, lengths and rows -- eager, graph-safe decode and mixed
 builds, both kernel backends -- agree with the oracles, which take ``R`` from the config's
-layer types and the formulas from the spec."""
+layer types and the formulas from the spec. Beside ``c4a``, as a second top-k type, ``c8a``
+also runs through the real consumer (DeepGEMM and FlashMLA emulated on CPU): its own indexer,
+its top-k turned into its compressed slots, its layers' attention, every output against
+torch references."""
 
 from __future__ import annotations
 
@@ -14,12 +17,22 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
+from helpers.decode_steps import fill_caches, new_inputs, step_problems
+from helpers.dsa_reference import emulated_flash_mla, emulated_paged_mqa_logits
 from helpers.mixed_steps import bucket_for, check_mixed
 from helpers.support import DEVICE, host_steps, make_step, stage
 from hypothesis import given, settings
 
 from staticattn.arena import ArenaConfig
-from staticattn.builders import Batch, IndexerMetadataBuilder, SparseSWAMetadataBuilder, make_arena
+from staticattn.bench.random_batches import random_uniform_decode
+from staticattn.builders import (
+    Batch,
+    IndexerMetadataBuilder,
+    SparseSWAMetadataBuilder,
+    default_builders,
+    make_arena,
+)
+from staticattn.consumers.real.sparse_decode import SparseDecodeStep
 from staticattn.model import ARCHITECTURES, LAYER_TYPES, Cache, LayerType, Reads, presets
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference.swa import assert_matches as assert_swa_matches
@@ -66,8 +79,8 @@ def test_the_arena_is_sized_from_the_rows(extended_table):
     assert cfg.dense_layer_type is C64A and cfg.dense_width == 128  # round_up(4096 / 64, 128)
     assert cfg.dcp_sharded_ratios == (8,)
     assert arena["indexer.compressed_slot_mapping"].shape == (256,)
-    assert arena["swa.c128a_decode_indices"].shape == (cfg.max_decode_tokens, 1, 128)
-    assert arena["swa.c128a_prefill_indices"].shape == (256, 128)
+    assert arena["swa.dense_decode_indices"].shape == (cfg.max_decode_tokens, 1, 128)
+    assert arena["swa.dense_prefill_indices"].shape == (256, 128)
     assert builders[1].layer_types == ("swaonly", "c8a", "c64a")
 
 
@@ -87,7 +100,7 @@ def test_compressed_slots_and_lengths_follow_the_ratio(extended_table, backend):
     indexer_oracle.assert_matches(meta, indexer_oracle.indexer_metadata(cfg, step), step,
                                   arena)
     swa_meta = swa.build(batch)
-    assert swa_meta.c128a_decode_lens.tolist() == [299 // 64, 300 // 64]
+    assert swa_meta.dense_decode_lens.tolist() == [299 // 64, 300 // 64]
     assert_swa_matches(swa_meta, expected_for_step(cfg, step))
 
 
@@ -123,3 +136,36 @@ def test_every_build_agrees_with_the_oracles(extended_table, backend):
     eager()
     decode()
     mixed()
+
+
+@pytest.mark.parametrize("block_size, served", [(256, "c4a"), (512, "c8a")])
+def test_a_second_topk_type_runs_through_the_real_consumer(extended_table, block_size, served):
+    """A model of c4a, c8a and c64a layers: two index types (an indexer each), three
+    kv-source types. DeepGEMM's sm90 logits read 64-entry index-K pages, ``block_size // R``
+    of them, so one block size serves one of the two top-k types (as V4.1's c1a and c2a):
+    256 serves c4a, 512 c8a, each beside the window-only and dense (c64a) layers."""
+    cfg = ArenaConfig(
+        architecture="deepseek_v4", compress_ratios=(1, 4, 8, 64, 8, 4), sliding_window=64,
+        swa_block_size=64, block_size=block_size, max_num_seqs=8, max_num_batched_tokens=16,
+        max_model_len=4096, index_topk=64, device=DEVICE, kernel_backend="torch")
+    builders = default_builders(cfg)
+    assert [b.name for b in builders] == ["indexer.c4a", "indexer.c8a", "compressed", "swa"]
+    arena, inputs = make_arena(cfg, builders)
+    step = SparseDecodeStep(cfg, topk_types=[served], num_kv_blocks=64, layers_per_type=1,
+                            decode_fn=emulated_flash_mla, logits_fn=emulated_paged_mqa_logits)
+    assert step.layers == [(0, "swaonly"), (1, served), (2, "c64a")]
+    assert step.indexers[served].name == f"indexer.{served}"
+    keys, deq = fill_caches(step)
+    rng = np.random.default_rng(block_size)
+    n, size = cfg.next_n, 8
+    for i in range(3):
+        new_inputs(step, i)
+        k = int(rng.integers(1, size // n + 1))
+        s = random_uniform_decode(inputs, k, rng, num_kv_blocks=64, max_seq_len=4096)
+        inputs.stage(s.query_lens, s.seq_lens, s.slot_mapping, num_reqs_padded=size // n,
+                     num_tokens_padded=size)
+        inputs.copy_to_device(size // n, size, uniform=True)
+        batch = Batch.for_decode_capture(inputs, size // n)
+        out = step(batch, {b.name: b.build_decode(batch) for b in builders})
+        assert (out[f"topk.{served}"][: k * n] >= 0).any()
+        assert step_problems(step, inputs, s, out, keys, deq) == []

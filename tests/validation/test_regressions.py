@@ -47,14 +47,14 @@ def _world(**overrides):
 def _padded_rows_hold_no_index(g, num_tokens: int, num_decode_tokens: int) -> None:
     swa, idx = g.metadata["swa"], g.metadata["indexer"]
     rows = swa.decode_swa_indices.shape[0]
-    for name, view in (("swa", swa.decode_swa_indices), ("c128a", swa.c128a_decode_indices)):
+    for name, view in (("swa", swa.decode_swa_indices), ("dense", swa.dense_decode_indices)):
         assert (view[num_decode_tokens:rows] < 0).all(), f"{name} padded decode rows"
     assert (swa.decode_swa_lens[num_decode_tokens:] == 0).all()
     assert (idx.slot_mapping[num_tokens:] < 0).all(), "compressed slots of padded tokens"
     assert (swa.slot_mapping[num_tokens:] < 0).all(), "slots of padded tokens"
-    if swa.c128a_prefill_indices is not None:
+    if swa.dense_prefill_indices is not None:
         live = num_tokens - num_decode_tokens
-        assert (swa.c128a_prefill_indices[live:] < 0).all(), "padded C128A prefill rows"
+        assert (swa.dense_prefill_indices[live:] < 0).all(), "padded dense prefill rows"
 
 
 @pytest.mark.gpu

@@ -8,6 +8,8 @@ lengths, block table) and gets new query start locations counting just those tok
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -90,18 +92,12 @@ def make_kv_sharing_fast_prefill_batch(
     new_qsl = np.zeros(num_reqs + 1, dtype=np.int32)
     np.cumsum(per_request, out=new_qsl[1:])
     qsl_cpu = torch.from_numpy(new_qsl)
-    return Batch(
-        query_start_loc=qsl_cpu.to(batch.device, non_blocking=True),
-        query_start_loc_cpu=qsl_cpu,
-        seq_lens=batch.seq_lens,
-        seq_lens_cpu=batch.seq_lens_cpu,
-        num_reqs=num_reqs,
-        num_actual_tokens=int(indices.size),
-        max_query_len=int(per_request.max()) if num_reqs else 0,
-        max_seq_len=batch.max_seq_len,
-        block_table=batch.block_table,
-        slot_mapping=batch.slot_mapping,
-        swa_block_table=batch.swa_block_table,
-        dcp_local_seq_lens=batch.dcp_local_seq_lens,
-        is_prefilling=batch.is_prefilling,
+    # The parent's per-token views index its tokens, and what its staging derived (counts,
+    # query lengths, replay starts, spans, group tables) describes its step: none is kept.
+    return replace(
+        batch, query_start_loc=qsl_cpu.to(batch.device, non_blocking=True),
+        query_start_loc_cpu=qsl_cpu, num_actual_tokens=int(indices.size),
+        max_query_len=int(per_request.max()) if num_reqs else 0, positions=None,
+        token_to_req=None, step_counts=None, query_lens=None, replay_start=None,
+        block_tables=None, image_spans=None,
     )

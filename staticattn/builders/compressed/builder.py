@@ -39,6 +39,7 @@ from staticattn.builders.compressed.metadata import CompressedKVMetadata, Compre
 from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
 from staticattn.kernels.compressed.entry_boundary import entry_written
 from staticattn.kernels.compressed.kv_slots import CompressedKVType, compressed_kv_slots
+from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.model import Cache, LayerType, Reads
 from staticattn.staging import PAD_SLOT_ID
@@ -192,9 +193,9 @@ class CompressedMetadataBuilder:
                  if views[ty.name]["ring_slot_mapping"] is not None}
         compressed_kv_slots(
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
-            batch.slot_mapping, [self._kernel_type(ty, tables, rings) for ty in self.types],
-            num_reqs=batch.num_reqs, num_tokens=num_tokens, replay_start=batch.replay_start,
-            window=self.config.sliding_window or 0,
+            SlotGate(batch.slot_mapping, batch.replay_start, self.config.sliding_window or 0),
+            [self._kernel_type(ty, tables, rings) for ty in self.types],
+            num_reqs=batch.num_reqs, num_tokens=num_tokens,
         )
         for ty in self.types:
             flag = views[ty.name]["entry_written"]

@@ -341,8 +341,8 @@ class IndexerMetadataBuilder:
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
             storage_block_size=self.index.storage_block_size, slot_tokens=slot_tokens,
             step_counts=step_counts, dcp=self.dcp, global_seq_lens=self.decode_global_seq_lens,
-            **(self.index.slot_gate(batch, self.config.sliding_window or 0)
-               if slots_out is not None else {}),
+            gate=(self.index.slot_gate(batch, self.config.sliding_window or 0)
+                  if slots_out is not None else None),
         )
         seq_lens, global_seq_lens, decode_lens, expanded_rows = self._decode_views(
             rows, width, layout.flatten)
@@ -386,7 +386,7 @@ class IndexerMetadataBuilder:
             self.index.table(batch), self.compressed_slot_mapping, num_reqs=batch.num_reqs,
             num_tokens=num_tokens, storage_block_size=self.index.storage_block_size,
             compress_ratio=self.compress_ratio, dcp=self.dcp,
-            **self.index.slot_gate(batch, self.config.sliding_window or 0),
+            gate=self.index.slot_gate(batch, self.config.sliding_window or 0),
         )
         return self._slot_views(num_tokens)
 

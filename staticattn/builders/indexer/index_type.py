@@ -18,10 +18,11 @@ import torch
 from staticattn.arena import ArenaConfig, cache_groups
 from staticattn.builders.batch import Batch
 from staticattn.errors import ConfigError
+from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.kernels.dcp.ownership import DCPShard
 from staticattn.model import Addressing, Cache, LayerType, layer_type
 
-__all__ = ["IndexType", "index_type"]
+__all__ = ["IndexType", "index_type", "indexer_name"]
 
 
 class IndexType(NamedTuple):
@@ -57,14 +58,12 @@ class IndexType(NamedTuple):
             return batch.block_table
         return batch.table_of(self.row, Cache.INDEX_K)
 
-    def slot_gate(self, batch: Batch, window: int) -> dict:
-        """The gate of the computed slots, as keyword arguments of the slot kernels: with
-        the own-slot rule the staged slot mapping and the batch's replay starts (a token
-        bounded replay recomputes, ``0 < replay_start <= p < replay_start + window``, writes
-        no index-K entry either: ``docs/spec/deepseek-v41.md`` §8.1); else none."""
-        gated = self.own_slot_gate
-        return dict(own_slots=batch.slot_mapping if gated else None,
-                    replay_start=batch.replay_start if gated else None, window=window)
+    def slot_gate(self, batch: Batch, window: int) -> SlotGate | None:
+        """The gate of the computed slots: with the own-slot rule the staged slot mapping
+        and the batch's replay starts (``window`` the replayed span); else None."""
+        if not self.own_slot_gate:
+            return None
+        return SlotGate(batch.slot_mapping, batch.replay_start, window)
 
     def computes_slots(self, config: ArenaConfig) -> bool:
         """Whether the slot mapping is computed (compressed, own table, or the rank's own
@@ -106,3 +105,10 @@ def index_type(config: ArenaConfig, name: str | None) -> IndexType:
                if own else config.max_blocks_per_req)
     return IndexType(row, ratio, row.entries_per_block(config.block_size), columns,
                      row.own_slot_gate, own)
+
+
+def indexer_name(config: ArenaConfig, row: LayerType) -> str:
+    """The metadata key of the indexer serving the index type ``row`` among
+    ``default_builders(config)``: ``"indexer"`` when the config has one index-owning type
+    (DeepSeek V3.2, V4), ``"indexer.<type>"`` each when it has several (V4.1)."""
+    return "indexer" if len(config.index_layer_types) == 1 else f"indexer.{row.name}"

@@ -1,9 +1,9 @@
-"""DeepSeek V4 / V4.1 sparse sliding-window (SWA) metadata, with the C128A top-k,
+"""DeepSeek V4 / V4.1 sparse sliding-window (SWA) metadata, with the dense top-k,
 graph-safe.
 
 The reference splits this work over two builders (its SWA builder and the FlashMLA-sparse
-builder's C128A part, spec §6-§7) and several launches per step. Here one kernel over the
-step's tokens writes the validity mask, the SWA window rows, the C128A decode and prefill
+builder's dense part, spec §6-§7) and several launches per step. Here one kernel over the
+step's tokens writes the validity mask, the SWA window rows, the dense decode and prefill
 rows and the paged prefill SWA rows (:mod:`staticattn.kernels.swa.swa_rows`); a second one,
 when the step may have prefills, writes the prefill gather lengths and every windowed type's
 prefill chunk plan (:mod:`staticattn.kernels.swa.prefill_gather`). A uniform decode step is one
@@ -25,12 +25,12 @@ Differences from the reference, each on purpose:
   pinned host tensor per step); ``token_to_req_indices`` covers every token of the step,
   padded tokens mapping to request 0;
 * invalid (slot -1) and padded decode tokens get length 0 *and* a row of -1 in both the SWA
-  and the C128A outputs; the reference leaves their SWA rows stale and writes their C128A rows
+  and the dense outputs; the reference leaves their SWA rows stale and writes their dense rows
   from stale positions (spec §6.6, §10.7, §11 item 5). Reads of the block tables are masked
   to the entries a row keeps, so no read spills past a request's row (spec §7);
 * decode rows are bounded by ``max_decode_tokens`` (= ``max_num_seqs * next_n``), not
-  ``max_num_batched_tokens``; the C128A row stride is the buffer's, fixed by the config;
-* the C128A prefill rows come with their lengths (``c128a_prefill_lens``), and rows past
+  ``max_num_batched_tokens``; the dense row stride is the buffer's, fixed by the config;
+* the dense prefill rows come with their lengths (``dense_prefill_lens``), and rows past
   the real prefill tokens hold -1; so do the paged prefill SWA rows (the reference leaves
   its rows past ``Tp`` stale), and their buffer holds ``max_num_batched_tokens`` rows;
 * a -1 top-k entry inside a combined row's top-k length stays -1 (V4.1's rule) for every
@@ -41,14 +41,14 @@ Differences from the reference, each on purpose:
   requests, not the bucket's spare request slots.
 
 Decode context parallelism (``dcp_world_size = W > 1``): **replicated**. Every rank holds
-the whole window and every C128A entry, and every rank's metadata is the single-GPU one: the
+the whole window and every dense entry, and every rank's metadata is the single-GPU one: the
 window is small (128 tokens, one or two SWA blocks), C128A covers the whole context at 1/128
 (8,192 entries at 1M tokens), so sharding either would buy little memory for an all-gather
 per layer; and the reference V4.1 work keeps the SWA and compressor state replicated ("SWA
 counted once in attention", spec vllm-0.33-delta.md §4.1). So the SWA block table and the
 slot mapping (the SWA group's) are global -- ``cdiv(max_model_len, swa_block_size)`` columns,
-every token written on every rank -- and the C128A entries are addressed through the rank's
-main block table, whose column spans ``block_size * W`` tokens under DCP: a C128A page holds
+every token written on every rank -- and the dense entries are addressed through the rank's
+main block table, whose column spans ``block_size * W`` tokens under DCP: a dense page holds
 ``block_size * W // 128`` entries (``W`` times the single-GPU page), all of that column's
 entries on every rank.
 """
@@ -103,7 +103,7 @@ class SparseSWAMetadataBuilder:
     >>> counts = inputs.stage([2, 2], [100, 300], [-1] * 4)
     >>> inputs.copy_to_device(2, 4)
     >>> meta = builder.build_decode(Batch.for_decode_capture(inputs, 2))
-    >>> tuple(meta.decode_swa_indices.shape), tuple(meta.c128a_decode_indices.shape)
+    >>> tuple(meta.decode_swa_indices.shape), tuple(meta.dense_decode_indices.shape)
     ((4, 1, 128), (4, 1, 128))
     """
 
@@ -205,7 +205,7 @@ class SparseSWAMetadataBuilder:
         The split is read on the device (``batch.step_counts``); every view covers the
         bucket's capacity and holds defined values past the real step: decode rows
         ``(min(T, max_decode_tokens), ...)`` with length 0 and rows of -1 past ``Td``;
-        C128A and paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens;
+        dense and paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens;
         prefill gather and sequence lengths ``(R,)``, 0 past the real prefills; chunk plans
         as tables with device counts. The int fields are those capacities; the exact split
         is ``step_counts``. Two kernels.

@@ -13,6 +13,8 @@ length 0. Kernels: :mod:`staticattn.kernels.swa.combined_rows`,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from staticattn.arena import ArenaConfig
@@ -26,25 +28,25 @@ from staticattn.model import Reads, layer_type
 __all__ = ["IndexRows"]
 
 
+@dataclass(slots=True, eq=False)
 class IndexRows:
     """Builds a layer's combined or FlashInfer rows from :class:`SparseSWAMetadata`.
 
-    Parameters
+    Attributes
     ----------
     config : ArenaConfig
     backend : {"torch", "triton"}
-    scratch : int32 device ``(T * width,)``;  scratch_lens : int32 device ``(T,)``
-        The builder's row scratch; ``width`` its widest row.
+    scratch : int32 device ``(max_tokens * width,)``;  scratch_lens : int32 device ``(T,)``
+        The builder's row scratch: ``max_tokens`` rows of its widest row, ``width``.
+    max_tokens, width : int
     """
 
-    def __init__(self, config: ArenaConfig, backend: str, scratch: torch.Tensor,
-                 scratch_lens: torch.Tensor, max_tokens: int, width: int) -> None:
-        self.config = config
-        self.backend = backend
-        self._scratch = scratch
-        self._scratch_lens = scratch_lens
-        self._max_tokens = max_tokens
-        self._width = width
+    config: ArenaConfig
+    backend: str
+    scratch: torch.Tensor
+    scratch_lens: torch.Tensor
+    max_tokens: int
+    width: int
 
     def prefill_combined(self, meta: SparseSWAMetadata, type_name: str,
                          topk: torch.Tensor | None = None, *, topk_width: int | None = None,
@@ -166,12 +168,12 @@ class IndexRows:
 
     def _outputs(self, out, lens_out, rows: int, width: int):
         if out is None:
-            if width > self._width:
+            if width > self.width:
                 raise ArenaError(f"rows of {width} entries exceed the row scratch's "
-                                 f"{self._width}: pass out=")
-            out = self._scratch[: self._max_tokens * width].view(self._max_tokens, width)
+                                 f"{self.width}: pass out=")
+            out = self.scratch[: self.max_tokens * width].view(self.max_tokens, width)
         if lens_out is None:
-            lens_out = self._scratch_lens
+            lens_out = self.scratch_lens
         if out.shape[0] < rows or out.shape[-1] != width or out.stride(0) != width or (
                 lens_out.shape[0] < rows):
             raise ArenaError(f"out must be contiguous rows ({rows}, {width}) and lens_out "

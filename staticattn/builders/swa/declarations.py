@@ -96,9 +96,9 @@ def swa_buffers(config: ArenaConfig, prefix: str = "swa", *,
     * ``swa.row_scratch`` int32 ``(T * row_scratch_width,)``, ``swa.row_scratch_lens``
       int32 ``(T,)``: one layer's combined or FlashInfer rows at a time;
     * with a layer type that reads every compressed entry (C128A, the table's
-      :attr:`~staticattn.model.Reads.ALL`): ``swa.c128a_decode_indices`` int32
-      ``(Td, 1, maxC)``, ``swa.c128a_decode_lens`` int32 ``(Td,)``,
-      ``swa.c128a_prefill_indices`` int32 ``(T, maxC)``, ``swa.c128a_prefill_lens`` int32
+      :attr:`~staticattn.model.Reads.ALL`): ``swa.dense_decode_indices`` int32
+      ``(Td, 1, maxC)``, ``swa.dense_decode_lens`` int32 ``(Td,)``,
+      ``swa.dense_prefill_indices`` int32 ``(T, maxC)``, ``swa.dense_prefill_lens`` int32
       ``(T,)``. Index rows start as -1: every writer keeps the entries at or past a row's
       length at -1.
     """
@@ -126,10 +126,10 @@ def swa_buffers(config: ArenaConfig, prefix: str = "swa", *,
     if config.dense_layer_type is not None:
         max_c = config.dense_width
         shapes += [
-            ("c128a_decode_indices", (td, 1, max_c), torch.int32, -1),
-            ("c128a_decode_lens", (td,), torch.int32, 0),
-            ("c128a_prefill_indices", (t, max_c), torch.int32, -1),
-            ("c128a_prefill_lens", (t,), torch.int32, 0),
+            ("dense_decode_indices", (td, 1, max_c), torch.int32, -1),
+            ("dense_decode_lens", (td,), torch.int32, 0),
+            ("dense_prefill_indices", (t, max_c), torch.int32, -1),
+            ("dense_prefill_lens", (t,), torch.int32, 0),
         ]
     return [BufferDecl(f"{prefix}.{name}", shape, dtype, fill=fill)
             for name, shape, dtype, fill in shapes]

@@ -14,14 +14,18 @@ __all__ = ["SparseSWAMetadata"]
 
 @dataclass(slots=True)
 class SparseSWAMetadata:
-    """DeepSeek V4 / V4.1 sparse sliding-window metadata of one step (spec §6.3, plus C128A
-    §7; the paged prefill rows and chunk plans of ``docs/spec/vllm-0.33-extras.md`` §2; V4.1's
-    bounded replay, ``docs/spec/deepseek-v41.md`` §7.4, §8.1).
+    """DeepSeek V4 / V4.1 sparse sliding-window metadata of one step (spec §6.3, plus the
+    dense type's §7; the paged prefill rows and chunk plans of
+    ``docs/spec/vllm-0.33-extras.md`` §2; V4.1's bounded replay,
+    ``docs/spec/deepseek-v41.md`` §7.4, §8.1).
 
     Every tensor is an arena view (or a view of the batch's inputs), so a captured step reads
     the same addresses on every replay. ``T`` = tokens of the step (padding included),
     ``Td`` / ``Tp`` = decode / prefill tokens, ``P`` = prefill requests, ``W`` = window,
-    ``maxC`` = :attr:`ArenaConfig.dense_width`.
+    ``maxC`` = :attr:`ArenaConfig.dense_width`. The ``dense_*`` fields serve the dense layer
+    type, the one whose row reads every complete compressed entry
+    (:attr:`ArenaConfig.dense_layer_type`, ``Reads.ALL``; DeepSeek V4's ``c128a``), ``R``
+    its compress ratio.
 
     Attributes
     ----------
@@ -42,12 +46,12 @@ class SparseSWAMetadata:
         including its own), -1 past its length. Invalid tokens: a row of -1.
     decode_swa_lens : int32 device ``(Td,)``
         ``min(p + 1, W)``; 0 for invalid tokens.
-    c128a_decode_indices : int32 device ``(Td, 1, maxC)`` or None
-        C128A top-k of each decode token: flat slots of its ``n_c = min((p + 1) // 128,
+    dense_decode_indices : int32 device ``(Td, 1, maxC)`` or None
+        The dense top-k of each decode token: flat slots of its ``n_c = min((p + 1) // R,
         maxC)`` complete compressed entries, -1 past ``n_c``; a row of -1 for invalid
-        tokens. None when the model has no C128A layers. (The reference's
+        tokens. None when the model has no dense layers. (The reference's
         ``c128a_global_decode_topk_indices``.)
-    c128a_decode_lens : int32 device ``(Td,)`` or None
+    dense_decode_lens : int32 device ``(Td,)`` or None
         ``n_c``; 0 for invalid tokens. (The reference's ``c128a_decode_topk_lens``.)
     num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens : int
         The decode/prefill split, decode threshold ``next_n``. From a mixed build (any
@@ -59,11 +63,11 @@ class SparseSWAMetadata:
         ``P > 0``.
     prefill_gather_lens : int32 device ``(P,)`` or None
         ``q + min(L - q, W - 1)`` per prefill request; only when ``P > 0``.
-    c128a_prefill_indices : int32 device ``(Tp, maxC)`` or None
+    dense_prefill_indices : int32 device ``(Tp, maxC)`` or None
         Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p``: the local
         indices ``o < n_c = min((p + 1) // 128, maxC)``, then -1 (the reference's
-        ``c128a_prefill_topk_indices``). None without C128A layers or prefills.
-    c128a_prefill_lens : int32 device ``(Tp,)`` or None
+        ``c128a_prefill_topk_indices``). None without dense layers or prefills.
+    dense_prefill_lens : int32 device ``(Tp,)`` or None
         ``n_c`` of each prefill row.
     prefill_swa_indices : int32 device ``(Tp, 1, Wp)`` or None
         Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p`` of request
@@ -104,16 +108,16 @@ class SparseSWAMetadata:
     token_to_req_indices: torch.Tensor
     decode_swa_indices: torch.Tensor
     decode_swa_lens: torch.Tensor
-    c128a_decode_indices: torch.Tensor | None
-    c128a_decode_lens: torch.Tensor | None
+    dense_decode_indices: torch.Tensor | None
+    dense_decode_lens: torch.Tensor | None
     num_decodes: int
     num_prefills: int
     num_decode_tokens: int
     num_prefill_tokens: int
     prefill_seq_lens: torch.Tensor | None = None
     prefill_gather_lens: torch.Tensor | None = None
-    c128a_prefill_indices: torch.Tensor | None = None
-    c128a_prefill_lens: torch.Tensor | None = None
+    dense_prefill_indices: torch.Tensor | None = None
+    dense_prefill_lens: torch.Tensor | None = None
     tile_scheds: dict[str, Any] = field(default_factory=dict)
     step_counts: torch.Tensor | None = None
     prefill_swa_indices: torch.Tensor | None = None

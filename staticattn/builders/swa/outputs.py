@@ -37,7 +37,7 @@ class BoundViews:
     def __init__(self, arena: Arena, prefix: str, backend: str, chunk_size: int) -> None:
         cfg: ArenaConfig = arena.config
         self.config = cfg
-        has_c128a = cfg.dense_layer_type is not None
+        has_dense = cfg.dense_layer_type is not None
 
         def view(name: str, present: bool = True):
             return arena[f"{prefix}.{name}"] if present else None
@@ -46,10 +46,10 @@ class BoundViews:
             is_valid_token=view("is_valid_token"),
             swa_indices=view("decode_swa_indices"),
             swa_lens=view("decode_swa_lens"),
-            c128a_indices=view("c128a_decode_indices", has_c128a),
-            c128a_lens=view("c128a_decode_lens", has_c128a),
-            c128a_prefill_indices=view("c128a_prefill_indices", has_c128a),
-            c128a_prefill_lens=view("c128a_prefill_lens", has_c128a),
+            dense_indices=view("dense_decode_indices", has_dense),
+            dense_lens=view("dense_decode_lens", has_dense),
+            dense_prefill_indices=view("dense_prefill_indices", has_dense),
+            dense_prefill_lens=view("dense_prefill_lens", has_dense),
             prefill_swa_indices=view("prefill_swa_indices"),
             prefill_swa_lens=view("prefill_swa_lens"),
         )
@@ -122,18 +122,18 @@ class BoundViews:
         """The views of a split, cut once per split (slicing costs over a microsecond a
         view, and steps repeat their splits)."""
         out = self.out
-        has_c128a = out.c128a_indices is not None
+        has_dense = out.dense_indices is not None
         td, tp, pre = num_decode_tokens, num_prefill_tokens, num_prefills > 0
         return dict(
             is_valid_token=out.is_valid_token[:num_tokens],
             decode_swa_indices=out.swa_indices[:td],
             decode_swa_lens=out.swa_lens[:td],
-            c128a_decode_indices=out.c128a_indices[:td] if has_c128a else None,
-            c128a_decode_lens=out.c128a_lens[:td] if has_c128a else None,
+            dense_decode_indices=out.dense_indices[:td] if has_dense else None,
+            dense_decode_lens=out.dense_lens[:td] if has_dense else None,
             prefill_gather_lens=self.gather_lens[:num_prefills] if pre else None,
-            c128a_prefill_indices=out.c128a_prefill_indices[:tp] if has_c128a and pre
+            dense_prefill_indices=out.dense_prefill_indices[:tp] if has_dense and pre
             else None,
-            c128a_prefill_lens=out.c128a_prefill_lens[:tp] if has_c128a and pre else None,
+            dense_prefill_lens=out.dense_prefill_lens[:tp] if has_dense and pre else None,
             prefill_swa_indices=out.prefill_swa_indices[:tp] if pre else None,
             prefill_swa_lens=out.prefill_swa_lens[:tp] if pre else None,
         )

@@ -1,20 +1,20 @@
-"""Per-rank SWA windows and C128A shares under decode context parallelism, as an option
+"""Per-rank SWA windows and dense shares under decode context parallelism, as an option
 beside replication (``vllm-0.33-extras.md`` §7.2).
 
-By default every rank builds and attends the single-GPU SWA window and every C128A entry
+By default every rank builds and attends the single-GPU SWA window and every dense entry
 (replicated, ``docs/architecture.md``). A step that shards that attendance instead calls
 :class:`DCPRankShares` on the step's SWA metadata: it writes, inside the graph and into
 buffers it owns, the rank's part of each decode row (:mod:`staticattn.kernels.dcp.rank_shares`)
--- the owned window positions at their replicated SWA slots, and the owned C128A entries
+-- the owned window positions at their replicated SWA slots, and the owned dense entries
 (sharded by entry, interleave 1) at their local slots -- and, for the cache writes of
-that layout, the slot each token writes its completed C128A entry to on this rank (-1 on
+that layout, the slot each token writes its completed dense entry to on this rank (-1 on
 the others). The ranks' partial attentions then merge by log-sum-exp as the decode
 consumer's do.
 
 Example::
 
     shares = DCPRankShares(rank_config)
-    out = shares(batch, md)  # out["swa"], out["swa_lens"], out["c128a"], ...
+    out = shares(batch, md)  # out["swa"], out["swa_lens"], out["dense"], ...
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
 from staticattn.errors import ConfigError
 from staticattn.kernels.dcp.ownership import DCPShard
-from staticattn.kernels.dcp.rank_shares import c128a_rank_share, swa_rank_share
+from staticattn.kernels.dcp.rank_shares import dense_rank_share, swa_rank_share
 from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
 from staticattn.kernels.runtime.backend import resolve_backend
 
@@ -43,12 +43,12 @@ class DCPRankShares:
         Tokens per ownership group of the window's positions (1, as the reference's V4 DCP).
 
     Returns (per call) views of owned buffers, valid until the next call: ``"swa"`` int32
-    ``(Td, W)`` global SWA slots, -1 after ``"swa_lens"`` int32 ``(Td,)``; ``"c128a"`` int32
-    ``(Td, cdiv(maxC, world))`` local C128A slots through the rank's main block table
-    (``block_size // 128`` local entries a page), -1 after ``"c128a_lens"``; and
-    ``"c128a_slots"`` int64 ``(T,)``, the local slot each token writes its completed C128A
-    entry to (``(p + 1) % 128 == 0`` and the entry is this rank's), else -1. The C128A ones
-    are None without C128A layers.
+    ``(Td, W)`` global SWA slots, -1 after ``"swa_lens"`` int32 ``(Td,)``; ``"dense"`` int32
+    ``(Td, cdiv(maxC, world))`` local dense slots through the rank's main block table
+    (``block_size // 128`` local entries a page), -1 after ``"dense_lens"``; and
+    ``"dense_slots"`` int64 ``(T,)``, the local slot each token writes its completed dense
+    entry to (``(p + 1) % 128 == 0`` and the entry is this rank's), else -1. The dense ones
+    are None without dense layers.
     """
 
     def __init__(self, config: ArenaConfig, *, swa_interleave: int = 1) -> None:
@@ -64,11 +64,11 @@ class DCPRankShares:
         i32 = dict(dtype=torch.int32, device=dev)
         self._swa = torch.full((td, config.sliding_window), -1, **i32)
         self._swa_lens = torch.zeros(td, **i32)
-        self._c128a = self._c128a_lens = None
+        self._dense = self._dense_lens = None
         if dense is not None:
-            self._c128a = torch.full((td, cdiv(config.dense_width, self.world)), -1, **i32)
-            self._c128a_lens = torch.zeros(td, **i32)
-            self._c128a_slots = torch.full((config.max_num_batched_tokens,), -1,
+            self._dense = torch.full((td, cdiv(config.dense_width, self.world)), -1, **i32)
+            self._dense_lens = torch.zeros(td, **i32)
+            self._dense_slots = torch.full((config.max_num_batched_tokens,), -1,
                                            dtype=torch.int64, device=dev)
         self.dense_ratio = dense.compress_ratio if dense is not None else 0
 
@@ -80,22 +80,22 @@ class DCPRankShares:
         swa_rank_share(self.backend, rows, swa.decode_swa_lens, batch.positions, out, lens,
                        num_rows=td, world=self.world, rank=self.rank,
                        interleave=self.swa_interleave)
-        shares = {"swa": out, "swa_lens": lens, "c128a": None, "c128a_lens": None,
-                  "c128a_slots": None}
-        if self._c128a is None or swa.c128a_decode_lens is None:
+        shares = {"swa": out, "swa_lens": lens, "dense": None, "dense_lens": None,
+                  "dense_slots": None}
+        if self._dense is None or swa.dense_decode_lens is None:
             return shares
-        c_out, c_lens = self._c128a[:td], self._c128a_lens[:td]
-        c128a_rank_share(self.backend, swa.c128a_decode_lens, swa.token_to_req_indices,
+        c_out, c_lens = self._dense[:td], self._dense_lens[:td]
+        dense_rank_share(self.backend, swa.dense_decode_lens, swa.token_to_req_indices,
                          batch.block_table, c_out, c_lens, num_rows=td,
                          entries_per_block=self.entries_per_block, world=self.world,
                          rank=self.rank)
         # The writer side of the same layout: entries dealt at interleave 1.
         nt = batch.num_actual_tokens
-        slots = self._c128a_slots[:nt]
+        slots = self._dense_slots[:nt]
         compressed_slot_mapping(
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
             batch.block_table, slots, num_reqs=batch.num_reqs, num_tokens=nt,
             storage_block_size=self.entries_per_block, compress_ratio=self.dense_ratio,
             dcp=DCPShard(self.world, self.rank, 1))
-        shares.update(c128a=c_out, c128a_lens=c_lens, c128a_slots=slots)
+        shares.update(dense=c_out, dense_lens=c_lens, dense_slots=slots)
         return shares

@@ -104,11 +104,8 @@ def _torch(a: CompressedArgs, out: torch.Tensor) -> None:
     out[:, 1] = written
 
 
-@lazy_jit
-def _checksum_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _checksum_kernel(triton, tl):
     @triton.jit
     def compressed_checksum_kernel(
         out, out_stride, token_to_req, counts, table, table_stride, entry_counts, slots,

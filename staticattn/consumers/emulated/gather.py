@@ -9,10 +9,10 @@ int64 (padded tokens: zeros):
   first ``decode_swa_lens``), a prefill token through its request's gathered range: the last
   ``prefill_gather_lens`` positions before ``prefill_seq_lens``, clipped to the window, read
   through the SWA block table;
-* col 1, C128A: the sum of ``c128a_cache`` over the token's complete compressed entries -- a
-  decode token through its ``c128a_decode_indices`` row, a prefill token through its
-  ``c128a_prefill_indices`` row of local indices, mapped to slots through the block table
-  (0 without C128A layers);
+* col 1, the dense type (C128A in V4): the sum of ``dense_cache`` over the token's complete
+  compressed entries -- a decode token through its ``dense_decode_indices`` row, a prefill
+  token through its ``dense_prefill_indices`` row of local indices, mapped to slots through
+  the block table (0 without dense layers);
 * col 2, indexer: the sum of ``index_cache`` over the last ``min(n, 32)`` compressed keys of
   the ``n`` the token sees -- a decode token through its row of the decode lengths and block
   table (native or flattened), a prefill token through its key range ``[ks, ke)`` in its
@@ -22,7 +22,7 @@ DeepSeek V4.1 (two index types, compressed caches of their own, :meth:`GatherCon
 an indexer column per index type (``indexer.c1a``, ``indexer.c2a``: its keys through its
 ``index_k`` group's table), and per kv-source type two columns of the compressed builder's
 outputs (:mod:`staticattn.consumers.emulated.compressed_checksums`): the entries the token may read,
-and the entry and compressor-ring row it writes. C128A is absent there (column 1 is 0).
+and the entry and compressor-ring row it writes. The dense type is absent there (column 1 is 0).
 
 Each checksum is a function of the token alone when the metadata is right, whichever build
 made it (a decode graph, a mixed graph, the reference's eager build with its own layouts and
@@ -40,6 +40,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.builder import kv_source_types, ring_capacity
+from staticattn.builders.indexer.index_type import indexer_name
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.consumers.emulated.compressed_checksums import CompressedArgs, compressed_checksums
 from staticattn.consumers.emulated.gather_checksums import GatherArgs, gather_checksums
@@ -69,12 +70,12 @@ class GatherConsumer:
     Attributes
     ----------
     columns : list of str
-        What each output column sums: ``"swa"``, ``"c128a"``, one per index type (its
+        What each output column sums: ``"swa"``, ``"dense"``, one per index type (its
         indexer builder's name: ``"indexer"``, or ``"indexer.c1a"`` ...), then per
         kv-source type with cache groups of its own ``"<type>.read"``, ``"<type>.write"``
         (DeepSeek V3.2 and V4: the first three only).
     caches : dict of str to int32 device tensor
-        The fake caches by name: ``"swa"``, ``"c128a"``, each index type's by its indexer
+        The fake caches by name: ``"swa"``, ``"dense"``, each index type's by its indexer
         column name, each own-group kv-source type's ``"<type>.compressed_kv"`` and (with a
         ring) ``"<type>.compressor_state"``; flat, indexed by slot.
     """
@@ -88,13 +89,12 @@ class GatherConsumer:
         def cache(entries: int) -> torch.Tensor:
             return torch.randint(0, 1 << 20, (entries,), generator=gen, dtype=torch.int32).to(dev)
 
-        types = config.index_layer_types
-        self._index = [(f"indexer.{t.name}" if len(types) > 1 else "indexer", t) for t in types]
+        self._index = [(indexer_name(config, t), t) for t in config.index_layer_types]
         self._kv = [t for t in kv_source_types(config) if t.addressing is Addressing.OWN_GROUPS]
-        self.columns = ["swa", "c128a", *(name for name, _ in self._index),
+        self.columns = ["swa", "dense", *(name for name, _ in self._index),
                         *(f"{t.name}.{x}" for t in self._kv for x in ("read", "write"))]
         self.caches = {"swa": cache(num_kv_blocks * config.swa_block_size),
-                       "c128a": cache(num_kv_blocks * _dense_entries_per_block(config))}
+                       "dense": cache(num_kv_blocks * _dense_entries_per_block(config))}
         for name, t in self._index:
             self.caches[name] = cache(num_kv_blocks * t.entries_per_block(config.block_size))
         for t in self._kv:
@@ -120,10 +120,10 @@ class GatherConsumer:
         num_tokens = batch.num_actual_tokens
         out = self.out[:num_tokens]
         if len(self.columns) > 3:
-            # V4.1's launches leave the C128A column unwritten; V3.2 and V4's one launch
+            # V4.1's launches leave the dense column unwritten; V3.2 and V4's one launch
             # writes all three columns, so their graphs keep one kernel less.
             out.zero_()
-        # One launch per index type: the first also sums the window and C128A columns.
+        # One launch per index type: the first also sums the window and dense columns.
         for column, (name, layer_type) in enumerate(self._index, start=2):
             args = self._args(batch, metadata, name, layer_type)
             args.index_column, args.window_columns = column, column == 2
@@ -153,18 +153,18 @@ class GatherConsumer:
         swa, idx = metadata.get("swa"), metadata.get(name) if name else None
         cfg = self.config
         # The index type's K table (V4.1: its group's; otherwise the main one, which also
-        # addresses C128A: no config has both).
+        # addresses the dense type: no config has both).
         table = (batch.table_of(layer_type, Cache.INDEX_K) if layer_type is not None
                  else batch.block_table)
-        index_cache = self.caches[name] if name else self.caches["c128a"]
+        index_cache = self.caches[name] if name else self.caches["dense"]
         args = GatherArgs(
             num_tokens=batch.num_actual_tokens, token_to_req=batch.token_to_req,
             positions=batch.positions, query_start_loc=batch.query_start_loc,
             block_table=table, swa_block_table=batch.swa_block_table,
-            step_counts=batch.step_counts, caches=(self.caches["swa"], self.caches["c128a"],
+            step_counts=batch.step_counts, caches=(self.caches["swa"], self.caches["dense"],
                                                    index_cache),
             window=cfg.sliding_window or 1, swa_block_size=cfg.swa_block_size,
-            c128a_entries=_dense_entries_per_block(cfg),
+            dense_entries=_dense_entries_per_block(cfg),
             storage_block_size=(layer_type.entries_per_block(cfg.block_size)
                                 if layer_type is not None else cfg.block_size),
         )

@@ -43,7 +43,7 @@ class GatherArgs:
     caches: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     window: int
     swa_block_size: int
-    c128a_entries: int
+    dense_entries: int
     storage_block_size: int
     swa: dict[str, Any] | None = None
     indexer: dict[str, Any] | None = None
@@ -51,17 +51,17 @@ class GatherArgs:
     #: The output column of the indexer checksum (2; DeepSeek V4.1 launches once per index
     #: type, each into a column of its own).
     index_column: int = 2
-    #: Whether this launch writes the SWA and C128A columns (0, 1): the first launch of a
+    #: Whether this launch writes the SWA and dense columns (0, 1): the first launch of a
     #: step does, the other index types' launches leave them.
     window_columns: bool = True
 
     def set_swa(self, md) -> None:
-        """Read the sparse SWA metadata: decode window and C128A rows, prefill gather lengths."""
+        """Read the sparse SWA metadata: decode window and dense rows, prefill gather lengths."""
         self.swa = dict(
             indices=md.decode_swa_indices, lens=md.decode_swa_lens,
             gather_lens=md.prefill_gather_lens, prefill_seq_lens=md.prefill_seq_lens,
-            c_indices=md.c128a_decode_indices, c_lens=md.c128a_decode_lens,
-            cp_indices=md.c128a_prefill_indices, cp_lens=md.c128a_prefill_lens,
+            c_indices=md.dense_decode_indices, c_lens=md.dense_decode_lens,
+            cp_indices=md.dense_prefill_indices, cp_lens=md.dense_prefill_lens,
         )
 
     def set_indexer(self, md) -> None:
@@ -119,7 +119,7 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
     real = t < nt
     b = torch.where(real, a.token_to_req[: a.num_tokens].long(), 0)
     p = torch.where(real, a.positions[: a.num_tokens], 0)
-    swa_cache, c128a_cache, index_cache = a.caches
+    swa_cache, dense_cache, index_cache = a.caches
     out[:, a.index_column].zero_()
     if a.window_columns:
         out[:, :2].zero_()
@@ -147,13 +147,13 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
             o = torch.arange(width, device=dev)
             c_dec = c_pre = torch.zeros_like(t)
             if rows:
-                c_dec = _sum_rows(c128a_cache, s["c_indices"][r, 0], dec[:, None] & (
+                c_dec = _sum_rows(dense_cache, s["c_indices"][r, 0], dec[:, None] & (
                     o < s["c_lens"][r, None]))
             if s["cp_indices"] is not None:
                 rp = (t - td).clamp(0, s["cp_indices"].shape[0] - 1)
                 local = s["cp_indices"][rp].long().clamp(min=0)
                 keep = (real & ~dec)[:, None] & (o < s["cp_lens"][rp, None])
-                c_pre = _paged_sum(c128a_cache, a.block_table, b, local, a.c128a_entries,
+                c_pre = _paged_sum(dense_cache, a.block_table, b, local, a.dense_entries,
                                    keep)
             out[:, 1] = torch.where(dec & real, c_dec, c_pre)
     if a.indexer is not None:
@@ -213,7 +213,7 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
     i_lens = idx["lens"] if has_i else placeholder
     i_table = idx["table"] if has_i else a.block_table
     bounds, num_chunks, cu, ks, ke = plan if plan is not None else (placeholder,) * 5
-    swa_cache, c128a_cache, index_cache = a.caches
+    swa_cache, dense_cache, index_cache = a.caches
     launch(_gather_kernel(), (a.num_tokens,),
         out, a.token_to_req, a.positions, a.query_start_loc, a.block_table,
         a.block_table.stride(0), swa_bt, swa_bt.stride(0), a.step_counts,
@@ -221,13 +221,13 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
         v(swa.get("prefill_seq_lens")), v(swa.get("c_indices")), v(swa.get("c_lens")),
         v(swa.get("cp_indices")), v(swa.get("cp_lens")),
         i_lens, i_table, i_table.stride(0), bounds, num_chunks, cu, ks, ke,
-        swa_cache, c128a_cache, index_cache, swa_cache.shape[0], c128a_cache.shape[0],
+        swa_cache, dense_cache, index_cache, swa_cache.shape[0], dense_cache.shape[0],
         index_cache.shape[0], swa["lens"].shape[0] if has_s else 0,
         swa["gather_lens"].shape[0] if has_pre else 0,
         swa["cp_indices"].shape[0] if has_cp else 0,
         i_lens.shape[0] if has_i else 0, i_lens.shape[1] if has_i else 1,
         idx.get("decode_tokens", 0), bounds.shape[0] if plan is not None else 0,
-        a.window, a.swa_block_size, a.c128a_entries, a.storage_block_size, out.stride(0),
+        a.window, a.swa_block_size, a.dense_entries, a.storage_block_size, out.stride(0),
         HAS_S=has_s, HAS_PRE=has_pre, HAS_C=has_c, HAS_CP=has_cp, HAS_I=has_i,
         HAS_PLAN=plan is not None, I_FLATTEN=bool(idx.get("flatten")),
         I_DEVICE_COUNTS=bool(idx.get("device_counts")), C_WIDTH=c_width,
@@ -236,11 +236,8 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
     )
 
 
-@lazy_jit
-def _gather_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _gather_kernel(triton, tl):
     @triton.jit
     def paged_sum(table_row, pos, keep, page, cache, cache_size):
         """Values of ``cache`` at the slots of positions ``pos`` through one request's

@@ -1,2 +1,3 @@
 """The real DeepSeek consumers (DeepGEMM, FlashMLA; optional, CUDA): their caches, the
-indexer's top-k and the sparse decode, and the step that chains them."""
+indexer's top-k, the per-type parts built from the table's rows, the sparse decode step
+that runs them, and the factory that picks what a machine can run."""

@@ -48,6 +48,7 @@ import torch
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
+from staticattn.builders.indexer.index_type import indexer_name
 from staticattn.consumers.real.caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.indexer.short_topk_fill import fill_short_context_topk
@@ -79,9 +80,9 @@ class IndexerTopKStep:
         The index type's K pages must hold 64 entries (:func:`index_type_unserved`); on
         CUDA ``num_sms`` must equal DeepGEMM's.
     index_type : str, optional
-        The index-owning layer type whose indexer metadata (``md["indexer.<type>"]``) it
-        reads, for a config with several (DeepSeek V4.1: "c1a", "c2a"); default the
-        config's one (``md["indexer"]``).
+        The index-owning layer type it serves (DeepSeek V4.1: "c1a", "c2a"); default the
+        config's only one. It reads that type's indexer metadata: ``md["indexer"]`` when the
+        config has one index type, ``md["indexer.<type>"]`` when it has several.
     num_kv_blocks : int
         Blocks of the owned K cache; block ids of the batch must be below it.
     num_heads, head_dim : int
@@ -135,8 +136,11 @@ class IndexerTopKStep:
                 )
             logits_fn = _deep_gemm_logits(dg)
         self.config = config
-        #: The metadata it reads (``md[name]``), the builder's name.
-        self.name = "indexer" if index_type is None else f"indexer.{index_type}"
+        #: The index-owning layer type it serves.
+        self.layer_type = row
+        #: The metadata it reads (``md[name]``): the name ``default_builders`` gives its
+        #: indexer builder.
+        self.name = indexer_name(config, row)
         self.compress_ratio = max(row.compress_ratio, 1)
         self.logits_fn = logits_fn
         self.short_context_fill = short_context_fill

@@ -46,11 +46,8 @@ def entry_written(backend: str, slots: torch.Tensor, flag_out: torch.Tensor, *,
     flag_out.copy_((slots[:num_tokens] >= 0).any().view(1))
 
 
-@lazy_jit
-def _kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _kernel(triton, tl):
     @triton.jit
     def entry_written_kernel(slots, flag_out, num_tokens, BLOCK: tl.constexpr):
         seen = tl.zeros([BLOCK], dtype=tl.int32)

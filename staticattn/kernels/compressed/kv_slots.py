@@ -8,12 +8,9 @@ For token ``t`` of request ``b`` at position ``p`` and a type of ratio ``R`` wit
 * **compressed slot**: the token completing a group of ``R`` positions writes entry
   ``k = p // R``: ``bt[b, k // S] * S + k % S`` (int64) if ``(p + 1) % R == 0``, else -1.
   ``R = 1`` (V4.1's c1a) is the token's own entry, ``bt[b, p // BS] * BS + p % BS``; ``R = 2``
-  (c2a) writes from odd positions only. With the type's own-slot gate (V4.1) a token whose
-  own slot (the staged slot mapping) is -1 writes nothing either, nor does a token that
-  bounded replay recomputes (``docs/spec/deepseek-v41.md`` §8.1): ``replay_start[b] > 0`` and
-  ``replay_start[b] <= p < replay_start[b] + W`` -- the reference sets those tokens' slots
-  to -1 in the compressed and index-K groups only (the SWA slots this package stages stay
-  valid), and its entries are in the prefix cache already;
+  (c2a) writes from odd positions only. A type with the own-slot gate (V4.1) writes no
+  entry from the tokens the step's :class:`~staticattn.kernels.compressed.slot_gate.SlotGate`
+  stops (own slot -1, or recomputed by bounded replay);
 * **entry count** ``n_c(p) = floor((p + 1) / R)``: the complete compressed entries at or
   before ``p`` (c1a ``p + 1``: its own entry included);
 * **ring slot** (a type with its own compressor ring, V4.1's c2a):
@@ -44,6 +41,7 @@ from typing import NamedTuple
 
 import torch
 
+from staticattn.kernels.compressed.slot_gate import SlotGate, slot_gate_jit
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch
 from staticattn.kernels.runtime.deferred import lazy_jit, publish
 
@@ -88,13 +86,11 @@ def compressed_kv_slots(
     query_start_loc: torch.Tensor,
     positions: torch.Tensor,
     token_to_req: torch.Tensor,
-    own_slots: torch.Tensor,
+    gate: SlotGate,
     types: Sequence[CompressedKVType],
     *,
     num_reqs: int,
     num_tokens: int,
-    replay_start: torch.Tensor | None = None,
-    window: int = 0,
 ) -> None:
     """Write every type's outputs for tokens ``[0, num_tokens)``.
 
@@ -106,16 +102,11 @@ def compressed_kv_slots(
     positions : int64 device ``(>= num_tokens,)``
     token_to_req : int32 device ``(>= num_tokens,)``
         A valid table row for every token (padded tokens: request 0).
-    own_slots : int64 device ``(>= num_tokens,)``
-        The staged slot mapping, read by gated types.
+    gate : SlotGate
+        The step's gate, read by the gated types.
     types : sequence of CompressedKVType
     num_reqs, num_tokens : int
         Static extent (the captured size or bucket under a graph).
-    replay_start : int32 device ``(>= num_reqs,)`` or None
-        Bounded replay: each request's first replayed position (0: none); the ``window``
-        positions from it write no entry of a gated type. None: nothing replays.
-    window : int
-        ``W``, the replayed span (with ``replay_start``).
 
     Graph-safe with either backend: static extents, no host read.
     """
@@ -123,17 +114,14 @@ def compressed_kv_slots(
         return
     if backend == "triton":
         for first in range(0, len(types), TYPES_PER_LAUNCH):
-            _launch(query_start_loc, positions, token_to_req, own_slots, replay_start, window,
+            _launch(query_start_loc, positions, token_to_req, gate,
                     types[first:first + TYPES_PER_LAUNCH], num_reqs, num_tokens)
         return
     t = torch.arange(num_tokens, device=positions.device)
     real = t < query_start_loc[num_reqs]
     pos = torch.where(real, positions[:num_tokens], 0)
     req = torch.where(real, token_to_req[:num_tokens].long(), 0)
-    own_ok = own_slots[:num_tokens] >= 0
-    if replay_start is not None:
-        start = replay_start[req].long()
-        own_ok = own_ok & ~((start > 0) & (pos >= start) & (pos < start + window))
+    own_ok = gate.allows(pos, req)
     for ty in types:
         r, s = ty.compress_ratio, ty.entries_per_block
         valid = real & ((pos + 1) % r == 0)
@@ -149,7 +137,7 @@ def compressed_kv_slots(
             ty.ring_out[:num_tokens].copy_(torch.where(real & (ring_block != 0), ring, -1))
 
 
-def _launch(qsl, positions, token_to_req, own_slots, replay_start, window, types, num_reqs,
+def _launch(qsl, positions, token_to_req, gate: SlotGate, types, num_reqs,
             num_tokens) -> None:
     args, constexprs = [], {}
     for j in range(TYPES_PER_LAUNCH):
@@ -163,17 +151,13 @@ def _launch(qsl, positions, token_to_req, own_slots, replay_start, window, types
                  ty.ring_out if ring else ty.slots_out]
         constexprs[f"GATE{j}"] = ty.own_slot_gate
         constexprs[f"RING{j}"] = ring
-    replay = replay_start is not None
     launch(_kernel(), (grid_size(num_tokens, _BLOCK),), qsl, positions, token_to_req,
-           own_slots, replay_start if replay else qsl, window, num_reqs, num_tokens, *args,
-           NUM_TYPES=len(types), HAS_REPLAY=replay, **constexprs, BLOCK=_BLOCK)
+           *gate.launch_args(qsl), num_reqs, num_tokens, *args, NUM_TYPES=len(types),
+           HAS_REPLAY=gate.replay_start is not None, **constexprs, BLOCK=_BLOCK)
 
 
-@lazy_jit
-def _kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit(slot_gate_jit)
+def _kernel(triton, tl, gate_allows):
     @triton.jit
     def compressed_kv_type(i, in_range, real, pos, req, own_ok, table, table_stride, ratio,
                            entries, slots_out, counts_out, ring_table, ring_stride, ring_cap,
@@ -214,10 +198,7 @@ def _kernel():
         real = in_range & (i < tl.load(qsl + num_reqs))
         pos = tl.load(positions + i, mask=real, other=0)
         req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
-        own_ok = tl.load(own_slots + i, mask=real, other=-1) >= 0
-        if HAS_REPLAY:
-            start = tl.load(replay_start + req, mask=real, other=0)
-            own_ok = own_ok & ~((start > 0) & (pos >= start) & (pos < start + window))
+        own_ok = gate_allows(own_slots, replay_start, window, i, pos, req, real, HAS_REPLAY)
         compressed_kv_type(i, in_range, real, pos, req, own_ok, table0, stride0, ratio0,
                            entries0, slots0, counts0, ring_table0, ring_stride0, cap0, ring0,
                            GATE0, RING0)

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 
@@ -108,14 +108,8 @@ def global_topk_slots(
     lens_out[:num_rows].copy_(ok.sum(dim=1))
 
 
-@lazy_jit
-def _kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit)
+def _kernel(triton, tl, live_decode_tokens, **_):
     @triton.jit
     def global_topk_kernel(
         topk, topk_stride, token_to_req, own_slots, table, table_stride, num_cols, out,

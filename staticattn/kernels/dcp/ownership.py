@@ -72,17 +72,11 @@ def dcp_global_index(j: torch.Tensor, world: int, rank: int, interleave: int) ->
             + rank * interleave + j % interleave)
 
 
-@lazy_jit
-def triton_dcp_helpers():
+@lazy_jit()
+def triton_dcp_helpers(triton, tl):
     """``(local_count, owner, local_index)``: the same formulas as ``@triton.jit`` helpers
-    (publish them into the calling kernel's module with
-    :func:`~staticattn.kernels.runtime.deferred.publish`)."""
-    import triton
-    import triton.language as tl
-
-    # Interpreted Triton wants triton.language among a jit function's module globals (a
-    # kernel's own module gets it when the kernel is rewritten; these helpers live here).
-    globals()["tl"] = tl
+    (a kernel takes them by naming this function in its
+    :func:`~staticattn.kernels.runtime.deferred.lazy_jit`)."""
 
     @triton.jit
     def dcp_local_count_tl(n, world, rank, interleave):

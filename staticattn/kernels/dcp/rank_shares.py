@@ -1,5 +1,5 @@
 """One rank's share of the replicated decode rows under decode context parallelism
-(``vllm-0.33-extras.md`` §7.2): the SWA window it attends and the C128A entries it holds.
+(``vllm-0.33-extras.md`` §7.2): the SWA window it attends and the dense entries it holds.
 
 Both are derived from the single-GPU (dcp = 1) rows every rank builds; ownership is
 ``own_r(x) = (x // I) % world == r`` (the reference's V4 DCP uses ``I = 1``):
@@ -9,7 +9,7 @@ Both are derived from the single-GPU (dcp = 1) rows every rank builds; ownership
   as the same (global, the SWA cache is replicated) slots, compacted to the front, -1 after;
   ``len_r = local(p + 1) - local(s)``. Its ``j``-th entry is position
   ``x_j = global_index(local(s) + j)``, column ``x_j - s`` of the dcp = 1 row.
-* **C128A entries**: of the ``n_c`` entries ``e < n_c`` (the dcp = 1 length), rank ``r``
+* **Dense entries**: of the ``n_c`` entries ``e < n_c`` (the dcp = 1 length), rank ``r``
   holds the owned ones, sharded by entry; its ``j``-th is its local entry ``j``, at the local
   slot ``bt[b, j // S] * S + j % S``; ``len_r = local(n_c)``, -1 after.
 
@@ -24,9 +24,9 @@ import torch
 
 from staticattn.kernels.dcp.ownership import dcp_global_index, dcp_local_count, triton_dcp_helpers
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 
-__all__ = ["c128a_rank_share", "swa_rank_share"]
+__all__ = ["dense_rank_share", "swa_rank_share"]
 
 _ROWS = 4
 _MAX_COLS = 1024
@@ -73,19 +73,19 @@ def swa_rank_share(backend: str, rows: torch.Tensor, lens: torch.Tensor,
     lens_out[:num_rows].copy_(held)
 
 
-def c128a_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tensor,
+def dense_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tensor,
                      block_table: torch.Tensor, out: torch.Tensor, lens_out: torch.Tensor, *,
                      num_rows: int, entries_per_block: int, world: int, rank: int) -> None:
-    """The rank's C128A entries of decode rows ``[0, num_rows)`` (sharded by entry).
+    """The rank's dense entries of decode rows ``[0, num_rows)`` (sharded by entry).
 
     Parameters
     ----------
     backend : {"torch", "triton"}
     lens : int32 device ``(>= num_rows,)``
-        ``n_c`` per row, the dcp = 1 length (``c128a_decode_lens``; 0 for invalid tokens).
+        ``n_c`` per row, the dcp = 1 length (``dense_decode_lens``; 0 for invalid tokens).
     token_to_req : int32 device ``(>= num_rows,)``
     block_table : int32 device ``(>= num_reqs, C)``, unit column stride
-        The rank's table of its C128A entries (``S`` local entries a page).
+        The rank's table of its dense entries (``S`` local entries a page).
     out : int32 device ``(>= num_rows, M)``, unit column stride
         Local slots, -1 after ``len_r``; ``M >= cdiv(maxC, world)``.
     lens_out : int32 device ``(>= num_rows,)``
@@ -96,7 +96,7 @@ def c128a_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
         return
     width = out.shape[1]
     if backend == "triton":
-        launch(_c128a_kernel(), (grid_size(num_rows, _ROWS),), lens, token_to_req,
+        launch(_dense_kernel(), (grid_size(num_rows, _ROWS),), lens, token_to_req,
                block_table, block_table.stride(0), block_table.shape[1], out, out.stride(0),
                lens_out, num_rows, width, entries_per_block, world, rank, ROWS=_ROWS,
                COLS=min(pow2_at_least(width), _MAX_COLS))
@@ -112,14 +112,8 @@ def c128a_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
     lens_out[:num_rows].copy_(keep.sum(dim=1))
 
 
-@lazy_jit
-def _swa_kernel():
-    import triton
-    import triton.language as tl
-
-    dcp_local_count_tl, _, _ = triton_dcp_helpers()
-    publish(globals(), dcp_local_count_tl)
-
+@lazy_jit(triton_dcp_helpers)
+def _swa_kernel(triton, tl, dcp_local_count_tl, **_):
     @triton.jit
     def swa_rank_share_kernel(rows, rows_stride, lens, positions, out, out_stride, lens_out,
                               num_rows, width, world, rank, interleave,
@@ -147,16 +141,10 @@ def _swa_kernel():
     return swa_rank_share_kernel
 
 
-@lazy_jit
-def _c128a_kernel():
-    import triton
-    import triton.language as tl
-
-    dcp_local_count_tl, _, _ = triton_dcp_helpers()
-    publish(globals(), dcp_local_count_tl)
-
+@lazy_jit(triton_dcp_helpers)
+def _dense_kernel(triton, tl, dcp_local_count_tl, **_):
     @triton.jit
-    def c128a_rank_share_kernel(lens, token_to_req, table, table_stride, num_cols, out,
+    def dense_rank_share_kernel(lens, token_to_req, table, table_stride, num_cols, out,
                                 out_stride, lens_out, num_rows, width, entries, world, rank,
                                 ROWS: tl.constexpr, COLS: tl.constexpr):
         t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -178,4 +166,4 @@ def _c128a_kernel():
             count += tl.sum(keep.to(tl.int32), axis=1)
         tl.store(lens_out + t, count, mask=in_rows)
 
-    return c128a_rank_share_kernel
+    return dense_rank_share_kernel

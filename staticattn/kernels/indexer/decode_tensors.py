@@ -31,6 +31,7 @@ from typing import NamedTuple
 
 import torch
 
+from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.kernels.dcp.ownership import DCPShard, dcp_local_count
 from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
 from staticattn.kernels.indexer.indexer_kernel import COLS, launch_decode_kernel
@@ -59,9 +60,7 @@ def indexer_decode_tensors(
     step_counts: torch.Tensor | None = None,
     dcp: DCPShard | None = None,
     global_seq_lens: torch.Tensor | None = None,
-    own_slots: torch.Tensor | None = None,
-    replay_start: torch.Tensor | None = None,
-    window: int = 0,
+    gate: SlotGate | None = None,
 ) -> None:
     """Write the decode lengths (and, flattening, the expanded block table) in one launch.
 
@@ -108,10 +107,8 @@ def indexer_decode_tensors(
         ``decode_seq_lens`` and the slots become the rank's, and ``global_seq_lens`` (int32
         device, flat, same extent as ``decode_seq_lens``) receives the global lengths.
         None, or ``world == 1``: no context parallelism (``global_seq_lens`` unused).
-    own_slots : int64 device ``(>= slot_tokens,)`` or None
-        The slots' own-slot gate (V4.1's rule, see ``compressed_slot_mapping``).
-    replay_start, window
-        Bounded replay's gate of the slots (``compressed_slot_mapping``); None: none.
+    gate : SlotGate or None
+        V4.1's gate of the slots (``compressed_slot_mapping``); None: none.
 
     Graph-safe with either backend: every extent is a static int.
     """
@@ -132,8 +129,7 @@ def indexer_decode_tensors(
             decode_seq_lens, table, decode_seq_lens if slots is None else slots, num_decodes,
             num_rows, width, num_cols, compress_ratio, storage_block_size,
             slot_tokens if slots is not None else 0, decode=True, flatten=flatten,
-            step_counts=step_counts, dcp=dcp, global_seq_lens=global_seq_lens,
-            own_slots=own_slots, replay_start=replay_start, window=window,
+            step_counts=step_counts, dcp=dcp, global_seq_lens=global_seq_lens, gate=gate,
         )
         return
     if slot_mapping_out is not None:
@@ -141,7 +137,7 @@ def indexer_decode_tensors(
             "torch", query_start_loc, positions, token_to_req, block_table, slot_mapping_out,
             num_reqs=num_decodes, num_tokens=slot_tokens,
             storage_block_size=storage_block_size, compress_ratio=compress_ratio, dcp=dcp,
-            own_slots=own_slots, replay_start=replay_start, window=window,
+            gate=gate,
         )
     if step_counts is None:
         live_reqs, live_tokens = num_decodes, query_start_loc[num_decodes]

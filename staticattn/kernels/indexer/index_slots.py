@@ -14,9 +14,10 @@ tokens get -1.
 Tokens are read through the staging kernel's ``positions`` and ``token_to_req`` views; tokens
 past the real ones (``t >= query_start_loc[num_reqs]``, graph padding) always get -1.
 
-DeepSeek V4.1's rule (vLLM 0.33, ``docs/spec/deepseek-v41.md`` §5.1-§5.2), with ``own_slots``:
-a token whose own slot is -1 (padding, a token the engine does not write) writes no entry
-either; ``R = 1`` then gives the token's own entry ``k = p``, ``S = block_size``: slot
+DeepSeek V4.1's rule (vLLM 0.33, ``docs/spec/deepseek-v41.md`` §5.1-§5.2), with a ``gate``
+(:class:`~staticattn.kernels.compressed.slot_gate.SlotGate`): a token whose own slot is -1
+(padding, a token the engine does not write) writes no entry either, nor a token bounded
+replay recomputes; ``R = 1`` then gives the token's own entry ``k = p``, ``S = block_size``: slot
 ``bt[b, p // S] * S + p % S``. Example (spec §11 case 1, c2a index K, ``S = 4``): request 0,
 ``L = q = 5``, row ``[31]``: ``[-1, 124, -1, 125, -1]``.
 
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.kernels.dcp.ownership import DCPShard, dcp_local_index, dcp_owner
 from staticattn.kernels.indexer.indexer_kernel import launch_slots_kernel
 
@@ -49,9 +51,7 @@ def compressed_slot_mapping(
     storage_block_size: int,
     compress_ratio: int,
     dcp: DCPShard | None = None,
-    own_slots: torch.Tensor | None = None,
-    replay_start: torch.Tensor | None = None,
-    window: int = 0,
+    gate: SlotGate | None = None,
 ) -> None:
     """Write the compressed slot of tokens ``[0, num_tokens)`` into ``out[:num_tokens]``.
 
@@ -76,15 +76,8 @@ def compressed_slot_mapping(
     dcp : DCPShard or None
         This rank's shard (``interleave = I // R``): only its entries get a slot, through
         its local ``block_table``. None: no context parallelism.
-    own_slots : int64 device ``(>= num_tokens,)`` or None
-        Each token's own slot (the staged slot mapping); given, a token whose own slot is -1
-        writes nothing (V4.1's rule). None: the position alone decides (V4's).
-    replay_start : int32 device ``(>= num_reqs,)`` or None
-        Bounded replay (``docs/spec/deepseek-v41.md`` §8.1, with ``own_slots``): a token at
-        ``0 < replay_start[b] <= p < replay_start[b] + window`` writes nothing either (the
-        reference turns its index-K slot to -1; the entry is in the prefix cache).
-    window : int
-        ``W``, the replayed span.
+    gate : SlotGate or None
+        V4.1's gate of the slots; None: the position alone decides.
 
     Graph-safe with either backend: no host read, no data-dependent Python branch.
     """
@@ -95,17 +88,14 @@ def compressed_slot_mapping(
         # runs both modes in one launch).
         launch_slots_kernel(query_start_loc, positions, token_to_req, block_table, out,
                             num_reqs, num_tokens, storage_block_size, compress_ratio, dcp,
-                            own_slots, replay_start, window)
+                            gate)
         return
     t = torch.arange(num_tokens, device=out.device)
     real = t < query_start_loc[num_reqs]
     pos = positions[:num_tokens]
     valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
-    if own_slots is not None:
-        valid = valid & (own_slots[:num_tokens] >= 0)
-    if replay_start is not None:
-        start = replay_start[torch.where(real, token_to_req[:num_tokens].long(), 0)].long()
-        valid = valid & ~((start > 0) & (pos >= start) & (pos < start + window))
+    if gate is not None:
+        valid = valid & gate.allows(pos, torch.where(real, token_to_req[:num_tokens].long(), 0))
     k = torch.where(valid, pos, 0) // compress_ratio
     if dcp is not None and dcp.world > 1:
         valid = valid & (dcp_owner(k, dcp.world, dcp.interleave) == dcp.rank)

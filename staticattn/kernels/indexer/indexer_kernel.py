@@ -11,9 +11,10 @@ imports neither of them.
 
 from __future__ import annotations
 
+from staticattn.kernels.compressed.slot_gate import SlotGate, slot_gate_jit
 from staticattn.kernels.dcp.ownership import DCPShard, triton_dcp_helpers
 from staticattn.kernels.runtime.compiled_launch import launch
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.step_counts import step_counts_jit
 
 __all__ = ["COLS", "launch_decode_kernel", "launch_slots_kernel"]
@@ -29,8 +30,7 @@ def launch_decode_kernel(
     decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
     width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
     num_slot_tokens: int, *, decode: bool, flatten: bool, step_counts=None,
-    dcp: DCPShard | None = None, global_seq_lens=None, own_slots=None, replay_start=None,
-    window: int = 0,
+    dcp: DCPShard | None = None, global_seq_lens=None, gate: SlotGate | None = None,
 ) -> None:
     """One launch of the indexer kernel over ``extent`` rows or tokens: the decode tensors
     (``decode``) and/or the compressed slots of tokens ``[0, num_slot_tokens)``
@@ -38,9 +38,7 @@ def launch_decode_kernel(
     ``[k, nt, D, Td]``) the decode extent is read there and ``num_decodes`` / ``num_rows``
     are only the static capacities. With ``dcp`` (decode context parallelism) lengths and
     slots are this rank's, and ``global_seq_lens`` receives the global lengths. With
-    ``own_slots`` (int64 device, the staged slot mapping) a token whose own slot is -1 writes
-    no compressed slot, nor (with ``replay_start``, int32 device per request) a token that
-    bounded replay recomputes: ``0 < replay_start[b] <= p < replay_start[b] + window``."""
+    ``gate`` (V4.1) the tokens it stops write no compressed slot."""
     sharded = dcp is not None and dcp.world > 1
     world, rank, interleave = (dcp.world, dcp.rank, dcp.interleave) if sharded else (1, 0, 1)
     launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
@@ -49,39 +47,29 @@ def launch_decode_kernel(
         qsl if step_counts is None else step_counts,
         decode_seq_lens if global_seq_lens is None else global_seq_lens,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
-        num_slot_tokens, world, rank, interleave, slots_out if own_slots is None else own_slots,
-        qsl if replay_start is None else replay_start, window,
+        num_slot_tokens, world, rank, interleave,
+        *(gate.launch_args(qsl) if gate is not None else (slots_out, qsl, 0)),
         DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
-        DEVICE_COUNTS=step_counts is not None, DCP=sharded, GATE=own_slots is not None,
-        REPLAY=replay_start is not None, BLOCK=BLOCK, COLS=COLS,
+        DEVICE_COUNTS=step_counts is not None, DCP=sharded, GATE=gate is not None,
+        REPLAY=gate is not None and gate.replay_start is not None, BLOCK=BLOCK, COLS=COLS,
     )
 
 
 def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs: int,
                         num_tokens: int, storage_block_size: int, compress_ratio: int,
-                        dcp: DCPShard | None = None, own_slots=None, replay_start=None,
-                        window: int = 0) -> None:
+                        dcp: DCPShard | None = None, gate: SlotGate | None = None) -> None:
     """The kernel in its slots-only mode: compressed slots of tokens ``[0, num_tokens)``
     (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
     launch_decode_kernel(
         num_tokens, 1, qsl, out, block_table, positions,
         token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
-        storage_block_size, num_tokens, decode=False, flatten=False, dcp=dcp,
-        own_slots=own_slots, replay_start=replay_start, window=window,
+        storage_block_size, num_tokens, decode=False, flatten=False, dcp=dcp, gate=gate,
     )
 
 
-@lazy_jit
-def _decode_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
-    dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl = triton_dcp_helpers()
-    publish(globals(), dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl)
-
+@lazy_jit(step_counts_jit, triton_dcp_helpers, slot_gate_jit)
+def _decode_kernel(triton, tl, live_decodes, live_decode_tokens, dcp_local_count_tl,
+                   dcp_owner_tl, dcp_local_index_tl, gate_allows, **_):
     @triton.jit
     def decode_kernel(
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
@@ -104,13 +92,10 @@ def _decode_kernel():
                 pos = tl.load(positions + i, mask=real, other=-1)
                 valid = real & (pos >= 0) & ((pos + 1) % compress_ratio == 0)
                 if GATE:
-                    # A token whose own slot is -1 writes no entry (V4.1, spec §5.1).
-                    valid = valid & (tl.load(own_slots + i, mask=real, other=-1) >= 0)
-                if REPLAY:
-                    # Nor does a token bounded replay recomputes (spec §8.1).
+                    # V4.1's gate: own slot -1 or recomputed by bounded replay (spec §5.1).
                     req = tl.load(token_to_req + i, mask=real, other=0)
-                    start = tl.load(replay_start + req, mask=real, other=0)
-                    valid = valid & ~((start > 0) & (pos >= start) & (pos < start + window))
+                    valid = valid & gate_allows(own_slots, replay_start, window, i, pos, req,
+                                                real, REPLAY)
                 k = tl.where(valid, pos, 0) // compress_ratio
                 if DCP:
                     # Only the rank that holds entry k writes it, at its local index.

@@ -99,11 +99,8 @@ def paged_mqa_schedule(
     out[:, 1].copy_(torch.where(has, off % safe, 0))
 
 
-@lazy_jit
-def _schedule_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _schedule_kernel(triton, tl):
     @triton.jit
     def schedule_kernel(
         lens, row_stride, last_col, batch, out, num_sms, atoms,

@@ -227,14 +227,9 @@ def _plan_torch(qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, nu
     ke_out[:num_tokens].copy_(torch.where(prefill, ke, 0))
 
 
-@lazy_jit
-def _plan_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit, triton_dcp_helpers)
+def _plan_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_tokens,
+                 dcp_local_count_tl, **_):
     @triton.jit
     def emit(chunk_bounds, cu_seq_lens, local_cu_seq_lens, qsl, start, end, m, keys, lkeys,
              zkeys, chunks, max_chunks, budget, FIELDS: tl.constexpr, DCP: tl.constexpr):
@@ -263,8 +258,7 @@ def _plan_kernel():
                 chunks += 1
         return chunks
 
-    dcp_local_count_tl, _, _ = triton_dcp_helpers()
-    publish(globals(), emit, dcp_local_count_tl)
+    publish(globals(), emit)
 
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "max_chunks", "compress_ratio",
                                    "workspace", "budget"])

@@ -29,7 +29,7 @@ import torch
 
 from staticattn.kernels.dcp.ownership import DCPShard, dcp_local_count, triton_dcp_helpers
 from staticattn.kernels.runtime.compiled_launch import launch
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 
 __all__ = ["indexer_prefill_chunk"]
 
@@ -106,14 +106,8 @@ def indexer_prefill_chunk(
         ks + dcp_local_count(visible, world, rank, interleave))
 
 
-@lazy_jit
-def _chunk_kernel():
-    import triton
-    import triton.language as tl
-
-    dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl = triton_dcp_helpers()
-    publish(globals(), dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl)
-
+@lazy_jit(triton_dcp_helpers)
+def _chunk_kernel(triton, tl, dcp_local_count_tl, **_):
     @triton.jit
     def chunk_kernel(
         qsl, seq_lens, cu_seq_lens, local_cu_seq_lens, ks_out, ke_out, start, compress_ratio,

@@ -59,11 +59,8 @@ def fill_short_context_topk(backend: str, topk_indices: torch.Tensor,
     rows.copy_(torch.where(n <= width, filled, rows))
 
 
-@lazy_jit
-def _kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _kernel(triton, tl):
     @triton.jit
     def short_context_topk_kernel(topk, topk_stride, key_counts, num_rows, width,
                                   ROWS: tl.constexpr, COLS: tl.constexpr):

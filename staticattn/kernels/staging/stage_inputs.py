@@ -238,11 +238,8 @@ def _copy_padded(src: torch.Tensor, dst: torch.Tensor, extent: int, real: torch.
                                    pad))
 
 
-@lazy_jit
-def _uniform_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _uniform_kernel(triton, tl):
     @triton.jit(do_not_specialize=["num_reqs", "query_len"])
     def uniform_kernel(
         host_seq_lens, host_slots, host_counts,
@@ -274,11 +271,8 @@ def _uniform_kernel():
     return uniform_kernel
 
 
-@lazy_jit
-def _copy_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _copy_kernel(triton, tl):
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
     def copy_kernel(
         host_qsl, host_seq_lens, host_slots, host_counts,
@@ -311,11 +305,8 @@ def _copy_kernel():
     return copy_kernel
 
 
-@lazy_jit
-def _pad_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _pad_kernel(triton, tl):
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens"])
     def pad_kernel(host_counts, qsl, seq_lens, slots, counts_out, num_reqs, num_tokens,
                    BLOCK: tl.constexpr):
@@ -338,11 +329,8 @@ def _pad_kernel():
     return pad_kernel
 
 
-@lazy_jit
-def _derive_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _derive_kernel(triton, tl):
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "decode_threshold"])
     def derive_kernel(
         qsl, seq_lens, positions_out, token_to_req_out, counts, query_lens_out, num_reqs,
@@ -384,11 +372,8 @@ def _derive_kernel():
     return derive_kernel
 
 
-@lazy_jit
-def _replay_start_kernel():
-    import triton
-    import triton.language as tl
-
+@lazy_jit()
+def _replay_start_kernel(triton, tl):
     @triton.jit(do_not_specialize=["num_reqs"])
     def replay_start_kernel(host_replay_start, counts, replay_start_out, num_reqs,
                             BLOCK: tl.constexpr):

@@ -13,55 +13,46 @@ repeated below as literals; ``tests/kernels/test_step_counts.py`` holds them equ
 
 from __future__ import annotations
 
-from staticattn.kernels.runtime.deferred import lazy_jit
+from staticattn.kernels.runtime.deferred import lazy_jit, publish
 
 __all__ = ["step_counts_jit"]
 
 
-@lazy_jit
-def step_counts_jit():
+@lazy_jit()
+def step_counts_jit(triton, tl):
     """The ``@triton.jit`` helpers ``live_reqs``, ``live_tokens``, ``live_decodes`` and
-    ``live_decode_tokens``, each ``(counts, static, DEVICE_COUNTS) -> int32`` (define on
-    first use; publish them into the calling kernel's module with
-    :func:`~staticattn.kernels.runtime.deferred.publish`)."""
-    import triton
-    import triton.language as tl
+    ``live_decode_tokens``, each ``(counts, static, DEVICE_COUNTS) -> int32`` (defined
+    on first use; a kernel takes them by naming this function in its
+    :func:`~staticattn.kernels.runtime.deferred.lazy_jit`)."""
 
-    # Interpreted Triton wants triton.language among a jit function's module globals.
-    globals()["tl"] = tl
+    @triton.jit
+    def live_count(counts, slot, static, DEVICE_COUNTS: tl.constexpr):
+        """``counts[slot]`` where the counts are decided on the device, else ``static``."""
+        n = static
+        if DEVICE_COUNTS:
+            n = tl.load(counts + slot)
+        return n
+
+    publish(globals(), live_count)
 
     @triton.jit
     def live_reqs(counts, static, DEVICE_COUNTS: tl.constexpr):
-        """The step's requests: ``counts[COUNT_REQS]`` or ``static``."""
-        n = static
-        if DEVICE_COUNTS:
-            n = tl.load(counts)
-        return n
+        """The step's requests (slot ``COUNT_REQS``)."""
+        return live_count(counts, 0, static, DEVICE_COUNTS)
 
     @triton.jit
     def live_tokens(counts, static, DEVICE_COUNTS: tl.constexpr):
-        """The step's tokens: ``counts[COUNT_TOKENS]`` or ``static``."""
-        n = static
-        if DEVICE_COUNTS:
-            n = tl.load(counts + 1)
-        return n
+        """The step's tokens (slot ``COUNT_TOKENS``)."""
+        return live_count(counts, 1, static, DEVICE_COUNTS)
 
     @triton.jit
     def live_decodes(counts, static, DEVICE_COUNTS: tl.constexpr):
-        """The step's decode requests (the first ones): ``counts[COUNT_DECODES]`` or
-        ``static``."""
-        n = static
-        if DEVICE_COUNTS:
-            n = tl.load(counts + 2)
-        return n
+        """The step's decode requests, the first ones (slot ``COUNT_DECODES``)."""
+        return live_count(counts, 2, static, DEVICE_COUNTS)
 
     @triton.jit
     def live_decode_tokens(counts, static, DEVICE_COUNTS: tl.constexpr):
-        """The step's decode tokens (the first ones): ``counts[COUNT_DECODE_TOKENS]`` or
-        ``static``."""
-        n = static
-        if DEVICE_COUNTS:
-            n = tl.load(counts + 3)
-        return n
+        """The step's decode tokens, the first ones (slot ``COUNT_DECODE_TOKENS``)."""
+        return live_count(counts, 3, static, DEVICE_COUNTS)
 
     return live_reqs, live_tokens, live_decodes, live_decode_tokens

@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_TOKENS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 from staticattn.kernels.swa.swa_rows_torch import span_reach as span_reach_torch
@@ -164,17 +164,8 @@ def _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_len
     lens_out[:num_tokens].copy_(topk_len + swa_len)
 
 
-@lazy_jit
-def _combined_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
-    span_reach = span_reach_jit()
-    publish(globals(), span_reach)
-
+@lazy_jit(step_counts_jit, span_reach_jit)
+def _combined_kernel(triton, tl, live_tokens, live_decodes, live_decode_tokens, span_reach, **_):
     @triton.jit(do_not_specialize=["topk_stride", "d_static", "td_static", "nt_static",
                                    "num_tokens", "max_chunks", "ratio", "topk_width", "window",
                                    "width"])

@@ -29,7 +29,7 @@ import torch
 
 from staticattn.kernels.runtime.backend import triton_interpreted
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODES, COUNT_REQS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 
@@ -118,14 +118,8 @@ def replay_sub_batch(backend: str, out: ReplayViews, query_start_loc: torch.Tens
     out.slot_mapping[:num_tokens].copy_(torch.where(real, slot_mapping[row], -1))
 
 
-@lazy_jit
-def _replay_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit)
+def _replay_kernel(triton, tl, live_reqs, live_decodes, **_):
     @triton.jit(do_not_specialize=["k_static", "d_static", "num_reqs", "num_tokens", "window"])
     def replay_kernel(qsl, seq_lens, replay_start, slot_mapping, positions, counts, qsl_out,
                       query_lens_out, kv_start_out, rows_out, token_to_req_out, positions_out,

@@ -15,7 +15,7 @@ import torch
 
 from staticattn.kernels.runtime.backend import triton_interpreted
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_TOKENS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 from staticattn.kernels.swa.swa_rows_torch import gather_slots
@@ -71,17 +71,8 @@ def draft_swa_rows(backend: str, indices: torch.Tensor, lens: torch.Tensor,
                                                swa_block_size))
 
 
-@lazy_jit
-def _draft_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
-    window_rows = window_rows_jit()
-    publish(globals(), window_rows)
-
+@lazy_jit(step_counts_jit, window_rows_jit)
+def _draft_kernel(triton, tl, live_tokens, window_rows, **_):
     @triton.jit(do_not_specialize=["swa_bt_stride", "nt_static", "num_tokens", "window"])
     def draft_kernel(indices, lens, is_valid, slot_mapping, token_to_req, qsl, seq_lens,
                      swa_block_table, swa_bt_stride, counts, nt_static, num_tokens, window,

@@ -27,7 +27,7 @@ import torch
 
 from staticattn.kernels.runtime.backend import triton_interpreted
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_TOKENS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 from staticattn.kernels.swa.swa_rows_torch import gather_slots, window_start
@@ -130,17 +130,8 @@ def flashinfer_rows(
     lens_out[:num_tokens].copy_(torch.where(real[:, None], window + extra, 0)[:, 0])
 
 
-@lazy_jit
-def _flashinfer_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
-    window_rows = window_rows_jit()
-    publish(globals(), window_rows)
-
+@lazy_jit(step_counts_jit, window_rows_jit)
+def _flashinfer_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows, **_):
     @triton.jit(do_not_specialize=["swa_bt_stride", "topk_stride", "cbt_stride", "td_static",
                                    "nt_static", "num_tokens", "topk_width", "ratio",
                                    "entries_per_page", "width"])

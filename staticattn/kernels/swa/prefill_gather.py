@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODES, COUNT_REQS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 
@@ -193,14 +193,8 @@ def _plan_torch(plans: ChunkPlanViews, seq_lens, query_lens, live, window: int,
         plans.num_chunks[j : j + 1].copy_(count.reshape(1))
 
 
-@lazy_jit
-def _gather_lens_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit)
+def _gather_lens_kernel(triton, tl, live_reqs, live_decodes, **_):
     @triton.jit(do_not_specialize=["num_decodes", "num_prefills", "window", "gather_blocks",
                                    "plan_rows", "packed_ratios", "budget_base",
                                    "max_model_len", "chunk_size"])

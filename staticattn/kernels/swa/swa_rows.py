@@ -1,4 +1,4 @@
-"""The sparse sliding-window build, SWA window and C128A top-k rows, in one kernel.
+"""The sparse sliding-window build, SWA window and dense top-k rows, in one kernel.
 
 One launch over a step of ``num_tokens`` tokens (a static extent) writes, for every token
 ``t``:
@@ -10,7 +10,7 @@ for every decode token ``t < Td`` (request ``b``, absolute position ``p``):
 * the SWA window (spec §6.6): the ``len = min(p + 1, W)`` most recent positions including
   ``p`` itself, ``pos = p + 1 - len + o`` for ``o < len``, as flat SWA slots
   ``swa_bt[b, pos // bs] * bs + pos % bs``; ``-1`` for ``o >= len``;
-* the C128A top-k (spec §7): the ``n_c = min((p + 1) // R, maxC)`` complete compressed
+* the dense top-k (spec §7): the ``n_c = min((p + 1) // R, maxC)`` complete compressed
   groups (``R = 128``, or the ratio of whichever layer type reads every compressed entry),
   ``o < n_c`` as flat slots ``bt[b, o // cb] * cb + o % cb`` with ``cb = block_size // R``
   entries per main-group block; ``-1`` for ``o >= n_c``;
@@ -18,8 +18,8 @@ for every decode token ``t < Td`` (request ``b``, absolute position ``p``):
 and for every prefill token ``t`` in ``[Td, nt)`` (``nt`` real tokens), prefill row
 ``t - Td``:
 
-* C128A: the local indices ``o`` for ``o < n_c``, -1 after (the reference's
-  ``c128a_prefill_topk_indices``), with its length ``n_c`` in ``c128a_prefill_lens``;
+* dense: the local indices ``o`` for ``o < n_c``, -1 after (the reference's
+  ``c128a_prefill_topk_indices``), with its length ``n_c`` in ``dense_prefill_lens``;
 * the paged SWA row (``prefill_swa_indices``, ``vllm-0.33-extras.md`` §2.3,
   ``deepseek-v41.md`` §7.4): the decode formula with the bounded-replay clamp,
   ``start = max(p - W + 1, replay_start[b])``, ``len = p - start + 1``, as flat SWA slots
@@ -34,7 +34,7 @@ staging's ``step_counts`` on the device (a step of any composition). Example (W 
 a token at ``p = 4`` whose request's SWA block row is ``[7, 2]`` gets ``[29, 30, 31, 8]``,
 length 4; with ``replay_start = 3`` as a prefill token, ``[31, 8]``, length 2.
 
-C128A rows are up to ``maxC`` wide (8,192 at a 1M context), and the paged prefill rows fill a
+Dense rows are up to ``maxC`` wide (8,192 at a 1M context), and the paged prefill rows fill a
 bucket's whole capacity, so the Triton kernel writes such a row only up to the longer of its
 new length and the length it had before, and keeps the rest of the row as it is: -1. That
 invariant (entries at or past a row's length are -1) holds from the arena's fill on, for
@@ -67,10 +67,10 @@ class SWADecodeOutputs:
     is_valid_token : bool ``(>= num_tokens,)``
     swa_indices : int32 ``(>= decode rows, 1, W)``, contiguous rows
     swa_lens : int32 ``(>= decode rows,)``
-    c128a_indices : int32 ``(>= decode rows, 1, maxC)`` or None (no C128A layers)
-    c128a_lens : int32 ``(>= decode rows,)`` or None
-    c128a_prefill_indices : int32 ``(>= num_tokens, maxC)`` or None
-    c128a_prefill_lens : int32 ``(>= num_tokens,)`` or None
+    dense_indices : int32 ``(>= decode rows, 1, maxC)`` or None (no dense layers)
+    dense_lens : int32 ``(>= decode rows,)`` or None
+    dense_prefill_indices : int32 ``(>= num_tokens, maxC)`` or None
+    dense_prefill_lens : int32 ``(>= num_tokens,)`` or None
     prefill_swa_indices : int32 ``(>= num_tokens, 1, Wp)`` or None, ``Wp >= W`` the prefill
         width (``W``; ``W + max_image_tokens`` for image spans)
     prefill_swa_lens : int32 ``(>= num_tokens,)`` or None
@@ -79,16 +79,16 @@ class SWADecodeOutputs:
     is_valid_token: torch.Tensor
     swa_indices: torch.Tensor
     swa_lens: torch.Tensor
-    c128a_indices: torch.Tensor | None = None
-    c128a_lens: torch.Tensor | None = None
-    c128a_prefill_indices: torch.Tensor | None = None
-    c128a_prefill_lens: torch.Tensor | None = None
+    dense_indices: torch.Tensor | None = None
+    dense_lens: torch.Tensor | None = None
+    dense_prefill_indices: torch.Tensor | None = None
+    dense_prefill_lens: torch.Tensor | None = None
     prefill_swa_indices: torch.Tensor | None = None
     prefill_swa_lens: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # The Triton kernel addresses rows by their width: the views must be contiguous rows.
-        for name in ("swa_indices", "c128a_indices", "c128a_prefill_indices",
+        for name in ("swa_indices", "dense_indices", "dense_prefill_indices",
                      "prefill_swa_indices"):
             view = getattr(self, name)
             if view is not None and view.stride(0) != view.shape[-1]:
@@ -102,8 +102,8 @@ class SWADecodeOutputs:
         return self.swa_indices.shape[-1]
 
     @property
-    def c128a_width(self) -> int:
-        return 0 if self.c128a_indices is None else self.c128a_indices.shape[-1]
+    def dense_width(self) -> int:
+        return 0 if self.dense_indices is None else self.dense_indices.shape[-1]
 
     @property
     def prefill_width(self) -> int:
@@ -119,8 +119,8 @@ def build_swa_decode(
     swa_block_table: torch.Tensor,
     swa_block_size: int,
     block_table: torch.Tensor | None,
-    c128a_ratio: int,
-    c128a_block_entries: int,
+    dense_ratio: int,
+    dense_block_entries: int,
     num_tokens: int,
     num_decode_tokens: int,
     block_tokens: int | None = None,
@@ -132,14 +132,14 @@ def build_swa_decode(
     image_spans: torch.Tensor | None = None,
     max_image_tokens: int = 0,
 ) -> None:
-    """Write the validity mask of every token, the SWA / C128A rows of the decode tokens and,
-    with ``prefill_rows``, the C128A and paged SWA rows of the prefill tokens.
+    """Write the validity mask of every token, the SWA / dense rows of the decode tokens and,
+    with ``prefill_rows``, the dense and paged SWA rows of the prefill tokens.
 
     Parameters
     ----------
     backend : {"torch", "triton"}
     out : SWADecodeOutputs
-        Where to write; without C128A outputs only the SWA part runs, without
+        Where to write; without dense outputs only the SWA part runs, without
         ``prefill_swa_indices`` no paged prefill rows.
     slot_mapping : int64 ``(>= num_tokens,)``
         ``-1`` marks an invalid token.
@@ -150,9 +150,9 @@ def build_swa_decode(
     swa_block_table : int32 ``(num_reqs, cols)``
         SWA group, ``swa_block_size`` tokens per block.
     block_table : int32 ``(num_reqs, cols)`` or None
-        Main group, read by the C128A part (``c128a_block_entries`` entries per block).
-    c128a_ratio : int
-        ``R`` of the C128A part: tokens per compressed entry (128 for C128A).
+        Main group, read by the dense part (``dense_block_entries`` entries per block).
+    dense_ratio : int
+        ``R`` of the dense part: tokens per compressed entry (128 for C128A).
     num_tokens : int
         Static extent: tokens of the step, padding included.
     num_decode_tokens : int
@@ -180,11 +180,11 @@ def build_swa_decode(
     if num_tokens == 0:
         return
     decode_rows = num_decode_tokens if decode_rows is None else decode_rows
-    c128a_prefill = prefill_rows and out.c128a_prefill_indices is not None
+    dense_prefill = prefill_rows and out.dense_prefill_indices is not None
     swa_prefill = prefill_rows and out.prefill_swa_indices is not None
     args = (out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
-            block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
-            decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start,
+            block_table, dense_ratio, dense_block_entries, num_tokens, num_decode_tokens,
+            decode_rows, dense_prefill, swa_prefill, step_counts, replay_start,
             image_spans if swa_prefill else None, max_image_tokens)
     if backend == "triton":
         _build_triton(*args, block_tokens)
@@ -192,16 +192,11 @@ def build_swa_decode(
         build_torch(*args)
 
 
-@lazy_jit
-def _swa_decode_kernel():
-    import triton
-    import triton.language as tl
-
-    live_reqs, live_tokens, live_decodes, live_decode_tokens = step_counts_jit()
-    publish(globals(), live_reqs, live_tokens, live_decodes, live_decode_tokens)
-
+@lazy_jit(step_counts_jit, window_rows_jit, span_reach_jit)
+def _swa_decode_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows, span_reach,
+                       **_):
     @triton.jit
-    def c128a_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
+    def dense_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
                    LOCAL: tl.constexpr, WIDTH: tl.constexpr, ENTRIES: tl.constexpr,
                    BLOCK_C: tl.constexpr):
         """Write rows ``rows`` (masked by ``live_mask``) to ``n_new`` entries: global slots
@@ -225,21 +220,19 @@ def _swa_decode_kernel():
                      mask=live_mask[:, None] & (e[None, :] < reach_row[:, None]))
         tl.store(lens + rows, n_new, mask=live_mask)
 
-    window_rows = window_rows_jit()
-    span_reach = span_reach_jit()
-    publish(globals(), window_rows, span_reach, c128a_rows)
+    publish(globals(), dense_rows)
 
     @triton.jit(do_not_specialize=["num_tokens", "num_decode_tokens", "decode_rows"])
     def swa_decode_kernel(
         slot_mapping, positions, token_to_req,
         swa_block_table, swa_bt_stride, block_table, bt_stride,
-        is_valid_out, swa_indices_out, swa_lens_out, c128a_indices_out, c128a_lens_out,
-        c128a_prefill_out, c128a_prefill_lens_out, prefill_swa_out, prefill_swa_lens_out,
+        is_valid_out, swa_indices_out, swa_lens_out, dense_indices_out, dense_lens_out,
+        dense_prefill_out, dense_prefill_lens_out, prefill_swa_out, prefill_swa_lens_out,
         replay_start, spans, counts, num_tokens, num_decode_tokens, decode_rows,
-        WINDOW: tl.constexpr, SWA_BLOCK: tl.constexpr, HAS_C128A: tl.constexpr,
-        C128A_PREFILL: tl.constexpr, SWA_PREFILL: tl.constexpr, HAS_REPLAY: tl.constexpr,
+        WINDOW: tl.constexpr, SWA_BLOCK: tl.constexpr, HAS_DENSE: tl.constexpr,
+        DENSE_PREFILL: tl.constexpr, SWA_PREFILL: tl.constexpr, HAS_REPLAY: tl.constexpr,
         DEVICE_COUNTS: tl.constexpr, PREFILL_WIDTH: tl.constexpr,
-        C128A_WIDTH: tl.constexpr, C128A_ENTRIES: tl.constexpr, C128A_RATIO: tl.constexpr,
+        DENSE_WIDTH: tl.constexpr, DENSE_ENTRIES: tl.constexpr, DENSE_RATIO: tl.constexpr,
         MIT: tl.constexpr, NUM_SPANS: tl.constexpr, BLOCK_S: tl.constexpr,
         BLOCK_T: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
@@ -261,21 +254,21 @@ def _swa_decode_kernel():
             window_rows(swa_indices_out, WINDOW, swa_lens_out, i, is_row, live, req, start,
                         tl.maximum(pos - start + 1, 0), swa_block_table, swa_bt_stride,
                         WINDOW, SWA_BLOCK, BLOCK_W, True, False)
-            if HAS_C128A:
-                n_c = tl.minimum(tl.maximum(pos + 1, 0) // C128A_RATIO, C128A_WIDTH)
-                c128a_rows(c128a_indices_out, c128a_lens_out, i, is_row,
+            if HAS_DENSE:
+                n_c = tl.minimum(tl.maximum(pos + 1, 0) // DENSE_RATIO, DENSE_WIDTH)
+                dense_rows(dense_indices_out, dense_lens_out, i, is_row,
                            tl.where(live, n_c, 0), block_table, bt_stride, req,
-                           False, C128A_WIDTH, C128A_ENTRIES, BLOCK_C)
-        if C128A_PREFILL or SWA_PREFILL:
+                           False, DENSE_WIDTH, DENSE_ENTRIES, BLOCK_C)
+        if DENSE_PREFILL or SWA_PREFILL:
             # Prefill row i holds token td + i; rows past the real prefill tokens are cleared.
             t = td + i
             live_p = in_step & (t < nt)
             pos_p = tl.load(positions + t, mask=live_p, other=0).to(tl.int32)
-            if C128A_PREFILL:
-                n_p = tl.minimum(tl.maximum(pos_p + 1, 0) // C128A_RATIO, C128A_WIDTH)
-                c128a_rows(c128a_prefill_out, c128a_prefill_lens_out, i, in_step,
+            if DENSE_PREFILL:
+                n_p = tl.minimum(tl.maximum(pos_p + 1, 0) // DENSE_RATIO, DENSE_WIDTH)
+                dense_rows(dense_prefill_out, dense_prefill_lens_out, i, in_step,
                            tl.where(live_p, n_p, 0), block_table, bt_stride, i.to(tl.int64),
-                           True, C128A_WIDTH, C128A_ENTRIES, BLOCK_C)
+                           True, DENSE_WIDTH, DENSE_ENTRIES, BLOCK_C)
             if SWA_PREFILL:
                 # Invalid tokens: a row of -1, length 0 (vllm-0.33-extras.md §2.3).
                 live_s = live_p & (tl.load(slot_mapping + t, mask=live_p, other=-1) >= 0)
@@ -299,39 +292,39 @@ def _swa_decode_kernel():
 
 
 def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
-                  block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
-                  decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start,
+                  block_table, dense_ratio, dense_block_entries, num_tokens, num_decode_tokens,
+                  decode_rows, dense_prefill, swa_prefill, step_counts, replay_start,
                   image_spans, max_image_tokens, block_tokens) -> None:
-    has_c128a = out.c128a_indices is not None
+    has_dense = out.dense_indices is not None
     if block_tokens is None:
         block_tokens = 64 if triton_interpreted() else 2
-    c128a_width = out.c128a_width
-    # Unused pointer arguments (no C128A layers, no prefill rows, static counts, no replay)
+    dense_width = out.dense_width
+    # Unused pointer arguments (no dense layers, no prefill rows, static counts, no replay)
     # point at views of the right dtype; never dereferenced.
-    bt = block_table if has_c128a else swa_block_table
+    bt = block_table if has_dense else swa_block_table
     i32 = out.swa_lens
-    block_c = min(pow2_at_least(c128a_width, 16), 1024)
+    block_c = min(pow2_at_least(dense_width, 16), 1024)
     grid = (grid_size(max(num_tokens, decode_rows), block_tokens),)
     launch(_swa_decode_kernel(), grid,
         slot_mapping, positions, token_to_req,
         swa_block_table, swa_block_table.stride(0), bt, bt.stride(0),
         out.is_valid_token, out.swa_indices, out.swa_lens,
-        out.c128a_indices if has_c128a else out.swa_indices,
-        out.c128a_lens if has_c128a else i32,
-        out.c128a_prefill_indices if c128a_prefill else out.swa_indices,
-        out.c128a_prefill_lens if c128a_prefill else i32,
+        out.dense_indices if has_dense else out.swa_indices,
+        out.dense_lens if has_dense else i32,
+        out.dense_prefill_indices if dense_prefill else out.swa_indices,
+        out.dense_prefill_lens if dense_prefill else i32,
         out.prefill_swa_indices if swa_prefill else out.swa_indices,
         out.prefill_swa_lens if swa_prefill else i32,
         i32 if replay_start is None else replay_start,
         i32 if image_spans is None else image_spans,
         i32 if step_counts is None else step_counts,
         num_tokens, num_decode_tokens, decode_rows,
-        WINDOW=out.window, SWA_BLOCK=swa_block_size, HAS_C128A=has_c128a,
-        C128A_PREFILL=c128a_prefill, SWA_PREFILL=swa_prefill,
+        WINDOW=out.window, SWA_BLOCK=swa_block_size, HAS_DENSE=has_dense,
+        DENSE_PREFILL=dense_prefill, SWA_PREFILL=swa_prefill,
         HAS_REPLAY=replay_start is not None, DEVICE_COUNTS=step_counts is not None,
         PREFILL_WIDTH=max(out.prefill_width, 1),
-        C128A_WIDTH=max(c128a_width, 1), C128A_ENTRIES=max(c128a_block_entries, 1),
-        C128A_RATIO=c128a_ratio, MIT=max(max_image_tokens, 1),
+        DENSE_WIDTH=max(dense_width, 1), DENSE_ENTRIES=max(dense_block_entries, 1),
+        DENSE_RATIO=dense_ratio, MIT=max(max_image_tokens, 1),
         NUM_SPANS=0 if image_spans is None else image_spans.shape[0],
         BLOCK_S=pow2_at_least(1 if image_spans is None else image_spans.shape[0], 16),
         BLOCK_T=block_tokens,

@@ -12,8 +12,8 @@ __all__ = ["build_torch", "gather_slots", "span_reach", "window_start"]
 
 
 def build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
-                block_table, c128a_ratio, c128a_block_entries, num_tokens, num_decode_tokens,
-                decode_rows, c128a_prefill, swa_prefill, step_counts, replay_start,
+                block_table, dense_ratio, dense_block_entries, num_tokens, num_decode_tokens,
+                decode_rows, dense_prefill, swa_prefill, step_counts, replay_start,
                 image_spans=None, max_image_tokens=0) -> None:
     """:func:`~staticattn.kernels.swa.swa_rows.build_swa_decode` with tensor ops."""
     dev = slot_mapping.device
@@ -36,24 +36,24 @@ def build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa
         out.swa_lens[:rows].copy_(torch.where(live, window_len, 0)[:, 0])
         out.swa_indices[:rows, 0].copy_(gather_slots(
             swa_block_table, req, first, window_len, live, out.window, swa_block_size))
-        if out.c128a_indices is not None:
-            n_c = _complete_groups(pos, c128a_ratio, out.c128a_width)
-            out.c128a_lens[:rows].copy_(torch.where(live, n_c, 0)[:, 0])
-            out.c128a_indices[:rows, 0].copy_(gather_slots(
-                block_table, req, torch.zeros_like(n_c), n_c, live, out.c128a_width,
-                c128a_block_entries))
-    if not (c128a_prefill or swa_prefill):
+        if out.dense_indices is not None:
+            n_c = _complete_groups(pos, dense_ratio, out.dense_width)
+            out.dense_lens[:rows].copy_(torch.where(live, n_c, 0)[:, 0])
+            out.dense_indices[:rows, 0].copy_(gather_slots(
+                block_table, req, torch.zeros_like(n_c), n_c, live, out.dense_width,
+                dense_block_entries))
+    if not (dense_prefill or swa_prefill):
         return
     # Prefill row r holds token td + r; rows past the real prefill tokens are cleared.
     r = torch.arange(num_tokens, device=dev)
     t = (td + r).clamp(max=max(num_tokens - 1, 0))
     live = (td + r < nt)[:, None]
     pos = positions[t, None].int()
-    if c128a_prefill:
-        n_c = _complete_groups(pos, c128a_ratio, out.c128a_width)
-        o = torch.arange(out.c128a_width, device=dev, dtype=torch.int32)
-        out.c128a_prefill_lens[:num_tokens].copy_(torch.where(live, n_c, 0)[:, 0])
-        out.c128a_prefill_indices[:num_tokens].copy_(torch.where(live & (o < n_c), o, -1))
+    if dense_prefill:
+        n_c = _complete_groups(pos, dense_ratio, out.dense_width)
+        o = torch.arange(out.dense_width, device=dev, dtype=torch.int32)
+        out.dense_prefill_lens[:num_tokens].copy_(torch.where(live, n_c, 0)[:, 0])
+        out.dense_prefill_indices[:num_tokens].copy_(torch.where(live & (o < n_c), o, -1))
     if swa_prefill:
         # Invalid tokens (slot -1): a row of -1 and length 0 (vllm-0.33-extras.md §2.3).
         live = live & valid[t, None]

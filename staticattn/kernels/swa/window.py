@@ -8,16 +8,10 @@ from staticattn.kernels.runtime.deferred import lazy_jit
 __all__ = ["span_reach_jit", "window_rows_jit"]
 
 
-@lazy_jit
-def window_rows_jit():
-    """The ``@triton.jit`` helper ``window_rows`` (define on first use; publish it into the
-    calling kernel's module with :func:`~staticattn.kernels.runtime.deferred.publish`)."""
-    import triton
-    import triton.language as tl
-
-    # Interpreted Triton wants triton.language among a jit function's module globals (a
-    # kernel's own module gets it when the kernel is rewritten; this helper lives here).
-    globals()["tl"] = tl
+@lazy_jit()
+def window_rows_jit(triton, tl):
+    """The ``@triton.jit`` helper ``window_rows`` (defined on first use; a kernel takes it
+    by naming this function in its :func:`~staticattn.kernels.runtime.deferred.lazy_jit`)."""
 
     @triton.jit
     def window_rows(indices, row_stride, lens, rows, row_mask, live, req, start, n,
@@ -54,14 +48,10 @@ def window_rows_jit():
     return window_rows
 
 
-@lazy_jit
-def span_reach_jit():
+@lazy_jit()
+def span_reach_jit(triton, tl):
     """The ``@triton.jit`` helper ``span_reach``: ``(left, right)`` of tokens in image spans
-    (``vllm-0.33-extras.md`` §3.3; publish it like :func:`window_rows_jit`)."""
-    import triton
-    import triton.language as tl
-
-    globals()["tl"] = tl
+    (``vllm-0.33-extras.md`` §3.3; taken like :func:`window_rows_jit`)."""
 
     @triton.jit
     def span_reach(spans, req, pos, live, MIT: tl.constexpr, NUM_SPANS: tl.constexpr,

@@ -21,6 +21,7 @@ from staticattn.builders import (
 )
 from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.compressed.kv_slots import CompressedKVType, compressed_kv_slots
+from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.model import Addressing, Cache, layer_type
 from staticattn.reference import compressor
 from staticattn.reference import v41_compressed as oracle
@@ -113,7 +114,7 @@ def test_v4_types_keep_v4_rules(backend):
             assert kv.entry_counts.tolist() == oracle.entry_counts(ratio, position, nt)
             assert kv.ring_slot_mapping is None and kv.ring_capacity == 0
         assert meta.types["c128a"].decode_topk_indices is None
-        # c128_boundary, a device flag: a request's new tokens complete a C128A entry.
+        # c128_boundary, a device flag: a request's new tokens complete a dense entry.
         assert meta.types["c4a"].entry_written is None
         want_flag = compressor.c128_boundary(step.query_lens, step.seq_lens)
         assert meta.types["c128a"].entry_written.tolist() == [int(want_flag)]
@@ -165,7 +166,8 @@ def test_one_kernel_serves_any_number_of_types(backend):
             torch.full((nt + pad,), 7, dtype=torch.int32, device=dev),
             torch.from_numpy(ring_table).to(dev) if ring else None, 8,
             torch.full((nt + pad,), 7, dtype=torch.int64, device=dev) if ring else None))
-    compressed_kv_slots(backend, qsl, pos, req, slots, types, num_reqs=4, num_tokens=nt + pad)
+    compressed_kv_slots(backend, qsl, pos, req, SlotGate(slots), types, num_reqs=4,
+                        num_tokens=nt + pad)
     for ty, table, ring_table, (ratio, entries, gate, ring) in zip(types, tables, rings, specs):
         assert ty.slots_out.tolist() == oracle.compressed_slots(
             ratio, entries, table, owner, position, own, nt + pad, gate=gate)

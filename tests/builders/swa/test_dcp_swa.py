@@ -1,5 +1,5 @@
 """The sparse SWA + C128A builder under decode context parallelism: replicated. Every rank's
-metadata equals the single-GPU oracle (``oracle/swa.py``; the C128A page of a rank spans a
+metadata equals the single-GPU oracle (``oracle/swa.py``; the dense page of a rank spans a
 DCP block-table column) and every rank's equals every other's, for the eager, decode and
 mixed builds, world sizes 2 and 4."""
 
@@ -35,8 +35,8 @@ def _ranks(backend, world, interleave):
 
 
 def _values(meta) -> list:
-    names = ("is_valid_token", "decode_swa_indices", "decode_swa_lens", "c128a_decode_indices",
-             "c128a_decode_lens", "c128a_prefill_indices", "c128a_prefill_lens",
+    names = ("is_valid_token", "decode_swa_indices", "decode_swa_lens", "dense_decode_indices",
+             "dense_decode_lens", "dense_prefill_indices", "dense_prefill_lens",
              "prefill_gather_lens")
     return [None if getattr(meta, n) is None else getattr(meta, n).tolist() for n in names]
 

@@ -60,10 +60,10 @@ def test_buffer_table(ratios):
     }
     if 128 in ratios:
         t, max_c = cfg.max_num_batched_tokens, cfg.dense_width
-        expected["swa.c128a_decode_indices"] = ((td, 1, max_c), torch.int32)
-        expected["swa.c128a_decode_lens"] = ((td,), torch.int32)
-        expected["swa.c128a_prefill_indices"] = ((t, max_c), torch.int32)
-        expected["swa.c128a_prefill_lens"] = ((t,), torch.int32)
+        expected["swa.dense_decode_indices"] = ((td, 1, max_c), torch.int32)
+        expected["swa.dense_decode_lens"] = ((td,), torch.int32)
+        expected["swa.dense_prefill_indices"] = ((t, max_c), torch.int32)
+        expected["swa.dense_prefill_lens"] = ((t,), torch.int32)
     assert decls == expected
 
 
@@ -126,7 +126,7 @@ def test_build_decode_returns_the_same_views(backend):
         seen.append((_tensor_fields(meta), meta.tile_sched("c128a")))
     assert seen[0][0] == seen[1][0] == seen[2][0]
     assert seen[0][0]["decode_swa_indices"][0] == arena["swa.decode_swa_indices"].data_ptr()
-    assert seen[0][0]["c128a_decode_indices"][2] == (cfg.dense_width,) * 2 + (1,)
+    assert seen[0][0]["dense_decode_indices"][2] == (cfg.dense_width,) * 2 + (1,)
     assert seen[0][1] is not seen[1][1]  # a fresh tile-scheduler metadata per build
 
 
@@ -134,12 +134,12 @@ def test_invalid_rows_are_rewritten_not_stale(backend):
     cfg, builder, arena, inputs = _setup(backend)
     stage(inputs, make_step(cfg, [2] * 4, [4000, 3000, 900, 300]))
     builder.build_decode(Batch.for_decode_capture(inputs, 4))
-    assert (arena["swa.c128a_decode_lens"][:8] > 0).all()
+    assert (arena["swa.dense_decode_lens"][:8] > 0).all()
     step = make_step(cfg, [2] * 4, [4000, 3000, 900, 300], invalid_tokens=range(8))
     stage(inputs, step)
     meta = builder.build_decode(Batch.for_decode_capture(inputs, 4))
     assert (meta.decode_swa_indices == -1).all() and (meta.decode_swa_lens == 0).all()
-    assert (meta.c128a_decode_indices == -1).all() and (meta.c128a_decode_lens == 0).all()
+    assert (meta.dense_decode_indices == -1).all() and (meta.dense_decode_lens == 0).all()
 
 
 # ------------------------------------------------------------------------------ errors

@@ -70,7 +70,7 @@ def test_example_l_swa_window(backend, path):
     assert meta.decode_swa_lens.tolist() == [4, 4, 2, 3, 0, 0]
     assert meta.is_valid_token.tolist() == [True] * 4 + [False] * 2
     assert meta.token_to_req_indices.tolist() == [0, 0, 1, 1, 0, 0]
-    assert meta.c128a_decode_lens.tolist() == [0] * 6  # no complete 128-group yet
+    assert meta.dense_decode_lens.tolist() == [0] * 6  # no complete 128-group yet
     assert (meta.num_decodes, meta.num_prefills, meta.num_decode_tokens) == (
         step.num_reqs_padded, 0, 6)
     assert_matches(meta, expected_for_step(cfg, step))
@@ -89,14 +89,14 @@ def test_example_m_prefill_gather_lens(backend):
     assert_matches(meta, expected_for_step(cfg, step))
 
 
-def test_example_n_c128a_topk(backend):
+def test_example_n_c_dense_topk(backend):
     cfg, builder, inputs = _builder(backend, sliding_window=128, num_speculative_tokens=1)
     assert cfg.dense_width == 128 and cfg.block_size // 128 == 2
     # Decode tokens at p = 300 and p = 383, block row [11, 4, 6] (BS = 256, 2 entries/block).
     step = _step(cfg, [1, 1], [301, 384], main_rows=[[11, 4, 6], [11, 4, 6]])
     meta = builder.build(stage(inputs, step))
-    rows = meta.c128a_decode_indices[:, 0].tolist()
+    rows = meta.dense_decode_indices[:, 0].tolist()
     assert rows[0] == [22, 23] + [-1] * 126
     assert rows[1] == [22, 23, 8] + [-1] * 125
-    assert meta.c128a_decode_lens.tolist() == [2, 3]
+    assert meta.dense_decode_lens.tolist() == [2, 3]
     assert_matches(meta, expected_for_step(cfg, step))

@@ -1,4 +1,4 @@
-"""On the GPU: staging + the SWA/C128A decode build captured as one CUDA graph, captured with
+"""On the GPU: staging + the SWA/dense decode build captured as one CUDA graph, captured with
 short sequences and replayed over randomized long ones, equals the eager build and the oracle
 every time; the build is one kernel node, creates no tensor and never syncs."""
 
@@ -27,7 +27,7 @@ NUM_BATCHES = 500
 
 
 def _setup(backend: str):
-    # maxC = 256 C128A columns, next_n = 2, SWA window 128 on 64-token blocks.
+    # maxC = 256 dense columns, next_n = 2, SWA window 128 on 64-token blocks.
     cfg = ArenaConfig.deepseek_v4(max_model_len=32768, max_num_seqs=16,
                                   max_num_batched_tokens=512, kernel_backend=backend)
     builder = SparseSWAMetadataBuilder()

@@ -62,8 +62,8 @@ def _assert_rows_end_at_their_lengths(arena, when: str) -> None:
     """The kernels' invariant over whole buffers, not only the step's rows: every entry at
     or past a row's stored length is -1 (the Triton kernel writes a row only up to the longer
     of its new and previous length, so a stale entry would outlive every later step)."""
-    for rows_name, lens_name in (("swa.c128a_prefill_indices", "swa.c128a_prefill_lens"),
-                                 ("swa.c128a_decode_indices", "swa.c128a_decode_lens"),
+    for rows_name, lens_name in (("swa.dense_prefill_indices", "swa.dense_prefill_lens"),
+                                 ("swa.dense_decode_indices", "swa.dense_decode_lens"),
                                  ("swa.prefill_swa_indices", "swa.prefill_swa_lens")):
         if rows_name not in arena:
             continue
