@@ -12,7 +12,11 @@ slot -1 and the pool's last slot, every integer dtype, and planted faults (a len
 ``max_model_len`` or below the query, a slot past the pool, a decode behind a prefill, a
 block id past the pool, too many requests or tokens). The vision preset's steps carry image
 spans (:func:`image_spans`, checked by :func:`span_fault`) through every entry: ``run``'s
-forms, and in place counted (``launch(k, t, num_spans=m)``) or found in the block.
+forms, and in place counted (``launch(k, t, num_spans=m)``) or found by a scan of the block
+that ``begin_step`` hands out after ``run`` calls of any span counts, falling ones included.
+DeepSeek V4.1's steps carry bounded replay's starts (:func:`replay_starts.replay_starts`,
+checked by :func:`replay_starts.replay_fault`) through ``run``'s forms and ``launch(k, t)``,
+steps of decodes only among them.
 
 Each step either equals the oracle on its path or raises a typed error
 (:class:`~staticattn.errors.StaticAttnError`) exactly when the plain predicate
@@ -37,6 +41,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from helpers.replay_starts import replay_fault, replay_starts
 from helpers.support import DEVICE, quiet, span_fault
 from helpers.toy import ToyBuilder, ToyStep, emulated_graph, toy_expected
 from staticattn.arena import ArenaConfig
@@ -206,6 +211,12 @@ class ApiMachine(RuleBasedStateMachine):
             table.copy_(torch.from_numpy(rng.integers(1, POOL, size=tuple(table.shape),
                                                       dtype=np.int32)))
         self.pending: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        # The span block as the engine keeps it: the leading rows it wrote itself for an
+        # in-place step (cleared before the next step), and the span counts run() staged
+        # since the last hand-out (begin_step() must clear every row they staged, so a
+        # step without spans, or with spans found by a scan, reads the whole block).
+        self.engine_rows = 0
+        self.run_counts: list[int] = []
         self._open()
 
     def _tables(self) -> list[torch.Tensor]:
@@ -246,7 +257,10 @@ class ApiMachine(RuleBasedStateMachine):
         and reopenings only: a short run (the GPU's) then drew no step at all."""
         action = data.draw(st.sampled_from(["step"] * 16 + ["capture"] * 3 + ["reopen"]))
         if action == "step":
-            self.step(data, data.draw(st.sampled_from(PATHS)), data.draw(st.booleans()))
+            # After run() calls whose span counts fell, an in-place step most often: its
+            # hand-out must clear the rows past the last count.
+            paths = PATHS + ["launch"] * 4 if self._span_counts_fell() else PATHS
+            self.step(data, data.draw(st.sampled_from(paths)), data.draw(st.booleans()))
         elif action == "capture":
             self.capture(data.draw(st.sampled_from([GraphKind.DECODE, GraphKind.MIXED])),
                          data.draw(st.integers(0, 5)))
@@ -272,6 +286,12 @@ class ApiMachine(RuleBasedStateMachine):
             spans = (data.draw(image_spans(self.cfg, q, s)),
                      data.draw(st.sampled_from(["rows", "lists", "mapping", "array",
                                                 "count", "scan"])))
+        # A run() with spans is sometimes followed by the same step with fewer: the span
+        # counts a later in-place step's hand-out must clear after.
+        fewer = spans is not None and path != "launch" and data.draw(st.integers(0, 3)) > 0
+        rs = None
+        if self.cfg.bounded_replay and path != "device" and data.draw(st.booleans()):
+            rs = data.draw(replay_starts(self.cfg, q, s))
         plant = bad_block and not CUDA and len(q) > 0 and s[0] > 0 and data.draw(
             st.integers(0, 4)) == 0
         tables = self._tables()
@@ -280,17 +300,28 @@ class ApiMachine(RuleBasedStateMachine):
             kept = int(table[0, 0])
             table[0, 0] = POOL  # request 0 uses column 0 of every table
         try:
-            self._step(path, q, s, slots, dtype, plant, spans)
+            self._step(path, q, s, slots, dtype, plant, spans, rs, fewer)
         finally:
             if plant:
                 table[0, 0] = kept
 
-    def _step(self, path, q, s, slots, dtype, planted: bool, spans=None) -> None:
+    def _step(self, path, q, s, slots, dtype, planted: bool, spans=None, rs=None,
+              fewer: bool = False) -> None:
         cfg = self.cfg
+        if self.engine_rows:  # the engine clears the span rows it wrote once launched
+            self.inputs.host.image_spans[: self.engine_rows] = (-1, 0, -1)
+            self.engine_rows = 0
         fault = step_fault(cfg, q, s, slots, planted, path == "launch")
         STATS[path, fault] += 1
-        if spans is not None and path == "launch" and q and all(x == cfg.next_n for x in q):
-            spans = None  # a uniform decode step launches as launch(k): it carries none
+        if path == "launch" and q and all(x == cfg.next_n for x in q):
+            # A uniform decode step launches as launch(k): it carries no span and reads no
+            # replay start (the engine still writes them).
+            spans = None
+        elif rs is not None and any(rs):
+            bad = replay_fault(cfg, q, s, rs)
+            STATS["replay", bad] += 1
+            STATS["replay, decodes only"] += all(x <= cfg.decode_threshold for x in q)
+            fault = fault or bad
         if spans is not None and not fault:
             bad = span_fault(cfg, spans[0], q, s)
             STATS["spans", bad] += 1
@@ -302,7 +333,7 @@ class ApiMachine(RuleBasedStateMachine):
             out = self.device.launch(len(q), sum(q))
             assert out[: sum(q)].tolist() == toy_expected(q, s)
             return
-        enter = self._enter(path, q, s, slots, dtype, spans)  # the engine's writes first
+        enter = self._enter(path, q, s, slots, dtype, spans, rs)  # the engine's writes first
         before = {name: self.arena[name].clone() for name in self.arena.names()} \
             if fault else None
         try:
@@ -312,20 +343,28 @@ class ApiMachine(RuleBasedStateMachine):
             for name, was in before.items():
                 assert torch.equal(self.arena[name], was), f"{name} written by a refused step"
             return
-        assert not fault, f"an invalid step accepted on {path}: {q} {s} {slots}"
+        assert not fault, f"an invalid step accepted on {path}: {q} {s} {slots} {rs}"
         assert out[: sum(q)].tolist() == toy_expected(q, s), path
+        if path != "launch" and cfg.image_spans:  # spans staged (0 rows: none)
+            self.run_counts.append(0 if spans is None else len(spans[0]))
+            if fewer and len(spans[0]) > 1:  # a subset of valid spans is valid
+                spans = (spans[0][: len(spans[0]) // 2], spans[1])
+                out = self._enter(path, q, s, slots, dtype, spans, rs)()
+                assert out[: sum(q)].tolist() == toy_expected(q, s), path
+                self.run_counts.append(len(spans[0]))
         # reference_mismatch compares one indexer and the SWA builder: V3.2's and V4's
         # (V4.1's builders meet the oracle in test_v41_*).
         if path == "eager_reference" and not self.inputs.block_tables:
             assert reference_mismatch(self.gm, as_dtype(q, np.int64), as_dtype(s, np.int64),
                                       as_dtype(slots, np.int64)) is None
 
-    def _enter(self, path, q, s, slots, dtype, spans=None):
+    def _enter(self, path, q, s, slots, dtype, spans=None, rs=None):
         """The step's entry as a call; for the in-place path the pinned views are written
         now, as an engine writes them before it launches. ``spans``: ``(rows, form)`` of a
         vision step -- the rows given to ``run`` as tuples, lists, a mapping or an array, or
         written into the block and launched with their count (past it a stale row, which
-        the launch must mark unused) or found by a scan of the block -- or None."""
+        the launch must mark unused) or found by a scan of the block -- or None. ``rs``:
+        the replay starts (None: none given; in place, 0s written)."""
         qa, sa, slots_a = as_dtype(q, dtype), as_dtype(s, dtype), as_dtype(slots, dtype)
         rows, form = spans if spans is not None else (None, None)
         if path in ("graph", "eager_graph", "eager_reference", "context"):
@@ -337,35 +376,52 @@ class ApiMachine(RuleBasedStateMachine):
                 "mapping": lambda: _as_mapping(rows),
                 "array": lambda: np.array(rows, dtype=np.int32).reshape(-1, 3),
             }.get(form, lambda: rows)()
-            return lambda: runner.run(qa, sa, slots_a, eager=eager,
-                                      image_spans=given).outputs
+            starts = None if rs is None else np.asarray(rs)
+            return lambda: runner.run(qa, sa, slots_a, eager=eager, image_spans=given,
+                                      replay_start=starts).outputs
         k, t = len(q), sum(q)
-        count = None if rows is None or form == "scan" and len(rows) <= len(
-            self.inputs.host.image_spans) else len(rows)
+        # In place, half of run()'s forms scan the block and half count the rows.
+        scan = rows is None or form in ("scan", "rows", "lists") and len(rows) <= len(
+            self.inputs.host.image_spans)
+        count = None if scan else len(rows)
+        fell = self._span_counts_fell()
+        self.run_counts = []
         host = self.gm.begin_step()
         if k > self.cfg.max_num_seqs or t > self.cfg.max_num_batched_tokens:
             return lambda: self.gm.launch(k, t, num_spans=count)  # refused on the counts
         host.seq_lens[:k] = s
         host.slot_mapping[:t] = slots
+        if host.replay_start is not None:
+            host.replay_start[:k] = 0 if rs is None else rs
         if k and all(x == self.cfg.next_n for x in q):
             return lambda: self.gm.launch(k)
         host.query_start_loc[: k + 1] = np.concatenate([[0], np.cumsum(q)])
-        if rows is None:  # a vision step without spans counts none: rows an earlier
-            # refused step left in the block are not this step's (a scan would find them)
-            return lambda: self.gm.launch(k, t, num_spans=0 if self.cfg.image_spans else None)
         block = host.image_spans
-        block[:] = (-1, 0, -1) if count is None else (len(q) + 5, 0, 0)  # stale rows
-        written = rows[: len(block)]
+        if block is None:
+            return lambda: self.gm.launch(k, t)
+        written = [] if rows is None else rows[: len(block)]
+        if count is not None:
+            block[:] = (len(q) + 5, 0, 0)  # stale rows past the count
         if written:
             block[: len(written)] = written
+        self.engine_rows = len(block) if count is not None else len(written)
+        STATS["scan after falling span counts"] += count is None and fell
 
         def launch():
             out = self.gm.launch(k, t, num_spans=count)
+            staged = self.inputs.images.device.tolist()
             if count is not None:  # the rows past the count were staged as unused
-                staged = self.inputs.images.device[count:].cpu()
-                assert (staged == -1).all(), staged
+                assert staged[count:] == [[-1] * 3] * (len(staged) - count), staged
+            else:  # a scan: the engine's rows and nothing else
+                assert [r for r in staged if r[0] != -1] == [list(r) for r in written], staged
             return out
         return launch
+
+    def _span_counts_fell(self) -> bool:
+        """Whether a run() since the last hand-out staged more span rows than the last one
+        that staged any (a run without spans stages none and leaves the rows)."""
+        staged = [c for c in self.run_counts if c]
+        return bool(staged) and max(staged) > staged[-1]
 
     def close_and_reopen(self) -> None:
         self.gm.close()
@@ -410,3 +466,6 @@ def run_machine(preset: str, backend: str, examples: int, steps_per_example: int
     assert sum(ran[path, True] for path in PATHS), ran
     if "vision" in preset:  # valid and invalid image spans both drawn
         assert ran["spans", False] and ran["spans", True], ran
+    if "v4.1" in preset:  # valid and invalid replay starts, starts on steps of decodes only
+        assert ran["replay", False] and ran["replay", True], ran
+        assert ran["replay, decodes only"], ran
