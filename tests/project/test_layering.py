@@ -54,6 +54,16 @@ BUILDER_ROOMS = {
     "builders.swa": {"builders", "builders.attention_utils"},
     "builders.compressed": {"builders", "builders.attention_utils"},
 }
+#: Rooms inside ``kernels`` and ``consumers``, by concern -> the rooms of the same package each
+#: may import. ``runtime`` (how a kernel runs) is the base of every kernel room; the step-count
+#: helpers (``staging``) serve every kernel of a graph of device-decided counts; the indexer
+#: reads DCP ownership and the compressed slot gate. The consumer rooms stand side by side.
+SUB_ROOMS = {
+    "kernels": {"runtime": set(), "staging": {"runtime"}, "dcp": {"runtime"},
+                "compressed": {"runtime", "staging"}, "swa": {"runtime", "staging"},
+                "indexer": {"runtime", "staging", "dcp", "compressed"}},
+    "consumers": {"emulated": set(), "real": set(), "dcp": set()},
+}
 #: The modules of ``graphs``, bottom up: each may import only those before it. The
 #: manager's parts (pool, table, capturer, eager, in-place and array steps) sit beneath it
 #: and never import it; context buckets and device-length steps build on the manager.
@@ -150,6 +160,26 @@ def test_builder_rooms_import_only_their_neighbours():
             if _room(dep) == "builders" and dep_room is None:
                 bad.append(f"{module} imports the builders package itself")
     assert not bad, "imports against the builders' rooms:\n" + "\n".join(sorted(bad))
+
+
+@pytest.mark.parametrize("package", sorted(SUB_ROOMS))
+def test_sub_rooms_import_only_their_neighbours(package):
+    rooms = SUB_ROOMS[package]
+    graph = _graph()
+    found = {m.split(".")[2] for m in graph
+             if m.startswith(f"staticattn.{package}.") and len(m.split(".")) > 3}
+    assert found == set(rooms), f"{package}/ has rooms {sorted(found)}, the test {sorted(rooms)}"
+    bad = []
+    for module, deps in graph.items():
+        parts = module.split(".")
+        if len(parts) < 4 or parts[1] != package:
+            continue
+        for dep in deps:
+            dep_parts = dep.split(".")
+            if len(dep_parts) > 2 and dep_parts[1] == package and dep_parts[2] != parts[2] \
+                    and dep_parts[2] not in rooms[parts[2]]:
+                bad.append(f"{module} imports {dep}")
+    assert not bad, f"imports against {package}/' rooms:\n" + "\n".join(sorted(bad))
 
 
 def test_graph_parts_sit_beneath_the_manager():
