@@ -1,5 +1,5 @@
 """The graph manager on a DeepSeek-V4-like config with both builders and the gather
-consumer: every default size and token bucket captured, 10,000 replays each equal to the
+consumer: every default size and token bucket captured, 5,000 replays each equal to the
 eager path bit for bit, mixed steps equal to the reference builds run alone, a fixed arena,
 no allocation."""
 
@@ -23,7 +23,7 @@ from staticattn.graphs import GraphManager, default_capture_sizes
 
 pytestmark = pytest.mark.gpu
 
-REPLAYS = 10_000
+REPLAYS = 5_000
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """On the GPU: randomized steps of every composition replayed through the captured graphs.
 
 Per config, steps drawn by ``support.host_steps`` run through ``GraphManager.run`` until
-2,000 of them replayed a token bucket (a uniform decode step replays a decode graph: it is
+1,000 of them replayed a token bucket (a uniform decode step replays a decode graph: it is
 checked the same way but not counted). Every step replays. After each replay:
 
 * the graph's metadata views equal the oracle over their whole extent (real and padded
@@ -36,7 +36,7 @@ from staticattn.reference import swa as swa_oracle
 
 pytestmark = pytest.mark.gpu
 
-STEPS = 2000
+STEPS = 1000
 
 
 def _snapshot(metadata) -> list[torch.Tensor]:

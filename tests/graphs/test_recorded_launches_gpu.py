@@ -39,6 +39,12 @@ def _write_tables(inputs, step) -> None:
         inputs.swa_block_table[:r].copy_(_t(step.swa_block_table))
 
 
+def _stage(manager, q, s, slots, uniform: bool) -> None:
+    """Check a step and write it into the staging, as ``run`` does before a graph or the
+    graph builds read it (its uniform decode form when ``uniform``)."""
+    manager.runner.stage(q, s, slots, manager.runner.check(q, s, slots), uniform)
+
+
 def _views(metadata) -> list[torch.Tensor]:
     torch.cuda.synchronize()
     return [t.clone() for _, t in tensors_in(metadata)]
@@ -68,18 +74,17 @@ def test_recorded_launches_write_what_the_builds_write(name):
         _write_tables(inputs, step)
         kind, k, t, uniform = _extents(gm, step)
         args = (step.query_lens, step.seq_lens, step.slot_mapping)
-        plain.runner.stage_for_graph(*args, uniform)
+        _stage(plain, *args, uniform)
         expected = _views(plain.capturer.builds(kind, k, t)[1])
         if previous:  # another step's values in every view
             other = previous[-1]
             _write_tables(inputs, other)
             okind, ok, ot, ouniform = _extents(gm, other)
-            plain.runner.stage_for_graph(other.query_lens, other.seq_lens, other.slot_mapping,
-                                         ouniform)
+            _stage(plain, other.query_lens, other.seq_lens, other.slot_mapping, ouniform)
             plain.capturer.builds(okind, ok, ot)
             _write_tables(inputs, step)
         for _ in range(3):  # extents noted, then their launches recorded, then a hit
-            gm.runner.stage_for_graph(*args, uniform)
+            _stage(gm, *args, uniform)
             got = _views(recorded.run(kind, k, t)[1])
             assert len(got) == len(expected)
             for a, b in zip(got, expected):
