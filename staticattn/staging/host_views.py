@@ -1,14 +1,16 @@
-"""The pinned staging as numpy views an engine writes a step into, in place, and the checked
-writer of those views."""
+"""The pinned staging as numpy views an engine writes a step into, in place.
+
+What an integer view accepts is numpy's assignment: an integer array of any dtype is cast
+to the view's (int32 for the lengths and starts, int64 for the slots) -- a value past the
+view's range wraps around -- a float is truncated (``100.7`` -> ``100``) and a bool read as
+0 or 1, without a word. No check after the write can tell such a value from one the engine
+meant, so write integer arrays of the view's dtype (docs/embedding.md)."""
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass
 
 import numpy as np
-
-from staticattn.errors import InvalidBatchError
 
 __all__ = ["HostViews"]
 
@@ -42,46 +44,3 @@ class HostViews:
     counts: np.ndarray
     replay_start: np.ndarray | None = None
     image_spans: np.ndarray | None = None
-
-    def write(self, name: str, values: np.ndarray, start: int = 0) -> None:
-        """Write ``values`` into view ``name`` ("seq_lens", "slot_mapping",
-        "query_start_loc", "replay_start") at ``[start : start + len(values)]``, refusing
-        what a plain numpy assignment converts without a word.
-
-        A plain ``views.seq_lens[:k] = values`` truncates floats (``100.7`` -> ``100``),
-        reads bools as 0 and 1 and wraps integers past the view's dtype (int32 for the
-        lengths and starts): no check after the write can tell. Here ``values`` (host ints
-        ``(n,)``, any integer dtype; a list is converted first) must be integers within the
-        view's dtype, else an :class:`~staticattn.errors.InvalidBatchError` names the view
-        and nothing is written. Costs a dtype test on top of the assignment (and a range
-        test when ``values`` is wider than the view).
-        """
-        try:
-            view = _WRITABLE[name](self)
-        except KeyError:
-            view = None
-        if view is None:
-            raise InvalidBatchError(f"no integer view {name!r} to write; this arena has "
-                                    f"{[v for v in _WRITABLE if _WRITABLE[v](self) is not None]}")
-        if type(values) is not np.ndarray:
-            values = np.asarray(values)
-        dtype = values.dtype
-        if dtype.kind not in "iu" or values.ndim != 1:
-            if values.size or values.ndim != 1:
-                raise InvalidBatchError(
-                    f"{name} takes a 1-D array of integers; got dtype {dtype}, shape "
-                    f"{values.shape} (a float would be truncated, a bool read as 0 or 1)")
-        elif dtype.itemsize > view.itemsize or dtype.kind == "u" and dtype.itemsize == \
-                view.itemsize:
-            info = np.iinfo(view.dtype)
-            if values.size and (values.item(values.argmin()) < info.min
-                                or values.item(values.argmax()) > info.max):
-                raise InvalidBatchError(f"{name} holds a value outside {view.dtype}; it "
-                                        "would wrap around on assignment")
-        view[start : start + values.shape[0]] = values
-
-
-#: The views :meth:`HostViews.write` writes, and how to reach each (an attribute getter:
-#: cheaper than ``getattr`` by name).
-_WRITABLE = {name: operator.attrgetter(name) for name in
-             ("seq_lens", "slot_mapping", "query_start_loc", "replay_start")}
