@@ -11,9 +11,8 @@ import functools
 
 import pytest
 import torch
-from helpers.support import DEVICE, host_steps, stage
+from helpers.support import DEVICE, fuzz_examples, host_steps, stage
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
@@ -78,23 +77,29 @@ def _assert_rows_end_at_their_lengths(arena, when: str) -> None:
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@settings(max_examples=100, suppress_health_check=FIXTURE_OK)
-@given(data=st.data())
-def test_build_matches_oracle(name, backend, data):
+def test_build_matches_oracle(name, backend):
     cfg, builder, inputs = _bound(name, backend)
-    step = data.draw(host_steps(cfg, max_reqs=12), label="step")
-    _assert_rows_end_at_their_lengths(builder.arena, "before the build")
-    meta = builder.build(stage(inputs, step))
-    assert_matches(meta, expected_for_step(cfg, step))
-    _assert_rows_end_at_their_lengths(builder.arena, "after the build")
+
+    @settings(max_examples=fuzz_examples(backend, 100, 25), suppress_health_check=FIXTURE_OK)
+    @given(step=host_steps(cfg, max_reqs=12))
+    def check(step):
+        _assert_rows_end_at_their_lengths(builder.arena, "before the build")
+        meta = builder.build(stage(inputs, step))
+        assert_matches(meta, expected_for_step(cfg, step))
+        _assert_rows_end_at_their_lengths(builder.arena, "after the build")
+
+    check()
 
 
 @pytest.mark.parametrize("name", CONFIGS)
-@settings(max_examples=60, suppress_health_check=FIXTURE_OK)
-@given(data=st.data())
-def test_build_decode_matches_oracle(name, backend, data):
+def test_build_decode_matches_oracle(name, backend):
     cfg, builder, inputs = _bound(name, backend)
-    step = data.draw(host_steps(cfg, kinds=("uniform_decode",), max_reqs=12), label="step")
-    stage(inputs, step)
-    meta = builder.build_decode(Batch.for_decode_capture(inputs, step.num_reqs_padded))
-    assert_matches(meta, expected_for_step(cfg, step))
+
+    @settings(max_examples=fuzz_examples(backend, 60, 15), suppress_health_check=FIXTURE_OK)
+    @given(step=host_steps(cfg, kinds=("uniform_decode",), max_reqs=12))
+    def check(step):
+        stage(inputs, step)
+        meta = builder.build_decode(Batch.for_decode_capture(inputs, step.num_reqs_padded))
+        assert_matches(meta, expected_for_step(cfg, step))
+
+    check()
