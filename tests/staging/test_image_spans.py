@@ -513,6 +513,7 @@ def test_a_span_count_where_no_span_can_be():
         with pytest.raises(InvalidBatchError, match="num_spans must be an int"):
             gm.launch(2, num_spans=0.0)
         gm.launch(2, num_spans=0)
+        gm.begin_step()  # one launch per step begun
         gm.launch(2, num_spans=np.int64(0))
     _, builder, arena, inputs = _world("torch", max_image_tokens=0, max_image_spans=0)
     with _manager(arena, builder, inputs) as gm:
