@@ -40,20 +40,26 @@ ROOT = Path(__file__).resolve().parent.parent
 #: file -> (mutants drawn, the tests that exercise it). Files are drawn in this order from
 #: one seeded generator: a new file goes last, so the files before it keep their draws.
 TARGETS: dict[str, tuple[int, list[str]]] = {
-    "staticattn/kernels/indexer/mqa_schedule.py": (3, ["tests/kernels/test_mqa_schedule.py",
-                                                       "tests/kernels/test_mqa_schedule_tiles.py"]),
-    "staticattn/kernels/staging/stage_inputs.py": (3, ["tests/staging/test_staging.py",
-                                                       "tests/validation/test_input_edges.py",
-                                                       "tests/validation/test_replay_fast_path.py"]),
-    "staticattn/kernels/indexer/prefill_plan.py": (3, ["tests/validation/test_input_edges.py"]),
-    "staticattn/kernels/indexer/index_slots.py": (2, ["tests/kernels/test_compressed_slots.py"]),
-    "staticattn/kernels/swa/swa_rows.py": (2, ["tests/kernels/test_swa_kernels.py"]),
+    "staticattn/kernels/indexer/mqa_schedule.py": (3, [
+        "tests/kernels/test_mqa_schedule.py", "tests/kernels/test_mqa_schedule_tiles.py",
+        "tests/kernels/test_mqa_schedule_padding.py"]),
+    "staticattn/kernels/staging/stage_inputs.py": (3, [
+        "tests/staging/test_staging.py", "tests/validation/test_input_edges.py",
+        "tests/validation/test_replay_fast_path.py", "tests/staging/test_device_starts.py"]),
+    "staticattn/kernels/indexer/prefill_plan.py": (3, [
+        "tests/validation/test_input_edges.py", "tests/builders/indexer/test_dcp_indexer.py"]),
+    "staticattn/kernels/indexer/index_slots.py": (2, [
+        "tests/kernels/test_compressed_slots.py",
+        "tests/builders/compressed/test_own_slot_zero.py"]),
+    "staticattn/kernels/swa/swa_rows.py": (2, ["tests/kernels/test_swa_kernels.py",
+                                               "tests/builders/swa/test_swa_oracle.py"]),
     "staticattn/validation/values.py": (3, ["tests/validation/test_validate.py",
                                             "tests/validation/test_pool_bounds.py"]),
     "staticattn/validation/in_place_views.py": (3, [
         "tests/validation/test_replay_fast_path.py", "tests/validation/test_pool_bounds.py",
         "tests/validation/test_replay_start_decodes.py"]),
-    "staticattn/validation/block_ids.py": (2, ["tests/validation/test_pool_bounds.py"]),
+    "staticattn/validation/block_ids.py": (2, ["tests/validation/test_pool_bounds.py",
+                                               "tests/validation/test_write_blocks_types.py"]),
     "staticattn/validation/host_arrays.py": (3, ["tests/validation/test_validate.py",
                                                  "tests/validation/test_replay_fast_path.py"]),
     "staticattn/builders/attention_utils/chunking.py": (
@@ -63,11 +69,13 @@ TARGETS: dict[str, tuple[int, list[str]]] = {
                                           "tests/graphs/test_step_kinds.py"]),
     "staticattn/graphs/runner.py": (3, ["tests/graphs/test_graph_manager.py",
                                         "tests/validation/test_pool_bounds.py",
-                                        "tests/validation/test_input_edges.py"]),
+                                        "tests/validation/test_input_edges.py",
+                                        "tests/graphs/test_run_picks.py"]),
     "staticattn/graphs/in_place.py": (2, ["tests/graphs/test_graph_manager.py",
                                           "tests/validation/test_pool_bounds.py"]),
     "staticattn/graphs/sizes.py": (2, ["tests/graphs/test_graph_manager.py",
-                                       "tests/graphs/test_graph_options.py"]),
+                                       "tests/graphs/test_graph_options.py",
+                                       "tests/graphs/test_run_picks.py"]),
     # The files of issue #46's bug classes (scripts/class_mutants.py).
     "staticattn/validation/replay_start.py": (2, [
         "tests/validation/test_replay_start_decodes.py"]),
@@ -81,6 +89,38 @@ TARGETS: dict[str, tuple[int, list[str]]] = {
                                                           "tests/kernels/test_short_topk_wide.py"]),
     "staticattn/checks/extent_probe.py": (2, ["tests/checks/test_checker_extents.py",
                                               "tests/checks/test_checker_extent_names.py"]),
+}
+
+#: Drawn mutants known to compute what the original does: ``(file, original line, mutated
+#: line)`` (stripped) -> why. They are run, and left out of the score.
+_SCREEN = ("a pre-screen: it only decides whether the exact check runs, and the exact check "
+           "accepts the edge value")
+EQUIVALENT_DRAWS: dict[tuple[str, str, str], str] = {
+    ("staticattn/validation/in_place_views.py",
+     "if (seq.item(seq.argmax()) > self.max_model_len",
+     "if (seq.item(seq.argmax()) >= self.max_model_len"): _SCREEN,
+    ("staticattn/validation/in_place_views.py",
+     "or seq.item(seq.argmin()) < self.next_n):",
+     "or seq.item(seq.argmin()) <= self.next_n):"): _SCREEN,
+    ("staticattn/validation/in_place_views.py",
+     "if (not _min(query_lens.view(np.uint32) <= seq)",
+     "if (not _min(query_lens.view(np.uint32) < seq)"): _SCREEN + " (q == L), and gives the "
+    "same query lengths",
+    ("staticattn/validation/host_arrays.py",
+     "and 0 < q.shape[0] == s.shape[0] <= config.max_num_seqs",
+     "and 0 < q.shape[0] == s.shape[0] < config.max_num_seqs"): _SCREEN,
+    ("staticattn/graphs/dispatch.py",
+     "self._by_tokens[kind] = [None] * (cfg.max_num_batched_tokens + 1)",
+     "self._by_tokens[kind] = [None] * (cfg.max_num_batched_tokens)"):
+        "the list of a cleared kind holds no graph, and every lookup is bounded by its "
+        "length: the missing last entry reads as None either way",
+    ("staticattn/kernels/swa/swa_rows.py",
+     "if tl.program_id(0) * BLOCK_T < decode_rows:",
+     "if tl.program_id(0) * BLOCK_T <= decode_rows:"):
+        "a program starting at decode_rows has no decode row: every load and store of the "
+        "branch is masked by i < decode_rows",
+    ("staticattn/staging/span_block.py", "if n > self._staged:", "if n >= self._staged:"):
+        "n == _staged assigns the value it already holds",
 }
 
 #: ``(pattern, replacement)``: the first that matches a line mutates it.
@@ -145,7 +185,8 @@ def _apply(path: Path, original: str, mutated: str, tests: list[str], timeout: i
 
 
 def _draw(seed: int, timeout: int) -> list[tuple]:
-    """The random draw: ``(file, line, original, mutant, verdict)`` per mutant."""
+    """The random draw: ``(file, line, original, mutant, verdict, why equivalent or "")``
+    per mutant."""
     rng = random.Random(seed)
     results = []
     for rel, (count, tests) in TARGETS.items():
@@ -157,9 +198,11 @@ def _draw(seed: int, timeout: int) -> list[tuple]:
             before = lines[number - 1]
             lines[number - 1] = _mutate(before.rstrip("\n")) + "\n"
             verdict = _apply(path, original, "".join(lines), tests, timeout)
-            results.append((rel, number, before.strip(), lines[number - 1].strip(), verdict))
-            print(f"{verdict:>16}  {rel}:{number}  {before.strip()}  ->  "
-                  f"{lines[number - 1].strip()}", flush=True)
+            after = lines[number - 1].strip()
+            why = EQUIVALENT_DRAWS.get((rel, before.strip(), after), "")
+            results.append((rel, number, before.strip(), after, verdict, why))
+            print(f"{verdict:>16}  {rel}:{number}  {before.strip()}  ->  {after}"
+                  f"{'  (equivalent)' if why else ''}", flush=True)
     return results
 
 
@@ -229,10 +272,13 @@ def main() -> int:
         out += [""] + _class_lines(_classes(args.classes or [], args.timeout))
     if both or args.draw:
         results = _draw(args.seed, args.timeout)
-        killed = sum(r[4].startswith("killed") for r in results)
-        out += ["", f"Random one-line mutants, seed {args.seed}: "
-                f"{_score(killed, len(results))}", "verdict | file:line | original -> mutant"]
-        out += [f"{v} | {f}:{n} | {a} -> {b}" for f, n, a, b, v in results]
+        real = [r for r in results if not r[5]]
+        killed = sum(r[4].startswith("killed") for r in real)
+        out += ["", f"Random one-line mutants, seed {args.seed}: {_score(killed, len(real))} of "
+                f"the non-equivalent, {len(results) - len(real)} equivalent left out",
+                "verdict | file:line | original -> mutant"]
+        out += [f"{v} | {f}:{n} | {a} -> {b}" + (f" | equivalent: {why}" if why else "")
+                for f, n, a, b, v, why in results]
     out.insert(1, f"{time.time() - start:.0f} s in all")
     Path(ROOT / args.out).write_text("\n".join(out) + "\n")
     print("\n".join(out[:2]))
