@@ -125,13 +125,11 @@ def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, si
     try:
         [graph] = capturer.capture_each([capturer.spec(GraphKind.DECODE, context, size)],
                                         manager.dispatcher, hook=hook)
-    except GraphError:  # the hook has named what broke it
-        torch.cuda.synchronize()
+    except GraphError:  # the hook has named what broke it (the device is idle again)
         return None
     finally:
         phased.watch = None
     unattributed = _allocations() - hook.allocations_before - baseline
-    torch.cuda.synchronize()
     add_watch_findings(watch, report)
     if not watch.allocations and unattributed > 0:
         report.add("library_allocation",

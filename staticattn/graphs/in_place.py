@@ -152,11 +152,10 @@ class InPlaceSteps:
             host.query_start_loc[: num_reqs + 1] = np.arange(num_reqs + 1) * n
             self._counts.step(num_reqs, num_tokens, 0)  # decodes read no span
         query_lens = np.diff(host.query_start_loc[: num_reqs + 1])
-        longest = int(query_lens.max())
+        longest, longest_seq = int(query_lens.max()), self._longest_seq(num_reqs)
         all_n = int(query_lens.min()) == longest == n
         g, reason = self.dispatcher.route(StepKey(
-            DECODE if all_n else MIXED, num_tokens, num_reqs, longest,
-            self._longest_seq(num_reqs)))
+            DECODE if all_n else MIXED, num_tokens, num_reqs, longest, longest_seq))
         self.inputs.handed_out = False
         if g is not None:
             g.launch()
@@ -165,6 +164,5 @@ class InPlaceSteps:
         self.dispatcher.count_eager(reason)
         if self._graph_builds:
             return self.eager.graph_builds(num_reqs, num_tokens, all_n)
-        counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens, longest,
-                              int(host.seq_lens[:num_reqs].max()))
+        counts = StagedCounts(num_reqs, num_tokens, num_reqs, num_tokens, longest, longest_seq)
         return self.eager.reference_builds(counts)

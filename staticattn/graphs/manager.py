@@ -165,7 +165,7 @@ class GraphManager:
         self.block_ids = (None if options.num_kv_blocks is None
                           else BlockIds(inputs, options.num_kv_blocks))
         self.checks = StepChecks(cfg, inputs.host, self.slot_bound, self.block_ids,
-                                 options.num_kv_blocks, options.validate)
+                                 options.validate)
         self.capturer = Capturer(arena, inputs, builders, step, self.pool, options,
                                  self.contexts)
         self.eager = EagerSteps(inputs, builders, step, self.capturer, options.eager_build,

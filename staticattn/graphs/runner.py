@@ -183,10 +183,10 @@ class StepRunner:
     def stage(self, q: np.ndarray, s: np.ndarray, slots: np.ndarray, step: CheckedStep,
               uniform: bool = False) -> None:
         """Write a checked step into the staging that a graph's staging kernels (or the
-        same builds run eagerly) read: for a uniform decode step (``uniform``) as
-        :meth:`stage_decode`, else the query starts, token count, replay starts (None: 0s)
-        and image spans (None: none) too. Host ints: ``q``, ``s`` ``(num_reqs,)``,
-        ``slots`` ``(num_tokens,)``."""
+        same builds run eagerly) read: for a uniform decode step (``uniform``) its lengths,
+        slots and request count only (its decodes replay nothing), else the query starts,
+        token count, replay starts (None: 0s) and image spans (None: none) too. Host ints:
+        ``q``, ``s`` ``(num_reqs,)``, ``slots`` ``(num_tokens,)``."""
         if uniform:
             self.inputs.stage_uniform_decode(s, slots)
         else:

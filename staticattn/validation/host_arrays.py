@@ -27,7 +27,7 @@ from staticattn.validation.values import (
     tokens_per_block,
 )
 
-__all__ = ["screen_step", "step_passes", "uniform_decode_passes", "validate_host_step"]
+__all__ = ["screen_step", "uniform_decode_passes", "validate_host_step"]
 
 
 def validate_host_step(
@@ -217,10 +217,3 @@ def screen_step(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.n
             and slots_within(slots, limit)):
         return shortest, longest
     return None
-
-
-def step_passes(query_lens: np.ndarray, seq_lens: np.ndarray, slot_mapping: np.ndarray,
-                config: ArenaConfig, slot_bound: int | None = None) -> bool:
-    """:func:`screen_step` as a yes/no answer. Host ints: ``query_lens``, ``seq_lens``
-    ``(num_reqs,)``, ``slot_mapping`` ``(num_tokens,)``."""
-    return screen_step(query_lens, seq_lens, slot_mapping, config, slot_bound) is not None

@@ -27,7 +27,7 @@ from staticattn.validation.host_arrays import (
 from staticattn.validation.image_spans import check_image_spans
 from staticattn.validation.in_place_views import ViewChecks
 from staticattn.validation.replay_start import check_replay_start, replay_start_array
-from staticattn.validation.values import check_capacity
+from staticattn.validation.values import check_capacity, count_arg
 
 __all__ = ["CheckedStep", "StepChecks"]
 
@@ -54,20 +54,18 @@ class StepChecks:
     slot_bound : int or None
         Slots must be below it (the KV pool's slots; None: only ``>= -1``).
     block_ids : BlockIds or None
-        The block tables against the KV pool (None without a pool size).
-    num_kv_blocks : int or None
-        The KV pool's blocks.
+        The block tables against the KV pool of ``block_ids.num_kv_blocks`` blocks (None
+        without a pool size).
     validate : bool
         Check every step (else only the extents); switchable.
     """
 
     def __init__(self, config: ArenaConfig, host, slot_bound: int | None,
-                 block_ids: BlockIds | None, num_kv_blocks: int | None,
-                 validate: bool) -> None:
+                 block_ids: BlockIds | None, validate: bool) -> None:
         self.config = config
         self.validate = validate
         self.slot_bound = slot_bound
-        self._num_kv_blocks = num_kv_blocks
+        self._num_kv_blocks = None if block_ids is None else block_ids.num_kv_blocks
         # The block ids a validated step uses, where the tables are host memory (a CPU
         # arena; None otherwise: reading a device table would synchronise).
         self._host_blocks = (block_ids if block_ids is not None and block_ids.host_tables
@@ -162,13 +160,10 @@ class StepChecks:
         """A step whose query starts, lengths and slots a device kernel writes: its request
         count and token bound, and its replay starts (host ints ``(num_reqs,)`` or None,
         returned as an array; only what needs no lengths can be checked)."""
-        if isinstance(num_reqs, bool) or isinstance(num_tokens, bool):
-            raise InvalidBatchError(f"num_reqs and num_tokens must be ints; got {num_reqs!r}, "
-                                    f"{num_tokens!r}")
-        num_reqs, num_tokens = operator.index(num_reqs), operator.index(num_tokens)
-        if num_reqs < 1 or num_tokens < 0:
-            raise InvalidBatchError(f"a step needs at least one request and a token bound "
-                                    f">= 0; got num_reqs={num_reqs}, num_tokens={num_tokens}")
+        num_reqs = count_arg("num_reqs", num_reqs)
+        num_tokens = count_arg("num_tokens", num_tokens)
+        if num_reqs < 1:
+            raise InvalidBatchError("a step needs at least one request; got num_reqs=0")
         check_capacity(num_reqs, num_tokens, self.config)
         if replay_start is None:
             return None
