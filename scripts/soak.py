@@ -598,6 +598,8 @@ def every_kind(args) -> int:
         for i in range(args.replays):
             if i == warmup:
                 mem0 = _memory(cuda)
+            if i and i % 10_000 == 0:  # a run stopped by a time limit still says how far it got
+                print(f"step {i}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
             kind = kinds[i % len(kinds)]
             d = draw_step(world, kind, rng, max_requests, buckets)
             if d.replay_start is not None and d.replay_start.any():
