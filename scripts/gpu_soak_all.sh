@@ -12,8 +12,8 @@
 # line in OUTDIR/summary.txt, printed as it ends. Exit status 0 only when every run passed.
 # Environment: PYTHON (default python3), REPLAYS (100000), SAMPLE (20: one in 20 of each
 # kind's replays compared with the eager reference), STEPS (5000), SOAK_LIMIT_S (480),
-# SANITIZE_LIMIT_S (240), STATEFUL_LIMIT_S (570); DEVICE=cpu: the soak and the loop at small
-# capacities, graphs emulated (a smoke test of this script without a GPU).
+# SANITIZE_LIMIT_S (240), STATEFUL_LIMIT_S (570), PRESETS_ONLY (all four); DEVICE=cpu: the
+# soak and the loop at small capacities, graphs emulated (a smoke test without a GPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -25,6 +25,8 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PRESETS=(deepseek-v3.2 deepseek-v4 deepseek-v4.1-flash deepseek-v4-vision)
+# PRESETS_ONLY="P ...": these presets alone (e.g. half of them on each of two GPUs).
+[ -n "${PRESETS_ONLY:-}" ] && read -r -a PRESETS <<<"$PRESETS_ONLY"
 FAILED=0
 
 # run NAME LIMIT_S SUMMARY_PATTERN CMD...: CMD's output into OUT/NAME.txt, then its line.
