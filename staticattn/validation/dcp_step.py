@@ -110,7 +110,8 @@ class StepVerdicts:
     store : torch.distributed.Store
         Reachable by every rank and outliving each of them: the launch's own
         (``torchrun``'s agent hosts it; :func:`~staticattn.distributed.world.join` passes
-        it on) or a ``FileStore``; its keys ``dcp_step/<n>``, the last settled one kept.
+        it on) or a ``FileStore``. One key a step, ``dcp_step/<n>``, dropped once the
+        next step passes.
     """
 
     def __init__(self, store: dist.Store):
