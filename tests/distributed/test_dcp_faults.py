@@ -20,7 +20,8 @@ from helpers.paths import ROOT
 
 from staticattn.validation.dcp_step import StepVerdicts
 
-DEADLINE_S = 3.0
+#: Long enough for two CPU ranks on a loaded machine to stay within it of each other.
+DEADLINE_S = 5.0
 #: No launch of two ranks takes this long (start-up included): past it the ranks are hung,
 #: and the test fails instead of hanging the suite.
 LAUNCH_TIMEOUT_S = 300
@@ -78,7 +79,7 @@ def test_a_stalled_rank_is_a_typed_error_on_both_ranks():
     assert 0.9 * DEADLINE_S <= waiting["waited_s"] < DEADLINE_S + SLACK_S
     assert late["waited_s"] < 2.0  # at once on waking, before it launches anything
     assert exits == {0: 3, 1: 3}
-    assert "waited 3 s for every rank to reach the step check" in out
+    assert f"waited {DEADLINE_S:g} s for every rank to reach the step check" in out
 
 
 @pytest.fixture
