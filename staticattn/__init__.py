@@ -40,16 +40,17 @@ _EXPORTS = {
     # The typed errors (staticattn.errors), for ``except`` clauses without a deep import.
     **{name: "staticattn.errors" for name in (
         "StaticAttnError", "ConfigError", "CapacityError", "InvalidBatchError", "ArenaError",
-        "GraphError", "BackendUnavailableError", "RankMismatchError", "StepSpecError")},
+        "GraphError", "BackendUnavailableError", "RankMismatchError", "RankFailureError",
+        "RankTimeoutError", "StepSpecError")},
 }
 
 __all__ = [
     "Arena", "ArenaConfig", "ArenaError", "BackendUnavailableError", "Batch", "BufferDecl",
     "CapacityError", "ConfigError", "EagerBuild", "GraphError", "GraphManager",
     "GraphOptions", "IndexerMetadataBuilder", "InvalidBatchError", "MetadataBuilder",
-    "RankMismatchError", "SparseSWAMetadataBuilder", "StagingGuard", "StaticAttnError",
-    "StepInputs", "StepSpecError", "__version__", "check_eagerly", "check_graph_safety",
-    "default_builders", "make_arena", "run_bench",
+    "RankFailureError", "RankMismatchError", "RankTimeoutError", "SparseSWAMetadataBuilder",
+    "StagingGuard", "StaticAttnError", "StepInputs", "StepSpecError", "__version__",
+    "check_eagerly", "check_graph_safety", "default_builders", "make_arena", "run_bench",
 ]
 
 
@@ -74,7 +75,9 @@ if TYPE_CHECKING:
         ConfigError,
         GraphError,
         InvalidBatchError,
+        RankFailureError,
         RankMismatchError,
+        RankTimeoutError,
         StaticAttnError,
         StepSpecError,
     )

@@ -18,6 +18,8 @@ __all__ = [
     "GraphError",
     "BackendUnavailableError",
     "RankMismatchError",
+    "RankFailureError",
+    "RankTimeoutError",
     "StepSpecError",
 ]
 
@@ -52,8 +54,19 @@ class BackendUnavailableError(StaticAttnError, RuntimeError):
 
 class RankMismatchError(StaticAttnError, RuntimeError):
     """The ranks of a decode-context-parallel group disagree -- handed different steps,
-    configs or ranks -- or one of them did not answer the consistency check in time. Raised
-    on every rank that took part, before anything is staged or launched."""
+    configs or ranks. Raised on every rank, before anything is staged or launched."""
+
+
+class RankFailureError(StaticAttnError, RuntimeError):
+    """A rank of a decode-context-parallel group failed: it died (its connections closed),
+    or a step failed on a rank mid-way. Raised on every rank still running, within the
+    group's step deadline; the group is broken afterwards (``distributed.world.abandon``)."""
+
+
+class RankTimeoutError(RankFailureError):
+    """A rank of a decode-context-parallel group missed the step deadline: it did not reach
+    the step check, or its share of a step's collectives, in time. Raised on the ranks that
+    waited, and on the late rank itself when it arrives, before it launches anything."""
 
 
 class StepSpecError(StaticAttnError, ValueError):

@@ -8,9 +8,11 @@ the reference DCP consumer (:mod:`staticattn.consumers.dcp.dcp_decode`); on GPUs
 graph per decode size holding the staging, the rank's build and the consumer with its NCCL
 all-gathers (without CUDA: gloo, every step eager). Every rank draws the same random decode
 steps (one seed), writes its share of each request's keys, checks the step against the group
-(:func:`~staticattn.validation.dcp_step.check_dcp_step`, over gloo) and runs it. Each rank
-also runs the step on a one-rank arena holding every key (the single-GPU step) and compares:
-the top-k exactly, the merged output within float32 rounding (``rtol 1e-4, atol 1e-5``).
+and runs it, each wait bounded by the step deadline
+(:func:`~staticattn.distributed.fence.fenced_step`: a rank that dies or stalls is a typed
+error on every rank, which then ends with status 3, never a hang). Each rank also runs the
+step on a one-rank arena holding every key (the single-GPU step) and compares: the top-k
+exactly, the merged output within float32 rounding (``rtol 1e-4, atol 1e-5``).
 Rank 0 prints the totals and the host time per step of every rank (p50, p99).
 """
 
@@ -24,29 +26,32 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from staticattn.distributed.fence import fenced_step
 from staticattn.distributed.paired import emit, paired_managers
 from staticattn.distributed.world import (
+    abandon,
     dcp_config,
     graph_pool_blocks,
     join,
     leave,
     random_decode_step,
 )
+from staticattn.errors import RankFailureError
 from staticattn.graphs import EagerBuild, GraphOptions
-from staticattn.validation.dcp_step import check_dcp_step
+from staticattn.validation.dcp_step import DEFAULT_DEADLINE
 
 __all__ = ["run_dcp_demo"]
 
 
 def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
                  preset: str = "deepseek-v4", json_path: str | None = None,
-                 progress: bool = True) -> int:
+                 progress: bool = True, deadline: timedelta = DEFAULT_DEADLINE) -> int:
     """Run the demo on this rank of a torchrun launch of ``world`` ranks, with a small arena
     of ``preset`` ("deepseek-v4" or "deepseek-v3.2"); the exit status (0 when every step
     matched the single-GPU step on every rank). ``json_path``: rank 0 writes the totals as
     JSON there, or prints them instead of the text for "-". ``progress``: a progress bar on
-    rank 0."""
-    me = join(world, "demo")
+    rank 0. ``deadline``: the step deadline (:mod:`staticattn.distributed.fence`)."""
+    me = join(world, "demo", deadline)
     if me is None:
         return 2
     cfg = dcp_config(preset, world, me.rank, me.device)
@@ -69,14 +74,18 @@ def _run_steps(me, cfg, preset: str, steps: int, seed: int, progress: bool) -> t
     with paired_managers(me, cfg, preset, options) as pair:
         if me.cuda:
             pair.rank.capture(buckets=())  # every rank captures the same sizes, in one order
+        # Line up before the first step: its deadline is not for the ranks' setup.
+        dist.barrier(group=me.check_group)
         for _ in tqdm(range(steps), desc=f"DCP demo, rank {me.rank}", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
             lengths = pair.write(random_decode_step(cfg, rng))
-            check_dcp_step(cfg, lengths[0], lengths[1], group=me.check_group,
-                           timeout=timedelta(seconds=60))
-            t0 = time.perf_counter()
-            res = pair.rank.run(*lengths)
-            host_us.append((time.perf_counter() - t0) * 1e6)
+            try:
+                with fenced_step(me, cfg, lengths[0], lengths[1]):
+                    t0 = time.perf_counter()
+                    res = pair.rank.run(*lengths)
+                    host_us.append((time.perf_counter() - t0) * 1e6)
+            except RankFailureError as exc:
+                abandon(me, exc)  # here, before the managers' teardown waits on the device
             replays += res.mode == "graph"
             ids, out = (x.clone() for x in res.outputs)
             want_ids, want = pair.single.run(*lengths, eager=EagerBuild.REFERENCE).outputs

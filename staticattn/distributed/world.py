@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -18,28 +19,36 @@ from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders import make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.dcp.dcp_decode import DCPDecodeAttention
+from staticattn.errors import RankFailureError
+from staticattn.validation.dcp_step import DEFAULT_DEADLINE, StepVerdicts
 
-__all__ = ["Rank", "dcp_config", "dcp_world", "graph_pool_blocks", "join", "kv_pool_blocks",
-           "leave", "random_decode_step", "write_decode_step"]
+__all__ = ["Rank", "abandon", "dcp_config", "dcp_world", "graph_pool_blocks", "join",
+           "kv_pool_blocks", "leave", "random_decode_step", "write_decode_step"]
 
 
 @dataclass(frozen=True)
 class Rank:
     """This process's place in a torchrun launch: ``rank``, ``world``, ``cuda`` (NCCL on
-    the local GPU, else gloo on CPU), ``device``, and ``check_group`` (gloo: the host-side
-    step check and result exchange; None, the default group, on CPU, where that is gloo)."""
+    the local GPU, else gloo on CPU), ``device``, ``check_group`` (gloo: the host-side
+    step check and result exchange; None, the default group, on CPU, where that is gloo),
+    ``deadline`` (the step deadline, ``distributed.fence``) and ``verdicts`` (the group's
+    step verdicts, kept in the launch's store)."""
 
     rank: int
     world: int
     cuda: bool
     device: str
     check_group: Any
+    deadline: timedelta
+    verdicts: StepVerdicts
 
 
-def join(world: int, what: str) -> Rank | None:
+def join(world: int, what: str, deadline: timedelta = DEFAULT_DEADLINE) -> Rank | None:
     """Join the torchrun launch of ``world`` ranks (NCCL with a GPU per rank, gloo without
     CUDA); None, after saying how to launch ``what``, when this process was not started by
-    such a launch."""
+    such a launch. ``deadline``: how long a rank waits for the others at each step
+    (default 30 s; ``distributed.fence`` says what it bounds). Setup collectives (before
+    the first step: NCCL's first one, graph capture) wait for the group's timeout, 120 s."""
     if int(os.environ.get("WORLD_SIZE", "1")) != world:
         print(f"{what} --dcp {world}: start it with torchrun --nproc-per-node {world} "
               f"-m staticattn {what} --dcp {world} (WORLD_SIZE is "
@@ -48,12 +57,17 @@ def join(world: int, what: str) -> Rank | None:
     cuda = torch.cuda.is_available()
     if cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=120))
+    # The launch's store (torchrun's agent hosts it: it outlives every rank) also keeps the
+    # step verdicts, which a rank arriving late must still read.
+    store, rank, size = next(dist.rendezvous("env://"))
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.PrefixStore("default_pg", store),
+                            rank=rank, world_size=size, timeout=timedelta(seconds=120))
     # Host values are exchanged over gloo beside NCCL (validation/dcp_step.py says why).
     # None is the default group: a Rank holds no reference to it (see leave).
     check_group = dist.new_group(backend="gloo") if cuda else None
     device = f"cuda:{torch.cuda.current_device()}" if cuda else "cpu"
-    return Rank(dist.get_rank(), world, cuda, device, check_group)
+    return Rank(dist.get_rank(), world, cuda, device, check_group, deadline,
+                StepVerdicts(dist.PrefixStore("staticattn", store)))
 
 
 def leave(me: Rank) -> None:
@@ -68,6 +82,16 @@ def leave(me: Rank) -> None:
         dist.destroy_process_group(me.check_group)
     dist.destroy_process_group()
     gc.collect()
+
+
+def abandon(me: Rank, error: RankFailureError) -> NoReturn:
+    """Leave a launch whose group broke: say why on stderr and end the process at once
+    (status 3), tearing nothing down. A gloo group's worker still waits for the lost rank
+    until the group's timeout, and a graph's NCCL kernels for it until its communicator is
+    aborted: a teardown (or the interpreter's exit) would wait with them."""
+    print(f"rank {me.rank}: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(3)
 
 
 #: The consumer's shapes: top-k, indexer heads and width, attention heads and width.

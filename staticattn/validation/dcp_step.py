@@ -10,21 +10,27 @@ small all-gather of each rank's fingerprint of the step
 checksum(query_lens), checksum(seq_lens), checksum(the rest of the config)]`` (int64)
 
 and a comparison on every rank: when every rank arrives, every rank raises the same typed
-error, or none does. The all-gather waits at most ``timeout``: a rank that never arrives (it
-failed earlier, or hangs) is a :class:`~staticattn.errors.RankMismatchError` on the others,
-not a hang (a rank arriving after the others timed out may still pass: it had their
-fingerprints). Use a gloo group: over NCCL the wait is not bounded on the host, and the
-first collective of a lazily initialised NCCL group sets the communicator up inside the
+error, or none does. The all-gather waits at most ``timeout``, the group's step deadline: a
+rank that never arrives (it died: its connections close, or it stalls) is a
+:class:`~staticattn.errors.RankFailureError` (:class:`~staticattn.errors.RankTimeoutError`
+when the wait ran out) on the others, not a hang. A rank arriving after the others gave up
+would still see its all-gather complete (they had sent their fingerprints) and go on to
+launch a step nobody else runs: with :class:`StepVerdicts` the first rank to settle a step
+decides it for every rank, through a store they all reach, so the late rank raises the
+others' error instead. Use a gloo group: over NCCL the wait is not bounded on the host, and
+the first collective of a lazily initialised NCCL group sets the communicator up inside the
 call, beyond the timeout.
 
 It costs one collective per call (tens of microseconds on NVLink, about a millisecond over
-gloo): meant for the first steps, for debugging, or for engines that can afford it, outside
-any captured graph.
+gloo), and with verdicts two store requests: meant for the first steps, for debugging, or
+for engines that can afford it, outside any captured graph. Run with verdicts at every step
+it is what keeps a failed rank from hanging the others (``distributed.fence``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import zlib
 from datetime import timedelta
 
@@ -33,10 +39,20 @@ import torch
 import torch.distributed as dist
 
 from staticattn.arena.config import ArenaConfig
-from staticattn.errors import ConfigError, InvalidBatchError, RankMismatchError
+from staticattn.errors import (
+    ConfigError,
+    InvalidBatchError,
+    RankFailureError,
+    RankMismatchError,
+    RankTimeoutError,
+)
 from staticattn.validation.values import host_ints
 
-__all__ = ["FINGERPRINT_FIELDS", "check_dcp_step", "step_fingerprint"]
+__all__ = ["DEFAULT_DEADLINE", "FINGERPRINT_FIELDS", "StepVerdicts", "check_dcp_step",
+           "step_fingerprint"]
+
+#: How long a rank waits at a step for the others, unless told otherwise.
+DEFAULT_DEADLINE = timedelta(seconds=30)
 
 FINGERPRINT_FIELDS = ("dcp_world_size", "dcp_rank", "cp_kv_cache_interleave_size",
                       "num_reqs", "num_tokens", "query_lens_checksum", "seq_lens_checksum",
@@ -47,6 +63,10 @@ _PER_RANK_FIELDS = ("dcp_rank", "device")
 
 #: A Mersenne prime: checksum terms stay below 2**62, their sum of up to 2**32 terms in int64.
 _MODULUS = 2**31 - 1
+
+#: A step every rank's fingerprint reached; a failed step's verdict says why, a missed
+#: deadline's starting with ``_LATE``.
+_OK, _LATE = "ok", "timed out:"
 
 
 def _checksum(values: np.ndarray) -> int:
@@ -77,16 +97,55 @@ def step_fingerprint(config: ArenaConfig, query_lens, seq_lens) -> np.ndarray:
                     dtype=np.int64)
 
 
+class StepVerdicts:
+    """The group's verdict on each step check, one per step, shared through a store: the
+    first rank to settle a step decides it for every rank.
+
+    Each rank of the group makes one and hands it to :func:`check_dcp_step` at every step,
+    the same steps in the same order (the verdicts are counted, not named). After a failed
+    step the group is broken: no later step of it passes.
+
+    Parameters
+    ----------
+    store : torch.distributed.Store
+        Reachable by every rank and outliving each of them: the launch's own
+        (``torchrun``'s agent hosts it; :func:`~staticattn.distributed.world.join` passes
+        it on) or a ``FileStore``. One key a step, ``dcp_step/<n>``, dropped once the
+        next step passes.
+    """
+
+    def __init__(self, store: dist.Store):
+        self.store = store
+        self.step = 0
+
+    def settle(self, failure: str | None) -> str | None:
+        """Propose this rank's outcome of the current step's exchange (None: every
+        fingerprint arrived; else why not) and return the group's: None, or the first
+        failure proposed."""
+        key = f"dcp_step/{self.step}"
+        self.step += 1
+        try:
+            verdict = self.store.compare_set(key, "", failure or _OK).decode()
+            if verdict == _OK and self.step > 1:
+                # Every rank settled the step before when its fingerprint left for this one.
+                self.store.delete_key(f"dcp_step/{self.step - 2}")
+        except RuntimeError as exc:
+            return f"the store the ranks settle each step in is unreachable: {exc}"
+        return None if verdict == _OK else verdict
+
+
 def check_dcp_step(
     config: ArenaConfig,
     query_lens,
     seq_lens,
     *,
     group: dist.ProcessGroup | None = None,
-    timeout: timedelta = timedelta(seconds=30),
+    timeout: timedelta = DEFAULT_DEADLINE,
+    verdicts: StepVerdicts | None = None,
 ) -> None:
     """Raise :class:`RankMismatchError` on every rank unless every rank of ``group`` was
-    handed the same step and holds a consistent DCP config.
+    handed the same step and holds a consistent DCP config; a
+    :class:`~staticattn.errors.RankFailureError` unless every rank reached it in time.
 
     Parameters
     ----------
@@ -102,7 +161,11 @@ def check_dcp_step(
         ``timeout`` (an NCCL wait returns at once and the read-back then waits for NCCL's
         own watchdog).
     timeout : timedelta
-        How long to wait for the other ranks.
+        The step deadline: how long to wait for the other ranks (default
+        :data:`DEFAULT_DEADLINE`, 30 s).
+    verdicts : StepVerdicts, optional
+        This rank's verdicts of the group's steps. Without them a rank that arrives after
+        the others gave up may pass; with them it raises their error.
 
     Raises
     ------
@@ -110,8 +173,13 @@ def check_dcp_step(
         torch.distributed is not initialised, or the group's size is not
         ``dcp_world_size``.
     RankMismatchError
-        The ranks' fingerprints differ (which fields, on which ranks), or a rank did not
-        answer within ``timeout``.
+        The ranks' fingerprints differ (which fields, on which ranks).
+    RankTimeoutError
+        A rank did not answer within ``timeout``; or, with ``verdicts``, this rank arrived
+        after the others gave up on the step.
+    RankFailureError
+        A rank failed during the check (its connection closed), or the store is
+        unreachable.
     """
     if config.dcp_world_size == 1:
         return
@@ -133,14 +201,31 @@ def check_dcp_step(
         mine = mine.cuda()
     gathered = [torch.empty_like(mine) for _ in range(world)]
     work = dist.all_gather(gathered, mine, group=group, async_op=True)
+    failure = _wait(work, timeout, config.dcp_rank)
+    if verdicts is not None:
+        verdict = verdicts.settle(failure)
+        if verdict is None and failure is not None:
+            # The others had every fingerprint, so this rank's all-gather is finishing.
+            verdict = _wait(work, timeout, config.dcp_rank)
+        failure = verdict
+    if failure is not None:
+        error = RankTimeoutError if failure.startswith(_LATE) else RankFailureError
+        raise error(f"dcp_rank={config.dcp_rank}: the DCP group failed at the step check: "
+                    f"{failure}")
+    _compare([g.cpu().numpy() for g in gathered], config.dcp_rank)
+
+
+def _wait(work, timeout: timedelta, me: int) -> str | None:
+    """None once every rank's fingerprint is here, else why not (a verdict)."""
+    start = time.monotonic()
     try:
         work.wait(timeout)
+        return None
     except RuntimeError as exc:
-        raise RankMismatchError(
-            f"dcp_rank={config.dcp_rank}: not every rank of the DCP group answered the step "
-            f"check within {timeout.total_seconds():g} s (a rank failed or hangs): {exc}"
-        ) from None
-    _compare([g.cpu().numpy() for g in gathered], config.dcp_rank)
+        if time.monotonic() - start < timeout.total_seconds():
+            return f"dcp_rank={me} lost a rank during the step check (it failed): {exc}"
+        return (f"{_LATE} dcp_rank={me} waited {timeout.total_seconds():g} s for every rank "
+                f"to reach the step check (a rank failed or stalls): {exc}")
 
 
 def _compare(prints: list[np.ndarray], me: int) -> None:

@@ -1,0 +1,112 @@
+"""A failed rank of a decode-context-parallel group is a typed error on every rank within
+the step deadline, never a hang: two ranks under torchrun (gloo on CPU, every step eager;
+NCCL on two GPUs, every step a replayed graph), rank 1 killed before the step check, killed
+mid-step, or stalled past the deadline (``dcp_fault_rank.py``). And the verdicts the ranks
+settle each step with, on one store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers.paths import ROOT
+
+from staticattn.validation.dcp_step import StepVerdicts
+
+#: Long enough for two CPU ranks on a loaded machine to stay within it of each other.
+DEADLINE_S = 5.0
+#: No launch of two ranks takes this long (start-up included): past it the ranks are hung,
+#: and the test fails instead of hanging the suite.
+LAUNCH_TIMEOUT_S = 300
+#: A typed error comes within the deadline of its cause; this much more is scheduling.
+SLACK_S = 5.0
+RANK = Path(__file__).with_name("dcp_fault_rank.py")
+
+
+def _launch(scenario: str) -> tuple[dict, dict, str]:
+    """Each rank's records (its error, then how its process ended) and the output."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the CPU run covers gloo")
+    launch = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         "2", str(RANK), scenario, str(DEADLINE_S)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        out, _ = launch.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(launch.pid, signal.SIGKILL)
+        out, _ = launch.communicate()
+        pytest.fail(f"the ranks hung past {LAUNCH_TIMEOUT_S} s:\n{out[-4000:]}")
+    assert launch.returncode == 0, out[-4000:]
+    records = [json.loads(line[len("FAULT "):]) for line in out.splitlines()
+               if line.startswith("FAULT ")]
+    errors = {r["rank"]: r for r in records if "error" in r}
+    exits = {r["rank"]: r["exit"] for r in records if "exit" in r}
+    assert sorted(exits) == [0, 1], out[-4000:]
+    for r in errors.values():
+        assert r["cuda"] == torch.cuda.is_available() and r["step"] == 3, r
+        # Graphs on a GPU: the steps before, and the failing one when it was launched.
+        assert r["replays"] in ((3, 4) if r["cuda"] else (0,)), r
+    return errors, exits, out
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("scenario", ["killed-at-check", "killed-in-step"])
+def test_a_killed_rank_is_a_typed_error_on_the_other(scenario):
+    errors, exits, out = _launch(scenario)
+    assert exits[1] == -signal.SIGKILL and 1 not in errors, out[-4000:]
+    survivor = errors[0]
+    assert survivor["error"] in ("RankFailureError", "RankTimeoutError"), out[-4000:]
+    assert survivor["waited_s"] < DEADLINE_S + SLACK_S
+    assert exits[0] == 3  # abandoned: ended at once, nothing torn down
+    assert "rank 0: Rank" in out
+
+
+@pytest.mark.multigpu
+def test_a_stalled_rank_is_a_typed_error_on_both_ranks():
+    errors, exits, out = _launch("stalled")
+    waiting, late = errors[0], errors[1]
+    assert waiting["error"] == late["error"] == "RankTimeoutError", out[-4000:]
+    assert waiting["replays"] == late["replays"] == (3 if waiting["cuda"] else 0)
+    assert 0.9 * DEADLINE_S <= waiting["waited_s"] < DEADLINE_S + SLACK_S
+    assert late["waited_s"] < 2.0  # at once on waking, before it launches anything
+    assert exits == {0: 3, 1: 3}
+    assert f"waited {DEADLINE_S:g} s for every rank to reach the step check" in out
+
+
+@pytest.fixture
+def store():
+    return dist.HashStore()
+
+
+def test_the_first_verdict_settles_a_step_for_every_rank(store):
+    ranks = [StepVerdicts(store) for _ in range(3)]
+    assert [v.settle(None) for v in ranks] == [None] * 3  # step 0: every rank passed
+    # Step 1: rank 0 gave up waiting; the others, arriving later, get its verdict.
+    assert ranks[0].settle("late: rank 0 waited") == "late: rank 0 waited"
+    assert ranks[1].settle(None) == ranks[2].settle("lost") == "late: rank 0 waited"
+    assert store.check(["dcp_step/1"])
+
+
+def test_a_passed_step_drops_the_verdict_before_it(store):
+    first, second = StepVerdicts(store), StepVerdicts(store)
+    for _ in range(3):
+        assert first.settle(None) is None and second.settle(None) is None
+    assert not store.check(["dcp_step/0"]) and not store.check(["dcp_step/1"])
+    assert store.check(["dcp_step/2"])
+
+
+def test_an_unreachable_store_fails_the_step():
+    class Gone(dist.HashStore):
+        def compare_set(self, *args):
+            raise RuntimeError("connection refused")
+
+    assert "unreachable: connection refused" in StepVerdicts(Gone()).settle(None)
