@@ -33,8 +33,6 @@ from staticattn.kernels.runtime.deferred import lazy_jit
 
 __all__ = ["indexer_prefill_chunk"]
 
-_BLOCK = 256
-
 
 def indexer_prefill_chunk(
     backend: str,
@@ -85,7 +83,7 @@ def indexer_prefill_chunk(
     if backend == "triton":
         launch(_chunk_kernel(), (num_reqs,),
             query_start_loc, seq_lens, cu_seq_lens, local_cu, cu_seqlen_ks, cu_seqlen_ke,
-            start, compress_ratio, world, rank, interleave, DCP=sharded, BLOCK=_BLOCK,
+            start, compress_ratio, world, rank, interleave, DCP=sharded, BLOCK=256,
         )
         return
     keys = seq_lens[start:end].clamp(min=0) // compress_ratio
