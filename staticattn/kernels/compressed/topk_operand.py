@@ -53,7 +53,6 @@ def global_topk_slots(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     topk_indices : int32 device ``(>= num_rows, K)``, unit column stride
         Request-local compressed indices per decode token, -1 = none.
     token_to_req : int32 device ``(>= num_rows,)``

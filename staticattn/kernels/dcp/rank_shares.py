@@ -36,7 +36,6 @@ def swa_rank_share(backend: str, rows: torch.Tensor, lens: torch.Tensor,
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     rows : int32 device ``(>= num_rows, W)``, unit column stride
         The dcp = 1 rows (``decode_swa_indices`` flattened), -1 past their length.
     lens : int32 device ``(>= num_rows,)``
@@ -76,7 +75,6 @@ def dense_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     lens : int32 device ``(>= num_rows,)``
         ``n_c`` per row, the dcp = 1 length (``dense_decode_lens``; 0 for invalid tokens).
     token_to_req : int32 device ``(>= num_rows,)``

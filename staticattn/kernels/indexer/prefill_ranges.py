@@ -54,7 +54,6 @@ def indexer_prefill_chunk(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     query_start_loc : int32 device ``(>= end + 1,)``
     seq_lens : int32 device ``(>= end,)``
         Uncompressed ``L_r``; the device values are the exact ones.

@@ -29,7 +29,6 @@ def fill_short_context_topk(backend: str, topk_indices: torch.Tensor,
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     topk_indices : int32 device ``(>= num_rows, K)``, unit column stride
         The scored rows (request-local key indices, -1 = none); rows that fit are
         overwritten with ``j if j < n else -1``, the others are left as they are.
