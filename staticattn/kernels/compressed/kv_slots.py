@@ -96,9 +96,11 @@ def compressed_kv_slots(
 
     Parameters
     ----------
-    query_start_loc, positions, token_to_req : torch.Tensor
-        The staged token views, as
-        :func:`~staticattn.kernels.indexer.index_slots.compressed_slot_mapping` takes them.
+    query_start_loc : int32 device ``(>= num_reqs + 1,)``
+        ``query_start_loc[num_reqs]`` is the real token count.
+    positions : int64 device ``(>= num_tokens,)``
+    token_to_req : int32 device ``(>= num_tokens,)``
+        A valid table row for every token (padded tokens: request 0).
     gate : SlotGate
         The step's gate, read by the gated types.
     types : sequence of CompressedKVType
