@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import torch
 
-__all__ = ["BenchReport", "BenchRow", "Stat", "environment", "floor_lines"]
+__all__ = ["BenchReport", "BenchRow", "Stat", "environment", "floor_lines", "host_gpu_plot",
+           "text_table"]
 
 
 @dataclass(slots=True)
@@ -68,7 +70,7 @@ class BenchReport:
         head = (f"{'size':>5} {'reqs':>5} {'kern':>5} | {'in-place host':>13} {'unchecked':>9} "
                 f"{'run() host':>10} {'graph GPU':>9} | {'eager host':>10} {'eager GPU':>9} | "
                 f"{'host x':>7} {'GPU x':>6}")
-        lines = [head, "-" * len(head)]
+        lines = []
         for r in self.rows:
             in_place = f"{r.in_place_host_us.median:.1f}" if r.in_place_host_us else "-"
             unchecked = (f"{r.in_place_unchecked_host_us.median:.1f}"
@@ -80,9 +82,8 @@ class BenchReport:
                 f" | {r.eager_host_us.median:>10.1f} {r.eager_gpu_us.median:>9.1f} | "
                 f"{r.host_ratio:>7.1f} {r.gpu_ratio:>6.1f}"
             )
-        lines.append("(microseconds, medians; host x = eager host / run() host)")
-        lines += floor_lines(self.floor)
-        return "\n".join(lines)
+        return text_table(head, lines, "(microseconds, medians; host x = eager host / run() "
+                          "host)", self.floor)
 
     def header(self) -> str:
         """One line naming the device, driver, CUDA, torch, Triton, preset and step."""
@@ -103,14 +104,9 @@ class BenchReport:
     def plot(self, path: str) -> None:
         """Write a PNG of host and GPU time per step against batch size to ``path``
         (matplotlib, the ``plot`` extra)."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         sizes = [r.size for r in self.rows]
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for ax, kind in zip(axes, ("host", "gpu")):
+
+        def draw(ax, kind: str) -> None:
             for path_name, style in (("graph", "o-"), ("eager", "s--")):
                 st = [getattr(r, f"{path_name}_{kind}_us") for r in self.rows]
                 med = [s.median for s in st]
@@ -125,11 +121,29 @@ class BenchReport:
             ax.set_xlabel("batch size (tokens)")
             ax.set_ylabel(f"{'host submit' if kind == 'host' else 'GPU'} time per step (us)")
             ax.grid(True, which="both", alpha=0.3)
-            ax.legend()
-        fig.suptitle(self.header(), fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+
+        host_gpu_plot(path, (11, 4.2), draw, title=self.header())
+
+
+def host_gpu_plot(path: str, figsize: tuple[float, float], draw: Callable[[Any, str], None],
+                  title: str | None = None) -> None:
+    """Write a PNG of two panels side by side, host and GPU time, to ``path``: ``draw(ax,
+    kind)`` fills the panel of ``kind`` (``"host"``, ``"gpu"``), then its legend is drawn
+    (matplotlib, the ``plot`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=figsize)
+    for ax, kind in zip(axes, ("host", "gpu")):
+        draw(ax, kind)
+        ax.legend()
+    if title is not None:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def environment() -> dict:
@@ -151,6 +165,13 @@ def environment() -> dict:
         except (OSError, IndexError, subprocess.SubprocessError):
             pass
     return env
+
+
+def text_table(head: str, rows: Iterable[str], note: str,
+               floor: dict[str, Stat] | None = None) -> str:
+    """A fixed-width text table: ``head``, a rule under it, the ``rows``, the ``note`` and
+    the lines of the one-kernel ``floor`` (none when None)."""
+    return "\n".join([head, "-" * len(head), *rows, note, *floor_lines(floor)])
 
 
 def floor_lines(floor: dict[str, Stat] | None) -> list[str]:

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.bench_report import Stat, environment, floor_lines
+from staticattn.bench.bench_report import Stat, environment, host_gpu_plot, text_table
 from staticattn.bench.floor import launch_floor
 from staticattn.bench.random_batches import (
     NUM_KV_BLOCKS,
@@ -72,10 +72,6 @@ class MixedRow:
     fallback_host_us: Stat
     fallback_gpu_us: Stat
 
-    @property
-    def host_ratio(self) -> float:
-        return self.eager_host_us.median / self.graph_host_us.median
-
 
 @dataclass(slots=True)
 class MixedReport:
@@ -88,18 +84,16 @@ class MixedReport:
         head = (f"{'scenario':<24} {'model':<13} {'toks':>5} {'bucket':>6} | "
                 f"{'in-place':>8} {'run()':>7} {'GPU':>6} | {'fallbk':>6} {'GPU':>6} | "
                 f"{'eager':>7} {'GPU':>6} | {'host x':>6}")
-        lines = [head, "-" * len(head)]
-        for r in self.rows:
-            lines.append(
-                f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<13} {r.num_tokens:>5} "
-                f"{r.bucket:>6} | {r.in_place_host_us.median:>8.1f} "
-                f"{r.graph_host_us.median:>7.1f} {r.graph_gpu_us.median:>6.1f} | "
-                f"{r.fallback_host_us.median:>6.1f} {r.fallback_gpu_us.median:>6.1f} | "
-                f"{r.eager_host_us.median:>7.1f} {r.eager_gpu_us.median:>6.1f} | "
-                f"{r.host_ratio:>6.1f}")
-        lines.append("(microseconds, medians; fallbk = the graph builds run eagerly, what a "
-                     "step no graph holds runs; eager = the reference builds)")
-        return "\n".join(lines + floor_lines(self.floor))
+        lines = [
+            f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<13} {r.num_tokens:>5} "
+            f"{r.bucket:>6} | {r.in_place_host_us.median:>8.1f} "
+            f"{r.graph_host_us.median:>7.1f} {r.graph_gpu_us.median:>6.1f} | "
+            f"{r.fallback_host_us.median:>6.1f} {r.fallback_gpu_us.median:>6.1f} | "
+            f"{r.eager_host_us.median:>7.1f} {r.eager_gpu_us.median:>6.1f} | "
+            f"{r.eager_host_us.median / r.graph_host_us.median:>6.1f}" for r in self.rows]
+        return text_table(head, lines, "(microseconds, medians; fallbk = the graph builds run "
+                          "eagerly, what a step no graph holds runs; eager = the reference "
+                          "builds)", self.floor)
 
     def to_json(self) -> str:
         """The report as JSON: env, floor and one row per scenario (microseconds)."""
@@ -107,15 +101,10 @@ class MixedReport:
 
     def plot(self, path: str) -> None:
         """Write a PNG of each scenario's host and GPU time, graph vs eager, to ``path``."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
         labels = [f"{r.scenario}\n{r.model} n={r.next_n}" for r in self.rows]
         x = np.arange(len(self.rows))
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
-        for ax, kind in zip(axes, ("host", "gpu")):
+
+        def draw(ax, kind: str) -> None:
             graph = [getattr(r, f"graph_{kind}_us").median for r in self.rows]
             eager = [getattr(r, f"eager_{kind}_us").median for r in self.rows]
             ax.bar(x - 0.2, graph, 0.4, label="graph replay")
@@ -123,10 +112,8 @@ class MixedReport:
             ax.set_xticks(x, labels, fontsize=7)
             ax.set_yscale("log")
             ax.set_ylabel(f"{'host' if kind == 'host' else 'GPU'} time per step (us)")
-            ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
+
+        host_gpu_plot(path, (12, 4.2), draw)
 
 
 def _measure(gm: GraphManager, steps: list[RandomStep], reps: int,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from staticattn.bench.bench_report import BenchReport, BenchRow
+from staticattn.bench.bench_report import BenchReport, BenchRow, text_table
 
 __all__ = ["PresetComparison", "RatioRow"]
 
@@ -64,16 +64,13 @@ class PresetComparison:
         head = (f"{'preset':<22} {'reqs':>5} | {'run() host':>10} {base[:10]:>10} "
                 f"{'x':>5} | {'graph GPU':>9} {base[:9]:>9} {'x':>5} | {'capture s':>9} "
                 f"{base[:9]:>9}")
-        lines = [head, "-" * len(head)]
-        for r in self.ratios():
-            lines.append(
-                f"{r.preset:<22} {r.num_reqs:>5} | {r.host_us:>10.1f} {r.base_host_us:>10.1f} "
-                f"{r.host_ratio:>5.2f} | {r.gpu_us:>9.1f} {r.base_gpu_us:>9.1f} "
-                f"{r.gpu_ratio:>5.2f} | {_seconds(r.capture_s):>9} "
-                f"{_seconds(r.base_capture_s):>9}")
-        lines.append(f"(microseconds, medians; x = preset / {base}; capture: seconds per "
-                     "graph)")
-        return "\n".join(lines)
+        lines = [
+            f"{r.preset:<22} {r.num_reqs:>5} | {r.host_us:>10.1f} {r.base_host_us:>10.1f} "
+            f"{r.host_ratio:>5.2f} | {r.gpu_us:>9.1f} {r.base_gpu_us:>9.1f} "
+            f"{r.gpu_ratio:>5.2f} | {_seconds(r.capture_s):>9} "
+            f"{_seconds(r.base_capture_s):>9}" for r in self.ratios()]
+        return text_table(head, lines, f"(microseconds, medians; x = preset / {base}; "
+                          "capture: seconds per graph)")
 
     def text(self) -> str:
         """Every preset's header and table, then the ratios."""

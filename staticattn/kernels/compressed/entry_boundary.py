@@ -31,7 +31,6 @@ def entry_written(backend: str, slots: torch.Tensor, flag_out: torch.Tensor, *,
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     slots : int64 device ``(>= num_tokens,)``
         A type's compressed slot mapping (-1 = no entry written, padded tokens included).
     flag_out : int32 device ``(1,)``

@@ -96,7 +96,6 @@ def compressed_kv_slots(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     query_start_loc : int32 device ``(>= num_reqs + 1,)``
         ``query_start_loc[num_reqs]`` is the real token count.
     positions : int64 device ``(>= num_tokens,)``

@@ -27,15 +27,12 @@ from __future__ import annotations
 
 import torch
 
-from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
+from staticattn.kernels.runtime.compiled_launch import launch_rows
 from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS
 from staticattn.kernels.staging.step_counts import step_counts_jit
 
 __all__ = ["global_topk_slots"]
-
-_ROWS = 4
-_MAX_COLS = 1024
 
 
 def global_topk_slots(
@@ -56,7 +53,6 @@ def global_topk_slots(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     topk_indices : int32 device ``(>= num_rows, K)``, unit column stride
         Request-local compressed indices per decode token, -1 = none.
     token_to_req : int32 device ``(>= num_rows,)``
@@ -81,14 +77,13 @@ def global_topk_slots(
         return
     width = topk_indices.shape[1]
     if backend == "triton":
-        launch(_kernel(), (grid_size(num_rows, _ROWS),), topk_indices, topk_indices.stride(0),
-               token_to_req, own_slots, block_table, block_table.stride(0),
-               block_table.shape[1], out, out.stride(0), lens_out,
-               step_counts if step_counts is not None else lens_out,
-               entry_counts if entry_counts is not None else lens_out, num_rows, width,
-               entries_per_block, DEVICE_COUNTS=step_counts is not None,
-               FILL=entry_counts is not None, ROWS=_ROWS,
-               COLS=min(pow2_at_least(width), _MAX_COLS))
+        launch_rows(_kernel(), num_rows, width, topk_indices, topk_indices.stride(0),
+                    token_to_req, own_slots, block_table, block_table.stride(0),
+                    block_table.shape[1], out, out.stride(0), lens_out,
+                    step_counts if step_counts is not None else lens_out,
+                    entry_counts if entry_counts is not None else lens_out, num_rows, width,
+                    entries_per_block, DEVICE_COUNTS=step_counts is not None,
+                    FILL=entry_counts is not None)
         return
     rows = torch.arange(num_rows, device=out.device)
     valid = own_slots[:num_rows] >= 0

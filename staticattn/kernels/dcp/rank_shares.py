@@ -23,13 +23,10 @@ from __future__ import annotations
 import torch
 
 from staticattn.kernels.dcp.ownership import dcp_global_index, dcp_local_count, triton_dcp_helpers
-from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
+from staticattn.kernels.runtime.compiled_launch import launch_rows
 from staticattn.kernels.runtime.deferred import lazy_jit
 
 __all__ = ["dense_rank_share", "swa_rank_share"]
-
-_ROWS = 4
-_MAX_COLS = 1024
 
 
 def swa_rank_share(backend: str, rows: torch.Tensor, lens: torch.Tensor,
@@ -39,7 +36,6 @@ def swa_rank_share(backend: str, rows: torch.Tensor, lens: torch.Tensor,
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     rows : int32 device ``(>= num_rows, W)``, unit column stride
         The dcp = 1 rows (``decode_swa_indices`` flattened), -1 past their length.
     lens : int32 device ``(>= num_rows,)``
@@ -56,9 +52,8 @@ def swa_rank_share(backend: str, rows: torch.Tensor, lens: torch.Tensor,
         return
     width = rows.shape[1]
     if backend == "triton":
-        launch(_swa_kernel(), (grid_size(num_rows, _ROWS),), rows, rows.stride(0), lens,
-               positions, out, out.stride(0), lens_out, num_rows, width, world, rank,
-               interleave, ROWS=_ROWS, COLS=min(pow2_at_least(width), _MAX_COLS))
+        launch_rows(_swa_kernel(), num_rows, width, rows, rows.stride(0), lens, positions,
+                    out, out.stride(0), lens_out, num_rows, width, world, rank, interleave)
         return
     n = lens[:num_rows].long()
     p = positions[:num_rows].long()
@@ -80,7 +75,6 @@ def dense_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     lens : int32 device ``(>= num_rows,)``
         ``n_c`` per row, the dcp = 1 length (``dense_decode_lens``; 0 for invalid tokens).
     token_to_req : int32 device ``(>= num_rows,)``
@@ -96,10 +90,9 @@ def dense_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
         return
     width = out.shape[1]
     if backend == "triton":
-        launch(_dense_kernel(), (grid_size(num_rows, _ROWS),), lens, token_to_req,
-               block_table, block_table.stride(0), block_table.shape[1], out, out.stride(0),
-               lens_out, num_rows, width, entries_per_block, world, rank, ROWS=_ROWS,
-               COLS=min(pow2_at_least(width), _MAX_COLS))
+        launch_rows(_dense_kernel(), num_rows, width, lens, token_to_req, block_table,
+                    block_table.stride(0), block_table.shape[1], out, out.stride(0), lens_out,
+                    num_rows, width, entries_per_block, world, rank)
         return
     held = dcp_local_count(lens[:num_rows].long(), world, rank, 1)
     j = torch.arange(width, device=out.device)[None, :]

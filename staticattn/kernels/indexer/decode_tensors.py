@@ -66,7 +66,6 @@ def indexer_decode_tensors(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     query_start_loc : int32 device ``(>= num_decodes + 1,)``
     seq_lens : int32 device ``(>= num_decodes,)``
     block_table : int32 device ``(>= num_decodes, max_blocks)``, unit column stride

@@ -57,7 +57,6 @@ def compressed_slot_mapping(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     query_start_loc : int32 device ``(>= num_reqs + 1,)``
         ``query_start_loc[num_reqs]`` is the real token count.
     positions : int64 device ``(>= num_tokens,)``

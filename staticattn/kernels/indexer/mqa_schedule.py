@@ -55,7 +55,6 @@ def paged_mqa_schedule(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     context_lens : int32 device ``(B, n)``, non-negative, unit column stride
         Per-token visible lengths; only column ``n - 1`` is read. ``B = 0`` (a step
         without decode tokens) gives every row the end sentinel ``(0, 0)``.

@@ -258,7 +258,14 @@ def _plan_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_t
                 chunks += 1
         return chunks
 
-    publish(globals(), emit)
+    @triton.jit
+    def clear(ptr, start, end, BLOCK: tl.constexpr):
+        """Zero the int32 entries ``[start, end)`` of ``ptr``."""
+        offs = tl.arange(0, BLOCK)
+        for c0 in range(start, end, BLOCK):
+            tl.store(ptr + c0 + offs, tl.zeros([BLOCK], tl.int32), mask=c0 + offs < end)
+
+    publish(globals(), emit, clear)
 
     @triton.jit(do_not_specialize=["num_reqs", "num_tokens", "max_chunks", "compress_ratio",
                                    "workspace", "budget"])
@@ -276,18 +283,11 @@ def _plan_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_t
         td = live_decode_tokens(counts, 0, True)
         offs = tl.arange(0, BLOCK)
         # Clear what the sequential pass may leave unwritten, and wait for the clear.
-        for c0 in range(0, 2 * num_reqs, BLOCK):
-            tl.store(cu_seq_lens + c0 + offs, tl.zeros([BLOCK], tl.int32),
-                     mask=c0 + offs < 2 * num_reqs)
-            if DCP:
-                tl.store(local_cu_seq_lens + c0 + offs, tl.zeros([BLOCK], tl.int32),
-                         mask=c0 + offs < 2 * num_reqs)
-        for c0 in range(0, num_reqs, BLOCK):
-            tl.store(req_key_start + c0 + offs, tl.zeros([BLOCK], tl.int32),
-                     mask=c0 + offs < num_reqs)
-            if DCP:
-                tl.store(local_req_key_start + c0 + offs, tl.zeros([BLOCK], tl.int32),
-                         mask=c0 + offs < num_reqs)
+        clear(cu_seq_lens, 0, 2 * num_reqs, BLOCK)
+        clear(req_key_start, 0, num_reqs, BLOCK)
+        if DCP:
+            clear(local_cu_seq_lens, 0, 2 * num_reqs, BLOCK)
+            clear(local_req_key_start, 0, num_reqs, BLOCK)
         tl.debug_barrier()
         start = d
         m = tl.zeros([], tl.int64)
@@ -332,9 +332,7 @@ def _plan_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_t
             chunks = emit(chunk_bounds, cu_seq_lens, local_cu_seq_lens, qsl, start, k, m, keys,
                           lkeys, zkeys, chunks, max_chunks, budget, FIELDS, DCP)
         tl.store(num_chunks_out, tl.minimum(chunks, max_chunks))
-        for r0 in range(chunks * FIELDS, max_chunks * FIELDS, BLOCK):
-            tl.store(chunk_bounds + r0 + offs, tl.zeros([BLOCK], tl.int32),
-                     mask=r0 + offs < max_chunks * FIELDS)
+        clear(chunk_bounds, chunks * FIELDS, max_chunks * FIELDS, BLOCK)
         tl.debug_barrier()
         # Each token's key range: ks = the keys of its range before its request (this
         # rank's under DCP: local row bounds).

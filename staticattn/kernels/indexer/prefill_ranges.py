@@ -33,8 +33,6 @@ from staticattn.kernels.runtime.deferred import lazy_jit
 
 __all__ = ["indexer_prefill_chunk"]
 
-_BLOCK = 256
-
 
 def indexer_prefill_chunk(
     backend: str,
@@ -56,7 +54,6 @@ def indexer_prefill_chunk(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     query_start_loc : int32 device ``(>= end + 1,)``
     seq_lens : int32 device ``(>= end,)``
         Uncompressed ``L_r``; the device values are the exact ones.
@@ -85,7 +82,7 @@ def indexer_prefill_chunk(
     if backend == "triton":
         launch(_chunk_kernel(), (num_reqs,),
             query_start_loc, seq_lens, cu_seq_lens, local_cu, cu_seqlen_ks, cu_seqlen_ke,
-            start, compress_ratio, world, rank, interleave, DCP=sharded, BLOCK=_BLOCK,
+            start, compress_ratio, world, rank, interleave, DCP=sharded, BLOCK=256,
         )
         return
     keys = seq_lens[start:end].clamp(min=0) // compress_ratio

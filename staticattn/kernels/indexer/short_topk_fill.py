@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
+from staticattn.kernels.runtime.compiled_launch import launch_rows
 from staticattn.kernels.runtime.deferred import lazy_jit
 
 __all__ = ["fill_short_context_topk"]
-
-_ROWS = 4
-_MAX_COLS = 1024
 
 
 def fill_short_context_topk(backend: str, topk_indices: torch.Tensor,
@@ -32,7 +29,6 @@ def fill_short_context_topk(backend: str, topk_indices: torch.Tensor,
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     topk_indices : int32 device ``(>= num_rows, K)``, unit column stride
         The scored rows (request-local key indices, -1 = none); rows that fit are
         overwritten with ``j if j < n else -1``, the others are left as they are.
@@ -48,9 +44,8 @@ def fill_short_context_topk(backend: str, topk_indices: torch.Tensor,
         return
     width = topk_indices.shape[1]
     if backend == "triton":
-        launch(_kernel(), (grid_size(num_rows, _ROWS),), topk_indices, topk_indices.stride(0),
-               key_counts, num_rows, width, ROWS=_ROWS,
-               COLS=min(pow2_at_least(width), _MAX_COLS))
+        launch_rows(_kernel(), num_rows, width, topk_indices, topk_indices.stride(0),
+                    key_counts, num_rows, width)
         return
     rows = topk_indices[:num_rows]
     n = key_counts[:num_rows].to(rows.dtype)[:, None]

@@ -27,8 +27,8 @@ import torch
 
 from staticattn.kernels.runtime.backend import triton_interpreted
 
-__all__ = ["LaunchRecorder", "grid_size", "launch", "pow2_at_least", "record_event",
-           "recording"]
+__all__ = ["LaunchRecorder", "grid_size", "launch", "launch_rows", "pow2_at_least",
+           "record_event", "recording"]
 
 
 class LaunchRecorder(Protocol):
@@ -122,6 +122,19 @@ def launch(kernel, grid: tuple[int, ...], *args: Any, **constexprs: Any) -> None
     g2 = grid[2] if len(grid) > 2 else 1
     compiled.run(g0, g1, g2, stream, compiled.function, compiled.packed_metadata, None, None,
                   None, *values, *constexpr_values)
+
+
+#: Rows per program of a row-tiled kernel (:func:`launch_rows`), and the widest column tile.
+ROW_TILE = 4
+MAX_COL_TILE = 1024
+
+
+def launch_rows(kernel, num_rows: int, width: int, *args: Any, **constexprs: Any) -> None:
+    """:func:`launch` of a row-tiled kernel over rows ``[0, num_rows)`` of ``width`` columns:
+    :data:`ROW_TILE` rows a program (its ``ROWS``), the columns a tile of ``COLS`` at a time
+    (the next power of two of ``width``, at most :data:`MAX_COL_TILE`)."""
+    launch(kernel, (grid_size(num_rows, ROW_TILE),), *args, **constexprs, ROWS=ROW_TILE,
+           COLS=min(pow2_at_least(width), MAX_COL_TILE))
 
 
 def grid_size(extent: int, block: int) -> int:

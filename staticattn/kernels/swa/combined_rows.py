@@ -42,9 +42,6 @@ from staticattn.kernels.swa.window import span_reach_jit
 
 __all__ = ["prefill_combined_rows"]
 
-_BLOCK_C = 128
-_BLOCK_CH = 128
-
 
 def prefill_combined_rows(
     backend: str,
@@ -108,7 +105,7 @@ def prefill_combined_rows(
             MIT=max(max_image_tokens, 1),
             NUM_SPANS=0 if image_spans is None else image_spans.shape[0],
             BLOCK_S=pow2_at_least(1 if image_spans is None else image_spans.shape[0], 16),
-            ROWS=_rows_per_program(), BLOCK_C=_BLOCK_C, BLOCK_CH=_BLOCK_CH,
+            ROWS=_rows_per_program(), BLOCK_C=128, BLOCK_CH=128,
         )
         return
     _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,

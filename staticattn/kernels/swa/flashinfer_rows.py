@@ -35,8 +35,6 @@ from staticattn.kernels.swa.window import window_rows_jit
 
 __all__ = ["flashinfer_rows"]
 
-_BLOCK_K = 128
-
 
 def flashinfer_rows(
     backend: str,
@@ -93,7 +91,7 @@ def flashinfer_rows(
             topk_width if has_topk else 0, ratio, entries_per_page, out.shape[1],
             WINDOW=window, SWA_BLOCK=swa_block_size, HAS_REPLAY=replay_start is not None,
             HAS_TOPK=has_topk, DEVICE_COUNTS=device_counts, ROWS=rows,
-            BLOCK_W=max(1 << (window - 1).bit_length(), 16), BLOCK_K=_BLOCK_K,
+            BLOCK_W=max(1 << (window - 1).bit_length(), 16), BLOCK_K=128,
         )
         return
     dev = positions.device

@@ -98,7 +98,6 @@ def prefill_gather_lens(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     seq_lens : int32 ``(>= num_decodes + num_prefills,)``
     query_start_loc : int32 ``(>= num_decodes + num_prefills + 1,)``
     num_decodes, num_prefills : int

@@ -137,7 +137,6 @@ def build_swa_decode(
 
     Parameters
     ----------
-    backend : {"torch", "triton"}
     out : SWADecodeOutputs
         Where to write; without dense outputs only the SWA part runs, without
         ``prefill_swa_indices`` no paged prefill rows.
