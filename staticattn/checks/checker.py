@@ -15,7 +15,9 @@ graph manager does (staging + builders + the user's step), under guards
    pointer), under one random seed per batch; the eager twin runs the graph's own body
    (staging kernels, decode builds, step) on the same padded step, so only capturing can
    make them differ (the builds' agreement with the reference builds is the differential
-   tests' business);
+   tests' business); on the first batch that differs, the eager body's calls are compared
+   with the captured body's, and the first that differs names what capture froze: a branch,
+   a value, a stride or a buffer's address (:mod:`staticattn.checks.frozen`);
    and the replay == the manager's own eager path at the step's own extents (what a step no
    graph holds runs): integer outputs bit for bit, floats within a tolerance; a step that
    depends on what capture fixes (``batch.max_seq_len``...) is an error naming the
@@ -47,7 +49,8 @@ from staticattn.builders.contract import MetadataBuilder
 from staticattn.checks.check_report import CheckReport, SizeCheck
 from staticattn.checks.extent_probe import extent_mismatch
 from staticattn.checks.findings import Finding, finding
-from staticattn.checks.guarded_capture import Captured, PhasedStep, guarded_capture
+from staticattn.checks.frozen import frozen_cause
+from staticattn.checks.guarded_capture import Captured, PhasedStep, body_calls, guarded_capture
 from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.checks.probes import (
     RACE_ATTEMPTS,
@@ -207,6 +210,7 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
         report.add("output_not_rewritten", "; ".join(unwritten))
     stale: set[str] = set()
     extents: list[str] = []
+    frozen: tuple[str, str] | None = None
     captured_batch = Batch.for_decode_capture(inputs, num_reqs, manager.capturer.context_len)
     for i in range(num_batches):
         if before_batch is not None:
@@ -224,6 +228,10 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
         report.replays += 1
         if not same_outputs(replayed, eager):
             report.mismatches += 1
+            if report.mismatches == 1:  # what capture froze: the first call that differs
+                torch.cuda.manual_seed(seed + i)
+                _, calls = body_calls(manager, num_reqs, size, index)
+                frozen = frozen_cause(c.watch.calls, calls)
         torch.cuda.manual_seed(seed + i)
         extent = extent_mismatch(manager, captured_batch, replayed, s.query_lens, s.seq_lens,
                                  s.slot_mapping)
@@ -239,6 +247,8 @@ def _probe_size(manager: GraphManager, c: Captured, report: SizeCheck, rng, num_
                    "batches (captured with minimal sequence lengths, replayed with long ones): "
                    "a value baked in at capture, e.g. a Python branch or a size taken from "
                    "data, or a tensor the graph reads that was re-created")
+        if frozen is not None:
+            report.add(*frozen)
     stale.update(stale_reads(c.watch.external.values()))
     if stale:
         report.add("stale_pointer", "; ".join(sorted(stale)[:5]))

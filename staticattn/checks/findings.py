@@ -37,7 +37,9 @@ RULE = (
     "step's own buffers, staging rewritten under an in-flight replay, random numbers the "
     "replay does not advance, pool memory freed and reused by another graph, work on a "
     "stream outside the capture, outputs that depend on capture-time extents (the replay "
-    "differs from the eager step at the step's own extents). Verdict: PASS when there is no error."
+    "differs from the eager step at the step's own extents), and what capture froze of the "
+    "step when replay != eager (a branch, a value, a stride, a buffer's address). Verdict: "
+    "PASS when there is no error."
 )
 
 
@@ -82,6 +84,20 @@ FAULT_KINDS: dict[str, FaultKind] = {
         "randomized batches replayed after a capture at minimal sequence lengths and "
         "compared bit for bit with the eager step (a Python branch on data, a size taken "
         "from data, a stale pointer)"),
+    "frozen_branch": FaultKind(
+        ERROR, "replay != eager: a Python branch on the step's data taken at capture",
+        "on the first batch whose replay differs from eager, the eager body's calls are "
+        "compared with the captured body's: another op, or one issued from another line"),
+    "frozen_value": FaultKind(
+        ERROR, "replay != eager: a host value computed from the step's data baked in",
+        "the same comparison: an op's argument differs (a plan, a count, a bound, a size)"),
+    "frozen_stride": FaultKind(
+        ERROR, "replay != eager: a stride taken from the step's data baked in",
+        "the same comparison: an op gives (or is given) a view of other strides"),
+    "frozen_address": FaultKind(
+        ERROR, "replay != eager: a buffer handed anew each step (the graph reads the captured "
+        "one)", "the same comparison: an op reads a tensor outside the arena at another "
+        "address"),
     "extent_mismatch": FaultKind(
         ERROR, "replay != the eager step at its own extents",
         "each randomized batch also runs through the manager's eager path at the step's "

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import traceback
 from collections import Counter
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from staticattn.checks.check_report import SizeCheck
+from staticattn.checks.frozen import Call
 from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import ArenaIndex, CaptureWatch
 from staticattn.errors import GraphError
@@ -26,7 +28,7 @@ from staticattn.graphs.capturer import GraphSpec
 from staticattn.graphs.dispatch import Dispatcher
 from staticattn.graphs.manager import GraphManager, StepFn
 
-__all__ = ["Captured", "GuardHook", "PhasedStep", "guarded_capture"]
+__all__ = ["Captured", "GuardHook", "PhasedStep", "body_calls", "guarded_capture"]
 
 #: aten ops that wait on the device, and the Python spelling users know them by.
 SYNC_OPS = {
@@ -47,6 +49,15 @@ class PhasedStep:
     def __init__(self, step: StepFn) -> None:
         self.step = step
         self.watch: CaptureWatch | None = None
+
+    @contextmanager
+    def watching(self, watch: CaptureWatch):
+        """Mark ``watch``'s phases while inside."""
+        self.watch = watch
+        try:
+            yield
+        finally:
+            self.watch = None
 
     def __call__(self, batch, metadata):
         watch = self.watch
@@ -121,14 +132,12 @@ def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, si
     baseline = _allocations() - counting.allocations_before
     watch = CaptureWatch(arena=index)
     hook = GuardHook(watch, report)
-    phased.watch = watch
     try:
-        [graph] = capturer.capture_each([capturer.spec(GraphKind.DECODE, context, size)],
-                                        manager.dispatcher, hook=hook)
+        with phased.watching(watch):
+            [graph] = capturer.capture_each([capturer.spec(GraphKind.DECODE, context, size)],
+                                            manager.dispatcher, hook=hook)
     except GraphError:  # the hook has named what broke it (the device is idle again)
         return None
-    finally:
-        phased.watch = None
     unattributed = _allocations() - hook.allocations_before - baseline
     add_watch_findings(watch, report)
     if not watch.allocations and unattributed > 0:
@@ -137,6 +146,18 @@ def guarded_capture(manager: GraphManager, phased: PhasedStep, num_reqs: int, si
                    "baseline by no aten op (an extension allocating through the caching "
                    "allocator): graph pool memory, valid until the next replay")
     return Captured(size, graph.graph, graph.outputs, graph.metadata, watch)
+
+
+def body_calls(manager: GraphManager, num_reqs: int, size: int, index: ArenaIndex,
+               device_type: str = "cuda") -> tuple[Any, list[Call]]:
+    """The decode graph's body (``num_reqs`` requests, ``size`` tokens) run eagerly on the
+    staged step under a watch: ``(its outputs, its calls)``, what
+    :func:`~staticattn.checks.frozen.frozen_cause` compares with a capture's calls."""
+    watch = CaptureWatch(arena=index, device_type=device_type)
+    step = manager.step
+    with step.watching(watch) if isinstance(step, PhasedStep) else nullcontext(), watch:
+        outputs, _ = manager.capturer.body(GraphKind.DECODE, num_reqs, size)
+    return outputs, watch.calls
 
 
 def add_watch_findings(watch: CaptureWatch, report: SizeCheck) -> None:

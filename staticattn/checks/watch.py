@@ -16,7 +16,10 @@ seen; the replay probes cover them):
   being captured;
 * ``external`` -- weak references to every device tensor read that lives neither in the
   arena nor in memory allocated during this capture (weights, caches, owned buffers): a
-  graph that outlives one of them reads freed memory.
+  graph that outlives one of them reads freed memory;
+* ``calls`` -- every op as a :class:`~staticattn.checks.frozen.Call` (its arguments, where
+  each tensor lives, the line that issued it): what :func:`~staticattn.checks.frozen.
+  frozen_cause` compares between the capture and an eager run.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from staticattn.checks.frozen import Call, Seen, call_of
 from staticattn.graphs.graph_launch import cuda_index
 
 __all__ = ["ArenaIndex", "CaptureWatch", "TensorRef"]
@@ -117,10 +121,12 @@ class CaptureWatch(TorchDispatchMode):
     arena_writes: list[str] = field(default_factory=list)
     wrong_stream: list[str] = field(default_factory=list)
     external: dict[int, TensorRef] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         super().__init__()
-        self._fresh_ptrs: set[int] = set()
+        #: Storage address -> index of the allocation (in this run) that owns it now.
+        self._fresh_ptrs: dict[int, int] = {}
 
     @property
     def last_op(self) -> str | None:
@@ -142,8 +148,27 @@ class CaptureWatch(TorchDispatchMode):
                     and _has_storage(t) and _storage_ptr(t) not in known):
                 self.fresh[name] = self.fresh.get(name, 0) + 1
                 self.allocations.append(TensorRef.of(t, name, self.phase))
-                self._fresh_ptrs.add(_storage_ptr(t))
+                self._fresh_ptrs[_storage_ptr(t)] = len(self.allocations)
+        arguments = [(arg.name, value) for arg, value in _arguments(func, args, kwargs)]
+        self.calls.append(call_of(name, self.phase, arguments, out, self._seen))
         return out
+
+    def _seen(self, t: torch.Tensor) -> Seen:
+        """Where ``t`` lives, for a :class:`~staticattn.checks.frozen.Call`: allocations of
+        this run by their index, so that two runs compare whatever addresses the allocator
+        gave them."""
+        dtype, shape = str(t.dtype).removeprefix("torch."), tuple(t.shape)
+        if t.layout != torch.strided or not _has_storage(t):
+            return Seen("external", None, dtype, shape, ())
+        stride = t.stride()
+        if self.arena is not None and self.arena.holds(t):
+            return Seen("arena", t.data_ptr(), dtype, shape, stride)
+        if t.device.type != self.device_type:
+            return Seen("host", t.item() if t.dim() == 0 else None, dtype, shape, stride)
+        index = self._fresh_ptrs.get(_storage_ptr(t))
+        if index is not None:
+            return Seen("fresh", (index, t.storage_offset()), dtype, shape, stride)
+        return Seen("external", t.data_ptr(), dtype, shape, stride)
 
     def _on_device(self, tensors: list[torch.Tensor], kwargs: dict) -> bool:
         device = kwargs.get("device")
@@ -195,15 +220,22 @@ def _storage_ptr(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
+def _arguments(func, args, kwargs):
+    """``(schema argument, value)`` of every argument an op was given."""
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.name in kwargs:
+            yield arg, kwargs[arg.name]
+        elif i < len(args) and not arg.kwarg_only:
+            yield arg, args[i]
+
+
 def _mutated(func, args, kwargs) -> list[torch.Tensor]:
     """The tensors an op writes: its arguments the schema marks as written (in-place
     ``self``, ``out=``)."""
     found = []
-    for i, arg in enumerate(func._schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = kwargs.get(arg.name) if arg.kwarg_only or i >= len(args) else args[i]
-        found += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    for arg, value in _arguments(func, args, kwargs):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            found += [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
     return found
 
 

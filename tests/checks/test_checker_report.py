@@ -19,7 +19,8 @@ EXPECTED_NOTES = {"pool_allocation", "library_allocation", "graph_safe_rng",
 EXPECTED_ERRORS = {
     "sync", "host_read", "replay_mismatch", "output_not_rewritten", "repointed",
     "stale_pointer", "arena_write", "staging_race", "rng_generator", "pool_reuse",
-    "wrong_stream", "eager_failure", "capture_failure", "extent_mismatch",
+    "wrong_stream", "eager_failure", "capture_failure", "extent_mismatch", "frozen_branch",
+    "frozen_value", "frozen_stride", "frozen_address",
 }
 
 
