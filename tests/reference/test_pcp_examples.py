@@ -4,18 +4,12 @@ value, through the prefill-context-parallel oracle."""
 from __future__ import annotations
 
 import pytest
+from helpers.pcp_batches import fresh_prefills
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.reference import pcp_chunk_plan as plan
 from staticattn.reference import pcp_layout as pcp
 from staticattn.reference import pcp_ring as ring
-
-
-def _fresh_prefills() -> pcp.GlobalBatch:
-    """Requests A (37 tokens, state 3) and B (100 tokens, state 7), both fresh prefills."""
-    return pcp.GlobalBatch(query_lens=[37, 100], num_computed=[0, 0],
-                           is_prefilling=[True, True], req_state_idx=[3, 7],
-                           block_table=[[10, 11, 12, 13], [20, 21, 22, 23]])
 
 
 def _r(a: int, b: int) -> list[int]:
@@ -28,7 +22,7 @@ def _spans(rows: list[pcp.Row]) -> list[tuple[str, int, int]]:
 
 
 def test_example_1_rows_and_metadata():
-    cfg, batch = PCPConfig(pcp_size=2), _fresh_prefills()
+    cfg, batch = PCPConfig(pcp_size=2), fresh_prefills()
     lay = pcp.layout(cfg, batch)
     assert _spans(lay.rows[0]) == [("A", 0, 10), ("A", 30, 37), ("B", 0, 25), ("B", 75, 100)]
     assert _spans(lay.rows[1]) == [("A", 10, 20), ("A", 20, 30), ("B", 25, 50), ("B", 50, 75)]
@@ -44,7 +38,7 @@ def test_example_1_rows_and_metadata():
 
 
 def test_example_1_gathered_layout():
-    cfg, batch = PCPConfig(pcp_size=2), _fresh_prefills()
+    cfg, batch = PCPConfig(pcp_size=2), fresh_prefills()
     lay = pcp.layout(cfg, batch)
     assert lay.padded_gather_idx == (_r(0, 9) + _r(30, 36) + _r(37, 61) + _r(112, 136)
                                      + [0, 0, 0] + _r(10, 29) + _r(62, 111))
@@ -59,7 +53,7 @@ def test_example_1_gathered_layout():
 
 
 def test_example_1_four_ranks():
-    lay = pcp.layout(PCPConfig(pcp_size=4), _fresh_prefills())
+    lay = pcp.layout(PCPConfig(pcp_size=4), fresh_prefills())
     assert _spans(lay.rows[0]) == [("A", 0, 5), ("A", 35, 37), ("B", 0, 13), ("B", 91, 100)]
     assert _spans(lay.rows[3]) == [("A", 15, 20), ("A", 20, 25), ("B", 39, 52), ("B", 52, 65)]
     assert lay.num_tokens == [29, 36, 36, 36] and lay.N == 36
@@ -67,7 +61,7 @@ def test_example_1_four_ranks():
 
 def test_indexer_rows_pcp_only():
     """§3.4: rank 0 of the P=2 example, each chunk row its own sequence."""
-    cfg, batch = PCPConfig(pcp_size=2), _fresh_prefills()
+    cfg, batch = PCPConfig(pcp_size=2), fresh_prefills()
     meta = pcp.rank_metadata(cfg, batch, pcp.layout(cfg, batch), 0)
     lens = [b - a for a, b in zip(meta["query_start_loc"], meta["query_start_loc"][1:])]
     rows = plan.indexer_prefill_extents(meta["seq_lens"], meta["start_pos"], lens)
@@ -77,7 +71,7 @@ def test_indexer_rows_pcp_only():
 
 def _dcp_rank_meta(interleave: int, rank: int):
     cfg = PCPConfig(pcp_size=2, dcp_size=2, cp_kv_cache_interleave_size=interleave)
-    batch = _fresh_prefills()
+    batch = fresh_prefills()
     lay = pcp.layout(cfg, batch)
     return cfg, batch, lay, pcp.rank_metadata(cfg, batch, lay, rank, cfg.dcp_rank(rank))
 
@@ -144,7 +138,7 @@ def test_example_3_flashmla_workspace(interleave, tokens, want):
 
 
 def test_example_4_ring_links():
-    cfg, batch = PCPConfig(pcp_size=4, max_num_seqs=4), _fresh_prefills()
+    cfg, batch = PCPConfig(pcp_size=4, max_num_seqs=4), fresh_prefills()
     lay = pcp.layout(cfg, batch)
     assert _spans(lay.rows[1]) == [("A", 5, 10), ("A", 30, 35), ("B", 13, 26), ("B", 78, 91)]
     assert _spans(lay.rows[2]) == [("A", 10, 15), ("A", 25, 30), ("B", 26, 39), ("B", 65, 78)]

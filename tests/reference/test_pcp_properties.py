@@ -5,31 +5,14 @@ partitioning its query, and under DCP every rank charging a prefill the same que
 
 from __future__ import annotations
 
+from helpers.pcp_batches import pcp_cases
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.reference import pcp_layout as pcp
 
 #: Few examples: each is a handful of plain loops, but the suite runs on two CPU cores.
 EXAMPLES = 60
-
-
-@st.composite
-def pcp_cases(draw) -> tuple[PCPConfig, pcp.GlobalBatch]:
-    """A config (P in 2..4, D in {1, P}) and a batch of up to 6 requests: decodes of 1-3
-    tokens and prefills (fresh or continued) of 0-40, in any order."""
-    P = draw(st.integers(2, 4))
-    D = draw(st.sampled_from([1, P]))
-    cfg = PCPConfig(pcp_size=P, dcp_size=D, block_size=8,
-                    cp_kv_cache_interleave_size=draw(st.sampled_from([1, 2, 8])))
-    n = draw(st.integers(1, 6))
-    pre = draw(st.lists(st.booleans(), min_size=n, max_size=n))
-    q = [draw(st.integers(0, 40) if p else st.integers(1, 3)) for p in pre]
-    computed = [draw(st.integers(0, 30)) for _ in range(n)]
-    blocks = [[draw(st.integers(1, 99)) for _ in range(-(-(c + qi) // 8) + 1)]
-              for c, qi in zip(computed, q)]
-    return cfg, pcp.GlobalBatch(q, computed, pre, list(range(100, 100 + n)), blocks)
 
 
 @settings(max_examples=EXAMPLES)
