@@ -25,7 +25,7 @@ from staticattn.builders.pcp.rank_fields import RankFields
 from staticattn.builders.pcp.rank_rows import RowViews
 from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
 
-__all__ = ["PrefillExtents", "build_prefill_extents"]
+__all__ = ["PrefillExtents", "build_prefill_extents", "prefill_rows"]
 
 
 @dataclass(slots=True)
@@ -65,6 +65,22 @@ class PrefillExtents:
                    z(R), z(2))
 
 
+def prefill_rows(rows: RowViews, fields: RankFields, rank: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s prefill rows, indexed from the first (``R`` capacity):
+    ``(nd, src, live, request_first)`` -- the decode rows in front (int64 scalar), each
+    prefill row's rank row ``nd + r`` (int64 ``(R,)``, clamped), whether it is a row (bool
+    ``(R,)``; none when the rank holds no token) and whether it starts its request's run."""
+    R = rows.row_req.shape[1]
+    nd = rows.num_decode_rows[rank].long()
+    n_pre = (rows.num_rows[rank].long() - nd) * (rows.num_tokens[rank] > 0)
+    r = torch.arange(R, device=rows.row_req.device)
+    src = (nd + r).clamp(max=R - 1)
+    live = r < n_pre
+    req = fields.req_idx.long()[src]
+    return nd, src, live, live & ((r == 0) | (req != torch.roll(req, 1)))
+
+
 def _exclusive(values: torch.Tensor) -> torch.Tensor:
     """``[0, cumsum(values)]``, one longer."""
     return torch.cat([values.new_zeros(1), torch.cumsum(values, 0)])
@@ -77,13 +93,8 @@ def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, ra
     D, interleave = cfg.dcp_size, cfg.cp_kv_cache_interleave_size
     R = rows.row_req.shape[1]
     dev = rows.row_req.device
-    nd = rows.num_decode_rows[rank].long()
-    n_pre = (rows.num_rows[rank].long() - nd) * (rows.num_tokens[rank] > 0)
+    nd, src, live, request_first = prefill_rows(rows, fields, rank)
     r = torch.arange(R, device=dev)
-    src = (nd + r).clamp(max=R - 1)
-    live = r < n_pre
-    req = fields.req_idx.long()[src]
-    request_first = live & ((r == 0) | (req != torch.roll(req, 1)))
     shard = torch.where(request_first, fields.dcp_local_seq_lens_upper.long()[src], 0)
     first = live if D == 1 else request_first
     extent = torch.where(live, fields.seq_lens.long()[src] // ratio, 0) if D == 1 else shard

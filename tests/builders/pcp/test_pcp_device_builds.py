@@ -9,51 +9,33 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.pcp_batches import fresh_prefills, pcp_cases, staged
+from helpers.pcp_views import MAX_TOKENS, device_fields, device_rows
 from hypothesis import given, settings
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.kv_plan import PrefillExtents, build_prefill_extents
 from staticattn.builders.pcp.rank_fields import (
-    RankFields,
-    build_rank_fields,
     compressed_gathered_slots,
     gathered_slots,
 )
-from staticattn.builders.pcp.rank_rows import RowViews, build_rows
 from staticattn.builders.pcp.ring_link import build_ring_links
 from staticattn.reference import pcp_chunk_plan as plan
 from staticattn.reference import pcp_layout as pcp
 from staticattn.reference import pcp_ring as ring
 
 EXAMPLES = 40
-#: Global token capacity and padded per-rank tokens of the drawn steps (6 x 40 at most).
-MAX_TOKENS, WORKSPACE = 256, 1024
+#: Workspace entries of the PCP+DCP plan's views.
+WORKSPACE = 1024
 
 
 def _padded(values: list, size: int, pad=0) -> list:
     return list(values) + [pad] * (size - len(values))
 
 
-def _rows(cfg: PCPConfig, inputs, N: int) -> RowViews:
-    rows = RowViews.allocate(cfg, N, MAX_TOKENS)
-    return build_rows(cfg, inputs["query_start_loc"], inputs["is_prefilling"],
-                      inputs["num_computed"], rows)
-
-
-def _fields(cfg, rows, inputs, p) -> RankFields:
-    R = cfg.max_rows
-    out = RankFields(*[torch.zeros(R, dtype=torch.int32) for _ in range(4)],
-                     torch.zeros(R, dtype=torch.bool),
-                     *[torch.zeros(R, dtype=torch.int32) for _ in range(4)])
-    return build_rank_fields(cfg, rows, p, cfg.dcp_rank(p), inputs["query_start_loc"],
-                             inputs["is_prefilling"], inputs["num_computed"],
-                             inputs["req_state_idx"], out)
-
-
 def check_layout(cfg: PCPConfig, batch: pcp.GlobalBatch) -> None:
     lay = pcp.layout(cfg, batch)
     inputs = staged(batch, cfg.max_num_seqs)
-    rows = _rows(cfg, inputs, lay.N)
+    rows = device_rows(cfg, inputs, lay.N)
     R, T = cfg.max_rows, batch.query_start_loc[-1]
     assert rows.num_tokens.tolist() == lay.num_tokens
     assert rows.token_to_global.flatten().tolist() == lay.padded_gather_idx
@@ -72,7 +54,7 @@ def check_layout(cfg: PCPConfig, batch: pcp.GlobalBatch) -> None:
                                                            lay.num_tokens[p])
         assert rows.positions[p].tolist() == meta["positions"]
         assert rows.token_to_global[p].tolist() == meta["token_to_global"]
-        fields = _fields(cfg, rows, inputs, p)
+        fields = device_fields(cfg, rows, inputs, p)
         for name in ("start_pos", "seq_lens", "seq_lens_upper", "req_idx", "is_prefilling",
                      "global_query_lens", "global_seq_lens_upper", "dcp_local_seq_lens",
                      "dcp_local_seq_lens_upper"):
@@ -89,11 +71,11 @@ def check_layout(cfg: PCPConfig, batch: pcp.GlobalBatch) -> None:
 def check_extents(cfg: PCPConfig, batch: pcp.GlobalBatch, ratio: int = 1) -> None:
     lay = pcp.layout(cfg, batch)
     inputs = staged(batch, cfg.max_num_seqs)
-    rows = _rows(cfg, inputs, lay.N)
+    rows = device_rows(cfg, inputs, lay.N)
     R, N = cfg.max_rows, lay.N
     for p in range(cfg.pcp_size):
         meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
-        out = build_prefill_extents(cfg, rows, _fields(cfg, rows, inputs, p), p,
+        out = build_prefill_extents(cfg, rows, device_fields(cfg, rows, inputs, p), p,
                                     PrefillExtents.allocate(cfg, N, WORKSPACE), ratio)
         qsl = meta["query_start_loc"]
         lens = [b - a for a, b in zip(qsl, qsl[1:])]
@@ -130,7 +112,7 @@ def check_extents(cfg: PCPConfig, batch: pcp.GlobalBatch, ratio: int = 1) -> Non
 def check_ring(cfg: PCPConfig, batch: pcp.GlobalBatch) -> None:
     lay = pcp.layout(cfg, batch)
     inputs = staged(batch, cfg.max_num_seqs)
-    rows = _rows(cfg, inputs, lay.N)
+    rows = device_rows(cfg, inputs, lay.N)
     P, R = cfg.pcp_size, cfg.max_rows
     ring_block = [5 + 4 * i for i in range(len(batch.query_lens))]
     prev = torch.empty(P, R, dtype=torch.int32)
