@@ -36,12 +36,17 @@ def prefill_meta(cfg: PCPConfig, batch: pcp.GlobalBatch, lay: pcp.Layout, p: int
                  ) -> dict[str, list[int]]:
     """Rank ``p``'s prefill rows as the oracle sees them: ``req_idx``, ``lens``,
     ``seq_lens``, ``start_pos``, ``shard`` (``dcp_local_seq_lens_upper``) per prefill row and
-    ``nd_tokens`` (one entry: the decode tokens in front)."""
+    ``nd_tokens`` (one entry: the decode tokens in front) and ``region_lens`` (the length
+    ``L_k`` of each request among them, in order)."""
     meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
     qsl = meta["query_start_loc"]
     pre = [r for r, row in enumerate(lay.rows[p])
            if row.length and batch.is_prefilling[row.req]]
     pick = lambda name: [meta[name][r] for r in pre]
-    return {"req_idx": pick("req_idx"), "lens": [qsl[r + 1] - qsl[r] for r in pre],
+    reqs = [lay.rows[p][r].req for r in pre]
+    firsts = [k for k in range(len(reqs)) if k == 0 or reqs[k] != reqs[k - 1]]
+    region_lens = [batch.num_computed[reqs[k]] + batch.query_lens[reqs[k]] for k in firsts]
+    return {"region_lens": region_lens, "req_idx": pick("req_idx"),
+            "lens": [qsl[r + 1] - qsl[r] for r in pre],
             "seq_lens": pick("seq_lens"), "start_pos": pick("start_pos"),
             "shard": pick("dcp_local_seq_lens_upper"), "nd_tokens": [qsl[pre[0]] if pre else 0]}
