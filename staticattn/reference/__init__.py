@@ -30,7 +30,13 @@ One module per concern:
 * :mod:`~staticattn.reference.dcp_topk` -- the exact top-k merge of decode and prefill rows
   under decode context parallelism;
 * :mod:`~staticattn.reference.dcp_shares` -- one rank's SWA window and dense entries when
-  they are sharded instead of replicated.
+  they are sharded instead of replicated;
+* :mod:`~staticattn.reference.pcp_layout` -- prefill context parallelism: the token split,
+  each rank's rows and metadata, the gathered layout, restore index and slot mapping;
+* :mod:`~staticattn.reference.pcp_chunk_plan` -- its prefill-row KV extents: the PCP-only
+  indexer rows, the PCP+DCP global chunk plan, the FlashMLA-sparse workspace rows;
+* :mod:`~staticattn.reference.pcp_ring` -- its DeepSeek V4.1 cache inputs: gathered
+  positions, compressed slots, the compressor-ring links.
 
 Example::
 

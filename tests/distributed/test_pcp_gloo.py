@@ -1,0 +1,53 @@
+"""Prefill context parallelism across processes on the CPU: 2 and 4 ranks joined by gloo,
+each building its pieces of the same global batches on its own. All-gathering every rank's
+hidden states (fixed size N each) and indexing them with the restore index gives the global
+token order back; the ranks' segments of the gathered slot mapping, all-gathered, equal the
+oracle's mapping, each segment under its rank's DCP rank."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import dcp_workers, pcp_workers
+
+from staticattn.arena.pcp_config import PCPConfig
+from staticattn.reference import pcp_layout as pcp
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+#: No run of these ranks takes this long; past it they are hung and the test fails.
+SPAWN_TIMEOUT_S = 300
+
+
+@pytest.mark.parametrize(("world", "dcp"), [(2, False), (2, True), (4, False), (4, True)])
+def test_ranks_restore_the_global_order(tmp_path, world, dcp):
+    target = functools.partial(pcp_workers.gathered_steps, world=world, dcp=dcp, steps=20)
+    context = mp.spawn(dcp_workers.run, args=(target, str(tmp_path)), nprocs=world,
+                       join=False)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s")
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for r, record in enumerate(records):
+        assert "crash" not in record, f"rank {r}:\n{record['crash']}"
+    cfg = PCPConfig(pcp_size=world, dcp_size=world if dcp else 1, block_size=8,
+                    cp_kv_cache_interleave_size=2, max_num_seqs=pcp_workers.MAX_REQS)
+    N = pcp_workers.NUM_TOKENS
+    for step in zip(*(r["steps"] for r in records)):
+        batch = pcp.GlobalBatch(**step[0]["batch"])
+        lay = pcp.layout(cfg, batch, N)
+        # Segment p was built by rank p, with its own DCP rank.
+        want = [pcp.gathered_slots(cfg, batch, lay, cfg.dcp_rank(p))[p * N:(p + 1) * N]
+                for p in range(world)]
+        for got in step:
+            assert got["restored"] == list(range(batch.query_start_loc[-1]))
+            assert got["slot_segments"] == want

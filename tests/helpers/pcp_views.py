@@ -1,0 +1,52 @@
+"""Device views of a prefill-context-parallel batch for the builder tests: every rank's rows
+(:class:`RowViews`) and one rank's fields (:class:`RankFields`), built from a staged batch,
+and the oracle's prefill rows of one rank."""
+
+from __future__ import annotations
+
+import torch
+
+from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.pcp.rank_fields import RankFields, build_rank_fields
+from staticattn.builders.pcp.rank_rows import RowViews, build_rows
+from staticattn.reference import pcp_layout as pcp
+
+#: Global token capacity of the drawn steps (6 requests x 40 tokens at most).
+MAX_TOKENS = 256
+
+
+def device_rows(cfg: PCPConfig, inputs: dict[str, torch.Tensor], N: int) -> RowViews:
+    rows = RowViews.allocate(cfg, N, MAX_TOKENS)
+    return build_rows(cfg, inputs["query_start_loc"], inputs["is_prefilling"],
+                      inputs["num_computed"], rows)
+
+
+def device_fields(cfg: PCPConfig, rows: RowViews, inputs: dict[str, torch.Tensor],
+                  p: int) -> RankFields:
+    R = cfg.max_rows
+    out = RankFields(*[torch.zeros(R, dtype=torch.int32) for _ in range(4)],
+                     torch.zeros(R, dtype=torch.bool),
+                     *[torch.zeros(R, dtype=torch.int32) for _ in range(4)])
+    return build_rank_fields(cfg, rows, p, cfg.dcp_rank(p), inputs["query_start_loc"],
+                             inputs["is_prefilling"], inputs["num_computed"],
+                             inputs["req_state_idx"], out)
+
+
+def prefill_meta(cfg: PCPConfig, batch: pcp.GlobalBatch, lay: pcp.Layout, p: int
+                 ) -> dict[str, list[int]]:
+    """Rank ``p``'s prefill rows as the oracle sees them: ``req_idx``, ``lens``,
+    ``seq_lens``, ``start_pos``, ``shard`` (``dcp_local_seq_lens_upper``) per prefill row and
+    ``nd_tokens`` (one entry: the decode tokens in front) and ``region_lens`` (the length
+    ``L_k`` of each request among them, in order)."""
+    meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
+    qsl = meta["query_start_loc"]
+    pre = [r for r, row in enumerate(lay.rows[p])
+           if row.length and batch.is_prefilling[row.req]]
+    pick = lambda name: [meta[name][r] for r in pre]
+    reqs = [lay.rows[p][r].req for r in pre]
+    firsts = [k for k in range(len(reqs)) if k == 0 or reqs[k] != reqs[k - 1]]
+    region_lens = [batch.num_computed[reqs[k]] + batch.query_lens[reqs[k]] for k in firsts]
+    return {"region_lens": region_lens, "req_idx": pick("req_idx"),
+            "lens": [qsl[r + 1] - qsl[r] for r in pre],
+            "seq_lens": pick("seq_lens"), "start_pos": pick("start_pos"),
+            "shard": pick("dcp_local_seq_lens_upper"), "nd_tokens": [qsl[pre[0]] if pre else 0]}
