@@ -53,6 +53,7 @@ BUILDER_ROOMS = {
     "builders.indexer": {"builders", "builders.attention_utils"},
     "builders.swa": {"builders", "builders.attention_utils"},
     "builders.compressed": {"builders", "builders.attention_utils"},
+    "builders.pcp": {"builders"},
 }
 #: Rooms inside ``kernels`` and ``consumers``, by concern -> the rooms of the same package each
 #: may import. ``runtime`` (how a kernel runs) is the base of every kernel room; the step-count
