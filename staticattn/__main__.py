@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import timedelta
 
 from staticattn.cli import ExitCode, build_parser, config_of, config_overrides, load_step, validate
 from staticattn.errors import StepSpecError
@@ -54,7 +55,8 @@ def cmd_demo(args) -> int:
 
         kwargs = {} if args.steps is None else {"steps": args.steps}
         return run_dcp_demo(args.dcp, seed=args.seed, preset=args.dcp_preset,
-                            json_path=args.json, progress=not args.no_progress, **kwargs)
+                            json_path=args.json, progress=not args.no_progress,
+                            deadline=timedelta(seconds=args.dcp_deadline), **kwargs)
     from staticattn.demo import run_demo
 
     return run_demo(steps=args.steps, seed=args.seed, progress=not args.no_progress,

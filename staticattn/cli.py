@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "torchrun --nproc-per-node WORLD -m staticattn demo --dcp WORLD")
     d.add_argument("--dcp-preset", choices=DCP_PRESETS, default="deepseek-v4",
                    help="the model of the --dcp demo's arena (default: deepseek-v4)")
+    d.add_argument("--dcp-deadline", type=int_in(1), default=30, metavar="SECONDS",
+                   help="the --dcp step deadline: a rank that dies or stalls is a typed error "
+                   "(RankFailureError, RankTimeoutError) on every rank within it (default: 30)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help=JSON_HELP)

@@ -55,6 +55,7 @@ BAD = [
     (["check", "--step", "os:path"], "--step os:path: os.path is a module, not a function"),
     (["check", "--step", "os:nosuch"], "--step os:nosuch: module 'os' has no attribute"),
     (["bench", "--step", "os"], "--step 'os': expected MODULE:FUNCTION"),
+    (["demo", "--dcp", "2", "--dcp-deadline", "0"], "--dcp-deadline: must be >= 1, got 0"),
     # Renamed flags have no aliases, not even as abbreviations of their new names.
     (["bench", "--batch", "1"], "unrecognized arguments: --batch 1"),
     (["check", "--sizes", "2"], "unrecognized arguments: --sizes 2"),
@@ -198,3 +199,14 @@ def test_help_imports_no_torch():
                            "print('torch' in sys.modules)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip().splitlines()[-1] == "False", done.stdout + done.stderr
+
+
+def test_the_dcp_deadline_reaches_every_rank(monkeypatch):
+    """``--dcp-deadline`` is the deadline the demo's ranks join with (30 s unless given)."""
+    import staticattn.distributed.dcp_demo as dcp_demo
+
+    seen = []
+    monkeypatch.setattr(dcp_demo, "run_dcp_demo", lambda world, **kw: seen.append(kw) or 0)
+    assert main(["demo", "--dcp", "2", "--dcp-deadline", "5"]) == 0
+    assert main(["demo", "--dcp", "2"]) == 0
+    assert [kw["deadline"].total_seconds() for kw in seen] == [5, 30]
