@@ -34,6 +34,13 @@ Three ways, chosen by static facts:
   read on the device, capped at the extent ``T`` -- then the same derive kernel. The host
   supplies only ``k`` (``host_counts[0]``).
 
+Token views: what the later kernels read of a step, documented here once --
+``query_start_loc`` (the padded ``qsl``, int32 device ``(>= num_reqs + 1,)``;
+``query_start_loc[num_reqs]`` is the real token count), ``positions`` (int64 device
+``(>= num_tokens,)``, each token's absolute position) and ``token_to_req`` (int32 device
+``(>= num_tokens,)``, each token's request: a valid block-table row, padded tokens' too), over
+the static extent ``num_reqs``, ``num_tokens`` (the captured size or bucket under a graph).
+
 Example: ``host_qsl = [0, 2, 3]``, ``host_seq_lens = [6, 9]``, counts ``[2, 3]``, extent
 ``R = 3, T = 4`` -> ``qsl = [0, 2, 3, 3]``, ``seq_lens = [6, 9, 0]``, ``token_to_req =
 [0, 0, 1, 0]``, ``positions = [4, 5, 8, 0]``, ``step_counts[:4] = [2, 3, 2, 3]`` (threshold 2).
