@@ -27,6 +27,7 @@ from staticattn.arena.config import ArenaConfig
 from staticattn.arena.groups import cache_groups
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.kernels.runtime.compiled_launch import record_event
+from staticattn.kernels.staging.pinned_staging import PinnedStaging
 from staticattn.kernels.staging.stage_inputs import (
     StagingViews,
     stage_device,
@@ -131,17 +132,16 @@ class StepInputs:
         #: The one writer of the pinned counts the staging kernels read.
         self.counts = PinnedCounts(self.host_counts.numpy(),
                                    0 if self.images is None else self.images.capacity)
-        self.host = HostViews(
-            self.host_query_start_loc.numpy(), self.host_seq_lens.numpy(),
-            self.host_slot_mapping.numpy(), self.host_counts.numpy(),
-            self.host_replay_start.numpy() if replay else None,
-            None if self.images is None else self.images.host.numpy(),
-        )
-        self._views = StagingViews(
+        pinned = PinnedStaging(
             self.host_query_start_loc, self.host_seq_lens, self.host_slot_mapping,
-            self.host_counts, self.query_start_loc, self.seq_lens, self.slot_mapping,
-            self.positions, self.token_to_req, self.step_counts, self.query_lens,
-            *((self.images.host, self.images.device) if self.images is not None else ()),
+            self.host_counts, self.host_replay_start,
+            None if self.images is None else self.images.host,
+        )
+        self.host = HostViews(*(None if view is None else view.numpy() for view in pinned))
+        self._views = StagingViews(
+            pinned, self.query_start_loc, self.seq_lens, self.slot_mapping, self.positions,
+            self.token_to_req, self.step_counts, self.query_lens,
+            None if self.images is None else self.images.device,
         )
         self._consumed = (
             torch.cuda.Event(external=True) if self.device.type == "cuda" else None

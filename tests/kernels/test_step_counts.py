@@ -21,14 +21,14 @@ STATIC = 100
 
 
 @lazy_jit(step_counts_jit)
-def _probe_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_tokens):
+def _probe_kernel(triton, tl, live_count, SLOT_REQS, SLOT_TOKENS, SLOT_DECODES, SLOT_DECODE_TOKENS):
     @triton.jit
     def probe(counts, out, static, DEVICE_COUNTS: tl.constexpr):
         # Each helper gets its own static count, so a helper that returns another's shows.
-        tl.store(out, live_reqs(counts, static, DEVICE_COUNTS))
-        tl.store(out + 1, live_tokens(counts, static + 1, DEVICE_COUNTS))
-        tl.store(out + 2, live_decodes(counts, static + 2, DEVICE_COUNTS))
-        tl.store(out + 3, live_decode_tokens(counts, static + 3, DEVICE_COUNTS))
+        tl.store(out, live_count(counts, SLOT_REQS, static, DEVICE_COUNTS))
+        tl.store(out + 1, live_count(counts, SLOT_TOKENS, static + 1, DEVICE_COUNTS))
+        tl.store(out + 2, live_count(counts, SLOT_DECODES, static + 2, DEVICE_COUNTS))
+        tl.store(out + 3, live_count(counts, SLOT_DECODE_TOKENS, static + 3, DEVICE_COUNTS))
 
     return probe
 

@@ -96,16 +96,13 @@ def compressed_kv_slots(
 
     Parameters
     ----------
-    query_start_loc : int32 device ``(>= num_reqs + 1,)``
-        ``query_start_loc[num_reqs]`` is the real token count.
-    positions : int64 device ``(>= num_tokens,)``
-    token_to_req : int32 device ``(>= num_tokens,)``
-        A valid table row for every token (padded tokens: request 0).
+    query_start_loc, positions, token_to_req : torch.Tensor
+    num_reqs, num_tokens : int
+        The staged token views (int32 and int64 device ``(>= num_tokens,)``) and their static
+        extent: :mod:`~staticattn.kernels.staging.stage_inputs`, "Token views".
     gate : SlotGate
         The step's gate, read by the gated types.
     types : sequence of CompressedKVType
-    num_reqs, num_tokens : int
-        Static extent (the captured size or bucket under a graph).
 
     Graph-safe with either backend: static extents, no host read.
     """

@@ -104,7 +104,7 @@ def global_topk_slots(
 
 
 @lazy_jit(step_counts_jit)
-def _kernel(triton, tl, live_decode_tokens, **_):
+def _kernel(triton, tl, live_count, SLOT_DECODE_TOKENS, **_):
     @triton.jit
     def global_topk_kernel(
         topk, topk_stride, token_to_req, own_slots, table, table_stride, num_cols, out,
@@ -114,7 +114,7 @@ def _kernel(triton, tl, live_decode_tokens, **_):
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = rows < num_rows
-        live = in_rows & (rows < live_decode_tokens(counts, num_rows, DEVICE_COUNTS))
+        live = in_rows & (rows < live_count(counts, SLOT_DECODE_TOKENS, num_rows, DEVICE_COUNTS))
         valid = live & (tl.load(own_slots + rows, mask=live, other=-1) >= 0)
         req = tl.load(token_to_req + rows, mask=valid, other=0).to(tl.int64)
         if FILL:

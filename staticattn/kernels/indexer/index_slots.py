@@ -57,17 +57,13 @@ def compressed_slot_mapping(
 
     Parameters
     ----------
-    query_start_loc : int32 device ``(>= num_reqs + 1,)``
-        ``query_start_loc[num_reqs]`` is the real token count.
-    positions : int64 device ``(>= num_tokens,)``
-        Absolute position of each token.
-    token_to_req : int32 device ``(>= num_tokens,)``
-        Request of each token (a valid row of ``block_table``, padded tokens included).
+    query_start_loc, positions, token_to_req : torch.Tensor
+    num_reqs, num_tokens : int
+        The staged token views and their static extent
+        (:mod:`~staticattn.kernels.staging.stage_inputs`, "Token views").
     block_table : int32 device ``(num_reqs, max_blocks)``, unit column stride
     out : int64 device ``(>= num_tokens,)``
         Written on ``[0, num_tokens)`` only.
-    num_reqs, num_tokens : int
-        Static extent (the captured size under a graph).
     storage_block_size : int
         ``S``: compressed entries per block.
     compress_ratio : int

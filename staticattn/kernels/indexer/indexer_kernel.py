@@ -68,7 +68,7 @@ def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs
 
 
 @lazy_jit(step_counts_jit, triton_dcp_helpers, slot_gate_jit)
-def _decode_kernel(triton, tl, live_decodes, live_decode_tokens, dcp_local_count_tl,
+def _decode_kernel(triton, tl, live_count, SLOT_DECODES, SLOT_DECODE_TOKENS, dcp_local_count_tl,
                    dcp_owner_tl, dcp_local_index_tl, gate_allows, **_):
     @triton.jit
     def decode_kernel(
@@ -109,9 +109,9 @@ def _decode_kernel(triton, tl, live_decodes, live_decode_tokens, dcp_local_count
         if not DECODE:
             return
         # The real decodes: D requests, Td tokens; the static extents only bound them.
-        decodes = live_decodes(counts, num_decodes, DEVICE_COUNTS)
+        decodes = live_count(counts, SLOT_DECODES, num_decodes, DEVICE_COUNTS)
         if DEVICE_COUNTS:
-            decode_tokens = live_decode_tokens(counts, 0, DEVICE_COUNTS)
+            decode_tokens = live_count(counts, SLOT_DECODE_TOKENS, 0, DEVICE_COUNTS)
         else:  # the launch passes no token count: the decodes' query starts give it
             decode_tokens = tl.load(qsl + num_decodes)
         if FLATTEN:

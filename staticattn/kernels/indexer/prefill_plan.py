@@ -228,7 +228,7 @@ def _plan_torch(qsl, seq_lens, positions, token_to_req, counts, chunk_bounds, nu
 
 
 @lazy_jit(step_counts_jit, triton_dcp_helpers)
-def _plan_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_tokens,
+def _plan_kernel(triton, tl, live_count, SLOT_REQS, SLOT_TOKENS, SLOT_DECODES, SLOT_DECODE_TOKENS,
                  dcp_local_count_tl, **_):
     @triton.jit
     def emit(chunk_bounds, cu_seq_lens, local_cu_seq_lens, qsl, start, end, m, keys, lkeys,
@@ -277,10 +277,10 @@ def _plan_kernel(triton, tl, live_reqs, live_tokens, live_decodes, live_decode_t
         FIELDS: tl.constexpr,
     ):
         # The plan always reads the step's counts on the device, inside graphs and out.
-        k = live_reqs(counts, 0, True)
-        nt = live_tokens(counts, 0, True)
-        d = live_decodes(counts, 0, True)
-        td = live_decode_tokens(counts, 0, True)
+        k = live_count(counts, SLOT_REQS, 0, True)
+        nt = live_count(counts, SLOT_TOKENS, 0, True)
+        d = live_count(counts, SLOT_DECODES, 0, True)
+        td = live_count(counts, SLOT_DECODE_TOKENS, 0, True)
         offs = tl.arange(0, BLOCK)
         # Clear what the sequential pass may leave unwritten, and wait for the clear.
         clear(cu_seq_lens, 0, 2 * num_reqs, BLOCK)

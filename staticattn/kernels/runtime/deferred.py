@@ -17,10 +17,11 @@ __all__ = ["lazy_jit", "publish"]
 def lazy_jit(*helpers: Callable[[], Any]) -> Callable[[Callable[..., Any]], Callable[[], Any]]:
     """Decorate a function that defines Triton code, so that it runs on first use.
 
-    ``@lazy_jit(step_counts_jit)`` over ``def _kernel(triton, tl, live_tokens, **_)``: the
+    ``@lazy_jit(step_counts_jit)`` over ``def _kernel(triton, tl, live_count, **_)``: the
     first call of ``_kernel()`` imports Triton, calls each of ``helpers`` (functions
-    decorated so, each returning a ``@triton.jit`` helper or a tuple of them), publishes
-    what they return into the decorated function's module (:func:`publish`) together with
+    decorated so, each returning a ``@triton.jit`` helper, a tuple of them, or a dict of
+    helpers and ``tl.constexpr`` values by name), publishes what they return into the
+    decorated function's module (as :func:`publish` does) together with
     ``triton.language`` as ``tl`` (the interpreter wants it among a jit function's module
     globals), and calls the function with ``triton``, ``triton.language`` and those helpers
     by name. Later calls return the first call's result (a kernel, or helpers).
@@ -33,13 +34,15 @@ def lazy_jit(*helpers: Callable[[], Any]) -> Callable[[Callable[..., Any]], Call
             import triton
             import triton.language as tl
 
-            made = []
+            made = {}
             for helper in helpers:
                 out = helper()
-                made += out if isinstance(out, tuple) else (out,)
+                if not isinstance(out, dict):
+                    out = {h.fn.__name__: h for h in (out if isinstance(out, tuple) else (out,))}
+                made.update(out)
             define.__globals__["tl"] = tl
-            publish(define.__globals__, *made)
-            return define(triton, tl, **{h.fn.__name__: h for h in made})
+            define.__globals__.update(made)
+            return define(triton, tl, **made)
 
         return first_use
 

@@ -34,6 +34,13 @@ Three ways, chosen by static facts:
   read on the device, capped at the extent ``T`` -- then the same derive kernel. The host
   supplies only ``k`` (``host_counts[0]``).
 
+Token views: what the later kernels read of a step, documented here once --
+``query_start_loc`` (the padded ``qsl``, int32 device ``(>= num_reqs + 1,)``;
+``query_start_loc[num_reqs]`` is the real token count), ``positions`` (int64 device
+``(>= num_tokens,)``, each token's absolute position) and ``token_to_req`` (int32 device
+``(>= num_tokens,)``, each token's request: a valid block-table row, padded tokens' too), over
+the static extent ``num_reqs``, ``num_tokens`` (the captured size or bucket under a graph).
+
 Example: ``host_qsl = [0, 2, 3]``, ``host_seq_lens = [6, 9]``, counts ``[2, 3]``, extent
 ``R = 3, T = 4`` -> ``qsl = [0, 2, 3, 3]``, ``seq_lens = [6, 9, 0]``, ``token_to_req =
 [0, 0, 1, 0]``, ``positions = [4, 5, 8, 0]``, ``step_counts[:4] = [2, 3, 2, 3]`` (threshold 2).
@@ -47,6 +54,7 @@ import torch
 
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.runtime.deferred import lazy_jit
+from staticattn.kernels.staging.pinned_staging import PinnedStaging
 
 __all__ = [
     "COUNT_DECODE_TOKENS", "COUNT_DECODES", "COUNT_REQS", "COUNT_SPANS", "COUNT_TOKENS",
@@ -68,18 +76,14 @@ _CHUNK = 128
 class StagingViews:
     """The tensors the staging kernels read and write.
 
-    host_qsl : int32 pinned ``(R_max + 1,)``;  host_seq_lens : int32 pinned ``(R_max,)``
-    host_slots : int64 pinned ``(T_max,)``;  host_counts : int32 pinned ``(NUM_COUNTS,)``
+    host : PinnedStaging of pinned tensors (:mod:`~staticattn.kernels.staging.pinned_staging`)
     qsl, seq_lens : int32 device ``(R_max + 1,)``, ``(R_max,)``
     slots, positions : int64 device ``(T_max,)``;  token_to_req : int32 device ``(T_max,)``
     step_counts : int32 device ``(NUM_COUNTS,)``;  query_lens : int32 device ``(R_max,)``
-    host_spans, spans : int32 pinned and device ``(max_image_spans, 3)``, or None: image spans
+    spans : int32 device ``(max_image_spans, 3)``, or None: image spans (then in ``host`` too)
     """
 
-    host_qsl: torch.Tensor
-    host_seq_lens: torch.Tensor
-    host_slots: torch.Tensor
-    host_counts: torch.Tensor
+    host: PinnedStaging[torch.Tensor]
     qsl: torch.Tensor
     seq_lens: torch.Tensor
     slots: torch.Tensor
@@ -87,7 +91,6 @@ class StagingViews:
     token_to_req: torch.Tensor
     step_counts: torch.Tensor
     query_lens: torch.Tensor
-    host_spans: torch.Tensor | None = None
     spans: torch.Tensor | None = None
 
 
@@ -97,18 +100,18 @@ def stage_uniform(backend: str, v: StagingViews, num_reqs: int, query_len: int) 
     if backend == "triton":
         extent = max(num_reqs * query_len, num_reqs + 1)
         launch(_uniform_kernel(), (grid_size(extent, _BLOCK),),
-            v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens, v.slots,
+            v.host.seq_lens, v.host.slot_mapping, v.host.counts, v.qsl, v.seq_lens, v.slots,
             v.positions, v.token_to_req, v.step_counts, v.query_lens, num_reqs, query_len,
             BLOCK=_BLOCK, NUM_COUNTS=NUM_COUNTS,
         )
         return
-    k = v.host_counts[COUNT_REQS].to(v.qsl.device, non_blocking=True)
+    k = v.host.counts[COUNT_REQS].to(v.qsl.device, non_blocking=True)
     b = torch.arange(num_reqs + 1, device=v.qsl.device, dtype=torch.int32)
     v.qsl[: num_reqs + 1].copy_(torch.minimum(b, k) * query_len)
     v.query_lens[:num_reqs].copy_(torch.where(b[:-1] < k, query_len, 0))
-    _copy_padded(v.host_seq_lens, v.seq_lens, num_reqs, k, 0)
+    _copy_padded(v.host.seq_lens, v.seq_lens, num_reqs, k, 0)
     nt = k * query_len
-    _copy_padded(v.host_slots, v.slots, num_reqs * query_len, nt, -1)
+    _copy_padded(v.host.slot_mapping, v.slots, num_reqs * query_len, nt, -1)
     t = torch.arange(num_reqs * query_len, device=v.qsl.device, dtype=torch.int32)
     real = t < nt
     req = torch.where(real, t // query_len, 0)
@@ -127,8 +130,8 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
         extent = max(num_tokens, num_reqs + 1)
         spans = v.spans is not None
         launch(_copy_kernel(), (grid_size(extent, _BLOCK),),
-            v.host_qsl, v.host_seq_lens, v.host_slots, v.host_counts, v.qsl, v.seq_lens,
-            v.slots, v.step_counts, v.host_spans if spans else v.host_counts,
+            v.host.query_start_loc, v.host.seq_lens, v.host.slot_mapping, v.host.counts, v.qsl,
+            v.seq_lens, v.slots, v.step_counts, v.host.image_spans if spans else v.host.counts,
             v.spans if spans else v.step_counts, num_reqs, num_tokens,
             SPAN_ENTRIES=v.spans.numel() if spans else 0,
             BLOCK_SPANS=pow2_at_least(v.spans.numel() if spans else 1, 16), BLOCK=_BLOCK,
@@ -137,16 +140,16 @@ def stage_general(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
         return
     dev = v.qsl.device
     if v.spans is not None:  # the first S rows (3 words each), then -1
-        _copy_padded(v.host_spans.view(-1), v.spans.view(-1), v.spans.numel(),
-                     3 * v.host_counts[COUNT_SPANS].to(dev, non_blocking=True), -1)
-    k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
-    nt = v.host_counts[COUNT_TOKENS].to(dev, non_blocking=True)
+        _copy_padded(v.host.image_spans.view(-1), v.spans.view(-1), v.spans.numel(),
+                     3 * v.host.counts[COUNT_SPANS].to(dev, non_blocking=True), -1)
+    k = v.host.counts[COUNT_REQS].to(dev, non_blocking=True)
+    nt = v.host.counts[COUNT_TOKENS].to(dev, non_blocking=True)
     b = torch.arange(num_reqs + 1, device=dev, dtype=torch.int32)
-    host_qsl = v.host_qsl[: num_reqs + 1].to(dev, non_blocking=True)
+    host_qsl = v.host.query_start_loc[: num_reqs + 1].to(dev, non_blocking=True)
     qsl = v.qsl[: num_reqs + 1]
     qsl.copy_(torch.where(b <= k, host_qsl, nt))
-    _copy_padded(v.host_seq_lens, v.seq_lens, num_reqs, k, 0)
-    _copy_padded(v.host_slots, v.slots, num_tokens, nt, -1)
+    _copy_padded(v.host.seq_lens, v.seq_lens, num_reqs, k, 0)
+    _copy_padded(v.host.slot_mapping, v.slots, num_tokens, nt, -1)
     _derive_torch(v, num_reqs, num_tokens, decode_threshold, k, nt)
 
 
@@ -191,13 +194,13 @@ def stage_device(backend: str, v: StagingViews, num_reqs: int, num_tokens: int,
     if backend == "triton":
         extent = max(num_tokens, num_reqs + 1)
         launch(_pad_kernel(), (grid_size(extent, _BLOCK),),
-            v.host_counts, v.qsl, v.seq_lens, v.slots, v.step_counts, num_reqs, num_tokens,
+            v.host.counts, v.qsl, v.seq_lens, v.slots, v.step_counts, num_reqs, num_tokens,
             BLOCK=_BLOCK,
         )
         _derive(v, num_reqs, num_tokens, decode_threshold)
         return
     dev = v.qsl.device
-    k = v.host_counts[COUNT_REQS].to(dev, non_blocking=True)
+    k = v.host.counts[COUNT_REQS].to(dev, non_blocking=True)
     qsl = v.qsl[: num_reqs + 1]
     nt = torch.clamp(qsl.index_select(0, k.long().reshape(1))[0], max=num_tokens)
     b = torch.arange(num_reqs + 1, device=dev, dtype=torch.int32)

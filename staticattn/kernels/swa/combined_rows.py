@@ -162,7 +162,8 @@ def _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_len
 
 
 @lazy_jit(step_counts_jit, span_reach_jit)
-def _combined_kernel(triton, tl, live_tokens, live_decodes, live_decode_tokens, span_reach, **_):
+def _combined_kernel(triton, tl, live_count, SLOT_TOKENS, SLOT_DECODES, SLOT_DECODE_TOKENS,
+                     span_reach, **_):
     @triton.jit(do_not_specialize=["topk_stride", "d_static", "td_static", "nt_static",
                                    "num_tokens", "max_chunks", "ratio", "topk_width", "window",
                                    "width"])
@@ -174,9 +175,9 @@ def _combined_kernel(triton, tl, live_tokens, live_decodes, live_decode_tokens, 
                         ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_CH: tl.constexpr):
         r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = r < num_tokens
-        d = live_decodes(counts, d_static, DEVICE_COUNTS)
-        td = live_decode_tokens(counts, td_static, DEVICE_COUNTS)
-        nt = live_tokens(counts, nt_static, DEVICE_COUNTS)
+        d = live_count(counts, SLOT_DECODES, d_static, DEVICE_COUNTS)
+        td = live_count(counts, SLOT_DECODE_TOKENS, td_static, DEVICE_COUNTS)
+        nt = live_count(counts, SLOT_TOKENS, nt_static, DEVICE_COUNTS)
         live = in_rows & (td + r < nt)
         t = tl.where(live, td + r, 0)
         req = tl.load(token_to_req + t, mask=live, other=0)

@@ -119,15 +119,15 @@ def replay_sub_batch(backend: str, out: ReplayViews, query_start_loc: torch.Tens
 
 
 @lazy_jit(step_counts_jit)
-def _replay_kernel(triton, tl, live_reqs, live_decodes, **_):
+def _replay_kernel(triton, tl, live_count, SLOT_REQS, SLOT_DECODES, **_):
     @triton.jit(do_not_specialize=["k_static", "d_static", "num_reqs", "num_tokens", "window"])
     def replay_kernel(qsl, seq_lens, replay_start, slot_mapping, positions, counts, qsl_out,
                       query_lens_out, kv_start_out, rows_out, token_to_req_out, positions_out,
                       slots_out, counts_out, k_static, d_static, num_reqs, num_tokens, window,
                       DEVICE_COUNTS: tl.constexpr, HAS_REPLAY: tl.constexpr,
                       BLOCK_T: tl.constexpr, BLOCK_R: tl.constexpr):
-        k = live_reqs(counts, k_static, DEVICE_COUNTS)
-        d = live_decodes(counts, d_static, DEVICE_COUNTS)
+        k = live_count(counts, SLOT_REQS, k_static, DEVICE_COUNTS)
+        d = live_count(counts, SLOT_DECODES, d_static, DEVICE_COUNTS)
         b = tl.arange(0, BLOCK_R)
         in_r = b < num_reqs
         live = in_r & (b < k)

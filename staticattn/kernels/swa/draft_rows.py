@@ -72,7 +72,7 @@ def draft_swa_rows(backend: str, indices: torch.Tensor, lens: torch.Tensor,
 
 
 @lazy_jit(step_counts_jit, window_rows_jit)
-def _draft_kernel(triton, tl, live_tokens, window_rows, **_):
+def _draft_kernel(triton, tl, live_count, SLOT_TOKENS, window_rows, **_):
     @triton.jit(do_not_specialize=["swa_bt_stride", "nt_static", "num_tokens", "window"])
     def draft_kernel(indices, lens, is_valid, slot_mapping, token_to_req, qsl, seq_lens,
                      swa_block_table, swa_bt_stride, counts, nt_static, num_tokens, window,
@@ -80,7 +80,7 @@ def _draft_kernel(triton, tl, live_tokens, window_rows, **_):
                      DEVICE_COUNTS: tl.constexpr, ROWS: tl.constexpr, BLOCK_W: tl.constexpr):
         t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = t < num_tokens
-        nt = live_tokens(counts, nt_static, DEVICE_COUNTS)
+        nt = live_count(counts, SLOT_TOKENS, nt_static, DEVICE_COUNTS)
         slot = tl.load(slot_mapping + t, mask=in_rows, other=-1)
         tl.store(is_valid + t, slot >= 0, mask=in_rows)
         live = in_rows & (slot >= 0) & (t < nt)

@@ -129,7 +129,7 @@ def flashinfer_rows(
 
 
 @lazy_jit(step_counts_jit, window_rows_jit)
-def _flashinfer_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows, **_):
+def _flashinfer_kernel(triton, tl, live_count, SLOT_TOKENS, SLOT_DECODE_TOKENS, window_rows, **_):
     @triton.jit(do_not_specialize=["swa_bt_stride", "topk_stride", "cbt_stride", "td_static",
                                    "nt_static", "num_tokens", "topk_width", "ratio",
                                    "entries_per_page", "width"])
@@ -142,8 +142,8 @@ def _flashinfer_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows,
                           ROWS: tl.constexpr, BLOCK_W: tl.constexpr, BLOCK_K: tl.constexpr):
         t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = t < num_tokens
-        td = live_decode_tokens(counts, td_static, DEVICE_COUNTS)
-        nt = live_tokens(counts, nt_static, DEVICE_COUNTS)
+        td = live_count(counts, SLOT_DECODE_TOKENS, td_static, DEVICE_COUNTS)
+        nt = live_count(counts, SLOT_TOKENS, nt_static, DEVICE_COUNTS)
         real = in_rows & (t < nt)
         decode = t < td
         valid = real & (tl.load(slot_mapping + t, mask=real, other=-1) >= 0)

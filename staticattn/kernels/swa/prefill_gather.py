@@ -193,7 +193,7 @@ def _plan_torch(plans: ChunkPlanViews, seq_lens, query_lens, live, window: int,
 
 
 @lazy_jit(step_counts_jit)
-def _gather_lens_kernel(triton, tl, live_reqs, live_decodes, **_):
+def _gather_lens_kernel(triton, tl, live_count, SLOT_REQS, SLOT_DECODES, **_):
     @triton.jit(do_not_specialize=["num_decodes", "num_prefills", "window", "gather_blocks",
                                    "plan_rows", "packed_ratios", "budget_base",
                                    "max_model_len", "chunk_size"])
@@ -203,8 +203,8 @@ def _gather_lens_kernel(triton, tl, live_reqs, live_decodes, **_):
                        WRITE_SEQ_LENS: tl.constexpr, DEVICE_COUNTS: tl.constexpr,
                        HAS_REPLAY: tl.constexpr, BLOCK: tl.constexpr):
         pid = tl.program_id(0)
-        first = live_decodes(counts, num_decodes, DEVICE_COUNTS)
-        k = live_reqs(counts, num_decodes + num_prefills, DEVICE_COUNTS)
+        first = live_count(counts, SLOT_DECODES, num_decodes, DEVICE_COUNTS)
+        k = live_count(counts, SLOT_REQS, num_decodes + num_prefills, DEVICE_COUNTS)
         if pid < gather_blocks:
             i = pid * BLOCK + tl.arange(0, BLOCK)
             rows = i < num_prefills

@@ -192,8 +192,8 @@ def build_swa_decode(
 
 
 @lazy_jit(step_counts_jit, window_rows_jit, span_reach_jit)
-def _swa_decode_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows, span_reach,
-                       **_):
+def _swa_decode_kernel(triton, tl, live_count, SLOT_TOKENS, SLOT_DECODE_TOKENS, window_rows,
+                       span_reach, **_):
     @triton.jit
     def dense_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
                    LOCAL: tl.constexpr, WIDTH: tl.constexpr, ENTRIES: tl.constexpr,
@@ -241,8 +241,8 @@ def _swa_decode_kernel(triton, tl, live_tokens, live_decode_tokens, window_rows,
         slot = tl.load(slot_mapping + i, mask=in_step, other=-1)
         valid = slot >= 0
         tl.store(is_valid_out + i, valid, mask=in_step)
-        td = live_decode_tokens(counts, num_decode_tokens, DEVICE_COUNTS)
-        nt = live_tokens(counts, num_tokens, DEVICE_COUNTS)
+        td = live_count(counts, SLOT_DECODE_TOKENS, num_decode_tokens, DEVICE_COUNTS)
+        nt = live_count(counts, SLOT_TOKENS, num_tokens, DEVICE_COUNTS)
         is_row = i < decode_rows
         if tl.program_id(0) * BLOCK_T < decode_rows:
             live = is_row & (i < td) & valid
