@@ -100,7 +100,11 @@ def _source() -> str:
 
 def frozen_cause(captured: list[Call], eager: list[Call]) -> tuple[str, str] | None:
     """``(kind, message)`` for the first call where ``eager`` (the body run on a later step)
-    departs from ``captured`` (the captured body), or None when the two runs match."""
+    departs from ``captured`` (the captured body), or None when the two runs match. Calls on
+    host tensors alone are left out: the graph holds none of them (a host read of the step's
+    data differs from step to step by design; what capture froze of it shows in the device
+    calls that follow)."""
+    captured, eager = ([c for c in calls if not _host_only(c)] for calls in (captured, eager))
     for a, b in zip(captured, eager):
         if a == b:
             continue
@@ -120,6 +124,13 @@ def frozen_cause(captured: list[Call], eager: list[Call]) -> tuple[str, str] | N
     return ("frozen_branch", f"{what} ran {longer[min(len(captured), len(eager))]} after "
             f"the {min(len(captured), len(eager))} calls both ran: a Python branch on the "
             "step's data was taken at capture; decide it on the device, or from static facts")
+
+
+def _host_only(call: Call) -> bool:
+    """Whether every tensor ``call`` took lives on the host (at least one)."""
+    seen = [x for _, v in call.args for x in (v if isinstance(v, tuple) else (v,))
+            if isinstance(x, Seen)]
+    return bool(seen) and all(x.where == "host" for x in seen)
 
 
 def _argument(call: Call, name: str, captured, own) -> tuple[str, str]:

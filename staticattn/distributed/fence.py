@@ -20,7 +20,8 @@ collectives issued eagerly. :func:`fenced_step` bounds each wait by the rank's
    and the rank raises :class:`~staticattn.errors.RankTimeoutError`.
 
 So a rank that dies or stalls before the check is a typed error on every other rank within
-one deadline, and one that fails mid-step within one deadline of the others' launch. After
+one deadline, and one that fails mid-step within two deadlines of the others' launch (one
+waiting for the device, at most one more for the abort, which may wait on the lost peer). After
 any of them the group is broken: :func:`~staticattn.distributed.world.abandon` ends the
 process. Under gloo (no CUDA) a stalled rank mid-step holds the others in the collective
 for the group's timeout (120 s), not the deadline.

@@ -124,6 +124,22 @@ def _call(op: str, *args, source: str = "step.py:3", out=((1,),)) -> Call:
     return Call(op, "step", tuple((f"arg{i}", a) for i, a in enumerate(args)), out, source)
 
 
+#: A tensor of the arena, on the device.
+DEVICE = Seen("arena", 1, "int64", (4,), (1,))
+
+
+def test_a_host_read_of_the_step_is_not_itself_frozen():
+    """The graph holds no host op: a host read of the step's data (``int(t.max())`` on a
+    pinned tensor) differs from step to step; the device calls that follow tell whether
+    capture froze what it decided."""
+    reads = [_call("_local_scalar_dense", Seen("host", v, "int64", (), ()), source="step.py:2")
+             for v in (2, 2000)]
+    device = [_call("add_", DEVICE, 1)]
+    assert frozen_cause(reads[:1] + device, reads[1:] + device) is None
+    kind, _ = frozen_cause(reads[:1] + device, reads[1:] + [_call("clamp_", DEVICE, 1)])
+    assert kind == "frozen_branch"
+
+
 def test_a_run_that_goes_on_after_the_capture_stopped_is_a_branch():
     both = [_call("add_", 1)]
     kind, message = frozen_cause(both, both + [_call("mul_", 2, source="step.py:9")])
@@ -140,9 +156,10 @@ def test_the_same_op_from_another_line_is_a_branch():
 
 def test_a_host_scalar_tensor_is_a_value_and_a_stride_argument_a_stride():
     host = [Seen("host", v, "int64", (), ()) for v in (4, 9)]
-    kind, message = frozen_cause([_call("add_", host[0])], [_call("add_", host[1])])
+    kind, message = frozen_cause([_call("add_", DEVICE, host[0])],
+                                 [_call("add_", DEVICE, host[1])])
     assert (kind, message.split(": a value")[0]) == (
-        "frozen_value", "'add_' (step) at step.py:3: argument 'arg0' is 9 for this step, 4 at "
+        "frozen_value", "'add_' (step) at step.py:3: argument 'arg1' is 9 for this step, 4 at "
         "capture")
     strided = [Call("as_strided", "step", (("stride", (s, 1)),), (), "step.py:3")
                for s in (64, 320)]

@@ -65,7 +65,10 @@ def test_a_killed_rank_is_a_typed_error_on_the_other(scenario):
     assert exits[1] == -signal.SIGKILL and 1 not in errors, out[-4000:]
     survivor = errors[0]
     assert survivor["error"] in ("RankFailureError", "RankTimeoutError"), out[-4000:]
-    assert survivor["waited_s"] < DEADLINE_S + SLACK_S
+    # NCCL, a rank lost inside a replayed graph: one deadline to wait for the device, at
+    # most one more for the communicators' abort (which may itself wait on the lost peer).
+    aborted = survivor["cuda"] and scenario == "killed-in-step"
+    assert survivor["waited_s"] < (2 if aborted else 1) * DEADLINE_S + SLACK_S
     assert exits[0] == 3  # abandoned: ended at once, nothing torn down
     assert "rank 0: Rank" in out
 
