@@ -13,14 +13,11 @@
 from __future__ import annotations
 
 import functools
-import json
-import time
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers import dcp_workers as workers
 
 from staticattn.reference import dcp_indexer as oracle
@@ -28,26 +25,6 @@ from staticattn.reference import topk_attention
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
-
-
-#: No run of two CPU ranks takes this long; past it the ranks are hung, and the test fails
-#: instead of hanging the suite.
-SPAWN_TIMEOUT_S = 300
-
-
-def _spawn(target, tmp_path, world: int = workers.WORLD) -> list[dict]:
-    context = mp.spawn(workers.run, args=(target, str(tmp_path)), nprocs=world, join=False)
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s")
-    records = [json.loads((tmp_path / f"rank{r}.json").read_text())
-               for r in range(world)]
-    for r, record in enumerate(records):
-        assert "crash" not in record, f"rank {r}:\n{record['crash']}"
-    return records
 
 
 def _host_step(cfg, s) -> SimpleNamespace:
@@ -65,8 +42,8 @@ def _host_step(cfg, s) -> SimpleNamespace:
 def test_ranks_build_consistent_metadata(tmp_path, world, steps):
     """1,000 random steps over both worlds, each rank's metadata of each (2,800 in all)
     against the per-rank oracle."""
-    records = _spawn(functools.partial(workers.consistent_steps, world=world, steps=steps),
-                     tmp_path, world)
+    target = functools.partial(workers.consistent_steps, world=world, steps=steps)
+    records = workers.spawn_ranks(target, tmp_path, world)
     assert all(r == records[0] for r in records)  # every rank gathered the same outputs
     checked = 0
     for s in records[0]["steps"]:
@@ -98,7 +75,7 @@ def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
     rounding), and both equal the oracle over the global keys."""
     from staticattn.distributed.world import TOPK, random_decode_step
 
-    records = _spawn(workers.consumer_steps, tmp_path)
+    records = workers.spawn_ranks(workers.consumer_steps, tmp_path)
     rng = np.random.default_rng(4321)
     cfg = workers.config(0)
     tokens = 0
@@ -124,7 +101,7 @@ def test_dcp_consumer_merges_to_the_single_gpu_step_and_the_oracle(tmp_path):
 def test_prefill_and_decode_rows_merge_to_the_exact_topk(tmp_path):
     """§7.1's merge over gloo: the ranks' local top-k of a prefill chunk's rows (chunk-wide
     logits, row starts) and a decode row merge, on every rank, to the single-GPU top-k."""
-    _check_merged(_spawn(workers.topk_merge_rows, tmp_path))
+    _check_merged(workers.spawn_ranks(workers.topk_merge_rows, tmp_path))
 
 
 @pytest.mark.multigpu
@@ -134,7 +111,7 @@ def test_prefill_and_decode_rows_merge_over_nccl(tmp_path):
 
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
-    _check_merged(_spawn(functools.partial(workers.topk_merge_rows, device="cuda"),
+    _check_merged(workers.spawn_ranks(functools.partial(workers.topk_merge_rows, device="cuda"),
                          tmp_path))
 
 
@@ -149,7 +126,7 @@ def _check_merged(records: list[dict]) -> None:
 
 
 def test_inconsistent_steps_fail_on_every_rank_before_staging(tmp_path):
-    records = _spawn(workers.mismatched_steps, tmp_path)
+    records = workers.spawn_ranks(workers.mismatched_steps, tmp_path)
     for record in records:
         assert record["error"] == "RankMismatchError"
         assert "num_reqs differs across ranks: [3, 4]" in record["message"]
@@ -162,7 +139,7 @@ def test_inconsistent_steps_fail_on_every_rank_before_staging(tmp_path):
     (workers.wrong_world, "ConfigError", "the process group has 2 ranks"),
 ], ids=["lengths", "duplicate-rank", "wrong-world"])
 def test_every_rank_refuses_a_step_the_group_does_not_agree_on(tmp_path, target, error, says):
-    for record in _spawn(target, tmp_path):
+    for record in workers.spawn_ranks(target, tmp_path):
         assert record["error"] == error and says in record["message"], record
         assert record["staged"] is False
 
@@ -177,6 +154,6 @@ def test_the_check_needs_torch_distributed():
 
 
 def test_a_silent_rank_is_a_typed_error_not_a_hang(tmp_path):
-    records = _spawn(workers.silent_rank, tmp_path)
+    records = workers.spawn_ranks(workers.silent_rank, tmp_path)
     assert records[0]["error"] == "RankTimeoutError"
     assert 2 <= records[0]["waited_s"] < 8  # the 2 s timeout was honoured, not a hang

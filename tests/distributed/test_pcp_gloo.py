@@ -7,12 +7,9 @@ oracle's mapping, each segment under its rank's DCP rank."""
 from __future__ import annotations
 
 import functools
-import json
-import time
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from helpers import dcp_workers, pcp_workers
 
 from staticattn.arena.pcp_config import PCPConfig
@@ -21,24 +18,11 @@ from staticattn.reference import pcp_layout as pcp
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
 
-#: No run of these ranks takes this long; past it they are hung and the test fails.
-SPAWN_TIMEOUT_S = 300
-
 
 @pytest.mark.parametrize(("world", "dcp"), [(2, False), (2, True), (4, False), (4, True)])
 def test_ranks_restore_the_global_order(tmp_path, world, dcp):
     target = functools.partial(pcp_workers.gathered_steps, world=world, dcp=dcp, steps=20)
-    context = mp.spawn(dcp_workers.run, args=(target, str(tmp_path)), nprocs=world,
-                       join=False)
-    deadline = time.monotonic() + SPAWN_TIMEOUT_S
-    while not context.join(timeout=1):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s")
-    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
-    for r, record in enumerate(records):
-        assert "crash" not in record, f"rank {r}:\n{record['crash']}"
+    records = dcp_workers.spawn_ranks(target, tmp_path, world)
     cfg = PCPConfig(pcp_size=world, dcp_size=world if dcp else 1, block_size=8,
                     cp_kv_cache_interleave_size=2, max_num_seqs=pcp_workers.MAX_REQS)
     N = pcp_workers.NUM_TOKENS

@@ -1,7 +1,7 @@
 """The per-rank bodies of the multi-process DCP tests (``distributed/test_dcp_gloo.py``): each runs
-in
-its own process, joined to a gloo group over a file store, and writes what it saw to
-``<out>/rank<r>.json`` for the parent to check."""
+in its own process, joined to a gloo group over a file store, and writes what it saw to
+``<out>/rank<r>.json`` for the parent to check; :func:`spawn_ranks` starts them (the PCP
+tests' bodies too) and reads the records."""
 
 from __future__ import annotations
 
@@ -10,12 +10,18 @@ import os
 import time
 import traceback
 from datetime import timedelta
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 
 WORLD = 2
+#: No run of CPU ranks takes this long; past it the ranks are hung, and the test fails
+#: instead of hanging the suite.
+SPAWN_TIMEOUT_S = 300
 STEPS = 40
 CONSUMER_STEPS = 30
 
@@ -258,3 +264,19 @@ def run(rank: int, target, out: str) -> None:
     except BaseException:
         _write(out, rank, {"crash": traceback.format_exc()})
         raise
+
+
+def spawn_ranks(target, tmp_path: Path, world: int = WORLD) -> list[dict]:
+    """Run ``target(rank, out)`` on ``world`` spawned ranks (through :func:`run`); each
+    rank's record, after checking none crashed. A run past :data:`SPAWN_TIMEOUT_S` fails."""
+    context = mp.spawn(run, args=(target, str(tmp_path)), nprocs=world, join=False)
+    deadline = time.monotonic() + SPAWN_TIMEOUT_S
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s")
+    records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
+    for r, record in enumerate(records):
+        assert "crash" not in record, f"rank {r}:\n{record['crash']}"
+    return records
