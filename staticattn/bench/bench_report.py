@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["BenchReport", "BenchRow", "Stat", "environment", "floor_lines", "host_gpu_plot",
-           "text_table"]
+__all__ = ["BenchReport", "BenchRow", "HostGpu", "Stat", "environment", "flat_rows",
+           "floor_lines", "host_gpu_plot", "text_table"]
 
 
 @dataclass(slots=True)
@@ -28,15 +28,40 @@ class Stat:
 
 
 @dataclass(slots=True)
+class HostGpu:
+    """One path's step: host µs (the launch call's) and GPU µs (CUDA events around it)."""
+
+    host_us: Stat
+    gpu_us: Stat
+
+    @classmethod
+    def of(cls, host: Sequence[float], gpu: Sequence[float]) -> HostGpu:
+        return cls(Stat.of(host), Stat.of(gpu))
+
+    def over(self, base: HostGpu) -> tuple[float, float]:
+        """This path's host and GPU medians over ``base``'s."""
+        return (self.host_us.median / base.host_us.median,
+                self.gpu_us.median / base.gpu_us.median)
+
+
+def flat_rows(report: dict) -> dict:
+    """``report`` (an ``asdict``) with each row's :class:`HostGpu` ``path`` as the published
+    JSON keeps it: ``path_host_us`` and ``path_gpu_us`` beside the row's other fields."""
+    for row in report["rows"]:
+        for path in [k for k, v in row.items() if isinstance(v, dict) and "gpu_us" in v]:
+            times = row.pop(path)
+            row[f"{path}_host_us"], row[f"{path}_gpu_us"] = times["host_us"], times["gpu_us"]
+    return report
+
+
+@dataclass(slots=True)
 class BenchRow:
     size: int
     num_reqs: int
     kernels: int | None
     nodes: int | None
-    graph_host_us: Stat
-    graph_gpu_us: Stat
-    eager_host_us: Stat
-    eager_gpu_us: Stat
+    graph: HostGpu
+    eager: HostGpu
     #: ``begin_step()`` + ``launch(k)`` (the in-place API), the engine's writes excluded.
     in_place_host_us: Stat | None = None
     #: The same with the manager's ``validate`` off (the engine vouches for the views).
@@ -46,11 +71,11 @@ class BenchRow:
 
     @property
     def host_ratio(self) -> float:
-        return self.eager_host_us.median / self.graph_host_us.median
+        return self.eager.over(self.graph)[0]
 
     @property
     def gpu_ratio(self) -> float:
-        return self.eager_gpu_us.median / self.graph_gpu_us.median
+        return self.eager.over(self.graph)[1]
 
 
 @dataclass(slots=True)
@@ -77,9 +102,9 @@ class BenchReport:
                          if r.in_place_unchecked_host_us else "-")
             lines.append(
                 f"{r.size:>5} {r.num_reqs:>5} {r.kernels if r.kernels is not None else '-':>5} | "
-                f"{in_place:>13} {unchecked:>9} {r.graph_host_us.median:>10.1f} "
-                f"{r.graph_gpu_us.median:>9.1f}"
-                f" | {r.eager_host_us.median:>10.1f} {r.eager_gpu_us.median:>9.1f} | "
+                f"{in_place:>13} {unchecked:>9} {r.graph.host_us.median:>10.1f} "
+                f"{r.graph.gpu_us.median:>9.1f}"
+                f" | {r.eager.host_us.median:>10.1f} {r.eager.gpu_us.median:>9.1f} | "
                 f"{r.host_ratio:>7.1f} {r.gpu_ratio:>6.1f}"
             )
         return text_table(head, lines, "(microseconds, medians; host x = eager host / run() "
@@ -96,7 +121,7 @@ class BenchReport:
     def to_json(self) -> str:
         """The report as JSON: env, floor and rows with their medians, minima and maxima
         (microseconds) and the host and GPU ratios."""
-        d = asdict(self)
+        d = flat_rows(asdict(self))
         for row, r in zip(d["rows"], self.rows):
             row["host_ratio"], row["gpu_ratio"] = r.host_ratio, r.gpu_ratio
         return json.dumps(d, indent=2)
@@ -108,7 +133,7 @@ class BenchReport:
 
         def draw(ax, kind: str) -> None:
             for path_name, style in (("graph", "o-"), ("eager", "s--")):
-                st = [getattr(r, f"{path_name}_{kind}_us") for r in self.rows]
+                st = [getattr(getattr(r, path_name), f"{kind}_us") for r in self.rows]
                 med = [s.median for s in st]
                 ax.plot(sizes, med, style, label=f"{path_name} replay" if path_name == "graph"
                         else "eager build")

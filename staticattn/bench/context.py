@@ -24,7 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.bench_report import Stat, environment
+from staticattn.bench.bench_report import HostGpu, environment
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.bench.replay import step_times_us
 from staticattn.builders.contract import make_arena
@@ -37,16 +37,14 @@ __all__ = ["ContextReport", "ContextRow", "run_context_bench"]
 
 @dataclass(slots=True)
 class ContextRow:
-    """One context and batch size: the capacity-wide graph against the ``C``-wide one."""
+    """One context and batch size: the capacity-wide graph (and, below the capacity, the
+    context-bucketed graphs) against the graph of an arena as long as the context."""
 
     context: int
     num_reqs: int
-    capacity_gpu_us: Stat
-    capacity_host_us: Stat
-    context_gpu_us: Stat
-    context_host_us: Stat
-    bucketed_gpu_us: Stat | None = None
-    bucketed_host_us: Stat | None = None
+    capacity: HostGpu
+    ideal: HostGpu
+    bucketed: HostGpu | None = None
     #: Graph pool memory (bytes) of the capacity-wide graph and of every context bucket's.
     capacity_pool_bytes: int = 0
     bucketed_pool_bytes: int | None = None
@@ -54,14 +52,12 @@ class ContextRow:
     @property
     def gpu_ratio(self) -> float:
         """Capacity-wide GPU time over the ``C``-wide graph's (1.0: no cost of capacity)."""
-        return self.capacity_gpu_us.median / self.context_gpu_us.median
+        return self.capacity.over(self.ideal)[1]
 
     @property
     def bucketed_ratio(self) -> float | None:
         """The context-bucketed graph's GPU time over the ``C``-wide graph's."""
-        if self.bucketed_gpu_us is None:
-            return None
-        return self.bucketed_gpu_us.median / self.context_gpu_us.median
+        return None if self.bucketed is None else self.bucketed.over(self.ideal)[1]
 
 
 @dataclass(slots=True)
@@ -80,15 +76,16 @@ class ContextReport:
                  f"{'bucketed GPU':>12} {'host':>6} | {'ideal GPU':>9} {'host':>6} | "
                  f"{'cap x':>6} {'bkt x':>6} | {'pool MiB':>7} {'bkt':>7}"]
         for r in self.rows:
-            b_gpu = r.bucketed_gpu_us.median if r.bucketed_gpu_us else float("nan")
-            b_host = r.bucketed_host_us.median if r.bucketed_host_us else float("nan")
+            c, x = r.capacity, r.ideal
+            # No bucketed graph at the capacity itself: its columns read nan.
+            b = ((r.bucketed.gpu_us.median, r.bucketed.host_us.median, r.bucketed_pool_bytes)
+                 if r.bucketed else (float("nan"),) * 3)
             lines.append(
-                f"{r.context:>9,} {r.num_reqs:>5} | {r.capacity_gpu_us.median:>12.1f} "
-                f"{r.capacity_host_us.median:>6.1f} | {b_gpu:>12.1f} {b_host:>6.1f} | "
-                f"{r.context_gpu_us.median:>9.1f} {r.context_host_us.median:>6.1f} | "
+                f"{r.context:>9,} {r.num_reqs:>5} | {c.gpu_us.median:>12.1f} "
+                f"{c.host_us.median:>6.1f} | {b[0]:>12.1f} {b[1]:>6.1f} | "
+                f"{x.gpu_us.median:>9.1f} {x.host_us.median:>6.1f} | "
                 f"{r.gpu_ratio:>6.2f} {r.bucketed_ratio or float('nan'):>6.2f} | "
-                f"{r.capacity_pool_bytes / 2**20:>7.1f} "
-                f"{(r.bucketed_pool_bytes or float('nan')) / 2**20:>7.1f}")
+                f"{r.capacity_pool_bytes / 2**20:>7.1f} {b[2] / 2**20:>7.1f}")
         lines.append("(microseconds, medians; ideal = a graph of an arena whose max_model_len "
                      "is the context; cap x, bkt x = capacity-wide, bucketed GPU time / ideal; "
                      "pool MiB: graph pool memory, capacity-wide and all buckets together)")
@@ -103,7 +100,7 @@ class ContextReport:
 def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
                  step_factory: Callable[[ArenaConfig], Callable] | None, num_reqs: int,
                  context: int, reps: int, seed: int,
-                 buckets: Sequence[int] | None = None) -> tuple[list, list, int]:
+                 buckets: Sequence[int] | None = None) -> tuple[HostGpu, int]:
     """Host and GPU µs per replayed step of ``num_reqs`` decodes, contexts ``<= context``,
     through a graph captured in a new arena of ``config`` (with ``buckets``: through its
     context-bucketed graphs), and the graph pool's bytes."""
@@ -123,7 +120,7 @@ def _graph_times(config: ArenaConfig, builders_factory: Callable[[], list],
         for _ in range(10):
             assert runner.run(*args).mode == "graph"
         host, gpu = step_times_us(runner, args, None, reps)
-        return host, gpu, runner.pool_bytes
+        return HostGpu.of(host, gpu), runner.pool_bytes
 
 
 def run_context_bench(preset: str, contexts: Sequence[int], capacity: int,
@@ -141,15 +138,10 @@ def run_context_bench(preset: str, contexts: Sequence[int], capacity: int,
     for context, k in tqdm(pairs, desc="context bench", unit="context", disable=not progress,
                            leave=False):
         same = (builders_factory, step_factory, k, context, reps, seed)
-        ch, cg, cpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
-                                     *same)
-        xh, xg, _ = _graph_times(ArenaConfig.preset(preset, max_model_len=context), *same)
-        bh = bg = bpool = None
-        if context < capacity:
-            bh, bg, bpool = _graph_times(ArenaConfig.preset(preset, max_model_len=capacity),
-                                         *same, buckets=[context])
-        report.rows.append(ContextRow(
-            context, k, Stat.of(cg), Stat.of(ch), Stat.of(xg), Stat.of(xh),
-            None if bg is None else Stat.of(bg), None if bh is None else Stat.of(bh),
-            cpool, bpool))
+        wide = ArenaConfig.preset(preset, max_model_len=capacity)
+        times, pool = _graph_times(wide, *same)
+        ideal, _ = _graph_times(ArenaConfig.preset(preset, max_model_len=context), *same)
+        bucketed, bucketed_pool = (_graph_times(wide, *same, buckets=[context])
+                                   if context < capacity else (None, None))
+        report.rows.append(ContextRow(context, k, times, ideal, bucketed, pool, bucketed_pool))
     return report

@@ -29,7 +29,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.bench_report import Stat, environment, host_gpu_plot, text_table
+from staticattn.bench.bench_report import (
+    HostGpu,
+    Stat,
+    environment,
+    flat_rows,
+    host_gpu_plot,
+    text_table,
+)
 from staticattn.bench.floor import launch_floor
 from staticattn.bench.random_batches import (
     NUM_KV_BLOCKS,
@@ -64,13 +71,13 @@ class MixedRow:
     num_reqs: int
     num_tokens: int
     bucket: int
-    graph_host_us: Stat
+    graph: HostGpu
+    #: ``begin_step()`` + ``launch(k, t)``, the engine's writes excluded.
     in_place_host_us: Stat
-    graph_gpu_us: Stat
-    eager_host_us: Stat
-    eager_gpu_us: Stat
-    fallback_host_us: Stat
-    fallback_gpu_us: Stat
+    #: The reference builds, eagerly.
+    eager: HostGpu
+    #: The graph builds run eagerly: what a step no graph holds runs.
+    fallback: HostGpu
 
 
 @dataclass(slots=True)
@@ -87,17 +94,17 @@ class MixedReport:
         lines = [
             f"{r.scenario:<24} {r.model + ' n=' + str(r.next_n):<13} {r.num_tokens:>5} "
             f"{r.bucket:>6} | {r.in_place_host_us.median:>8.1f} "
-            f"{r.graph_host_us.median:>7.1f} {r.graph_gpu_us.median:>6.1f} | "
-            f"{r.fallback_host_us.median:>6.1f} {r.fallback_gpu_us.median:>6.1f} | "
-            f"{r.eager_host_us.median:>7.1f} {r.eager_gpu_us.median:>6.1f} | "
-            f"{r.eager_host_us.median / r.graph_host_us.median:>6.1f}" for r in self.rows]
+            f"{r.graph.host_us.median:>7.1f} {r.graph.gpu_us.median:>6.1f} | "
+            f"{r.fallback.host_us.median:>6.1f} {r.fallback.gpu_us.median:>6.1f} | "
+            f"{r.eager.host_us.median:>7.1f} {r.eager.gpu_us.median:>6.1f} | "
+            f"{r.eager.over(r.graph)[0]:>6.1f}" for r in self.rows]
         return text_table(head, lines, "(microseconds, medians; fallbk = the graph builds run "
                           "eagerly, what a step no graph holds runs; eager = the reference "
                           "builds)", self.floor)
 
     def to_json(self) -> str:
         """The report as JSON: env, floor and one row per scenario (microseconds)."""
-        return json.dumps(asdict(self), indent=2)
+        return json.dumps(flat_rows(asdict(self)), indent=2)
 
     def plot(self, path: str) -> None:
         """Write a PNG of each scenario's host and GPU time, graph vs eager, to ``path``."""
@@ -105,8 +112,8 @@ class MixedReport:
         x = np.arange(len(self.rows))
 
         def draw(ax, kind: str) -> None:
-            graph = [getattr(r, f"graph_{kind}_us").median for r in self.rows]
-            eager = [getattr(r, f"eager_{kind}_us").median for r in self.rows]
+            graph = [getattr(r.graph, f"{kind}_us").median for r in self.rows]
+            eager = [getattr(r.eager, f"{kind}_us").median for r in self.rows]
             ax.bar(x - 0.2, graph, 0.4, label="graph replay")
             ax.bar(x + 0.2, eager, 0.4, label="eager reference build")
             ax.set_xticks(x, labels, fontsize=7)
@@ -170,9 +177,10 @@ def run_mixed_bench(
             report.rows.append(MixedRow(
                 scenario, model, n, first.query_lens.shape[0],
                 int(first.slot_mapping.shape[0]), bucket,
-                *(Stat.of(timings[k]) for k in ("graph_host", "in_place", "graph_gpu",
-                                                "eager_host", "eager_gpu", "fallback_host",
-                                                "fallback_gpu")),
+                HostGpu.of(timings["graph_host"], timings["graph_gpu"]),
+                Stat.of(timings["in_place"]),
+                *(HostGpu.of(timings[f"{path}_host"], timings[f"{path}_gpu"])
+                  for path in ("eager", "fallback")),
             ))
     return report
 

@@ -89,9 +89,9 @@ class PresetComparison:
 
 
 def _ratio(preset: str, row: BenchRow, base: BenchRow) -> RatioRow:
-    return RatioRow(preset, row.num_reqs, row.graph_host_us.median,
-                    base.graph_host_us.median, row.graph_gpu_us.median,
-                    base.graph_gpu_us.median, row.capture_s, base.capture_s)
+    return RatioRow(preset, row.num_reqs, row.graph.host_us.median,
+                    base.graph.host_us.median, row.graph.gpu_us.median,
+                    base.graph.gpu_us.median, row.capture_s, base.capture_s)
 
 
 def _seconds(value: float | None) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.bench.bench_report import BenchReport, BenchRow, Stat, environment
+from staticattn.bench.bench_report import BenchReport, BenchRow, HostGpu, Stat, environment
 from staticattn.bench.floor import host_times_us, launch_floor
 from staticattn.bench.random_batches import NUM_KV_BLOCKS, random_uniform_decode
 from staticattn.builders.contract import make_arena
@@ -98,7 +98,7 @@ def run_bench(
             nodes = g.nodes or {}
             report.rows.append(BenchRow(
                 size, g.num_reqs, nodes.get("kernel"), sum(nodes.values()) if nodes else None,
-                Stat.of(gh), Stat.of(gg), Stat.of(eh), Stat.of(eg),
+                HostGpu.of(gh, gg), HostGpu.of(eh, eg),
                 Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps)),
                 Stat.of(in_place_host_us(gm, batch.seq_lens, batch.slot_mapping, reps,
                                          validate=False)),

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from staticattn.bench.bench_report import Stat, environment
+from staticattn.bench.bench_report import HostGpu, Stat, environment
 from staticattn.bench.mixed_steps import MixedReport, MixedRow
 
 
@@ -17,8 +17,9 @@ def _stat(x: float) -> Stat:
 
 
 def test_the_mixed_report_shows_both_eager_paths():
-    row = MixedRow("reference mixed batch", "V4", 2, 18, 6032, 8192, _stat(20.0), _stat(9.0),
-                   _stat(58.0), _stat(400.0), _stat(350.0), _stat(70.0), _stat(60.0))
+    row = MixedRow("reference mixed batch", "V4", 2, 18, 6032, 8192,
+                   HostGpu(_stat(20.0), _stat(58.0)), _stat(9.0),
+                   HostGpu(_stat(400.0), _stat(350.0)), HostGpu(_stat(70.0), _stat(60.0)))
     report = MixedReport(environment(), None, [row])
     table = report.table()
     assert "fallbk" in table and "  70.0   60.0 |   400.0  350.0 |   20.0" in table, table

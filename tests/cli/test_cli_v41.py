@@ -14,7 +14,7 @@ import staticattn.reference.compressed as compressed_reference
 import staticattn.reference.v41_compressed as v41_reference
 from staticattn.__main__ import _builders, main
 from staticattn.arena import ArenaConfig
-from staticattn.bench.bench_report import BenchReport, BenchRow, Stat
+from staticattn.bench.bench_report import BenchReport, BenchRow, HostGpu, Stat
 from staticattn.bench.preset_compare import PresetComparison
 from staticattn.cli import DCP_PRESETS, PRESETS
 from staticattn.model import PRESETS as MODEL_PRESETS
@@ -125,8 +125,8 @@ def _report(preset: str, host: list[float], gpu: list[float],
     report = BenchReport(env, preset, 2, "metadata only", None)
     for i, (h, g, c) in enumerate(zip(host, gpu, capture)):
         st = lambda x: Stat(x, x, x)  # noqa: E731
-        report.rows.append(BenchRow(2 << i, 1 << i, 9, 12, st(h), st(g), st(3 * h), st(3 * g),
-                                    capture_s=c))
+        report.rows.append(BenchRow(2 << i, 1 << i, 9, 12, HostGpu(st(h), st(g)),
+                                    HostGpu(st(3 * h), st(3 * g)), capture_s=c))
     return report
 
 
