@@ -62,6 +62,7 @@ from staticattn.builders.indexer.prefill import IndexerPrefill
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
 from staticattn.kernels.indexer.decode_tensors import indexer_decode_tensors
 from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
+from staticattn.kernels.indexer.indexer_kernel import table_tiles_shape
 from staticattn.kernels.indexer.mqa_schedule import paged_mqa_schedule
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.staging import PAD_SLOT_ID
@@ -82,7 +83,9 @@ class IndexerMetadataBuilder:
     - ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)``: prefill key ranges, by global token;
     - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
     - ``expanded_block_table`` int32 ``(Tdec, C)`` (``C`` the index-K table's columns):
-      with MTP (``next_n > 1``), which the mixed build always flattens;
+      with MTP (``next_n > 1``), which the mixed build always flattens; with it
+      ``expanded_table_tiles`` int32 ``table_tiles_shape(Tdec, C)``, the flags of its tiles
+      that may hold a nonzero entry (padding tiles left clean are not rewritten);
     - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1``, for a type
       with its own index-K table, or under decode context parallelism (the rank's own
       slots, see below);
@@ -160,8 +163,12 @@ class IndexerMetadataBuilder:
             *self.prefill.buffers(config, kind.compress_ratio),
         ]
         if config.next_n > 1:
-            decls.append(BufferDecl(f"{name}.expanded_block_table", (rows, kind.table_columns),
-                                    torch.int32))
+            decls += [
+                BufferDecl(f"{name}.expanded_block_table", (rows, kind.table_columns),
+                           torch.int32),
+                BufferDecl(f"{name}.expanded_table_tiles",
+                           table_tiles_shape(rows, kind.table_columns), torch.int32),
+            ]
         if kind.computes_slots(config):
             decls.append(BufferDecl(f"{name}.compressed_slot_mapping", (tokens,), torch.int64,
                                     fill=PAD_SLOT_ID))
@@ -184,6 +191,9 @@ class IndexerMetadataBuilder:
         self.schedule_metadata = arena[f"{name}.schedule_metadata"]
         self.expanded_block_table = (
             arena[f"{name}.expanded_block_table"] if cfg.next_n > 1 else None
+        )
+        self.expanded_table_tiles = (
+            arena[f"{name}.expanded_table_tiles"] if cfg.next_n > 1 else None
         )
         self.dcp = kind.dcp_shard(cfg)
         sharded = self.dcp is not None
@@ -337,7 +347,8 @@ class IndexerMetadataBuilder:
         indexer_decode_tensors(
             self.backend, batch.query_start_loc, batch.seq_lens, block_table,
             batch.positions, batch.token_to_req, self.decode_lens, self.decode_seq_lens,
-            expanded, num_decodes=num_decodes, num_rows=rows, width=width,
+            expanded, self.expanded_table_tiles, num_decodes=num_decodes, num_rows=rows,
+            width=width,
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
             storage_block_size=self.index.storage_block_size, slot_tokens=slot_tokens,
             step_counts=step_counts, dcp=self.dcp, global_seq_lens=self.decode_global_seq_lens,

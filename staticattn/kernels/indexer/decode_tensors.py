@@ -34,7 +34,7 @@ import torch
 from staticattn.kernels.compressed.slot_gate import SlotGate
 from staticattn.kernels.dcp.ownership import DCPShard, dcp_local_count
 from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
-from staticattn.kernels.indexer.indexer_kernel import COLS, launch_decode_kernel
+from staticattn.kernels.indexer.indexer_kernel import BLOCK, COLS, launch_decode_kernel
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES
 
 __all__ = ["indexer_decode_tensors"]
@@ -49,6 +49,7 @@ def indexer_decode_tensors(
     decode_lens: torch.Tensor,
     decode_seq_lens: torch.Tensor,
     expanded_block_table: torch.Tensor | None,
+    table_tiles: torch.Tensor | None,
     *,
     num_decodes: int,
     num_rows: int,
@@ -78,6 +79,11 @@ def indexer_decode_tensors(
     expanded_block_table : int32 device ``(>= num_rows, max_blocks)`` or None
         None selects the native layout; a view selects the flatten layout and is written
         on ``[:num_rows]``.
+    table_tiles : int32 device ``table_tiles_shape(len(expanded_block_table), max_blocks)``
+        With ``expanded_block_table``: the table's dirty-tile flags
+        (:func:`~staticattn.kernels.indexer.indexer_kernel.table_tiles_shape`), 0 where a tile
+        of the whole buffer is all 0. Only this function writes the table and its flags: a
+        clean tile of padding rows is not rewritten.
     num_decodes : int
         Decode requests (padded ones included).
     num_rows : int
@@ -125,7 +131,8 @@ def indexer_decode_tensors(
         launch_decode_kernel(
             max(extent, slot_tokens if slots is not None else 0), col_blocks,
             query_start_loc, seq_lens, block_table, positions, token_to_req, decode_lens,
-            decode_seq_lens, table, decode_seq_lens if slots is None else slots, num_decodes,
+            decode_seq_lens, table, table_tiles if flatten else block_table,
+            decode_seq_lens if slots is None else slots, num_decodes,
             num_rows, width, num_cols, compress_ratio, storage_block_size,
             slot_tokens if slots is not None else 0, decode=True, flatten=flatten,
             step_counts=step_counts, dcp=dcp, global_seq_lens=global_seq_lens, gate=gate,
@@ -147,7 +154,8 @@ def indexer_decode_tensors(
                        dcp if sharded else None)
     if flatten:
         _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
-                       expanded_block_table, live_tokens, num_rows, compress_ratio)
+                       expanded_block_table, table_tiles, live_tokens, num_rows,
+                       compress_ratio)
     else:
         _native_torch(query_start_loc, seq_lens, decode_lens, lengths, num_decodes,
                       live_reqs, width, compress_ratio)
@@ -181,7 +189,7 @@ def _native_torch(qsl, seq_lens, decode_lens, lengths, num_decodes, live_reqs, w
 
 
 def _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
-                   expanded_block_table, live_tokens, num_rows, ratio):
+                   expanded_block_table, table_tiles, live_tokens, num_rows, ratio):
     t = torch.arange(num_rows, device=positions.device)
     real = t < live_tokens
     lens = (positions[:num_rows] + 1).clamp_(min=0) // ratio
@@ -189,3 +197,9 @@ def _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
     decode_lens[:num_rows].fill_(1)
     rows = block_table[torch.where(real, token_to_req[:num_rows].long(), 0)]
     expanded_block_table[:num_rows].copy_(torch.where(real[:, None], rows, 0))
+    # The flags as the kernel leaves them: every tile of [:num_rows] rewritten, dirty where
+    # it holds a real row or (already dirty) reaches past num_rows.
+    first_row = torch.arange(0, num_rows, BLOCK, device=positions.device)
+    dirty = table_tiles[: first_row.shape[0]]
+    keep = (first_row + BLOCK > num_rows)[:, None] & (dirty != 0)
+    dirty.copy_(((first_row < live_tokens)[:, None] | keep).to(dirty.dtype))

@@ -17,7 +17,7 @@ from staticattn.kernels.runtime.compiled_launch import launch
 from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.step_counts import step_counts_jit
 
-__all__ = ["COLS", "launch_decode_kernel", "launch_slots_kernel"]
+__all__ = ["COLS", "launch_decode_kernel", "launch_slots_kernel", "table_tiles_shape"]
 
 #: Rows (decode) or tokens (slots) per program.
 BLOCK = 128
@@ -25,10 +25,16 @@ BLOCK = 128
 COLS = 64
 
 
+def table_tiles_shape(rows: int, columns: int) -> tuple[int, int]:
+    """The flags of an expanded block table of ``rows`` x ``columns``: one per tile of
+    ``BLOCK`` rows and ``COLS`` columns, the tile one program writes."""
+    return (rows + BLOCK - 1) // BLOCK, (columns + COLS - 1) // COLS
+
+
 def launch_decode_kernel(
     extent: int, col_blocks: int, qsl, seq_lens, block_table, positions, token_to_req,
-    decode_lens, decode_seq_lens, table_out, slots_out, num_decodes: int, num_rows: int,
-    width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
+    decode_lens, decode_seq_lens, table_out, table_tiles, slots_out, num_decodes: int,
+    num_rows: int, width: int, num_cols: int, compress_ratio: int, storage_block_size: int,
     num_slot_tokens: int, *, decode: bool, flatten: bool, step_counts=None,
     dcp: DCPShard | None = None, global_seq_lens=None, gate: SlotGate | None = None,
 ) -> None:
@@ -36,14 +42,17 @@ def launch_decode_kernel(
     (``decode``) and/or the compressed slots of tokens ``[0, num_slot_tokens)``
     (``num_slot_tokens > 0``). With ``step_counts`` (int32 device, the staging's
     ``[k, nt, D, Td]``) the decode extent is read there and ``num_decodes`` / ``num_rows``
-    are only the static capacities. With ``dcp`` (decode context parallelism) lengths and
+    are only the static capacities. ``table_tiles`` (flatten): int32 device
+    :func:`table_tiles_shape` of ``table_out``, nonzero where a tile may hold a nonzero entry
+    (the kernel keeps it so). With ``dcp`` (decode context parallelism) lengths and
     slots are this rank's, and ``global_seq_lens`` receives the global lengths. With
     ``gate`` (V4.1) the tokens it stops write no compressed slot."""
     sharded = dcp is not None and dcp.world > 1
     world, rank, interleave = (dcp.world, dcp.rank, dcp.interleave) if sharded else (1, 0, 1)
     launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
         qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
-        decode_lens, decode_seq_lens, table_out, table_out.stride(0), slots_out,
+        decode_lens, decode_seq_lens, table_out, table_out.stride(0), table_tiles,
+        table_tiles.stride(0), slots_out,
         qsl if step_counts is None else step_counts,
         decode_seq_lens if global_seq_lens is None else global_seq_lens,
         num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
@@ -62,7 +71,7 @@ def launch_slots_kernel(qsl, positions, token_to_req, block_table, out, num_reqs
     (the decode-tensor arguments are unused there; ``out`` stands in for them)."""
     launch_decode_kernel(
         num_tokens, 1, qsl, out, block_table, positions,
-        token_to_req, out, out, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
+        token_to_req, out, out, block_table, block_table, out, num_reqs, 0, 1, 0, compress_ratio,
         storage_block_size, num_tokens, decode=False, flatten=False, dcp=dcp, gate=gate,
     )
 
@@ -73,7 +82,8 @@ def _decode_kernel(triton, tl, live_count, SLOT_DECODES, SLOT_DECODE_TOKENS, dcp
     @triton.jit
     def decode_kernel(
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
-        decode_lens, decode_seq_lens, table_out, table_stride, slots_out, counts,
+        decode_lens, decode_seq_lens, table_out, table_stride, tiles, tiles_stride, slots_out,
+        counts,
         global_seq_lens, num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs,
         num_slot_tokens, dcp_world, dcp_rank, dcp_interleave, own_slots, replay_start, window,
         DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
@@ -128,14 +138,28 @@ def _decode_kernel(triton, tl, live_count, SLOT_DECODES, SLOT_DECODE_TOKENS, dcp
                 lens = dcp_local_count_tl(lens, dcp_world, dcp_rank, dcp_interleave)
             tl.store(decode_seq_lens + i, lens, mask=first)
             tl.store(decode_lens + i, tl.full([BLOCK], 1, tl.int32), mask=first)
-            # Every column of every row, padded rows included: no stale table entries.
-            req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
-            cols = col_block * COLS + tl.arange(0, COLS)
-            in_cols = cols < num_cols
-            src = block_table + req[:, None] * bt_stride + cols[None, :]
-            row = tl.load(src, mask=real[:, None] & in_cols[None, :], other=0)
-            dst = table_out + i.to(tl.int64)[:, None] * table_stride + cols[None, :]
-            tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
+            # Every column of every row, padded rows all 0: no stale table entries. A tile
+            # (this program's BLOCK rows x COLS columns) is written when it holds a real row
+            # or its flag says an earlier step left a nonzero entry in it; a clean tile of
+            # padding is all 0 already, and the capacity-wide copy costs as much as the rest
+            # of the step. The program owns its tile and its flag.
+            first_row = tl.program_id(0) * BLOCK
+            if first_row < num_rows:
+                tile = tiles + tl.program_id(0) * tiles_stride + col_block
+                holds_real = first_row < decode_tokens
+                dirty = tl.load(tile) != 0
+                if holds_real | dirty:
+                    req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
+                    cols = col_block * COLS + tl.arange(0, COLS)
+                    in_cols = cols < num_cols
+                    src = block_table + req[:, None] * bt_stride + cols[None, :]
+                    row = tl.load(src, mask=real[:, None] & in_cols[None, :], other=0)
+                    dst = table_out + i.to(tl.int64)[:, None] * table_stride + cols[None, :]
+                    tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
+                    # Rows past num_rows (outside this view) were not cleared: a dirty tile
+                    # reaching past it stays dirty.
+                    straddles = first_row + BLOCK > num_rows
+                    tl.store(tile, (holds_real | (dirty & straddles)).to(tl.int32))
         else:
             reqs = i < num_decodes
             live = reqs & (i < decodes)
