@@ -20,6 +20,7 @@ import torch
 from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
+from staticattn.graphs.branches import BuildBranches
 from staticattn.graphs.captured import CapturedGraph, GraphKind
 from staticattn.graphs.dispatch import Dispatcher
 from staticattn.graphs.graph_launch import draws_random_numbers, make_launcher
@@ -95,6 +96,10 @@ class Capturer:
         #: The widest context bucket: what token buckets and eager decode builds serve.
         self.context_len = self.contexts[-1]
         self._n = self.config.next_n
+        on_cuda = arena.device.type == "cuda"
+        self.branches = (BuildBranches(arena.device, len(self.builders))
+                         if options.branch_builds and on_cuda and len(self.builders) > 1
+                         else None)
 
     def capture(self, sizes: Sequence[int] | None, buckets: Sequence[int] | None,
                 dispatcher: Dispatcher) -> list[CapturedGraph]:
@@ -213,10 +218,16 @@ class Capturer:
             self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True, mark=mark)
             batch = Batch.for_decode_capture(self.inputs, num_reqs,
                                              context_len or self.context_len)
-            return batch, {b.name: b.build_decode(batch) for b in self.builders}
+            return batch, self._each_build(lambda b: b.build_decode(batch))
         self.inputs.copy_to_device(num_reqs, num_tokens, mark=mark)
         batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
-        return batch, {b.name: b.build_mixed(batch) for b in self.builders}
+        return batch, self._each_build(lambda b: b.build_mixed(batch))
+
+    def _each_build(self, build: Callable[[Any], Any]) -> dict[str, Any]:
+        """``{builder name: build(builder)}``: on branches of their own, or in order."""
+        if self.branches is None:
+            return {b.name: build(b) for b in self.builders}
+        return self.branches.run(self.builders, build)
 
 
 def warm_up(fn: Callable[[], Any], stream: torch.cuda.Stream) -> Any:

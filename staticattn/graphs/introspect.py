@@ -7,14 +7,18 @@ census is ``None`` and a clear message says why.
 
 from __future__ import annotations
 
+import re
+import tempfile
 from collections import Counter
+from graphlib import TopologicalSorter
 from pathlib import Path
 
 import torch
 
 from staticattn.errors import BackendUnavailableError
 
-__all__ = ["node_census", "dump_dot", "cudart_or_none", "new_graph", "raw_node_census"]
+__all__ = ["node_census", "dump_dot", "cudart_or_none", "longest_chain", "new_graph",
+           "raw_node_census"]
 
 # cudaGraphNodeType values (CUDA runtime API), named as the census reports them.
 _NODE_TYPES = {
@@ -100,3 +104,24 @@ def dump_dot(graph: torch.cuda.CUDAGraph, path: str | Path, verbose: bool = True
     _check((*cudart.cudaGraphDebugDotPrint(_raw_graph(graph, cudart), str(path).encode(), flags),
             None))
     return path
+
+
+def longest_chain(graph: torch.cuda.CUDAGraph) -> tuple[int, int] | None:
+    """``(nodes on the graph's longest dependency path, nodes)``, read from its DOT dump; a
+    graph captured on one stream is one chain (the two are equal), branches that run side by
+    side make the first smaller. None without cuda-bindings or the graph's ``cudaGraph_t``."""
+    if cudart_or_none() is None:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            text = dump_dot(graph, Path(tmp) / "graph.dot", verbose=False).read_text()
+        except (BackendUnavailableError, RuntimeError):
+            return None
+    nodes = set(re.findall(r'^"([^"]+)"\s*\[', text, re.MULTILINE))
+    after: dict[str, set[str]] = {n: set() for n in nodes}
+    for first, then in re.findall(r'"([^"]+)"\s*->\s*"([^"]+)"', text):
+        after.setdefault(then, set()).add(first)
+    depth: dict[str, int] = {}
+    for node in TopologicalSorter(after).static_order():
+        depth[node] = 1 + max((depth[d] for d in after.get(node, ())), default=0)
+    return max(depth.values(), default=0), len(depth)

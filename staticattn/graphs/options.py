@@ -82,6 +82,11 @@ class GraphOptions:
         (:mod:`~staticattn.graphs.recorded_launches`); 0 turns them off. Default 256.
     staging_guard : StagingGuard
         Where a graph records the staging event (default ``StagingGuard.STAGING``).
+    branch_builds : bool
+        Issue each builder's graph build on a stream of its own, forked after the staging
+        kernels and joined before the step, so a graph holds one branch per builder and the
+        GPU runs them side by side (:mod:`~staticattn.graphs.branches`; default, on CUDA).
+        False: one stream, the builds in order.
 
     Examples
     --------
@@ -97,9 +102,10 @@ class GraphOptions:
     eager_build: EagerBuild | None = None
     recorded_launches: int = 256
     staging_guard: StagingGuard = StagingGuard.STAGING
+    branch_builds: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("validate", "progress", "time_gpu", "raw_launch"):
+        for name in ("validate", "progress", "time_gpu", "raw_launch", "branch_builds"):
             if not isinstance(getattr(self, name), bool):
                 raise GraphError(f"{name} must be a bool; got {getattr(self, name)!r}")
         blocks = self.num_kv_blocks

@@ -33,7 +33,7 @@ def _world():
 
 @pytest.mark.parametrize("field, value", [
     ("validate", "yes"), ("validate", 1), ("progress", None), ("time_gpu", 0),
-    ("raw_launch", "on"), ("num_kv_blocks", 0), ("num_kv_blocks", 2.0),
+    ("raw_launch", "on"), ("branch_builds", 1), ("num_kv_blocks", 0), ("num_kv_blocks", 2.0),
     ("num_kv_blocks", True), ("eager_build", "graph"), ("eager_build", "reference"),
     ("eager_build", True), ("recorded_launches", -1), ("recorded_launches", 2.0),
     ("recorded_launches", None), ("recorded_launches", True), ("staging_guard", "step"),
