@@ -49,14 +49,17 @@ def launch_decode_kernel(
     ``gate`` (V4.1) the tokens it stops write no compressed slot."""
     sharded = dcp is not None and dcp.world > 1
     world, rank, interleave = (dcp.world, dcp.rank, dcp.interleave) if sharded else (1, 0, 1)
-    launch(_decode_kernel(), ((extent + BLOCK - 1) // BLOCK, col_blocks),
+    # One program per BLOCK rows or tokens, and (flatten) one per table tile: a 1-D grid
+    # as long as the longer of the two, each program taking its row block and its tile.
+    tiles = (num_rows + BLOCK - 1) // BLOCK * col_blocks if flatten else 0
+    launch(_decode_kernel(), (max((extent + BLOCK - 1) // BLOCK, tiles),),
         qsl, seq_lens, block_table, block_table.stride(0), positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_out.stride(0), table_tiles,
         table_tiles.stride(0), slots_out,
         qsl if step_counts is None else step_counts,
         decode_seq_lens if global_seq_lens is None else global_seq_lens,
-        num_decodes, num_rows, width, num_cols, compress_ratio, storage_block_size,
-        num_slot_tokens, world, rank, interleave,
+        num_decodes, num_rows, width, num_cols, col_blocks, compress_ratio,
+        storage_block_size, num_slot_tokens, world, rank, interleave,
         *(gate.launch_args(qsl) if gate is not None else (slots_out, qsl, 0)),
         DECODE=decode, FLATTEN=flatten, SLOTS=num_slot_tokens > 0,
         DEVICE_COUNTS=step_counts is not None, DCP=sharded, GATE=gate is not None,
@@ -84,16 +87,17 @@ def _decode_kernel(triton, tl, live_count, SLOT_DECODES, SLOT_DECODE_TOKENS, dcp
         qsl, seq_lens, block_table, bt_stride, positions, token_to_req,
         decode_lens, decode_seq_lens, table_out, table_stride, tiles, tiles_stride, slots_out,
         counts,
-        global_seq_lens, num_decodes, num_rows, width, num_cols, compress_ratio, storage_bs,
-        num_slot_tokens, dcp_world, dcp_rank, dcp_interleave, own_slots, replay_start, window,
+        global_seq_lens, num_decodes, num_rows, width, num_cols, col_blocks, compress_ratio,
+        storage_bs, num_slot_tokens, dcp_world, dcp_rank, dcp_interleave, own_slots,
+        replay_start, window,
         DECODE: tl.constexpr, FLATTEN: tl.constexpr, SLOTS: tl.constexpr,
         DEVICE_COUNTS: tl.constexpr, DCP: tl.constexpr, GATE: tl.constexpr,
         REPLAY: tl.constexpr, BLOCK: tl.constexpr, COLS: tl.constexpr,
     ):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        col_block = tl.program_id(1)
+        pid = tl.program_id(0)
+        i = pid * BLOCK + tl.arange(0, BLOCK)
         if SLOTS:
-            if col_block == 0:
+            if pid * BLOCK < num_slot_tokens:
                 # Compressed slot of token i (spec §4.5): only the token completing a group
                 # of R positions writes. Positions of real tokens are >= 0, so Triton's
                 # truncating // and % agree with the spec's floor semantics.
@@ -129,33 +133,37 @@ def _decode_kernel(triton, tl, live_count, SLOT_DECODES, SLOT_DECODE_TOKENS, dcp
             real = rows & (i < decode_tokens)
             pos = tl.load(positions + i, mask=real, other=0).to(tl.int32)
             lens = tl.where(real, tl.maximum(pos + 1, 0) // compress_ratio, 0)
-            # The lengths are written once, by the first column block.
-            first = i < tl.where(col_block == 0, num_rows, 0)
             if DCP:
                 # Localised after the per-token expansion (localising L_b first and then
                 # expanding would be wrong: [8, 9, 10] -> [4, 4, 5] on rank 1 of 2).
-                tl.store(global_seq_lens + i, lens, mask=first)
+                tl.store(global_seq_lens + i, lens, mask=rows)
                 lens = dcp_local_count_tl(lens, dcp_world, dcp_rank, dcp_interleave)
-            tl.store(decode_seq_lens + i, lens, mask=first)
-            tl.store(decode_lens + i, tl.full([BLOCK], 1, tl.int32), mask=first)
-            # Every column of every row, padded rows all 0: no stale table entries. A tile
-            # (this program's BLOCK rows x COLS columns) is written when it holds a real row
-            # or its flag says an earlier step left a nonzero entry in it; a clean tile of
-            # padding is all 0 already, and the capacity-wide copy costs as much as the rest
-            # of the step. The program owns its tile and its flag.
-            first_row = tl.program_id(0) * BLOCK
+            tl.store(decode_seq_lens + i, lens, mask=rows)
+            tl.store(decode_lens + i, tl.full([BLOCK], 1, tl.int32), mask=rows)
+            # Every column of every row, padded rows all 0: no stale table entries. This
+            # program's tile is BLOCK rows x COLS columns, the tile_row-th and col_block-th.
+            # It is written when it holds a real row or its flag says an earlier step left
+            # a nonzero entry in it; a clean tile of padding is all 0 already, and the
+            # capacity-wide copy costs as much as the rest of the step. The program owns its
+            # tile and its flag.
+            tile_row = pid // col_blocks
+            col_block = pid - tile_row * col_blocks
+            first_row = tile_row * BLOCK
             if first_row < num_rows:
-                tile = tiles + tl.program_id(0) * tiles_stride + col_block
+                r = first_row + tl.arange(0, BLOCK)
+                in_view = r < num_rows
+                real_rows = in_view & (r < decode_tokens)
+                tile = tiles + tile_row * tiles_stride + col_block
                 holds_real = first_row < decode_tokens
                 dirty = tl.load(tile) != 0
                 if holds_real | dirty:
-                    req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
+                    req = tl.load(token_to_req + r, mask=real_rows, other=0).to(tl.int64)
                     cols = col_block * COLS + tl.arange(0, COLS)
                     in_cols = cols < num_cols
                     src = block_table + req[:, None] * bt_stride + cols[None, :]
-                    row = tl.load(src, mask=real[:, None] & in_cols[None, :], other=0)
-                    dst = table_out + i.to(tl.int64)[:, None] * table_stride + cols[None, :]
-                    tl.store(dst, row, mask=rows[:, None] & in_cols[None, :])
+                    row = tl.load(src, mask=real_rows[:, None] & in_cols[None, :], other=0)
+                    dst = table_out + r.to(tl.int64)[:, None] * table_stride + cols[None, :]
+                    tl.store(dst, row, mask=in_view[:, None] & in_cols[None, :])
                     # Rows past num_rows (outside this view) were not cleared: a dirty tile
                     # reaching past it stays dirty.
                     straddles = first_row + BLOCK > num_rows
