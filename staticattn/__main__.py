@@ -115,23 +115,18 @@ def check_without_cuda(args) -> int:
               "max_num_batched_tokens": cfg.max_num_batched_tokens,
               "max_model_len": cfg.max_model_len, **found.to_dict(),
               "not_checked": list(CAPTURE_ONLY)}
-    _emit_text_or_json("\n".join(lines), json.dumps(result, indent=2), args.json)
+    _emit("\n".join(lines), json.dumps(result, indent=2), args.json)
     return ExitCode.PASS if found.ok else ExitCode.FAIL
 
 
 def print_check_report(report, json_path: str | None) -> int:
     """Print the report: as text, or as JSON (``-`` for stdout, else a file beside the text);
     the exit status of ``check`` (0 PASS, 1 FAIL)."""
-    _emit(report, json_path, str(report))
+    _emit(str(report), report.to_json(), json_path)
     return ExitCode.PASS if report.ok else ExitCode.FAIL
 
 
-def _emit(report, json_path: str | None, text: str) -> None:
-    """``text`` on stdout, or the report's JSON instead (``-``), or both (a file path)."""
-    _emit_text_or_json(text, report.to_json(), json_path)
-
-
-def _emit_text_or_json(text: str, data: str, json_path: str | None) -> None:
+def _emit(text: str, data: str, json_path: str | None) -> None:
     """``text`` on stdout, or ``data`` (JSON) instead (``-``), or both (a file path)."""
     if json_path == "-":
         print(data)
@@ -161,7 +156,7 @@ def cmd_bench(args, cuda: bool) -> int:
         report = run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed,
                                staging_guard=StagingGuard(args.staging_guard),
                                progress=progress)
-        _emit(report, args.json, report.table())
+        _emit(report.table(), report.to_json(), args.json)
         return ExitCode.PASS
     if args.mix:
         from staticattn.bench.mixed_steps import run_mixed_bench
@@ -216,7 +211,7 @@ def _bench_step(args) -> tuple:
 
 def _save(report, args: argparse.Namespace, text: str) -> int:
     """Print or write the report (``--json``), plot it (``--plot``); the exit status."""
-    _emit(report, args.json, text)
+    _emit(text, report.to_json(), args.json)
     if args.plot:
         report.plot(args.plot)
         if args.json != "-":

@@ -231,10 +231,10 @@ def _consumer(cuda: bool, choice: str, say: Callable[[str], None], preset: str):
     with them only decode steps replay, and steps with prefills run eagerly. Asked for the
     real kernels where none can run, says why and falls back to the gather consumer."""
     if choice == "real":
-        from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
-        from staticattn.kernels.runtime.dsa_libs import import_error
+        from staticattn.consumers.real.factory import real_consumer_step
+        from staticattn.kernels.runtime.dsa_libs import available, import_error
 
-        have = real_consumers_available()
+        have = available()
         if any(have.values()):
             # The real indexer materialises fp32 logits (tokens x max context) and the
             # attention step owns bf16 outputs per layer: smaller capacities keep both small.

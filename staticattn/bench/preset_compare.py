@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass
 
-from staticattn.bench.bench_report import BenchReport, BenchRow, text_table
+from staticattn.bench.bench_report import BenchReport, text_table
 
 __all__ = ["PresetComparison", "RatioRow"]
 
@@ -55,7 +55,10 @@ class PresetComparison:
             for row in report.rows:
                 b = base.get(row.num_reqs)
                 if b is not None:
-                    out.append(_ratio(report.preset, row, b))
+                    out.append(RatioRow(
+                        report.preset, row.num_reqs, row.graph.host_us.median,
+                        b.graph.host_us.median, row.graph.gpu_us.median, b.graph.gpu_us.median,
+                        row.capture_s, b.capture_s))
         return out
 
     def table(self) -> str:
@@ -86,12 +89,6 @@ class PresetComparison:
             ratios.append(d)
         return json.dumps({"reports": [json.loads(r.to_json()) for r in self.reports],
                            "ratios": ratios}, indent=2)
-
-
-def _ratio(preset: str, row: BenchRow, base: BenchRow) -> RatioRow:
-    return RatioRow(preset, row.num_reqs, row.graph.host_us.median,
-                    base.graph.host_us.median, row.graph.gpu_us.median,
-                    base.graph.gpu_us.median, row.capture_s, base.capture_s)
 
 
 def _seconds(value: float | None) -> str:

@@ -44,9 +44,14 @@ def write_block_rows(
     ``max(seq_lens)`` tokens need, a ring its one block. ``seq_lens``: host ints
     ``(num_reqs,)``; returns ``(main, swa)``: the int32 ``(num_reqs, columns)`` host rows of
     each table (``swa`` None without SWA layers)."""
-    cfg = inputs.config
     r = seq_lens.shape[0]
-    longest = int(seq_lens.max()) if r else 0
+    return _write_rows(inputs, r, int(seq_lens.max()) if r else 0, rng, num_kv_blocks)
+
+
+def _write_rows(inputs: StepInputs, r: int, longest: int, rng: np.random.Generator,
+                num_kv_blocks: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """:func:`write_block_rows` for ``r`` rows of sequences up to ``longest`` tokens."""
+    cfg = inputs.config
     main = _random_rows(inputs.block_table, r, cdiv(longest, cfg.block_size), rng,
                         num_kv_blocks)
     swa = None
@@ -83,9 +88,11 @@ def _random_rows(table: torch.Tensor, rows: int, cols: int, rng: np.random.Gener
     return host
 
 
-def _slots(rows: np.ndarray, block_size: int, q: np.ndarray, s: np.ndarray,
-           rng: np.random.Generator, invalid_fraction: float) -> np.ndarray:
-    """``rows[b, p // bs] * bs + p % bs`` for every token ``p`` of every request ``b``."""
+def _slots(cfg: ArenaConfig, main: np.ndarray, swa: np.ndarray | None, q: np.ndarray,
+           s: np.ndarray, rng: np.random.Generator, invalid_fraction: float) -> np.ndarray:
+    """``rows[b, p // bs] * bs + p % bs`` for every token ``p`` of every request ``b``, through
+    the SWA rows where there are some, else the main rows."""
+    rows, block_size = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
     q64 = q.astype(np.int64)
     starts = np.concatenate(([0], np.cumsum(q64)[:-1]))
     req = np.repeat(np.arange(q.shape[0]), q64)
@@ -114,17 +121,16 @@ def fixed_step(
     *,
     num_kv_blocks: int = NUM_KV_BLOCKS,
     rows: tuple[np.ndarray, np.ndarray | None] | None = None,
+    invalid_fraction: float = 0.0,
 ) -> RandomStep:
     """The step of these lengths, its slots through random block-table rows: written now
     (``rows`` None), or the ``(main, swa)`` host rows :func:`write_block_rows` wrote
-    before (steps of one trace share their requests' rows). ``query_lens``, ``seq_lens``:
-    host ints ``(num_reqs,)``."""
-    cfg = inputs.config
+    before (steps of one trace share their requests' rows); that fraction of the slots
+    -1. ``query_lens``, ``seq_lens``: host ints ``(num_reqs,)``."""
     q = np.asarray(query_lens, dtype=np.int32)
     s = np.asarray(seq_lens, dtype=np.int32)
     main, swa = rows if rows is not None else write_block_rows(inputs, s, rng, num_kv_blocks)
-    table, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
-    return RandomStep(q, s, _slots(table, bs, q, s, rng, 0.0))
+    return RandomStep(q, s, _slots(inputs.config, main, swa, q, s, rng, invalid_fraction))
 
 
 def random_uniform_decode(
@@ -141,9 +147,8 @@ def random_uniform_decode(
     cfg = inputs.config
     q = np.full(num_reqs, cfg.next_n, dtype=np.int32)
     s = _seq_lens(cfg, q, rng, max_seq_len or cfg.max_model_len, short_fraction)
-    main, swa = write_block_rows(inputs, s, rng, num_kv_blocks)
-    rows, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
-    return RandomStep(q, s, _slots(rows, bs, q, s, rng, invalid_fraction))
+    return fixed_step(inputs, q, s, rng, num_kv_blocks=num_kv_blocks,
+                      invalid_fraction=invalid_fraction)
 
 
 def random_mixed_step(
@@ -173,9 +178,7 @@ def random_mixed_step(
     for b in range(num_dec, q.shape[0]):
         if rng.random() < 0.5:
             s[b] = q[b]  # a fresh prefill
-    main, swa = write_block_rows(inputs, s, rng, num_kv_blocks)
-    rows, bs = (swa, cfg.swa_block_size) if swa is not None else (main, cfg.block_size)
-    return RandomStep(q, s, _slots(rows, bs, q, s, rng, 0.0))
+    return fixed_step(inputs, q, s, rng, num_kv_blocks=num_kv_blocks)
 
 
 class DecodeStream:
@@ -199,19 +202,10 @@ class DecodeStream:
         self.max_seq_len = min(max_seq_len or cfg.max_model_len, cfg.max_model_len)
         self.num_kv_blocks, self.rows_per_step = num_kv_blocks, rows_per_step
         self.invalid_fraction = invalid_fraction
-        r = cfg.max_num_seqs
-        self.main = _random_rows(inputs.block_table, r, cdiv(self.max_seq_len, cfg.block_size),
-                                 rng, num_kv_blocks)
-        self.swa = None
-        if inputs.swa_block_table is not None:
-            self.swa = _random_rows(inputs.swa_block_table, r,
-                                    cdiv(self.max_seq_len, cfg.swa_block_size), rng,
-                                    num_kv_blocks)
         # The cache groups' tables are written once: their rows never change the step's
         # host arrays, only what the builds read through them.
-        for group in cache_groups(cfg):
-            _random_rows(inputs.block_tables[group.name], r,
-                         group_columns(group, cfg, self.max_seq_len), rng, num_kv_blocks)
+        self.main, self.swa = _write_rows(inputs, cfg.max_num_seqs, self.max_seq_len, rng,
+                                          num_kv_blocks)
 
     def _rewrite(self, table: torch.Tensor, host: np.ndarray, rows: np.ndarray) -> None:
         fresh = block_ids(self.rng, self.num_kv_blocks, (rows.shape[0], host.shape[1]))
@@ -253,9 +247,7 @@ class DecodeStream:
         top = self.max_seq_len if longest is None else min(longest, self.max_seq_len)
         s = _seq_lens(cfg, q, rng, top, 0.3)
         s = np.where((q > cfg.next_n) & (rng.random(q.shape[0]) < fresh_fraction), q, s)
-        host, bs = (self.swa, cfg.swa_block_size) if self.swa is not None else (
-            self.main, cfg.block_size)
-        return RandomStep(q, s.astype(np.int32), _slots(host, bs, q, s, rng,
+        return RandomStep(q, s.astype(np.int32), _slots(cfg, self.main, self.swa, q, s, rng,
                                                         self.invalid_fraction))
 
 

@@ -88,7 +88,10 @@ def assert_graph_safe(
     if arena is None or inputs is None:
         if config is None:
             raise TypeError("assert_graph_safe needs config=, or arena= and inputs=")
-        arena, inputs, builders = _arena_for(config, builders)
+        from staticattn.builders import default_builders, make_arena
+
+        builders = default_builders(config) if builders is None else builders
+        arena, inputs = make_arena(config, builders)
     elif builders is None:
         raise TypeError("assert_graph_safe with arena= and inputs= needs builders= too")
     report = check_graph_safety(arena, inputs, builders, step, sizes=sizes,
@@ -99,17 +102,6 @@ def assert_graph_safe(
     if not report.ok:
         raise GraphSafetyError(report)
     return report
-
-
-def _arena_for(config, builders):
-    from staticattn.builders import make_arena
-
-    if builders is None:
-        from staticattn.builders import default_builders
-
-        builders = default_builders(config)
-    arena, inputs = make_arena(config, builders)
-    return arena, inputs, builders
 
 
 def pytest_addoption(parser) -> None:

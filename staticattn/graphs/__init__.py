@@ -4,11 +4,9 @@ dispatcher that picks each step's graph, and what a captured graph holds."""
 from staticattn.graphs.captured import CapturedGraph, EagerReason, GraphKind, RunResult
 from staticattn.graphs.contexts import ContextGraphs
 from staticattn.graphs.device_steps import DeviceLengthSteps
-from staticattn.graphs.dispatch import Dispatcher, DispatchStats, StepKey
-from staticattn.graphs.introspect import dump_dot, node_census
+from staticattn.graphs.dispatch import StepKey
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild, GraphOptions, StagingGuard
-from staticattn.graphs.pool import GraphPool
 from staticattn.graphs.sizes import (
     default_capture_sizes,
     default_context_buckets,
@@ -16,8 +14,7 @@ from staticattn.graphs.sizes import (
 )
 
 __all__ = [
-    "CapturedGraph", "ContextGraphs", "DeviceLengthSteps", "DispatchStats", "Dispatcher",
-    "EagerBuild", "EagerReason", "GraphKind", "GraphManager", "GraphOptions", "GraphPool",
-    "RunResult", "StagingGuard", "StepKey", "default_capture_sizes",
-    "default_context_buckets", "dump_dot", "node_census", "normalize_capture_sizes",
+    "CapturedGraph", "ContextGraphs", "DeviceLengthSteps", "EagerBuild", "EagerReason",
+    "GraphKind", "GraphManager", "GraphOptions", "RunResult", "StagingGuard", "StepKey",
+    "default_capture_sizes", "default_context_buckets", "normalize_capture_sizes",
 ]

@@ -195,31 +195,33 @@ class Capturer:
         self.inputs.stage(q, q, np.full(int(q.sum()), -1, dtype=np.int64))
 
     def body(self, kind: GraphKind, num_reqs: int, num_tokens: int,
-             context_len: int | None = None):
+             context_len: int | None = None, device_starts: bool = False):
         """What one graph holds: the staging kernels, every builder's build, the step, and
         the staging guard's event where ``staging_guard`` puts it (a decode graph's for
-        sequences of at most ``context_len``, default the widest bucket). Returns ``(step
-        outputs, {builder name: metadata})``."""
+        sequences of at most ``context_len``, default the widest bucket; ``device_starts``
+        as in :meth:`builds`). Returns ``(step outputs, {builder name: metadata})``."""
         after_staging = self.marks_after_staging
         batch, metadata = self.builds(kind, num_reqs, num_tokens, mark=after_staging,
-                                      context_len=context_len)
+                                      context_len=context_len, device_starts=device_starts)
         outputs = self.step(batch, metadata)
         if not after_staging:
             self.inputs.mark_staging_read()
         return outputs, metadata
 
     def builds(self, kind: GraphKind, num_reqs: int, num_tokens: int, mark: bool = True,
-               context_len: int | None = None):
+               context_len: int | None = None, device_starts: bool = False):
         """The staging kernels and every builder's graph build (``build_decode`` for a
         decode graph, for sequences of at most ``context_len``, default the widest bucket;
-        else ``build_mixed``) at these extents; ``mark``: record the staging guard's event
-        after the staging kernels. Returns ``(batch, {builder name: metadata})``."""
+        else ``build_mixed``, staging the device's query starts with ``device_starts``:
+        :meth:`StepInputs.copy_to_device <staticattn.staging.StepInputs.copy_to_device>`) at
+        these extents; ``mark``: record the staging guard's event after the staging kernels.
+        Returns ``(batch, {builder name: metadata})``."""
         if kind is DECODE:
             self.inputs.copy_to_device(num_reqs, num_tokens, uniform=True, mark=mark)
             batch = Batch.for_decode_capture(self.inputs, num_reqs,
                                              context_len or self.context_len)
             return batch, self._each_build(lambda b: b.build_decode(batch))
-        self.inputs.copy_to_device(num_reqs, num_tokens, mark=mark)
+        self.inputs.copy_to_device(num_reqs, num_tokens, device_starts=device_starts, mark=mark)
         batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
         return batch, self._each_build(lambda b: b.build_mixed(batch))
 

@@ -1,9 +1,8 @@
 """Decode graphs keyed by context as well as by batch size, so that a step's cost follows
 the contexts it serves rather than ``max_model_len``.
 
-A graph bakes in the widths its consumer sizes from the batch's ``max_seq_len`` (the
-indexer's logits row and top-k scan, for one): captured for a 1M-token limit, every replay
-pays for 1M even when every context is 2K. :class:`ContextGraphs` is a
+Why (:func:`~staticattn.graphs.sizes.default_context_buckets` says it): a graph bakes in
+the widths its consumer sizes from the batch's ``max_seq_len``. :class:`ContextGraphs` is a
 :class:`~staticattn.graphs.manager.GraphManager` whose decode graphs are captured once per
 context bucket (default :func:`~staticattn.graphs.sizes.default_context_buckets`), all in
 one memory pool; its dispatcher sends a uniform decode step to the smallest bucket that

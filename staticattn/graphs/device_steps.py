@@ -41,7 +41,6 @@ from typing import Any
 
 import numpy as np
 
-from staticattn.builders.batch import Batch
 from staticattn.errors import GraphError
 from staticattn.graphs.captured import CapturedGraph, GraphKind
 from staticattn.graphs.capturer import GraphSpec
@@ -125,19 +124,12 @@ class DeviceLengthSteps:
         return self.dispatcher.graphs(DEVICE_LENGTHS)
 
     def body(self, num_reqs: int, num_tokens: int) -> tuple[Any, dict[str, Any]]:
-        """What one graph holds: the producer, the device-starts staging, every builder's
-        mixed build, the step, and the staging guard's event where the manager's
-        ``staging_guard`` puts it. Returns ``(step outputs, {builder name: metadata})``."""
+        """What one graph holds: the producer, then a token bucket's body with the
+        device-starts staging (:meth:`Capturer.body <staticattn.graphs.capturer.Capturer.
+        body>`). Returns ``(step outputs, {builder name: metadata})``."""
         self.producer(self.inputs, num_reqs, num_tokens)
-        after_staging = self.manager.capturer.marks_after_staging
-        self.inputs.copy_to_device(num_reqs, num_tokens, device_starts=True,
-                                   mark=after_staging)
-        batch = Batch.for_mixed_capture(self.inputs, num_reqs, num_tokens)
-        metadata = {b.name: b.build_mixed(batch) for b in self.manager.builders}
-        outputs = self.manager.step(batch, metadata)
-        if not after_staging:
-            self.inputs.mark_staging_read()
-        return outputs, metadata
+        return self.manager.capturer.body(GraphKind.MIXED, num_reqs, num_tokens,
+                                          device_starts=True)
 
     # ------------------------------------------------------------------ launch
     def graph_for(self, num_reqs: int, num_tokens: int) -> CapturedGraph | None:

@@ -22,20 +22,13 @@ Workflow:
      replays the smallest decode graph that holds it, any other step the smallest token
      bucket that holds it; only a step beyond every captured graph runs eagerly (the
      manager counts why); or
-   * the in-place API of an engine's decode loop: ``views = begin_step()`` (waits until the
-     previous replay has read the staging), write ``views.seq_lens[:k]``,
-     ``views.slot_mapping[:t]`` (and ``views.query_start_loc[: k + 1]`` for a step of any
-     composition, with bounded replay ``views.replay_start[:k]``, a vision model's image
-     spans ``views.image_spans[:m]``) directly, then ``launch(k)`` (uniform decode) or
-     ``launch(k, t)`` (``launch(k, t, num_spans=m)`` with spans): bounds checked in a few
-     vectorized passes, one graph launch, nothing else.
+   * the in-place API of an engine's decode loop (:mod:`staticattn.graphs.in_place`, whose
+     docstring gives the views to write and the step contract): ``views = begin_step()``,
+     write the step into the views, then ``launch(k)`` (uniform decode) or ``launch(k, t)``:
+     bounds checked in a few vectorized passes, one graph launch, nothing else.
 
-   Each ``begin_step()`` hands out one step; ``launch()`` takes only a step begun and not
-   yet launched (else a :class:`~staticattn.errors.GraphError`).
-
-   ``replay_start`` (DeepSeek V4.1's bounded replay, ``docs/spec/deepseek-v41.md`` §8.1):
-   each prefill request's first replayed position, 0 for decodes; a step input like the
-   lengths, which every graph but a uniform decode one stages (captured with 0s).
+   ``replay_start`` and ``image_spans``: as :meth:`StepRunner.run <staticattn.graphs.runner.
+   StepRunner.run>` describes them.
 
    Block tables are not arguments: the engine updates the rows that changed in
    ``inputs.block_table`` (and ``inputs.swa_block_table``) in place, through
@@ -132,11 +125,9 @@ class GraphManager:
         holding its longest sequence. Default: one bucket, ``max_model_len``; the last is
         always ``max_model_len`` (added when missing).
 
-    The step APIs are the parts': ``run(query_lens, seq_lens, slot_mapping, *,
-    replay_start=None, image_spans=None, eager=None)`` (:meth:`StepRunner.run
-    <staticattn.graphs.runner.StepRunner.run>`), ``begin_step()`` and
-    ``launch(num_reqs, num_tokens=None, num_spans=None)`` (:class:`~staticattn.graphs.
-    in_place.InPlaceSteps`).
+    The step APIs are the parts': ``run`` (:meth:`StepRunner.run <staticattn.graphs.runner.
+    StepRunner.run>`), ``begin_step`` and ``launch`` (:class:`~staticattn.graphs.in_place.
+    InPlaceSteps`).
 
     Raises :class:`GraphError` when ``options`` is not a :class:`GraphOptions`, ``step`` is
     not callable, ``builders`` is empty, ``inputs`` are not the arena's, a context bucket

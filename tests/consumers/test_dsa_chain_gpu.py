@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from helpers.support import quiet
 
-from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, FLASH_MLA, import_error
+from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, FLASH_MLA, available, import_error
 
 pytestmark = pytest.mark.gpu
 
@@ -24,10 +24,7 @@ from helpers.dsa_reference import replay_sizes  # noqa: E402
 
 from staticattn.arena import ArenaConfig  # noqa: E402
 from staticattn.builders import default_builders, make_arena  # noqa: E402
-from staticattn.consumers.real.factory import (  # noqa: E402
-    real_consumer_step,
-    real_consumers_available,
-)
+from staticattn.consumers.real.factory import real_consumer_step  # noqa: E402
 from staticattn.consumers.real.sparse_decode import SparseDecodeStep  # noqa: E402
 from staticattn.graphs import GraphManager  # noqa: E402
 
@@ -37,7 +34,7 @@ SIZES = (2, 16, 64)
 
 
 def test_factory_picks_the_chain():
-    assert real_consumers_available() == {"deep_gemm": True, "flash_mla": True}
+    assert available() == {"deep_gemm": True, "flash_mla": True}
     cfg = ArenaConfig.deepseek_v4(max_model_len=16384, max_num_seqs=8,
                                   max_num_batched_tokens=16, device="cuda")
     step = real_consumer_step(cfg, num_kv_blocks=16)

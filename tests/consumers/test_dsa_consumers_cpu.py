@@ -22,10 +22,11 @@ from staticattn.bench.random_batches import random_uniform_decode
 from staticattn.builders import Batch, default_builders, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
-from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
+from staticattn.consumers.real.factory import real_consumer_step
 from staticattn.consumers.real.indexer_topk import IndexerTopKStep
 from staticattn.consumers.real.sparse_decode import SparseDecodeStep
 from staticattn.errors import BackendUnavailableError, ConfigError, GraphError
+from staticattn.kernels.runtime.dsa_libs import available
 
 BLOCKS = 64
 
@@ -156,9 +157,9 @@ def test_chained_step_emulated():
 
 
 def test_errors_without_the_libraries():
-    if any(real_consumers_available().values()):
+    if any(available().values()):
         pytest.skip("a real library is importable here")
-    assert real_consumers_available() == {"deep_gemm": False, "flash_mla": False}
+    assert available() == {"deep_gemm": False, "flash_mla": False}
     with pytest.raises(BackendUnavailableError, match="DeepGEMM"):
         IndexerTopKStep(_v32())
     with pytest.raises(BackendUnavailableError, match="FlashMLA"):

@@ -8,8 +8,8 @@
   the window-only and dense layers alone).
 
 :func:`real_consumer_step` returns the richest of these the machine can run (for the demo and
-the benchmark); :func:`real_consumers_available` says what is importable. Both libraries are
-optional (:mod:`staticattn.kernels.runtime.dsa_libs`).
+the benchmark); :func:`~staticattn.kernels.runtime.dsa_libs.available` says what is
+importable. Both libraries are optional (:mod:`staticattn.kernels.runtime.dsa_libs`).
 
 Example (GPU, both libraries built)::
 
@@ -31,12 +31,7 @@ from staticattn.errors import BackendUnavailableError
 from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, FLASH_MLA, available, import_error
 from staticattn.model import Reads
 
-__all__ = ["real_consumer_step", "real_consumers_available"]
-
-
-def real_consumers_available() -> dict[str, bool]:
-    """``{"deep_gemm": bool, "flash_mla": bool}``: importable with the needed API, on CUDA."""
-    return available()
+__all__ = ["real_consumer_step"]
 
 
 def real_consumer_step(config: ArenaConfig, **kwargs):
