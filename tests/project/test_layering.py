@@ -69,7 +69,7 @@ SUB_ROOMS = {
 #: manager's parts (pool, table, capturer, eager, in-place and array steps) sit beneath it
 #: and never import it; context buckets and device-length steps build on the manager.
 GRAPH_MODULES = [
-    "introspect", "graph_launch", "sizes", "captured", "options", "pool", "dispatch",
+    "introspect", "graph_launch", "sizes", "captured", "options", "branches", "pool", "dispatch",
     "recorded_launches", "capturer", "eager", "in_place", "runner", "manager", "contexts",
     "device_steps",
 ]

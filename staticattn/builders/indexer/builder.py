@@ -82,10 +82,9 @@ class IndexerMetadataBuilder:
     - ``schedule_metadata`` int32 ``(num_sms + 1, 2)``: the paged-MQA-logits schedule;
     - ``cu_seqlen_ks``, ``cu_seqlen_ke`` int32 ``(T,)``: prefill key ranges, by global token;
     - ``cu_seq_lens`` int32 ``(2 * max_num_seqs,)``: prefill chunks' key prefix sums;
-    - ``expanded_block_table`` int32 ``(Tdec, C)`` (``C`` the index-K table's columns):
-      with MTP (``next_n > 1``), which the mixed build always flattens; with it
-      ``expanded_table_tiles`` int32 ``table_tiles_shape(Tdec, C)``, the flags of its tiles
-      that may hold a nonzero entry (padding tiles left clean are not rewritten);
+    - ``expanded_block_table`` int32 ``(Tdec, C)`` (``C`` the index-K table's columns) and
+      its tiles' flags ``expanded_table_tiles`` int32 ``table_tiles_shape(Tdec, C)``: with
+      MTP (``next_n > 1``), which the mixed build always flattens;
     - ``compressed_slot_mapping`` int64 ``(T,)``, initially -1: when ``R > 1``, for a type
       with its own index-K table, or under decode context parallelism (the rank's own
       slots, see below);
@@ -163,12 +162,10 @@ class IndexerMetadataBuilder:
             *self.prefill.buffers(config, kind.compress_ratio),
         ]
         if config.next_n > 1:
-            decls += [
-                BufferDecl(f"{name}.expanded_block_table", (rows, kind.table_columns),
-                           torch.int32),
-                BufferDecl(f"{name}.expanded_table_tiles",
-                           table_tiles_shape(rows, kind.table_columns), torch.int32),
-            ]
+            columns = kind.table_columns
+            decls += [BufferDecl(f"{name}.expanded_block_table", (rows, columns), torch.int32),
+                      BufferDecl(f"{name}.expanded_table_tiles", table_tiles_shape(rows, columns),
+                                 torch.int32)]
         if kind.computes_slots(config):
             decls.append(BufferDecl(f"{name}.compressed_slot_mapping", (tokens,), torch.int64,
                                     fill=PAD_SLOT_ID))
@@ -189,12 +186,9 @@ class IndexerMetadataBuilder:
         self.decode_lens = arena[f"{name}.decode_lens"]
         self.decode_seq_lens = arena[f"{name}.decode_seq_lens"]
         self.schedule_metadata = arena[f"{name}.schedule_metadata"]
-        self.expanded_block_table = (
-            arena[f"{name}.expanded_block_table"] if cfg.next_n > 1 else None
-        )
-        self.expanded_table_tiles = (
-            arena[f"{name}.expanded_table_tiles"] if cfg.next_n > 1 else None
-        )
+        flat = cfg.next_n > 1
+        self.expanded_block_table = arena[f"{name}.expanded_block_table"] if flat else None
+        self.expanded_table_tiles = arena[f"{name}.expanded_table_tiles"] if flat else None
         self.dcp = kind.dcp_shard(cfg)
         sharded = self.dcp is not None
         self.decode_global_seq_lens = arena[f"{name}.decode_global_seq_lens"] if sharded else None
@@ -318,12 +312,8 @@ class IndexerMetadataBuilder:
         None when the chunk has no compressed key. ``query_slice`` selects a query sub-chunk,
         relative to the chunk's first token."""
         self._bound()
-        qsl = host_query_start_loc(batch)
-        total = int(self.prefill.host_keys(batch)[start:end].sum())
-        if total == 0:
-            return None
-        self.prefill.write_chunk(batch, qsl, start, end)
-        return self.prefill.chunk_views(batch, qsl, start, end, query_slice, total)
+        return self.prefill.build_chunk(batch, host_query_start_loc(batch), start, end,
+                                        query_slice)
 
     # ------------------------------------------------------------------ decode
     def _check_capacity(self, layout: DecodeLayout) -> None:

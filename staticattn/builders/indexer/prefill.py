@@ -122,6 +122,17 @@ class IndexerPrefill:
             chunks.append(self.chunk_views(batch, qsl, reqs.start, reqs.stop, queries, total))
         return IndexerPrefillMetadata(chunks)
 
+    def build_chunk(self, batch: Batch, qsl: np.ndarray, start: int, end: int,
+                    query_slice: slice | None) -> IndexerPrefillChunkMetadata | None:
+        """Write the chunk over requests ``[start, end)`` and return its views (queries
+        ``query_slice`` of them), or None when it has no compressed key (``qsl``: the host
+        query starts, int ``(num_reqs + 1,)``)."""
+        total = int(self.host_keys(batch)[start:end].sum())
+        if total == 0:
+            return None
+        self.write_chunk(batch, qsl, start, end)
+        return self.chunk_views(batch, qsl, start, end, query_slice, total)
+
     def write_chunk(self, batch: Batch, qsl: np.ndarray, start: int, end: int) -> None:
         """Launch the chunk kernel for requests ``[start, end)``: their key prefix sums and
         every token's key range (``qsl``: the host query starts, int ``(num_reqs + 1,)``)."""
