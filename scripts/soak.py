@@ -171,7 +171,11 @@ def main() -> int:
             if g.kind is GraphKind.MIXED:
                 exp = expected_mixed_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,
                                              g.size)
-                got["dense_prefill"] = swa_md.dense_prefill_lens
+                # The dense prefill lengths of every chunk, each copied before the next
+                # chunk overwrites the workspace.
+                chunks = swa_md.dense_prefill
+                got["dense_prefill"] = torch.cat([chunks.write(c)[1].clone()
+                                                  for c in range(chunks.num_chunks)])
                 report["mixed_replays"] += 1
             else:
                 exp = expected_lengths(cfg, st.query_lens, st.seq_lens, st.slot_mapping,

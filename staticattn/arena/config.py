@@ -84,6 +84,10 @@ class ArenaConfig:
         Compressed keys one indexer prefill chunk may gather; default ``40 * max_model_len``.
     max_logits_bytes : int
         Logits budget of one indexer prefill chunk (fp32), default 512 MiB.
+    dense_prefill_workspace_bytes : int
+        Device bytes of the C128A prefill rows' workspace, which holds them a chunk of
+        prefill tokens at a time (:func:`~staticattn.builders.swa.declarations.
+        dense_prefill_chunk_rows`); default 16 MiB, whatever ``max_model_len``.
     dcp_world_size : int
         Decode-context-parallel ranks the main cache group's KV is sharded over (1: none).
         Each rank owns its arena; its main block table holds the rank's local blocks, one
@@ -132,6 +136,7 @@ class ArenaConfig:
     max_image_spans: int = 0
     max_prefill_workspace: int | None = None
     max_logits_bytes: int = 512 * 1024 * 1024
+    dense_prefill_workspace_bytes: int = 16 * 1024 * 1024
     dcp_world_size: int = 1
     dcp_rank: int = 0
     cp_kv_cache_interleave_size: int = 1
@@ -174,7 +179,8 @@ class ArenaConfig:
 
     def _check_positive(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size",
-                     "swa_block_size", "index_topk", "max_logits_bytes", "dcp_world_size",
+                     "swa_block_size", "index_topk", "max_logits_bytes",
+                     "dense_prefill_workspace_bytes", "dcp_world_size",
                      "cp_kv_cache_interleave_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:

@@ -194,8 +194,7 @@ def assert_swa_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
     if exp["c_rows"]:
         same("dense_decode_indices[:, 0]", meta.dense_decode_indices[:, 0], exp["c_rows"])
         same("dense_decode_lens", meta.dense_decode_lens, exp["c_lens"])
-        same("dense_prefill_indices", meta.dense_prefill_indices, exp["cp_rows"])
-        same("dense_prefill_lens", meta.dense_prefill_lens, exp["cp_lens"])
+        swa_oracle.assert_dense_chunks(meta.dense_prefill, exp["cp_rows"], exp["cp_lens"])
     same("prefill_gather_lens", meta.prefill_gather_lens, exp["gather_lens"])
     same("prefill_seq_lens", meta.prefill_seq_lens, exp["prefill_seq_lens"])
     same("step_counts", meta.step_counts, counts(cfg, step))

@@ -4,7 +4,9 @@ from the spec's words (vllm-semantics §3.2, §6.5-§6.8, §7) and nothing else.
 Documented deviations from the reference that the oracle states (DESIGN "Semantics"):
 invalid and padded decode tokens get length 0 and index rows of -1 (SWA and dense alike);
 ``token_to_req_indices`` covers every token, padded tokens mapping to request 0; dense
-prefill rows come with their lengths.
+prefill rows come with their lengths, and a build hands them a chunk of consecutive prefill
+rows at a time (:func:`assert_dense_chunks` compares each chunk with its slice of the rows
+listed here).
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
     from staticattn.reference.step import HostStep
 
-__all__ = ["SWAExpected", "assert_matches", "dense_count", "dense_prefill_row", "dense_row",
+__all__ = ["SWAExpected", "assert_dense_chunks", "assert_matches", "dense_count",
+           "dense_prefill_row", "dense_row",
            "expected", "expected_for_step", "layer_types", "split", "swa_row"]
 
 
@@ -216,10 +219,11 @@ def assert_matches(meta, exp: SWAExpected) -> None:
              exp.dense_decode_indices)
         same("dense_decode_lens", meta.dense_decode_lens, exp.dense_decode_lens)
     _optional(meta, exp, ("prefill_seq_lens", "prefill_gather_lens"), "prefill metadata")
-    # Lengths first: a wrong length (the position) and a stale row past a right length (an
-    # earlier writer) then fail with different names.
-    _optional(meta, exp, ("dense_prefill_lens", "dense_prefill_indices"),
-              "dense prefill metadata")
+    if exp.dense_prefill_indices is None:
+        holds(meta.dense_prefill is None, "no dense prefill metadata")
+    else:
+        assert_dense_chunks(meta.dense_prefill, exp.dense_prefill_indices,
+                            exp.dense_prefill_lens)
     for layer_type in ("swaonly", "c4a", "c128a"):
         plan = meta.tile_sched(layer_type)
         if td and layer_type in exp.layer_types:
@@ -229,6 +233,25 @@ def assert_matches(meta, exp: SWAExpected) -> None:
                   f"an empty tile plan for {layer_type}")
         else:
             holds(plan is None, f"no tile plan for {layer_type}")
+
+
+def assert_dense_chunks(chunks, rows: list[list[int]], lens: list[int]) -> None:
+    """Each chunk of ``chunks`` (a build's ``DensePrefillChunks``), written in turn, holds
+    the slice of the prefill rows ``rows`` and lengths ``lens`` (one per prefill row of the
+    build's extent) that starts at its first row, and the chunks cover them all: ``rows`` is
+    what a buffer of one row per prefill token holds."""
+    same("dense_prefill.num_prefill_tokens", chunks.num_prefill_tokens, len(rows))
+    covered = 0
+    for c in range(chunks.num_chunks):
+        indices, chunk_lens = chunks.write(c)
+        first = chunks.first_row(c)
+        same(f"dense_prefill chunk {c} first row", first, covered)
+        covered += indices.shape[0]
+        # Lengths first: a wrong length (the position) and a stale row past a right length
+        # (an earlier chunk) then fail with different names.
+        same(f"dense_prefill chunk {c} lens", chunk_lens, lens[first:covered])
+        same(f"dense_prefill chunk {c} indices", indices, rows[first:covered])
+    same("dense_prefill rows covered", covered, len(rows))
 
 
 def _optional(meta, exp: SWAExpected, names: tuple[str, ...], what: str) -> None:

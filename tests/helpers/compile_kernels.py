@@ -20,7 +20,11 @@ except ImportError:
 
 import torch
 
-from staticattn.consumers.emulated import compressed_checksums, gather_checksums
+from staticattn.consumers.emulated import (
+    compressed_checksums,
+    dense_prefill_checksums,
+    gather_checksums,
+)
 from staticattn.kernels.compressed import entry_boundary
 from staticattn.kernels.compressed import kv_slots as compressed_kv
 from staticattn.kernels.compressed import topk_operand as compressed_topk
@@ -32,6 +36,7 @@ from staticattn.kernels.indexer import short_topk_fill as short_topk
 from staticattn.kernels.staging import stage_inputs as staging
 from staticattn.kernels.swa import combined_rows as swa_combined
 from staticattn.kernels.swa import decoder_replay_rows as swa_replay
+from staticattn.kernels.swa import dense_prefill_rows as swa_dense_prefill
 from staticattn.kernels.swa import draft_rows as swa_draft
 from staticattn.kernels.swa import flashinfer_rows as swa_flashinfer
 from staticattn.kernels.swa import prefill_gather as swa_prefill
@@ -58,11 +63,13 @@ def incremental_writers(kernel, constexprs: dict) -> int:
     """How many writers of the SWA kernel rewrite a row only up to its old length (each
     must put a barrier between every warp's load of the old lengths and the store of the
     new ones, or a late warp reads a new length and leaves the old row's tail): C128A
-    decode and prefill rows, paged prefill SWA rows. 0 for other kernels."""
+    decode rows and paged prefill SWA rows, C128A prefill rows in the chunk kernel. 0 for
+    other kernels."""
+    if kernel.fn.__name__ == "dense_prefill_chunk_kernel":
+        return 1
     if kernel.fn.__name__ != "swa_decode_kernel":
         return 0
-    return (constexprs["HAS_DENSE"] + constexprs["DENSE_PREFILL"]
-            + constexprs["SWA_PREFILL"])
+    return constexprs["HAS_DENSE"] + constexprs["SWA_PREFILL"]
 
 
 def ptrs(names: str, dtype) -> dict:
@@ -124,8 +131,8 @@ def cases():
         **ptrs("host_counts qsl seq_lens counts_out", I32), "slots": I64, "num_reqs": 1,
         "num_tokens": 1}, dict(BLOCK=256)
     swa = {**ptrs("token_to_req swa_block_table block_table swa_indices_out swa_lens_out "
-                  "dense_indices_out dense_lens_out dense_prefill_out dense_prefill_lens_out "
-                  "prefill_swa_out prefill_swa_lens_out replay_start spans counts", I32),
+                  "dense_indices_out dense_lens_out prefill_swa_out prefill_swa_lens_out "
+                  "replay_start spans counts", I32),
            **ptrs("slot_mapping positions", I64), "is_valid_out": B,
            **dict.fromkeys("swa_bt_stride bt_stride num_tokens num_decode_tokens "
                            "decode_rows".split(), 1)}
@@ -134,12 +141,16 @@ def cases():
             (True, True, True, 0), (True, False, False, 0), (False, False, False, 0),
             (False, True, True, 0), (True, True, True, 64)):
         yield swa_decode._swa_decode_kernel(), swa, dict(
-            WINDOW=128, SWA_BLOCK=64, HAS_DENSE=has_dense,
-            DENSE_PREFILL=has_dense and prefill_rows, SWA_PREFILL=prefill_rows,
+            WINDOW=128, SWA_BLOCK=64, HAS_DENSE=has_dense, SWA_PREFILL=prefill_rows,
             HAS_REPLAY=prefill_rows and not has_dense, DEVICE_COUNTS=device_counts,
             PREFILL_WIDTH=128 + (1024 if spans else 0), DENSE_WIDTH=8192, DENSE_ENTRIES=2,
             DENSE_RATIO=128, MIT=1024 if spans else 1, NUM_SPANS=spans, BLOCK_S=max(spans, 16),
             BLOCK_T=2, BLOCK_W=2048 if spans else 128, BLOCK_C=1024)
+    for device_counts in (True, False):
+        yield swa_dense_prefill._chunk_kernel(), {
+            **ptrs("indices lens counts", I32), "positions": I64, **dict.fromkeys(
+                "first_row num_rows num_tokens num_decode_tokens".split(), 1)}, dict(
+            DEVICE_COUNTS=device_counts, WIDTH=8192, RATIO=128, BLOCK_T=2, BLOCK_C=1024)
     for device_counts in (True, False):
         yield swa_prefill._gather_lens_kernel(), {
             **ptrs("out seq_lens_out seq_lens qsl counts replay_start chunks num_chunks", I32),
@@ -215,18 +226,22 @@ def cases():
         ROWS=4, COLS=128)
 
     gather = {**ptrs("token_to_req qsl bt swa_bt counts swa_idx swa_len gather_lens "
-                     "pre_seq_lens c_idx c_len cp_idx cp_len i_lens i_bt bounds num_chunks cu "
+                     "pre_seq_lens c_idx c_len i_lens i_bt bounds num_chunks cu "
                      "ks ke swa_cache c_cache i_cache", I32), "positions": I64,
               "out": I64, **dict.fromkeys(
                   "bt_stride swa_bt_stride i_bt_stride swa_size c_size i_size swa_rows "
-                  "pre_rows cp_rows i_rows i_width i_decode_tokens max_chunks window swa_bs "
-                  "c_entries storage_bs out_stride".split(), 1)}
+                  "pre_rows i_rows i_width i_decode_tokens max_chunks window swa_bs "
+                  "storage_bs out_stride".split(), 1)}
     for everything in (True, False):
         yield gather_checksums._gather_kernel(), gather, dict(
-            HAS_S=everything, HAS_PRE=everything, HAS_C=everything, HAS_CP=everything,
+            HAS_S=everything, HAS_PRE=everything, HAS_C=everything,
             HAS_I=True, HAS_PLAN=everything, I_FLATTEN=everything,
             I_DEVICE_COUNTS=everything, C_WIDTH=8192, BLOCK_W=128, BLOCK_C=1024, TAIL=32,
             BLOCK_CHUNKS=64, I_COL=2 if everything else 3, WRITE_SC=everything)
+    yield dense_prefill_checksums._chunk_sums_kernel(), {
+        **ptrs("token_to_req bt counts indices lens cache", I32), "out": I64,
+        **dict.fromkeys("out_stride bt_stride cache_size first_row entries".split(), 1)}, dict(
+        WIDTH=8192, BLOCK_C=1024, COLUMN=1)
     compressed = {**ptrs("token_to_req counts table entry_counts kv_cache ring_cache", I32),
                   **ptrs("out slots ring_slots", I64), **dict.fromkeys(
                       "out_stride table_stride kv_size ring_size entries".split(), 1)}

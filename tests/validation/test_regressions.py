@@ -52,9 +52,11 @@ def _padded_rows_hold_no_index(g, num_tokens: int, num_decode_tokens: int) -> No
     assert (swa.decode_swa_lens[num_decode_tokens:] == 0).all()
     assert (idx.slot_mapping[num_tokens:] < 0).all(), "compressed slots of padded tokens"
     assert (swa.slot_mapping[num_tokens:] < 0).all(), "slots of padded tokens"
-    if swa.dense_prefill_indices is not None:
-        live = num_tokens - num_decode_tokens
-        assert (swa.dense_prefill_indices[live:] < 0).all(), "padded dense prefill rows"
+    chunks = swa.dense_prefill
+    for c in range(chunks.num_chunks if chunks is not None else 0):
+        rows, _ = chunks.write(c)
+        live = max(num_tokens - num_decode_tokens - chunks.first_row(c), 0)
+        assert (rows[live:] < 0).all(), f"padded dense prefill rows of chunk {c}"
 
 
 @pytest.mark.gpu

@@ -3,8 +3,8 @@ graph-safe.
 
 The reference splits this work over two builders (its SWA builder and the FlashMLA-sparse
 builder's dense part, spec §6-§7) and several launches per step. Here one kernel over the
-step's tokens writes the validity mask, the SWA window rows, the dense decode and prefill
-rows and the paged prefill SWA rows (:mod:`staticattn.kernels.swa.swa_rows`); a second one,
+step's tokens writes the validity mask, the SWA window rows, the dense decode rows and the
+paged prefill SWA rows (:mod:`staticattn.kernels.swa.swa_rows`); a second one,
 when the step may have prefills, writes the prefill gather lengths and every windowed type's
 prefill chunk plan (:mod:`staticattn.kernels.swa.prefill_gather`). A uniform decode step is one
 launch, a step with prefills two, as before the prefill rows and plans came in.
@@ -30,9 +30,12 @@ Differences from the reference, each on purpose:
   to the entries a row keeps, so no read spills past a request's row (spec §7);
 * decode rows are bounded by ``max_decode_tokens`` (= ``max_num_seqs * next_n``), not
   ``max_num_batched_tokens``; the dense row stride is the buffer's, fixed by the config;
-* the dense prefill rows come with their lengths (``dense_prefill_lens``), and rows past
-  the real prefill tokens hold -1; so do the paged prefill SWA rows (the reference leaves
-  its rows past ``Tp`` stale), and their buffer holds ``max_num_batched_tokens`` rows;
+* the dense prefill rows come with their lengths and live in a workspace of one chunk of
+  prefill tokens (``dense_prefill_workspace_bytes``, 16 MiB by default), which the reader
+  fills chunk by chunk inside the step (:mod:`.dense_prefill`), where the reference keeps a
+  ``(max_num_batched_tokens, maxC)`` buffer (256 MiB at a 1M context); rows past the real
+  prefill tokens hold -1, and so do the paged prefill SWA rows (the reference leaves its
+  rows past ``Tp`` stale), whose buffer holds ``max_num_batched_tokens`` rows;
 * a -1 top-k entry inside a combined row's top-k length stays -1 (V4.1's rule) for every
   type; the reference's V4 kernel adds the request's workspace offset to it, which names
   another request's row (``vllm-0.33-extras.md`` §5.1);
@@ -205,7 +208,8 @@ class SparseSWAMetadataBuilder:
         The split is read on the device (``batch.step_counts``); every view covers the
         bucket's capacity and holds defined values past the real step: decode rows
         ``(min(T, max_decode_tokens), ...)`` with length 0 and rows of -1 past ``Td``;
-        dense and paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens;
+        paged SWA prefill rows ``(T, ...)`` likewise past the real prefill tokens, and the
+        dense prefill rows in ``cdiv(T, Rc)`` chunks (:mod:`.dense_prefill`);
         prefill gather and sequence lengths ``(R,)``, 0 past the real prefills; chunk plans
         as tables with device counts. The int fields are those capacities; the exact split
         is ``step_counts``. Two kernels.

@@ -26,8 +26,9 @@ from staticattn.arena.config import round_up
 from staticattn.errors import ConfigError
 from staticattn.model import LayerType, Reads
 
-__all__ = ["PREFILL_CHUNK_SIZE", "combined_width", "flashinfer_width", "plan_ratio",
-           "plan_types", "prefill_swa_width", "row_scratch_width", "swa_buffers"]
+__all__ = ["PREFILL_CHUNK_SIZE", "combined_width", "dense_prefill_chunk_rows",
+           "flashinfer_width", "plan_ratio", "plan_types", "prefill_swa_width",
+           "row_scratch_width", "swa_buffers"]
 
 #: ``C`` of the chunk plan's area budget (the reference's ``PREFILL_CHUNK_SIZE``): it scales
 #: an area, it is not a request count.
@@ -68,6 +69,19 @@ def plan_ratio(layer_type: LayerType) -> int:
     return layer_type.compress_ratio if layer_type.compressed else 0
 
 
+def dense_prefill_chunk_rows(config: ArenaConfig) -> int:
+    """``Rc``, the C128A prefill rows one workspace chunk holds: the
+    ``dense_prefill_workspace_bytes`` over ``4 * maxC`` bytes a row, at least one row (a
+    budget below one row still gets one), at most ``max_num_batched_tokens``; 0 without a
+    type that reads every entry. V4 at its defaults: 16 MiB over 32 KiB rows = 512 rows, 16
+    chunks for a step of 8,192 prefill tokens; at a 2M context 256 rows of 64 KiB."""
+    width = config.dense_width
+    if not width:
+        return 0
+    rows = config.dense_prefill_workspace_bytes // (4 * width)
+    return min(max(rows, 1), config.max_num_batched_tokens)
+
+
 def row_scratch_width(config: ArenaConfig) -> int:
     """Widest per-layer row the builder's scratch serves: the combined and FlashInfer rows
     of every windowed type but one reading every entry (whose ``maxC``-wide rows take a
@@ -97,10 +111,12 @@ def swa_buffers(config: ArenaConfig, prefix: str = "swa", *,
       int32 ``(T,)``: one layer's combined or FlashInfer rows at a time;
     * with a layer type that reads every compressed entry (C128A, the table's
       :attr:`~staticattn.model.Reads.ALL`): ``swa.dense_decode_indices`` int32
-      ``(Td, 1, maxC)``, ``swa.dense_decode_lens`` int32 ``(Td,)``,
-      ``swa.dense_prefill_indices`` int32 ``(T, maxC)``, ``swa.dense_prefill_lens`` int32
-      ``(T,)``. Index rows start as -1: every writer keeps the entries at or past a row's
-      length at -1.
+      ``(Td, 1, maxC)``, ``swa.dense_decode_lens`` int32 ``(Td,)``, and the prefill rows'
+      workspace, one chunk of prefill tokens at a time (:mod:`.dense_prefill`):
+      ``swa.dense_prefill_indices`` int32 ``(Rc, maxC)``, ``swa.dense_prefill_lens`` int32
+      ``(Rc,)``, ``Rc =`` :func:`dense_prefill_chunk_rows` (512 for
+      V4 at its defaults: 16 MiB where a row per token of the step took 256 MiB). Index
+      rows start as -1: every writer keeps the entries at or past a row's length at -1.
     """
     if config.sliding_window is None:
         raise ConfigError(
@@ -124,12 +140,12 @@ def swa_buffers(config: ArenaConfig, prefix: str = "swa", *,
         shapes += [("row_scratch", (t * row_scratch_width(config),), torch.int32, -1),
                    ("row_scratch_lens", (t,), torch.int32, 0)]
     if config.dense_layer_type is not None:
-        max_c = config.dense_width
+        max_c, chunk_rows = config.dense_width, dense_prefill_chunk_rows(config)
         shapes += [
             ("dense_decode_indices", (td, 1, max_c), torch.int32, -1),
             ("dense_decode_lens", (td,), torch.int32, 0),
-            ("dense_prefill_indices", (t, max_c), torch.int32, -1),
-            ("dense_prefill_lens", (t,), torch.int32, 0),
+            ("dense_prefill_indices", (chunk_rows, max_c), torch.int32, -1),
+            ("dense_prefill_lens", (chunk_rows,), torch.int32, 0),
         ]
     return [BufferDecl(f"{prefix}.{name}", shape, dtype, fill=fill)
             for name, shape, dtype, fill in shapes]

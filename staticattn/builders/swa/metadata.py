@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from staticattn.builders.swa.chunk_plan import PrefillChunkPlan
+from staticattn.builders.swa.dense_prefill import DensePrefillChunks
 
 __all__ = ["SparseSWAMetadata"]
 
@@ -63,12 +64,13 @@ class SparseSWAMetadata:
         ``P > 0``.
     prefill_gather_lens : int32 device ``(P,)`` or None
         ``q + min(L - q, W - 1)`` per prefill request; only when ``P > 0``.
-    dense_prefill_indices : int32 device ``(Tp, maxC)`` or None
-        Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p``: the local
-        indices ``o < n_c = min((p + 1) // 128, maxC)``, then -1 (the reference's
-        ``c128a_prefill_topk_indices``). None without dense layers or prefills.
-    dense_prefill_lens : int32 device ``(Tp,)`` or None
-        ``n_c`` of each prefill row.
+    dense_prefill : DensePrefillChunks or None
+        The dense type's prefill rows (the reference's ``c128a_prefill_topk_indices``),
+        written by the reader a chunk at a time into a fixed workspace
+        (:mod:`staticattn.builders.swa.dense_prefill`): prefill row ``i``, token
+        ``num_decode_tokens + i`` at position ``p``, holds the local indices ``o < n_c =
+        min((p + 1) // 128, maxC)``, then -1, with its length ``n_c``. None without dense
+        layers or prefills.
     prefill_swa_indices : int32 device ``(Tp, 1, Wp)`` or None
         Row ``i``, prefill token ``num_decode_tokens + i`` at position ``p`` of request
         ``b``: the flat SWA slots of positions ``start .. p``, ``start = max(p - W + 1,
@@ -116,8 +118,7 @@ class SparseSWAMetadata:
     num_prefill_tokens: int
     prefill_seq_lens: torch.Tensor | None = None
     prefill_gather_lens: torch.Tensor | None = None
-    dense_prefill_indices: torch.Tensor | None = None
-    dense_prefill_lens: torch.Tensor | None = None
+    dense_prefill: DensePrefillChunks | None = None
     tile_scheds: dict[str, Any] = field(default_factory=dict)
     step_counts: torch.Tensor | None = None
     prefill_swa_indices: torch.Tensor | None = None

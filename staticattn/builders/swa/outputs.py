@@ -12,6 +12,7 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.swa.chunk_plan import PrefillChunkPlan, host_chunk_plan
 from staticattn.builders.swa.combined import IndexRows
 from staticattn.builders.swa.declarations import plan_ratio, plan_types, row_scratch_width
+from staticattn.builders.swa.dense_prefill import DensePrefillChunks
 from staticattn.builders.swa.metadata import SparseSWAMetadata
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
 from staticattn.kernels.swa.prefill_gather import ChunkPlanViews
@@ -37,6 +38,7 @@ class BoundViews:
     def __init__(self, arena: Arena, prefix: str, backend: str, chunk_size: int) -> None:
         cfg: ArenaConfig = arena.config
         self.config = cfg
+        self.backend = backend
         has_dense = cfg.dense_layer_type is not None
 
         def view(name: str, present: bool = True):
@@ -48,11 +50,12 @@ class BoundViews:
             swa_lens=view("decode_swa_lens"),
             dense_indices=view("dense_decode_indices", has_dense),
             dense_lens=view("dense_decode_lens", has_dense),
-            dense_prefill_indices=view("dense_prefill_indices", has_dense),
-            dense_prefill_lens=view("dense_prefill_lens", has_dense),
             prefill_swa_indices=view("prefill_swa_indices"),
             prefill_swa_lens=view("prefill_swa_lens"),
         )
+        # The dense type's prefill rows: a workspace of one chunk (:mod:`.dense_prefill`).
+        self.dense_workspace = (view("dense_prefill_indices"), view("dense_prefill_lens"),
+                                cfg.dense_layer_type.compress_ratio) if has_dense else None
         self.gather_lens = view("prefill_gather_lens")
         self.prefill_seq_lens = view("prefill_seq_lens")
         self.types = plan_types(cfg)
@@ -114,8 +117,21 @@ class BoundViews:
             image_spans=batch.image_spans if num_prefills else None,
             positions=batch.positions,
             split_on_device=split_on_device,
+            dense_prefill=self._dense_chunks(batch, split, split_on_device),
             **views,
         )
+
+    def _dense_chunks(self, batch: Batch, split: DecodePrefillSplit,
+                      split_on_device: bool) -> DensePrefillChunks | None:
+        """The step's dense prefill rows by chunk; None without dense layers or prefills."""
+        _, num_prefills, num_decode_tokens, num_prefill_tokens = split
+        if self.dense_workspace is None or not num_prefills:
+            return None
+        indices, lens, ratio = self.dense_workspace
+        return DensePrefillChunks(
+            self.backend, indices, lens, batch.positions, ratio, num_prefill_tokens,
+            num_decode_tokens, batch.num_actual_tokens,
+            batch.step_counts if split_on_device else None)
 
     def _cut_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
                    num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:
@@ -131,9 +147,6 @@ class BoundViews:
             dense_decode_indices=out.dense_indices[:td] if has_dense else None,
             dense_decode_lens=out.dense_lens[:td] if has_dense else None,
             prefill_gather_lens=self.gather_lens[:num_prefills] if pre else None,
-            dense_prefill_indices=out.dense_prefill_indices[:tp] if has_dense and pre
-            else None,
-            dense_prefill_lens=out.dense_prefill_lens[:tp] if has_dense and pre else None,
             prefill_swa_indices=out.prefill_swa_indices[:tp] if pre else None,
             prefill_swa_lens=out.prefill_swa_lens[:tp] if pre else None,
         )

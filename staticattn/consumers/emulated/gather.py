@@ -11,8 +11,10 @@ int64 (padded tokens: zeros):
   through the SWA block table;
 * col 1, the dense type (C128A in V4): the sum of ``dense_cache`` over the token's complete
   compressed entries -- a decode token through its ``dense_decode_indices`` row, a prefill
-  token through its ``dense_prefill_indices`` row of local indices, mapped to slots through
-  the block table (0 without dense layers);
+  token through its row of local indices in the metadata's ``dense_prefill`` chunks, mapped
+  to slots through the block table, one chunk of prefill tokens at a time (written, then
+  read, inside the step: :mod:`staticattn.consumers.emulated.dense_prefill_checksums`); 0
+  without dense layers;
 * col 2, indexer: the sum of ``index_cache`` over the last ``min(n, 32)`` compressed keys of
   the ``n`` the token sees -- a decode token through its row of the decode lengths and block
   table (native or flattened), a prefill token through its key range ``[ks, ke)`` in its
@@ -43,6 +45,7 @@ from staticattn.builders.compressed.builder import kv_source_types, ring_capacit
 from staticattn.builders.indexer.index_type import indexer_name
 from staticattn.builders.indexer.prefill import max_chunks
 from staticattn.consumers.emulated.compressed_checksums import CompressedArgs, compressed_checksums
+from staticattn.consumers.emulated.dense_prefill_checksums import dense_prefill_checksums
 from staticattn.consumers.emulated.gather_checksums import GatherArgs, gather_checksums
 from staticattn.kernels.indexer.prefill_plan import CHUNK_FIELDS
 from staticattn.kernels.runtime.backend import resolve_backend
@@ -123,13 +126,17 @@ class GatherConsumer:
             # V4.1's launches leave the dense column unwritten; V3.2 and V4's one launch
             # writes all three columns, so their graphs keep one kernel less.
             out.zero_()
-        # One launch per index type: the first also sums the window and dense columns.
+        # One launch per index type: the first also sums the window and dense columns, and
+        # then the dense prefill rows, chunk by chunk.
         for column, (name, layer_type) in enumerate(self._index, start=2):
             args = self._args(batch, metadata, name, layer_type)
             args.index_column, args.window_columns = column, column == 2
             gather_checksums(self.backend, args, out)
+            dense_prefill_checksums(self.backend, args, out)
         if not self._index:
-            gather_checksums(self.backend, self._args(batch, metadata, None, None), out)
+            args = self._args(batch, metadata, None, None)
+            gather_checksums(self.backend, args, out)
+            dense_prefill_checksums(self.backend, args, out)
         compressed = metadata.get("compressed")
         first = 2 + len(self._index)
         for j, t in enumerate(self._kv):

@@ -3,7 +3,9 @@
 
 :class:`GatherArgs` collects what one launch reads -- the batch's views, the metadata's
 views and which split bounds them -- and :func:`gather_checksums` launches it: one Triton
-program per token, or the same sums with torch ops.
+program per token, or the same sums with torch ops. The dense column of the prefill tokens
+is left 0 here and summed chunk by chunk by
+:mod:`staticattn.consumers.emulated.dense_prefill_checksums`.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from typing import Any
 import torch
 
 from staticattn.kernels.runtime.compiled_launch import launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_TOKENS
 
-__all__ = ["GatherArgs", "gather_checksums"]
+__all__ = ["GatherArgs", "gather_checksums", "paged_sum_jit", "torch_paged_sum"]
 
 #: How many of the most recent compressed keys the indexer checksum reads per token.
 INDEX_TAIL = 32
@@ -56,12 +58,13 @@ class GatherArgs:
     window_columns: bool = True
 
     def set_swa(self, md) -> None:
-        """Read the sparse SWA metadata: decode window and dense rows, prefill gather lengths."""
+        """Read the sparse SWA metadata: decode window and dense rows, prefill gather
+        lengths, the dense prefill rows' chunks."""
         self.swa = dict(
             indices=md.decode_swa_indices, lens=md.decode_swa_lens,
             gather_lens=md.prefill_gather_lens, prefill_seq_lens=md.prefill_seq_lens,
             c_indices=md.dense_decode_indices, c_lens=md.dense_decode_lens,
-            cp_indices=md.dense_prefill_indices, cp_lens=md.dense_prefill_lens,
+            dense_prefill=md.dense_prefill,
         )
 
     def set_indexer(self, md) -> None:
@@ -103,7 +106,7 @@ def _sum_rows(cache, index, keep):
     return torch.where(keep, cache[safe].long(), 0).sum(-1)
 
 
-def _paged_sum(cache, table, rows, pos, block_size, keep):
+def torch_paged_sum(cache, table, rows, pos, block_size, keep):
     """Row sums of ``cache`` over the slots of positions ``pos`` (``>= 0``) of requests
     ``rows`` through their block-table rows, where ``keep``."""
     blocks = table[rows[:, None], pos // block_size].long()
@@ -139,23 +142,14 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
             lo = torch.maximum(p - a.window + 1, start)
             pos = lo[:, None] + w
             keep = (real & ~dec)[:, None] & (pos <= p[:, None]) & (pos >= 0)
-            swa_pre = _paged_sum(swa_cache, a.swa_block_table, b, pos.clamp(min=0),
+            swa_pre = torch_paged_sum(swa_cache, a.swa_block_table, b, pos.clamp(min=0),
                                  a.swa_block_size, keep)
         out[:, 0] = torch.where(dec & real, swa_dec, swa_pre)
-        if s["c_indices"] is not None:
-            width = s["c_indices"].shape[-1]
-            o = torch.arange(width, device=dev)
-            c_dec = c_pre = torch.zeros_like(t)
-            if rows:
-                c_dec = _sum_rows(dense_cache, s["c_indices"][r, 0], dec[:, None] & (
-                    o < s["c_lens"][r, None]))
-            if s["cp_indices"] is not None:
-                rp = (t - td).clamp(0, s["cp_indices"].shape[0] - 1)
-                local = s["cp_indices"][rp].long().clamp(min=0)
-                keep = (real & ~dec)[:, None] & (o < s["cp_lens"][rp, None])
-                c_pre = _paged_sum(dense_cache, a.block_table, b, local, a.dense_entries,
-                                   keep)
-            out[:, 1] = torch.where(dec & real, c_dec, c_pre)
+        if s["c_indices"] is not None and rows:
+            o = torch.arange(s["c_indices"].shape[-1], device=dev)
+            c_dec = _sum_rows(dense_cache, s["c_indices"][r, 0], dec[:, None] & (
+                o < s["c_lens"][r, None]))
+            out[:, 1] = torch.where(dec & real, c_dec, 0)
     if a.indexer is not None:
         out[:, a.index_column] = _index_sums(a, t, real, b, p, index_cache)
 
@@ -177,7 +171,7 @@ def _index_sums(a: GatherArgs, t, real, b, p, cache):
             col = lens.shape[1] - (qsl[row + 1] - qsl[row]) + (t - qsl[row])
         n = lens[row, col.clamp(0, lens.shape[1] - 1)].long()
         k = n[:, None] - INDEX_TAIL + k_tail
-        sums = _paged_sum(cache, table, row, k.clamp(min=0), size, dec[:, None] & (k >= 0))
+        sums = torch_paged_sum(cache, table, row, k.clamp(min=0), size, dec[:, None] & (k >= 0))
         result = torch.where(dec, sums, result)
     if a.plan is not None:
         bounds, num_chunks, cu, ks, ke = a.plan
@@ -191,7 +185,8 @@ def _index_sums(a: GatherArgs, t, real, b, p, cache):
         i = hi[:, None] - INDEX_TAIL + k_tail
         keep = found[:, None] & (i >= ks[: t.shape[0], None]) & (i - cu_b[:, None] >= 0)
         k = (i - cu_b[:, None]).clamp(min=0)
-        result = torch.where(found, _paged_sum(cache, a.block_table, b, k, size, keep), result)
+        sums = torch_paged_sum(cache, a.block_table, b, k, size, keep)
+        result = torch.where(found, sums, result)
     return result
 
 
@@ -202,7 +197,6 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
     has_s = bool(swa) and a.window_columns
     has_pre = has_s and swa["gather_lens"] is not None
     has_c = has_s and swa["c_indices"] is not None
-    has_cp = has_c and swa["cp_indices"] is not None
     has_i = bool(idx) and idx.get("lens") is not None
     c_width = swa["c_indices"].shape[-1] if has_c else 1
 
@@ -219,16 +213,14 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
         a.block_table.stride(0), swa_bt, swa_bt.stride(0), a.step_counts,
         v(swa.get("indices")), v(swa.get("lens")), v(swa.get("gather_lens")),
         v(swa.get("prefill_seq_lens")), v(swa.get("c_indices")), v(swa.get("c_lens")),
-        v(swa.get("cp_indices")), v(swa.get("cp_lens")),
         i_lens, i_table, i_table.stride(0), bounds, num_chunks, cu, ks, ke,
         swa_cache, dense_cache, index_cache, swa_cache.shape[0], dense_cache.shape[0],
         index_cache.shape[0], swa["lens"].shape[0] if has_s else 0,
         swa["gather_lens"].shape[0] if has_pre else 0,
-        swa["cp_indices"].shape[0] if has_cp else 0,
         i_lens.shape[0] if has_i else 0, i_lens.shape[1] if has_i else 1,
         idx.get("decode_tokens", 0), bounds.shape[0] if plan is not None else 0,
-        a.window, a.swa_block_size, a.dense_entries, a.storage_block_size, out.stride(0),
-        HAS_S=has_s, HAS_PRE=has_pre, HAS_C=has_c, HAS_CP=has_cp, HAS_I=has_i,
+        a.window, a.swa_block_size, a.storage_block_size, out.stride(0),
+        HAS_S=has_s, HAS_PRE=has_pre, HAS_C=has_c, HAS_I=has_i,
         HAS_PLAN=plan is not None, I_FLATTEN=bool(idx.get("flatten")),
         I_DEVICE_COUNTS=bool(idx.get("device_counts")), C_WIDTH=c_width,
         BLOCK_W=pow2_at_least(a.window, 16), BLOCK_C=min(pow2_at_least(c_width, 16), 1024),
@@ -237,7 +229,10 @@ def _launch_triton(a: GatherArgs, out: torch.Tensor) -> None:
 
 
 @lazy_jit()
-def _gather_kernel(triton, tl):
+def paged_sum_jit(triton, tl):
+    """The ``@triton.jit`` helper ``paged_sum`` (taken through
+    :func:`~staticattn.kernels.runtime.deferred.lazy_jit`)."""
+
     @triton.jit
     def paged_sum(table_row, pos, keep, page, cache, cache_size):
         """Values of ``cache`` at the slots of positions ``pos`` through one request's
@@ -248,19 +243,22 @@ def _gather_kernel(triton, tl):
         keep = keep & (slot >= 0) & (slot < cache_size)
         return tl.load(cache + slot, mask=keep, other=0).to(tl.int64)
 
-    publish(globals(), paged_sum)
+    return paged_sum
 
-    @triton.jit(do_not_specialize=["swa_rows", "pre_rows", "cp_rows", "i_rows",
+
+@lazy_jit(paged_sum_jit)
+def _gather_kernel(triton, tl, paged_sum):
+    @triton.jit(do_not_specialize=["swa_rows", "pre_rows", "i_rows",
                                    "i_decode_tokens", "max_chunks"])
     def gather_kernel(
         out, token_to_req, positions, qsl, bt, bt_stride, swa_bt, swa_bt_stride, counts,
-        swa_idx, swa_len, gather_lens, pre_seq_lens, c_idx, c_len, cp_idx, cp_len,
+        swa_idx, swa_len, gather_lens, pre_seq_lens, c_idx, c_len,
         i_lens, i_bt, i_bt_stride, bounds, num_chunks, cu, ks, ke,
         swa_cache, c_cache, i_cache, swa_size, c_size, i_size,
-        swa_rows, pre_rows, cp_rows, i_rows, i_width, i_decode_tokens, max_chunks,
-        window, swa_bs, c_entries, storage_bs, out_stride,
+        swa_rows, pre_rows, i_rows, i_width, i_decode_tokens, max_chunks,
+        window, swa_bs, storage_bs, out_stride,
         HAS_S: tl.constexpr, HAS_PRE: tl.constexpr, HAS_C: tl.constexpr,
-        HAS_CP: tl.constexpr, HAS_I: tl.constexpr, HAS_PLAN: tl.constexpr,
+        HAS_I: tl.constexpr, HAS_PLAN: tl.constexpr,
         I_FLATTEN: tl.constexpr, I_DEVICE_COUNTS: tl.constexpr, C_WIDTH: tl.constexpr,
         BLOCK_W: tl.constexpr, BLOCK_C: tl.constexpr, TAIL: tl.constexpr,
         BLOCK_CHUNKS: tl.constexpr, I_COL: tl.constexpr, WRITE_SC: tl.constexpr,
@@ -303,17 +301,6 @@ def _gather_kernel(triton, tl):
                 ci = tl.load(c_idx + row.to(tl.int64) * C_WIDTH + oc, mask=mc, other=0)
                 mc = mc & (ci >= 0) & (ci < c_size)
                 c_sum += tl.load(c_cache + ci, mask=mc, other=0).to(tl.int64)
-            if HAS_CP:
-                pre_c = real & (t >= td)
-                r = tl.minimum(tl.maximum(t - td, 0), cp_rows - 1)
-                ncp = tl.load(cp_len + r, mask=pre_c, other=0)
-                for c0 in range(0, C_WIDTH, BLOCK_C):
-                    op = c0 + tl.arange(0, BLOCK_C)
-                    mp = tl.where(pre_c, op < ncp, False)
-                    local = tl.maximum(tl.load(cp_idx + r.to(tl.int64) * C_WIDTH + op,
-                                               mask=mp, other=0), 0)
-                    c_sum += paged_sum(bt + b * bt_stride, local, mp, c_entries, c_cache,
-                                       c_size)
         i_sum = tl.zeros([TAIL], dtype=tl.int64)
         if I_DEVICE_COUNTS:
             i_td = td

@@ -16,11 +16,7 @@ for every decode token ``t < Td`` (request ``b``, absolute position ``p``):
   entries per main-group block; ``-1`` for ``o >= n_c``;
 
 and for every prefill token ``t`` in ``[Td, nt)`` (``nt`` real tokens), prefill row
-``t - Td``:
-
-* dense: the local indices ``o`` for ``o < n_c``, -1 after (the reference's
-  ``c128a_prefill_topk_indices``), with its length ``n_c`` in ``dense_prefill_lens``;
-* the paged SWA row (``prefill_swa_indices``, ``vllm-0.33-extras.md`` §2.3,
+``t - Td``, the paged SWA row (``prefill_swa_indices``, ``vllm-0.33-extras.md`` §2.3,
   ``deepseek-v41.md`` §7.4): the decode formula with the bounded-replay clamp,
   ``start = max(p - W + 1, replay_start[b])``, ``len = p - start + 1``, as flat SWA slots
   in a row of the prefill width, -1 after; an invalid token (slot -1): a row of -1 and
@@ -33,6 +29,10 @@ the real prefill tokens likewise. ``Td`` and ``nt`` are static ints, or read fro
 staging's ``step_counts`` on the device (a step of any composition). Example (W = 4, bs = 4):
 a token at ``p = 4`` whose request's SWA block row is ``[7, 2]`` gets ``[29, 30, 31, 8]``,
 length 4; with ``replay_start = 3`` as a prefill token, ``[31, 8]``, length 2.
+
+The dense prefill rows (local indices, the reference's ``c128a_prefill_topk_indices``) are
+written a chunk at a time into a workspace of their own (:mod:`.dense_prefill_rows`), not
+here: one row per prefill token of a step would take ``T x maxC`` entries.
 
 Dense rows are up to ``maxC`` wide (8,192 at a 1M context), and the paged prefill rows fill a
 bucket's whole capacity, so the Triton kernel writes such a row only up to the longer of its
@@ -52,8 +52,9 @@ import torch
 from staticattn.errors import ArenaError
 from staticattn.kernels.runtime.backend import triton_interpreted
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
-from staticattn.kernels.runtime.deferred import lazy_jit, publish
+from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.step_counts import step_counts_jit
+from staticattn.kernels.swa.dense_rows import dense_rows_jit
 from staticattn.kernels.swa.swa_rows_torch import build_torch
 from staticattn.kernels.swa.window import span_reach_jit, window_rows_jit
 
@@ -69,8 +70,6 @@ class SWADecodeOutputs:
     swa_lens : int32 ``(>= decode rows,)``
     dense_indices : int32 ``(>= decode rows, 1, maxC)`` or None (no dense layers)
     dense_lens : int32 ``(>= decode rows,)`` or None
-    dense_prefill_indices : int32 ``(>= num_tokens, maxC)`` or None
-    dense_prefill_lens : int32 ``(>= num_tokens,)`` or None
     prefill_swa_indices : int32 ``(>= num_tokens, 1, Wp)`` or None, ``Wp >= W`` the prefill
         width (``W``; ``W + max_image_tokens`` for image spans)
     prefill_swa_lens : int32 ``(>= num_tokens,)`` or None
@@ -81,15 +80,12 @@ class SWADecodeOutputs:
     swa_lens: torch.Tensor
     dense_indices: torch.Tensor | None = None
     dense_lens: torch.Tensor | None = None
-    dense_prefill_indices: torch.Tensor | None = None
-    dense_prefill_lens: torch.Tensor | None = None
     prefill_swa_indices: torch.Tensor | None = None
     prefill_swa_lens: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         # The Triton kernel addresses rows by their width: the views must be contiguous rows.
-        for name in ("swa_indices", "dense_indices", "dense_prefill_indices",
-                     "prefill_swa_indices"):
+        for name in ("swa_indices", "dense_indices", "prefill_swa_indices"):
             view = getattr(self, name)
             if view is not None and view.stride(0) != view.shape[-1]:
                 raise ArenaError(
@@ -133,7 +129,7 @@ def build_swa_decode(
     max_image_tokens: int = 0,
 ) -> None:
     """Write the validity mask of every token, the SWA / dense rows of the decode tokens and,
-    with ``prefill_rows``, the dense and paged SWA rows of the prefill tokens.
+    with ``prefill_rows``, the paged SWA rows of the prefill tokens.
 
     Parameters
     ----------
@@ -179,11 +175,10 @@ def build_swa_decode(
     if num_tokens == 0:
         return
     decode_rows = num_decode_tokens if decode_rows is None else decode_rows
-    dense_prefill = prefill_rows and out.dense_prefill_indices is not None
     swa_prefill = prefill_rows and out.prefill_swa_indices is not None
     args = (out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
             block_table, dense_ratio, dense_block_entries, num_tokens, num_decode_tokens,
-            decode_rows, dense_prefill, swa_prefill, step_counts, replay_start,
+            decode_rows, swa_prefill, step_counts, replay_start,
             image_spans if swa_prefill else None, max_image_tokens)
     if backend == "triton":
         _build_triton(*args, block_tokens)
@@ -191,45 +186,18 @@ def build_swa_decode(
         build_torch(*args)
 
 
-@lazy_jit(step_counts_jit, window_rows_jit, span_reach_jit)
+@lazy_jit(step_counts_jit, window_rows_jit, span_reach_jit, dense_rows_jit)
 def _swa_decode_kernel(triton, tl, live_count, SLOT_TOKENS, SLOT_DECODE_TOKENS, window_rows,
-                       span_reach, **_):
-    @triton.jit
-    def dense_rows(indices, lens, rows, live_mask, n_new, block_table, bt_stride, req,
-                   LOCAL: tl.constexpr, WIDTH: tl.constexpr, ENTRIES: tl.constexpr,
-                   BLOCK_C: tl.constexpr):
-        """Write rows ``rows`` (masked by ``live_mask``) to ``n_new`` entries: global slots
-        through the block table, or local indices (``LOCAL``); clear up to the old length."""
-        n_old = tl.load(lens + rows, mask=live_mask, other=0)
-        # Every warp loads the old lengths before any warp stores the new ones (a late warp
-        # would otherwise read a new length and skip clearing the old row's tail).
-        tl.debug_barrier()
-        reach = tl.max(tl.where(live_mask, tl.maximum(n_new, n_old), 0), axis=0)
-        for c0 in range(0, reach, BLOCK_C):
-            e = c0 + tl.arange(0, BLOCK_C)
-            keep = e[None, :] < n_new[:, None]
-            if LOCAL:
-                value = tl.where(keep, e[None, :], -1)
-            else:
-                blk = tl.load(block_table + req[:, None] * bt_stride + e[None, :] // ENTRIES,
-                              mask=keep, other=0)
-                value = tl.where(keep, blk * ENTRIES + e[None, :] % ENTRIES, -1)
-            reach_row = tl.maximum(n_new, n_old)
-            tl.store(indices + rows.to(tl.int64)[:, None] * WIDTH + e[None, :], value,
-                     mask=live_mask[:, None] & (e[None, :] < reach_row[:, None]))
-        tl.store(lens + rows, n_new, mask=live_mask)
-
-    publish(globals(), dense_rows)
-
+                       span_reach, dense_rows, **_):
     @triton.jit(do_not_specialize=["num_tokens", "num_decode_tokens", "decode_rows"])
     def swa_decode_kernel(
         slot_mapping, positions, token_to_req,
         swa_block_table, swa_bt_stride, block_table, bt_stride,
         is_valid_out, swa_indices_out, swa_lens_out, dense_indices_out, dense_lens_out,
-        dense_prefill_out, dense_prefill_lens_out, prefill_swa_out, prefill_swa_lens_out,
+        prefill_swa_out, prefill_swa_lens_out,
         replay_start, spans, counts, num_tokens, num_decode_tokens, decode_rows,
         WINDOW: tl.constexpr, SWA_BLOCK: tl.constexpr, HAS_DENSE: tl.constexpr,
-        DENSE_PREFILL: tl.constexpr, SWA_PREFILL: tl.constexpr, HAS_REPLAY: tl.constexpr,
+        SWA_PREFILL: tl.constexpr, HAS_REPLAY: tl.constexpr,
         DEVICE_COUNTS: tl.constexpr, PREFILL_WIDTH: tl.constexpr,
         DENSE_WIDTH: tl.constexpr, DENSE_ENTRIES: tl.constexpr, DENSE_RATIO: tl.constexpr,
         MIT: tl.constexpr, NUM_SPANS: tl.constexpr, BLOCK_S: tl.constexpr,
@@ -258,42 +226,36 @@ def _swa_decode_kernel(triton, tl, live_count, SLOT_TOKENS, SLOT_DECODE_TOKENS, 
                 dense_rows(dense_indices_out, dense_lens_out, i, is_row,
                            tl.where(live, n_c, 0), block_table, bt_stride, req,
                            False, DENSE_WIDTH, DENSE_ENTRIES, BLOCK_C)
-        if DENSE_PREFILL or SWA_PREFILL:
+        if SWA_PREFILL:
             # Prefill row i holds token td + i; rows past the real prefill tokens are cleared.
             t = td + i
             live_p = in_step & (t < nt)
             pos_p = tl.load(positions + t, mask=live_p, other=0).to(tl.int32)
-            if DENSE_PREFILL:
-                n_p = tl.minimum(tl.maximum(pos_p + 1, 0) // DENSE_RATIO, DENSE_WIDTH)
-                dense_rows(dense_prefill_out, dense_prefill_lens_out, i, in_step,
-                           tl.where(live_p, n_p, 0), block_table, bt_stride, i.to(tl.int64),
-                           True, DENSE_WIDTH, DENSE_ENTRIES, BLOCK_C)
-            if SWA_PREFILL:
-                # Invalid tokens: a row of -1, length 0 (vllm-0.33-extras.md §2.3).
-                live_s = live_p & (tl.load(slot_mapping + t, mask=live_p, other=-1) >= 0)
-                req_p = tl.load(token_to_req + t, mask=live_s, other=0).to(tl.int64)
-                behind = tl.zeros_like(pos_p) + (WINDOW - 1)
-                ahead = tl.zeros_like(pos_p)
-                if NUM_SPANS > 0:  # image spans widen the window (vllm-0.33-extras.md §3.4)
-                    left, ahead = span_reach(spans, req_p, pos_p, live_s, MIT, NUM_SPANS,
-                                             BLOCK_S)
-                    behind = tl.maximum(behind, left)
-                start_p = tl.maximum(pos_p - behind, 0)
-                if HAS_REPLAY:
-                    start_p = tl.maximum(start_p, tl.load(replay_start + req_p, mask=live_s,
-                                                          other=0))
-                window_rows(prefill_swa_out, PREFILL_WIDTH, prefill_swa_lens_out, i, in_step,
-                            live_s, req_p, start_p, tl.maximum(pos_p + ahead - start_p + 1, 0),
-                            swa_block_table, swa_bt_stride, PREFILL_WIDTH, SWA_BLOCK, BLOCK_W,
-                            True, True)
+            # Invalid tokens: a row of -1, length 0 (vllm-0.33-extras.md §2.3).
+            live_s = live_p & (tl.load(slot_mapping + t, mask=live_p, other=-1) >= 0)
+            req_p = tl.load(token_to_req + t, mask=live_s, other=0).to(tl.int64)
+            behind = tl.zeros_like(pos_p) + (WINDOW - 1)
+            ahead = tl.zeros_like(pos_p)
+            if NUM_SPANS > 0:  # image spans widen the window (vllm-0.33-extras.md §3.4)
+                left, ahead = span_reach(spans, req_p, pos_p, live_s, MIT, NUM_SPANS,
+                                         BLOCK_S)
+                behind = tl.maximum(behind, left)
+            start_p = tl.maximum(pos_p - behind, 0)
+            if HAS_REPLAY:
+                start_p = tl.maximum(start_p, tl.load(replay_start + req_p, mask=live_s,
+                                                      other=0))
+            window_rows(prefill_swa_out, PREFILL_WIDTH, prefill_swa_lens_out, i, in_step,
+                        live_s, req_p, start_p, tl.maximum(pos_p + ahead - start_p + 1, 0),
+                        swa_block_table, swa_bt_stride, PREFILL_WIDTH, SWA_BLOCK, BLOCK_W,
+                        True, True)
 
     return swa_decode_kernel
 
 
 def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
                   block_table, dense_ratio, dense_block_entries, num_tokens, num_decode_tokens,
-                  decode_rows, dense_prefill, swa_prefill, step_counts, replay_start,
-                  image_spans, max_image_tokens, block_tokens) -> None:
+                  decode_rows, swa_prefill, step_counts, replay_start, image_spans,
+                  max_image_tokens, block_tokens) -> None:
     has_dense = out.dense_indices is not None
     if block_tokens is None:
         block_tokens = 64 if triton_interpreted() else 2
@@ -310,8 +272,6 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         out.is_valid_token, out.swa_indices, out.swa_lens,
         out.dense_indices if has_dense else out.swa_indices,
         out.dense_lens if has_dense else i32,
-        out.dense_prefill_indices if dense_prefill else out.swa_indices,
-        out.dense_prefill_lens if dense_prefill else i32,
         out.prefill_swa_indices if swa_prefill else out.swa_indices,
         out.prefill_swa_lens if swa_prefill else i32,
         i32 if replay_start is None else replay_start,
@@ -319,7 +279,7 @@ def _build_triton(out, slot_mapping, positions, token_to_req, swa_block_table, s
         i32 if step_counts is None else step_counts,
         num_tokens, num_decode_tokens, decode_rows,
         WINDOW=out.window, SWA_BLOCK=swa_block_size, HAS_DENSE=has_dense,
-        DENSE_PREFILL=dense_prefill, SWA_PREFILL=swa_prefill,
+        SWA_PREFILL=swa_prefill,
         HAS_REPLAY=replay_start is not None, DEVICE_COUNTS=step_counts is not None,
         PREFILL_WIDTH=max(out.prefill_width, 1),
         DENSE_WIDTH=max(dense_width, 1), DENSE_ENTRIES=max(dense_block_entries, 1),

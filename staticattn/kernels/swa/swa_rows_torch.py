@@ -8,12 +8,12 @@ import torch
 
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_TOKENS
 
-__all__ = ["build_torch", "gather_slots", "span_reach", "window_start"]
+__all__ = ["build_torch", "complete_groups", "gather_slots", "span_reach", "window_start"]
 
 
 def build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa_block_size,
                 block_table, dense_ratio, dense_block_entries, num_tokens, num_decode_tokens,
-                decode_rows, dense_prefill, swa_prefill, step_counts, replay_start,
+                decode_rows, swa_prefill, step_counts, replay_start,
                 image_spans=None, max_image_tokens=0) -> None:
     """:func:`~staticattn.kernels.swa.swa_rows.build_swa_decode` with tensor ops."""
     dev = slot_mapping.device
@@ -37,35 +37,28 @@ def build_torch(out, slot_mapping, positions, token_to_req, swa_block_table, swa
         out.swa_indices[:rows, 0].copy_(gather_slots(
             swa_block_table, req, first, window_len, live, out.window, swa_block_size))
         if out.dense_indices is not None:
-            n_c = _complete_groups(pos, dense_ratio, out.dense_width)
+            n_c = complete_groups(pos, dense_ratio, out.dense_width)
             out.dense_lens[:rows].copy_(torch.where(live, n_c, 0)[:, 0])
             out.dense_indices[:rows, 0].copy_(gather_slots(
                 block_table, req, torch.zeros_like(n_c), n_c, live, out.dense_width,
                 dense_block_entries))
-    if not (dense_prefill or swa_prefill):
+    if not swa_prefill:
         return
     # Prefill row r holds token td + r; rows past the real prefill tokens are cleared.
     r = torch.arange(num_tokens, device=dev)
     t = (td + r).clamp(max=max(num_tokens - 1, 0))
-    live = (td + r < nt)[:, None]
     pos = positions[t, None].int()
-    if dense_prefill:
-        n_c = _complete_groups(pos, dense_ratio, out.dense_width)
-        o = torch.arange(out.dense_width, device=dev, dtype=torch.int32)
-        out.dense_prefill_lens[:num_tokens].copy_(torch.where(live, n_c, 0)[:, 0])
-        out.dense_prefill_indices[:num_tokens].copy_(torch.where(live & (o < n_c), o, -1))
-    if swa_prefill:
-        # Invalid tokens (slot -1): a row of -1 and length 0 (vllm-0.33-extras.md §2.3).
-        live = live & valid[t, None]
-        req = token_to_req[t, None]
-        rs = None if replay_start is None else replay_start[req]
-        reach = None if image_spans is None else span_reach(image_spans, req, pos,
-                                                             max_image_tokens)
-        first, n = window_start(pos, out.window, rs, reach)
-        width = out.prefill_swa_indices.shape[-1]
-        out.prefill_swa_lens[:num_tokens].copy_(torch.where(live, n, 0)[:, 0])
-        out.prefill_swa_indices[:num_tokens, 0].copy_(gather_slots(
-            swa_block_table, req, first, n, live, width, swa_block_size))
+    # Invalid tokens (slot -1): a row of -1 and length 0 (vllm-0.33-extras.md §2.3).
+    live = (td + r < nt)[:, None] & valid[t, None]
+    req = token_to_req[t, None]
+    rs = None if replay_start is None else replay_start[req]
+    reach = None if image_spans is None else span_reach(image_spans, req, pos,
+                                                         max_image_tokens)
+    first, n = window_start(pos, out.window, rs, reach)
+    width = out.prefill_swa_indices.shape[-1]
+    out.prefill_swa_lens[:num_tokens].copy_(torch.where(live, n, 0)[:, 0])
+    out.prefill_swa_indices[:num_tokens, 0].copy_(gather_slots(
+        swa_block_table, req, first, n, live, width, swa_block_size))
 
 
 def window_start(pos: torch.Tensor, window: int, replay_start: torch.Tensor | None,
@@ -100,8 +93,9 @@ def span_reach(spans: torch.Tensor, req: torch.Tensor, pos: torch.Tensor,
     return left.int(), right.int()
 
 
-def _complete_groups(pos: torch.Tensor, ratio: int, width: int) -> torch.Tensor:
-    """``n_c = min((p + 1) // R, maxC)``, 0 for positions before the first group."""
+def complete_groups(pos: torch.Tensor, ratio: int, width: int) -> torch.Tensor:
+    """``n_c = min((p + 1) // R, maxC)`` of positions ``pos`` (int, any shape), 0 before
+    the first group; in ``pos``'s dtype and shape."""
     return torch.clamp((pos + 1).clamp(min=0) // ratio, max=width)
 
 

@@ -36,9 +36,11 @@ def _ranks(backend, world, interleave):
 
 def _values(meta) -> list:
     names = ("is_valid_token", "decode_swa_indices", "decode_swa_lens", "dense_decode_indices",
-             "dense_decode_lens", "dense_prefill_indices", "dense_prefill_lens",
-             "prefill_gather_lens")
-    return [None if getattr(meta, n) is None else getattr(meta, n).tolist() for n in names]
+             "dense_decode_lens", "prefill_gather_lens")
+    values = [None if getattr(meta, n) is None else getattr(meta, n).tolist() for n in names]
+    chunks = meta.dense_prefill  # the dense prefill rows, every chunk written in turn
+    return values + [None if chunks is None else [
+        [view.tolist() for view in chunks.write(c)] for c in range(chunks.num_chunks)]]
 
 
 @pytest.mark.parametrize(("world", "interleave"), GRID)

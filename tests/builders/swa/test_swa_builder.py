@@ -13,6 +13,7 @@ from helpers.support import DEVICE, make_step, stage
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
+from staticattn.builders.swa.declarations import dense_prefill_chunk_rows
 from staticattn.errors import ArenaError, CapacityError, ConfigError, InvalidBatchError
 from staticattn.kernels.swa import prefill_gather as swa_prefill
 from staticattn.kernels.swa import swa_rows as swa_decode
@@ -59,11 +60,11 @@ def test_buffer_table(ratios):
         "swa.row_scratch_lens": ((t,), torch.int32),
     }
     if 128 in ratios:
-        t, max_c = cfg.max_num_batched_tokens, cfg.dense_width
+        rows, max_c = dense_prefill_chunk_rows(cfg), cfg.dense_width
         expected["swa.dense_decode_indices"] = ((td, 1, max_c), torch.int32)
         expected["swa.dense_decode_lens"] = ((td,), torch.int32)
-        expected["swa.dense_prefill_indices"] = ((t, max_c), torch.int32)
-        expected["swa.dense_prefill_lens"] = ((t,), torch.int32)
+        expected["swa.dense_prefill_indices"] = ((rows, max_c), torch.int32)
+        expected["swa.dense_prefill_lens"] = ((rows,), torch.int32)
     assert decls == expected
 
 
