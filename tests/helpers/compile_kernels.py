@@ -78,12 +78,13 @@ def ptrs(names: str, dtype) -> dict:
 
 def cases():
     dcp_args = dict.fromkeys("dcp_world dcp_rank dcp_interleave".split(), 1)
-    decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out counts "
-                     "token_to_req global_seq_lens", I32),
+    decode = {**ptrs("qsl seq_lens block_table decode_lens decode_seq_lens table_out tiles "
+                     "counts token_to_req global_seq_lens", I32),
               **ptrs("positions slots_out own_slots", I64), "replay_start": I32,
               **dict.fromkeys(
-                  "bt_stride table_stride num_decodes num_rows width num_cols compress_ratio "
-                  "storage_bs num_slot_tokens window".split(), 1), **dcp_args}
+                  "bt_stride table_stride tiles_stride num_decodes num_rows width num_cols "
+                  "col_blocks compress_ratio storage_bs num_slot_tokens window".split(), 1),
+              **dcp_args}
     for flatten in (True, False):
         for slots in (True, False):
             for device_counts in (True, False):
