@@ -13,7 +13,7 @@ from helpers.support import DEVICE, fuzz_examples
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from staticattn.kernels.indexer.decode_tensors import indexer_decode_tensors
+from staticattn.kernels.indexer.decode_tensors import ExpandedTable, indexer_decode_tensors
 from staticattn.kernels.indexer.indexer_kernel import BLOCK, COLS, table_tiles_shape
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES
 
@@ -42,7 +42,7 @@ def _run(backend: str, plan: list[tuple[int, int]], seed: int) -> None:
         qsl = torch.arange(ROWS + 1, **i32)
         indexer_decode_tensors(
             backend, qsl, seq_lens, block_table, positions, token_to_req, lens, seq_lens,
-            table, tiles, num_decodes=num_rows, num_rows=num_rows, width=1,
+            ExpandedTable(table, tiles), num_decodes=num_rows, num_rows=num_rows, width=1,
             compress_ratio=RATIO, step_counts=counts)
         for t in range(num_rows):  # the oracle: the view rewritten, the rest kept
             shadow[t] = block_table[token_to_req[t]].cpu() if t < live else 0

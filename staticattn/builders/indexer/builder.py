@@ -60,7 +60,7 @@ from staticattn.builders.indexer.metadata import (
 )
 from staticattn.builders.indexer.prefill import IndexerPrefill
 from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
-from staticattn.kernels.indexer.decode_tensors import indexer_decode_tensors
+from staticattn.kernels.indexer.decode_tensors import ExpandedTable, indexer_decode_tensors
 from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
 from staticattn.kernels.indexer.indexer_kernel import table_tiles_shape
 from staticattn.kernels.indexer.mqa_schedule import paged_mqa_schedule
@@ -187,8 +187,8 @@ class IndexerMetadataBuilder:
         self.decode_seq_lens = arena[f"{name}.decode_seq_lens"]
         self.schedule_metadata = arena[f"{name}.schedule_metadata"]
         flat = cfg.next_n > 1
-        self.expanded_block_table = arena[f"{name}.expanded_block_table"] if flat else None
-        self.expanded_table_tiles = arena[f"{name}.expanded_table_tiles"] if flat else None
+        self.expanded = (ExpandedTable(arena[f"{name}.expanded_block_table"],
+                                       arena[f"{name}.expanded_table_tiles"]) if flat else None)
         self.dcp = kind.dcp_shard(cfg)
         sharded = self.dcp is not None
         self.decode_global_seq_lens = arena[f"{name}.decode_global_seq_lens"] if sharded else None
@@ -332,13 +332,12 @@ class IndexerMetadataBuilder:
         step_counts: torch.Tensor | None = None,
     ) -> IndexerDecodeMetadata:
         rows, width = layout.rows, layout.width
-        expanded = self.expanded_block_table if layout.flatten else None
+        expanded = self.expanded if layout.flatten else None
         block_table = self.index.table(batch)
         indexer_decode_tensors(
             self.backend, batch.query_start_loc, batch.seq_lens, block_table,
             batch.positions, batch.token_to_req, self.decode_lens, self.decode_seq_lens,
-            expanded, self.expanded_table_tiles, num_decodes=num_decodes, num_rows=rows,
-            width=width,
+            expanded, num_decodes=num_decodes, num_rows=rows, width=width,
             compress_ratio=self.compress_ratio, slot_mapping_out=slots_out,
             storage_block_size=self.index.storage_block_size, slot_tokens=slot_tokens,
             step_counts=step_counts, dcp=self.dcp, global_seq_lens=self.decode_global_seq_lens,
@@ -374,7 +373,7 @@ class IndexerMetadataBuilder:
         global_seq_lens = (seq_lens if self.decode_global_seq_lens is None
                            else self.decode_global_seq_lens[: rows * width].view(rows, width))
         return (seq_lens, global_seq_lens, self.decode_lens[:rows],
-                self.expanded_block_table[:rows] if flatten else None)
+                self.expanded.rows[:rows] if flatten else None)
 
     def _cut_slot_views(self, num_tokens: int) -> torch.Tensor:
         return self.compressed_slot_mapping[:num_tokens]

@@ -37,7 +37,25 @@ from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
 from staticattn.kernels.indexer.indexer_kernel import BLOCK, COLS, launch_decode_kernel
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES
 
-__all__ = ["indexer_decode_tensors"]
+__all__ = ["ExpandedTable", "indexer_decode_tensors"]
+
+
+class ExpandedTable(NamedTuple):
+    """The flatten layout's expanded block table and its tiles' flags.
+
+    Attributes
+    ----------
+    rows : int32 device ``(>= num_rows, max_blocks)``
+        The table; a build writes ``[:num_rows]``.
+    tiles : int32 device ``table_tiles_shape(len(rows), max_blocks)``
+        One flag per tile of the whole buffer
+        (:func:`~staticattn.kernels.indexer.indexer_kernel.table_tiles_shape`), 0 where the
+        tile is all 0. Only :func:`indexer_decode_tensors` writes the table and its flags: a
+        clean tile of padding rows is not rewritten.
+    """
+
+    rows: torch.Tensor
+    tiles: torch.Tensor
 
 def indexer_decode_tensors(
     backend: str,
@@ -48,8 +66,7 @@ def indexer_decode_tensors(
     token_to_req: torch.Tensor,
     decode_lens: torch.Tensor,
     decode_seq_lens: torch.Tensor,
-    expanded_block_table: torch.Tensor | None,
-    table_tiles: torch.Tensor | None,
+    expanded: ExpandedTable | None,
     *,
     num_decodes: int,
     num_rows: int,
@@ -76,14 +93,9 @@ def indexer_decode_tensors(
         Written on ``[:num_decodes]`` (native) or ``[:num_rows]`` (flatten).
     decode_seq_lens : int32 device, flat
         Written on ``[:num_decodes * width]`` (native) or ``[:num_rows]`` (flatten).
-    expanded_block_table : int32 device ``(>= num_rows, max_blocks)`` or None
-        None selects the native layout; a view selects the flatten layout and is written
-        on ``[:num_rows]``.
-    table_tiles : int32 device ``table_tiles_shape(len(expanded_block_table), max_blocks)``
-        With ``expanded_block_table``: the table's dirty-tile flags
-        (:func:`~staticattn.kernels.indexer.indexer_kernel.table_tiles_shape`), 0 where a tile
-        of the whole buffer is all 0. Only this function writes the table and its flags: a
-        clean tile of padding rows is not rewritten.
+    expanded : ExpandedTable or None
+        None selects the native layout; a table selects the flatten layout, written on
+        ``[:num_rows]``.
     num_decodes : int
         Decode requests (padded ones included).
     num_rows : int
@@ -117,7 +129,7 @@ def indexer_decode_tensors(
 
     Graph-safe with either backend: every extent is a static int.
     """
-    flatten = expanded_block_table is not None
+    flatten = expanded is not None
     extent = num_rows if flatten else num_decodes * width
     slot_tokens = extent if slot_tokens is None else slot_tokens
     if extent == 0:
@@ -126,12 +138,12 @@ def indexer_decode_tensors(
         num_cols = block_table.shape[1]
         col_blocks = (num_cols + COLS - 1) // COLS if flatten else 1
         # The native layout writes no table; it passes the source table as a placeholder.
-        table = expanded_block_table if flatten else block_table
+        table = expanded.rows if flatten else block_table
         slots = slot_mapping_out
         launch_decode_kernel(
             max(extent, slot_tokens if slots is not None else 0), col_blocks,
             query_start_loc, seq_lens, block_table, positions, token_to_req, decode_lens,
-            decode_seq_lens, table, table_tiles if flatten else block_table,
+            decode_seq_lens, table, expanded.tiles if flatten else block_table,
             decode_seq_lens if slots is None else slots, num_decodes,
             num_rows, width, num_cols, compress_ratio, storage_block_size,
             slot_tokens if slots is not None else 0, decode=True, flatten=flatten,
@@ -154,8 +166,7 @@ def indexer_decode_tensors(
                        dcp if sharded else None)
     if flatten:
         _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
-                       expanded_block_table, table_tiles, live_tokens, num_rows,
-                       compress_ratio)
+                       expanded, live_tokens, num_rows, compress_ratio)
     else:
         _native_torch(query_start_loc, seq_lens, decode_lens, lengths, num_decodes,
                       live_reqs, width, compress_ratio)
@@ -189,17 +200,17 @@ def _native_torch(qsl, seq_lens, decode_lens, lengths, num_decodes, live_reqs, w
 
 
 def _flatten_torch(block_table, positions, token_to_req, decode_lens, lengths,
-                   expanded_block_table, table_tiles, live_tokens, num_rows, ratio):
+                   expanded, live_tokens, num_rows, ratio):
     t = torch.arange(num_rows, device=positions.device)
     real = t < live_tokens
     lens = (positions[:num_rows] + 1).clamp_(min=0) // ratio
     lengths.write(num_rows, torch.where(real, lens, 0))
     decode_lens[:num_rows].fill_(1)
     rows = block_table[torch.where(real, token_to_req[:num_rows].long(), 0)]
-    expanded_block_table[:num_rows].copy_(torch.where(real[:, None], rows, 0))
+    expanded.rows[:num_rows].copy_(torch.where(real[:, None], rows, 0))
     # The flags as the kernel leaves them: every tile of [:num_rows] rewritten, dirty where
     # it holds a real row or (already dirty) reaches past num_rows.
     first_row = torch.arange(0, num_rows, BLOCK, device=positions.device)
-    dirty = table_tiles[: first_row.shape[0]]
+    dirty = expanded.tiles[: first_row.shape[0]]
     keep = (first_row + BLOCK > num_rows)[:, None] & (dirty != 0)
     dirty.copy_(((first_row < live_tokens)[:, None] | keep).to(dirty.dtype))
