@@ -32,7 +32,11 @@ FAULT_STEP, VICTIM, REQUESTS = 3, 1, 2
 
 
 def _report(**record) -> None:
-    print("FAULT " + json.dumps(record), flush=True)
+    # One write of the whole line: the ranks share the pipe, and print() writes the text and
+    # its newline separately when stdout is unbuffered (PYTHONUNBUFFERED), so another rank's
+    # line could land between them. A write shorter than PIPE_BUF is not interleaved.
+    sys.stdout.write("FAULT " + json.dumps(record) + "\n")
+    sys.stdout.flush()
 
 
 def run_rank(scenario: str, deadline_s: float) -> None:
