@@ -14,10 +14,10 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from staticattn.__main__ import _builders
 from staticattn.arena import ArenaConfig
-from staticattn.bench.mixed_steps import _trace, reference_mixed_batch
+from staticattn.bench.mixed_steps import chunked_prefill_trace, reference_mixed_batch
 from staticattn.bench.random_batches import NUM_KV_BLOCKS
+from staticattn.builders import default_builders
 from staticattn.builders.contract import make_arena
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import GraphOptions
@@ -50,14 +50,15 @@ def main() -> None:
     args = parser.parse_args()
     for preset in args.presets:
         cfg = ArenaConfig.preset(preset, num_speculative_tokens=1)
-        builders = _builders(cfg)
+        builders = default_builders(cfg)
         arena, inputs = make_arena(cfg, builders)
         rng = np.random.default_rng(0)
         options = GraphOptions(progress=False, num_kv_blocks=NUM_KV_BLOCKS)
         with GraphManager(arena, inputs, builders, lambda batch, md: None, options) as gm:
             gm.capture()
             for scenario, steps in (("reference mixed batch", [reference_mixed_batch(inputs, rng)]),
-                                    ("chunked-prefill trace", _trace(inputs, rng, steps=5))):
+                                    ("chunked-prefill trace",
+                                     chunked_prefill_trace(inputs, rng, steps=5))):
                 times, n = kernel_times(gm, steps)
                 total = sum(t for t, _ in times.values()) / n
                 launches = sum(c for _, c in times.values()) / n

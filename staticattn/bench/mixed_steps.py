@@ -50,7 +50,7 @@ from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild, GraphOptions
 
 __all__ = ["IMAGE_SPANS", "MIXED_SCENARIOS", "TRACE_SCENARIOS", "MixedReport", "MixedRow",
-           "reference_mixed_batch", "run_mixed_bench"]
+           "chunked_prefill_trace", "reference_mixed_batch", "run_mixed_bench"]
 
 #: (label, preset, next_n) of the configs the reference mixed batch runs on.
 MIXED_SCENARIOS = (("V4", "deepseek-v4", 1), ("V4", "deepseek-v4", 2),
@@ -169,7 +169,7 @@ def run_mixed_bench(
         with GraphManager(arena, inputs, builders, step, options) as gm:
             gm.capture()
             steps = ([reference_mixed_batch(inputs, rng)] if scenario != "chunked-prefill trace"
-                     else _trace(inputs, rng, steps=20))
+                     else chunked_prefill_trace(inputs, rng, steps=20))
             spans = IMAGE_SPANS if scenario == "mixed + image spans" else None
             timings = _measure(gm, steps, reps, spans)
             first = steps[0]
@@ -195,7 +195,9 @@ def reference_mixed_batch(inputs, rng) -> RandomStep:
     return fixed_step(inputs, q, s, rng)
 
 
-def _trace(inputs, rng, steps: int) -> list[RandomStep]:
+def chunked_prefill_trace(inputs, rng, steps: int) -> list[RandomStep]:
+    """The chunked-prefill trace: 64 running decodes and one 2,048-token chunk of a long
+    prompt per step, for ``steps`` steps, the prompt's context growing by 2,048 a step."""
     n = inputs.config.next_n
     contexts = rng.integers(n, 32_768, size=64)
     q = np.array([n] * 64 + [2048])
