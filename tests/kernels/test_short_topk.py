@@ -96,7 +96,7 @@ def test_the_fused_fill_of_the_decode_operand(backend):
     entries, width = 4, 6
     positions = [3, 9, 23, 30, 9]
     counts = [oracle.compressed_count(p, 4) for p in positions]
-    own = [5, 6, 7, 8, -1]
+    own = [0, 6, 7, 8, -1]  # slot 0 is a slot like any other; -1 marks the invalid token
     token_to_req = [0, 1, 1, 0, 1]
     table = [[3, 1], [2, 4]]
     given_rows = [[-1] * 6, [-1] * 6, [-1] * 6, [6, 0, 5, 1, 4, 2], [-1] * 6]
