@@ -195,9 +195,10 @@ def _bench_step(args) -> tuple:
     if args.consumer == "gather":
         return (lambda cfg: _make_step(None, cfg)), "built-in gather consumer"
     if args.consumer == "real":
-        from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real.factory import real_consumer_step
+        from staticattn.kernels.runtime.dsa_libs import available
 
-        have = real_consumers_available()
+        have = available()
         names = " + ".join(k for k, v in sorted(have.items()) if v)
         return real_consumer_step, f"real kernels ({names})"
     return None, "metadata only"
