@@ -32,16 +32,6 @@ def _make_step(spec: str | None, config):
                             f"{type(exc).__name__}: {exc}") from exc
 
 
-def _no_cuda(what: str, json_path: str | None) -> int:
-    """Say that ``what`` needs CUDA (as JSON too when asked); :attr:`ExitCode.SKIPPED`."""
-    reason = f"no CUDA device; {what} needs one"
-    if json_path == "-":  # a CI job reading JSON from stdout gets JSON here too
-        print(json.dumps({"verdict": "skipped", "reason": reason}))
-    else:
-        print(f"SKIPPED: {reason}")
-    return ExitCode.SKIPPED
-
-
 def cmd_demo(args) -> int:
     if args.dcp:
         from staticattn.distributed.dcp_demo import run_dcp_demo
@@ -138,7 +128,11 @@ def cmd_bench(args, cuda: bool) -> int:
                              reps=args.reps, seed=args.seed, preset=args.preset,
                              json_path=args.json, progress=not args.no_progress)
     if not cuda:
-        return _no_cuda("replay latency (a GPU measurement)", args.json)
+        reason = "no CUDA device; replay latency (a GPU measurement) needs one"
+        # As JSON to stdout for a CI job reading it (-); no file is written.
+        _emit(f"SKIPPED: {reason}", json.dumps({"verdict": "skipped", "reason": reason}),
+              "-" if args.json == "-" else None)
+        return ExitCode.SKIPPED
     from staticattn.builders import default_builders
     from staticattn.graphs.options import StagingGuard
 
