@@ -17,13 +17,6 @@ from staticattn.errors import StepSpecError
 __all__ = ["main", "print_check_report"]
 
 
-def _builders(config):
-    """The builders every layer type of ``config`` needs (``default_builders``)."""
-    from staticattn.builders import default_builders
-
-    return default_builders(config)
-
-
 def _make_step(spec: str | None, config):
     """The step of ``--step module:function`` built for ``config`` (default: the built-in
     gather consumer); :class:`StepSpecError` when calling the function fails."""
@@ -37,16 +30,6 @@ def _make_step(spec: str | None, config):
     except Exception as exc:  # the user's code: any failure is the spec's, said as such
         raise StepSpecError(f"--step {spec}: {factory.__name__}(config) raised "
                             f"{type(exc).__name__}: {exc}") from exc
-
-
-def _no_cuda(what: str, json_path: str | None) -> int:
-    """Say that ``what`` needs CUDA (as JSON too when asked); :attr:`ExitCode.SKIPPED`."""
-    reason = f"no CUDA device; {what} needs one"
-    if json_path == "-":  # a CI job reading JSON from stdout gets JSON here too
-        print(json.dumps({"verdict": "skipped", "reason": reason}))
-    else:
-        print(f"SKIPPED: {reason}")
-    return ExitCode.SKIPPED
 
 
 def cmd_demo(args) -> int:
@@ -66,11 +49,11 @@ def cmd_demo(args) -> int:
 def cmd_check(args, cuda: bool) -> int:
     if not cuda:
         return check_without_cuda(args)
-    from staticattn.builders import make_arena
+    from staticattn.builders import default_builders, make_arena
     from staticattn.checks import check_graph_safety
 
     cfg = config_of(args, "cuda")
-    builders = _builders(cfg)
+    builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
     step = _make_step(args.step, cfg)
     sizes = None if args.batch_requests is None else [r * cfg.next_n for r in args.batch_requests]
@@ -84,14 +67,14 @@ def check_without_cuda(args) -> int:
     """``check`` without CUDA: the checks that need no capture
     (:func:`~staticattn.checks.check_eagerly`) on the same step, at the demo's CPU
     capacities; then what needs a GPU, and the verdict. The exit status (0 PASS, 1 FAIL)."""
-    from staticattn.builders import make_arena
+    from staticattn.builders import default_builders, make_arena
     from staticattn.checks import check_eagerly
     from staticattn.checks.reference_check import CAPTURE_ONLY
     from staticattn.demo import NUM_KV_BLOCKS, cpu_config
     from staticattn.graphs import GraphManager, GraphOptions
 
     cfg = cpu_config(args.preset, **config_overrides(args))
-    builders = _builders(cfg)
+    builders = default_builders(cfg)
     arena, inputs = make_arena(cfg, builders)
     step = _make_step(args.step, cfg)
     name = args.step or "the built-in gather consumer"
@@ -145,7 +128,12 @@ def cmd_bench(args, cuda: bool) -> int:
                              reps=args.reps, seed=args.seed, preset=args.preset,
                              json_path=args.json, progress=not args.no_progress)
     if not cuda:
-        return _no_cuda("replay latency (a GPU measurement)", args.json)
+        reason = "no CUDA device; replay latency (a GPU measurement) needs one"
+        # As JSON to stdout for a CI job reading it (-); no file is written.
+        _emit(f"SKIPPED: {reason}", json.dumps({"verdict": "skipped", "reason": reason}),
+              "-" if args.json == "-" else None)
+        return ExitCode.SKIPPED
+    from staticattn.builders import default_builders
     from staticattn.graphs.options import StagingGuard
 
     cfg = config_of(args, "cuda")
@@ -153,7 +141,7 @@ def cmd_bench(args, cuda: bool) -> int:
     if args.breakdown:
         from staticattn.bench.breakdown import run_breakdown
 
-        report = run_breakdown(cfg, _builders, reps=args.reps, seed=args.seed,
+        report = run_breakdown(cfg, default_builders, reps=args.reps, seed=args.seed,
                                staging_guard=StagingGuard(args.staging_guard),
                                progress=progress)
         _emit(report.table(), report.to_json(), args.json)
@@ -161,7 +149,7 @@ def cmd_bench(args, cuda: bool) -> int:
     if args.mix:
         from staticattn.bench.mixed_steps import run_mixed_bench
 
-        report = run_mixed_bench(_builders, None, reps=args.reps, seed=args.seed,
+        report = run_mixed_bench(default_builders, None, reps=args.reps, seed=args.seed,
                                  progress=progress)
         return _save(report, args, report.table())
     step, name = _bench_step(args)
@@ -169,7 +157,7 @@ def cmd_bench(args, cuda: bool) -> int:
         from staticattn.bench.context import run_context_bench
 
         report = run_context_bench(args.preset, args.context, cfg.max_model_len,
-                                   lambda: _builders(cfg), step,
+                                   lambda: default_builders(cfg), step,
                                    batches=args.batch_requests or (32,), reps=args.reps,
                                    seed=args.seed, consumer_name=name, progress=progress)
         return _save(report, args, report.table())
@@ -182,7 +170,7 @@ def cmd_bench(args, cuda: bool) -> int:
         n = cfg.next_n
         sizes = ([r * n for r in args.batch_requests] if args.batch_requests
                  else default_capture_sizes(cfg))
-        reports.append(run_bench(cfg, lambda c=cfg: _builders(c), step, sizes,
+        reports.append(run_bench(cfg, lambda c=cfg: default_builders(c), step, sizes,
                                  reps=args.reps, preset=preset, consumer_name=name,
                                  seed=args.seed, progress=progress,
                                  staging_guard=StagingGuard(args.staging_guard)))
@@ -201,9 +189,10 @@ def _bench_step(args) -> tuple:
     if args.consumer == "gather":
         return (lambda cfg: _make_step(None, cfg)), "built-in gather consumer"
     if args.consumer == "real":
-        from staticattn.consumers.real.factory import real_consumer_step, real_consumers_available
+        from staticattn.consumers.real.factory import real_consumer_step
+        from staticattn.kernels.runtime.dsa_libs import available
 
-        have = real_consumers_available()
+        have = available()
         names = " + ".join(k for k, v in sorted(have.items()) if v)
         return real_consumer_step, f"real kernels ({names})"
     return None, "metadata only"

@@ -66,10 +66,6 @@ UNUSED = {
     "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len", "compare"),
 }
 
-JSON_HELP = ("print the result as JSON: to stdout (no value, or -) instead of the text, or "
-             "into this file beside the text")
-
-
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
     """An argparse type: an int in ``[low, high]`` (no upper bound when None)."""
 
@@ -119,10 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dcp-deadline", type=int_in(1), default=30, metavar="SECONDS",
                    help="the --dcp step deadline: a rank that dies or stalls is a typed error "
                    "(RankFailureError, RankTimeoutError) on every rank within it (default: 30)")
-    d.add_argument("--no-progress", action="store_true", help="no progress bars")
-    d.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                   help=JSON_HELP)
-    d.set_defaults(cmd_parser=d)
     for name, help_, text in (
             ("check", "graph-capture sanity checks (without CUDA: those that need no capture)",
              "Capture a step (the built-in gather consumer, or --step) per batch size under "
@@ -140,7 +132,6 @@ def build_parser() -> argparse.ArgumentParser:
              "other things (one at a time). Without CUDA only --dcp runs (gloo ranks on "
              "the CPU); anything else says SKIPPED and exits 3.")):
         c = sub.add_parser(name, help=help_, description=text, allow_abbrev=False)
-        c.set_defaults(cmd_parser=c)
         _config_flags(c)
         if name == "check":
             c.add_argument("--batch-requests", type=int_in(1), nargs="+", default=None,
@@ -154,9 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write a DOT dump of each captured graph into DIR")
         else:
             _bench_flags(c)
+    for c in sub.choices.values():  # demo, check, bench
+        c.set_defaults(cmd_parser=c)
         c.add_argument("--no-progress", action="store_true", help="no progress bars")
         c.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
-                       help=JSON_HELP)
+                       help="print the result as JSON: to stdout (no value, or -) instead "
+                       "of the text, or into this file beside the text")
     return p
 
 

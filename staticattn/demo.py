@@ -163,11 +163,6 @@ class SyntheticServer:
         for name, row in r.group_rows.items():
             self.inputs.block_tables[name][r.row, : row.shape[0]].copy_(torch.from_numpy(row))
 
-    def _place(self, r: Request, row: int) -> None:
-        if r.row != row:
-            r.row = row
-            self._write_row(r)
-
     def next_step(self, step_no: int):
         cfg, rng, n = self.cfg, self.rng, self.cfg.next_n
         # Finish a few, admit a few: the decode batch grows and shrinks.
@@ -182,7 +177,9 @@ class SyntheticServer:
         # Decode-first order: decodes, then requests still prefilling.
         self.requests.sort(key=lambda r: r.prompt_left > 0)
         for i, r in enumerate(self.requests):
-            self._place(r, i)
+            if r.row != i:
+                r.row = i
+                self._write_row(r)
         q, s, slots, spans = [], [], [], []
         for b, r in enumerate(self.requests):
             if r.prompt_left > 0:

@@ -21,15 +21,6 @@ __all__ = ["host_times_us", "launch_floor", "launch_host_us", "replay_gpu_times_
            "replay_gpu_us"]
 
 
-def _one_kernel_graph() -> torch.cuda.CUDAGraph:
-    x = torch.zeros(1024, dtype=torch.int32, device="cuda")
-    stream = torch.cuda.Stream()
-    warm_up(lambda: x.add_(1), stream)
-    graph, _ = capture(lambda: x.add_(1), stream)
-    graph.keep_alive = x  # the graph writes x
-    return graph
-
-
 def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
                         before: Callable[[], None] | None = None,
                         inner: int = 1) -> list[float]:
@@ -87,7 +78,10 @@ def launch_host_us(launch, reps: int = 500) -> Stat:
 def launch_floor(reps: int = 500) -> dict[str, Stat]:
     """The one-kernel floor from one graph in one process: ``gpu_us``, ``replay_host_us``
     and, with cuda-bindings, ``raw_launch_host_us`` (what a step's launch is compared to)."""
-    graph = _one_kernel_graph()
+    x = torch.zeros(1024, dtype=torch.int32, device="cuda")  # what the graph writes
+    stream = torch.cuda.Stream()
+    warm_up(lambda: x.add_(1), stream)
+    graph, _ = capture(lambda: x.add_(1), stream)
     raw, how = make_launcher(graph, torch.cuda.current_stream())
     floor = {"gpu_us": replay_gpu_us(graph, reps),
              "replay_host_us": launch_host_us(graph.replay, reps)}

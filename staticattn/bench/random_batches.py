@@ -113,6 +113,21 @@ def _seq_lens(cfg: ArenaConfig, q: np.ndarray, rng: np.random.Generator, max_seq
     )
 
 
+def _query_lens(rng: np.random.Generator, n: int, num_decodes: int, cap: int, budget: int,
+                longest: int, fewest_chunks: int) -> np.ndarray:
+    """``num_decodes`` decodes of ``1..n`` tokens, then up to three chunks of ``n + 1 ..
+    longest`` within ``cap`` requests and ``budget`` tokens: int32 ``(num_reqs,)``."""
+    q = list(rng.integers(1, n + 1, size=num_decodes))
+    budget -= sum(q)
+    for _ in range(int(rng.integers(fewest_chunks if q else 1, 4))):
+        if len(q) >= cap or budget <= n + 1:
+            break
+        chunk = int(rng.integers(n + 1, min(budget, longest) + 1))
+        q.append(chunk)
+        budget -= chunk
+    return np.asarray(q or [1], dtype=np.int32)
+
+
 def fixed_step(
     inputs: StepInputs,
     query_lens: np.ndarray,
@@ -162,18 +177,10 @@ def random_mixed_step(
 ) -> RandomStep:
     """Decodes with variable accepted lengths ``1..next_n``, then a few extends/prefills."""
     cfg = inputs.config
-    n = cfg.next_n
     cap = min(max_reqs or cfg.max_num_seqs, cfg.max_num_seqs)
     num_dec = int(rng.integers(0, max(1, cap - 2)))
-    q = list(rng.integers(1, n + 1, size=num_dec))
-    budget = cfg.max_num_batched_tokens - sum(q)
-    for _ in range(int(rng.integers(1, 4))):
-        if len(q) >= cap or budget <= n + 1:
-            break
-        qq = int(rng.integers(n + 1, min(budget, max_prefill_tokens, cfg.max_model_len) + 1))
-        q.append(qq)
-        budget -= qq
-    q = np.asarray(q if q else [1], dtype=np.int32)
+    q = _query_lens(rng, cfg.next_n, num_dec, cap, cfg.max_num_batched_tokens,
+                    min(max_prefill_tokens, cfg.max_model_len), fewest_chunks=1)
     s = _seq_lens(cfg, q, rng, max_seq_len or cfg.max_model_len, 0.3)
     for b in range(num_dec, q.shape[0]):
         if rng.random() < 0.5:
@@ -223,18 +230,10 @@ class DecodeStream:
         """A step of any composition within ``max_tokens``: decodes first, each with
         ``1..next_n`` tokens (drafts accepted or not), then up to three prefill chunks
         (continuations or fresh prompts)."""
-        cfg, rng = self.cfg, self.rng
-        n = cfg.next_n
-        cap = min(cfg.max_num_seqs, max_tokens)
-        q = list(rng.integers(1, n + 1, size=int(rng.integers(0, max(1, cap - 3)))))
-        budget = max_tokens - sum(q)
-        for _ in range(int(rng.integers(0 if q else 1, 4))):
-            if budget <= n + 1 or len(q) >= cap:
-                break
-            chunk = int(rng.integers(n + 1, min(budget, self.max_seq_len, 4096) + 1))
-            q.append(chunk)
-            budget -= chunk
-        return self._step(np.asarray(q or [1], dtype=np.int32), fresh_fraction=0.3)
+        cap = min(self.cfg.max_num_seqs, max_tokens)
+        q = _query_lens(self.rng, self.cfg.next_n, int(self.rng.integers(0, max(1, cap - 3))),
+                        cap, max_tokens, min(self.max_seq_len, 4096), fewest_chunks=0)
+        return self._step(q, fresh_fraction=0.3)
 
     def _step(self, q: np.ndarray, fresh_fraction: float = 0.0,
               longest: int | None = None) -> RandomStep:

@@ -87,7 +87,8 @@ class CheckReport:
     @property
     def failures(self) -> list[str]:
         """The errors as lines, ``"size 8: [kind] message"``."""
-        return [_line(f) for f in self.errors]
+        return [("" if f.size is None else f"size {f.size}: ") + f"[{f.kind}] {f.message}"
+                for f in self.errors]
 
     def kinds(self, severity: str | None = None) -> set[str]:
         """The kinds found (of one severity when given)."""
@@ -131,8 +132,3 @@ class CheckReport:
         """Raise :class:`GraphError` listing the failures when the verdict is FAIL."""
         if not self.ok:
             raise GraphError("graph sanity check failed:\n" + "\n".join(self.failures))
-
-
-def _line(f: Finding) -> str:
-    where = f"size {f.size}: " if f.size is not None else ""
-    return f"{where}[{f.kind}] {f.message}"

@@ -165,8 +165,9 @@ def check_graph_safety(
                     disable=not progress, leave=False) as bar:
                 for size, c in captured.items():
                     _probe_size(manager, c, reports[size], rng, num_kv_blocks, num_batches,
-                                dot_dir, before_batch, write_staging or _stage_uniform, seed,
-                                index, bar.update)
+                                dot_dir, before_batch,
+                                write_staging or StepInputs.stage_uniform_decode, seed, index,
+                                bar.update)
             allocated = {s: c.watch.allocations for s, c in captured.items()}
             for size, message in freed_and_reused(escaped, allocated):
                 reports[size].add("pool_reuse", message)
@@ -315,7 +316,3 @@ def _eager(manager: GraphManager, num_reqs: int, size: int) -> Any:
     consumers whose schedule depends on the batch's extent compare bit for bit."""
     outputs, _ = manager.capturer.body(GraphKind.DECODE, num_reqs, size)
     return outputs
-
-
-def _stage_uniform(inputs: StepInputs, seq_lens: np.ndarray, slot_mapping: np.ndarray) -> None:
-    inputs.stage_uniform_decode(np.asarray(seq_lens), np.asarray(slot_mapping))

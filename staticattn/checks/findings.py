@@ -1,16 +1,10 @@
 """What the graph sanity checker can find, and whether each finding is an error or a note.
 
-The rule (:data:`RULE`, printed with every report): a captured step may allocate inside the
-capture. Such memory comes from the graph pool, keeps the address the graph baked in on
-every replay and is rewritten by every replay, so it is a *note*: the output lives in the
-graph pool and is valid until the next replay of any graph sharing the pool. Everything that
-makes a replay differ from the eager step it stands for is an *error*: an address that
-differs between capture and replay, an output the replay never rewrites, a host read, a
-sync, a Python branch on data (replay != eager), a kernel reading memory outside the arena
-and the pool that changes between steps (host memory, a tensor freed after capture), a write
-into buffers the step does not own, staging rewritten under an in-flight replay, random
-numbers the replay does not advance, a pool allocation freed and reused by another graph,
-work issued on a stream outside the capture.
+The rule (:data:`RULE`, printed with every report, lists each case): a captured step may
+allocate inside the capture. Such memory comes from the graph pool, keeps the address the
+graph baked in on every replay and is rewritten by every replay, so it is a *note*: the
+output lives in the graph pool and is valid until the next replay of any graph sharing the
+pool. Everything that makes a replay differ from the eager step it stands for is an *error*.
 
 :data:`FAULT_KINDS` is the table behind the rule: one entry per kind, its severity and how
 it is detected; ``docs/checks.md`` shows the same table with the test of each kind.

@@ -5,7 +5,8 @@ The capture is the graph manager's own (:meth:`Capturer.capture_each
 through a :class:`~staticattn.graphs.capturer.CaptureHook`: the body (staging kernels +
 every builder's ``build_decode`` + the step) runs under the guards, and the step is wrapped
 by :class:`PhasedStep` so the watch tells the builds' ops from the step's. Sync-debug mode
-"error" is set inside the capture (entering a capture synchronises on purpose).
+"error" is set inside the capture (entering a capture synchronises on purpose):
+:func:`sync_guard`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import torch
 
 from staticattn.checks.check_report import SizeCheck
 from staticattn.checks.frozen import Call
-from staticattn.checks.sync_guard import sync_guard
 from staticattn.checks.watch import ArenaIndex, CaptureWatch
 from staticattn.errors import GraphError
 from staticattn.graphs.captured import GraphKind
@@ -28,7 +28,7 @@ from staticattn.graphs.capturer import GraphSpec
 from staticattn.graphs.dispatch import Dispatcher
 from staticattn.graphs.manager import GraphManager, StepFn
 
-__all__ = ["Captured", "GuardHook", "PhasedStep", "body_calls", "guarded_capture"]
+__all__ = ["Captured", "GuardHook", "PhasedStep", "body_calls", "guarded_capture", "sync_guard"]
 
 #: aten ops that wait on the device, and the Python spelling users know them by.
 SYNC_OPS = {
@@ -41,6 +41,19 @@ SYNC_OPS = {
     "unique": " (torch.unique)",
 }
 _SYNC_MESSAGE = "synchronizing CUDA operation"  # what sync-debug mode "error" raises
+
+
+@contextmanager
+def sync_guard():
+    """Make synchronising CUDA ops (``.item()``, ``.tolist()``, ``nonzero``...) raise while
+    inside instead of silently breaking the capture (restores the previous mode);
+    :class:`~staticattn.checks.watch.CaptureWatch` names the op that raised."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 class PhasedStep:

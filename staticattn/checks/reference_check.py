@@ -16,7 +16,7 @@ replay against eager, staging races) needs a GPU: :func:`~staticattn.checks.chec
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from tqdm import tqdm
@@ -170,10 +170,7 @@ class EagerCheck:
 
     def to_dict(self) -> dict:
         """The result as JSON-ready values."""
-        return {"steps": self.steps, "output_mismatches": self.output_mismatches,
-                "reference_mismatches": self.reference_mismatches,
-                "extent_mismatches": self.extent_mismatches,
-                "compared": list(self.compared), "first_mismatch": self.first_mismatch}
+        return {**asdict(self), "compared": list(self.compared)}
 
 
 def check_eagerly(manager: GraphManager, *, num_steps: int = 20, seed: int = 0,

@@ -49,9 +49,7 @@ def moved_views(first: Any, second: Any,
         ta, tb = a.get(path), b.get(path)
         if held is not None and not any(t is not None and held(t) for t in (ta, tb)):
             continue
-        if ta is None or tb is None:
-            moved.append(path.lstrip("."))
-            continue
-        if (ta.data_ptr(), ta.shape, ta.stride()) != (tb.data_ptr(), tb.shape, tb.stride()):
+        if ta is None or tb is None or (
+                (ta.data_ptr(), ta.shape, ta.stride()) != (tb.data_ptr(), tb.shape, tb.stride())):
             moved.append(path.lstrip("."))
     return moved

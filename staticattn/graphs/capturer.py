@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from staticattn.arena import Arena
 from staticattn.builders.batch import Batch
@@ -37,7 +38,7 @@ from staticattn.graphs.sizes import (
 from staticattn.staging import StepInputs
 
 __all__ = ["CaptureHook", "Capturer", "GraphSpec", "arena_contents_kept", "capture",
-           "capture_failed", "frozen_gc", "progress", "warm_up"]
+           "capture_failed", "frozen_gc", "warm_up"]
 
 DECODE, MIXED = GraphKind.DECODE, GraphKind.MIXED
 
@@ -144,7 +145,8 @@ class Capturer:
         captured: list[CapturedGraph] = []
         with frozen_gc(), arena_contents_kept(self.arena):
             try:
-                for spec in progress(specs, show_progress, "capturing graphs"):
+                for spec in tqdm(specs, desc="capturing graphs", unit="graph",
+                                 disable=not show_progress, leave=False):
                     try:
                         captured.append(self.record(spec, hook))
                     except Exception as exc:
@@ -315,14 +317,3 @@ def frozen_gc():
         if was_enabled:
             gc.enable()
         gc.unfreeze()
-
-
-def progress(items, enabled: bool, desc: str):
-    """``items`` wrapped in a progress bar when ``enabled`` (and tqdm is there), else as is."""
-    if not enabled:
-        return items
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return items
-    return tqdm(items, desc=desc, unit="graph", leave=False)

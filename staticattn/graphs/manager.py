@@ -48,11 +48,6 @@ to the dispatcher: ``runner`` (:class:`~staticattn.graphs.runner.StepRunner`), w
 ``run`` is the manager's, and ``in_place`` (:class:`~staticattn.graphs.in_place.
 InPlaceSteps`), whose ``begin_step`` and ``launch`` are the manager's.
 
-With ``contexts`` (context buckets, tokens) the decode graphs are captured once per bucket,
-each for sequences of at most its length, and a uniform decode step replays the graph of
-the smallest bucket holding its longest sequence: its cost follows the contexts it serves
-rather than ``max_model_len`` (:class:`~staticattn.graphs.contexts.ContextGraphs`).
-
 Example (on a CUDA machine; ``step`` reads metadata views and writes buffers it owns)::
 
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)
@@ -122,12 +117,9 @@ class GraphManager:
     contexts : sequence of int, optional
         Context buckets (tokens): the decode graphs are captured once per bucket, for
         sequences of at most its length, and each decode step replays the smallest bucket
-        holding its longest sequence. Default: one bucket, ``max_model_len``; the last is
-        always ``max_model_len`` (added when missing).
-
-    The step APIs are the parts': ``run`` (:meth:`StepRunner.run <staticattn.graphs.runner.
-    StepRunner.run>`), ``begin_step`` and ``launch`` (:class:`~staticattn.graphs.in_place.
-    InPlaceSteps`).
+        holding its longest sequence: its cost follows the contexts it serves rather than
+        ``max_model_len`` (:class:`~staticattn.graphs.contexts.ContextGraphs`). Default: one
+        bucket, ``max_model_len``; the last is always ``max_model_len`` (added when missing).
 
     Raises :class:`GraphError` when ``options`` is not a :class:`GraphOptions`, ``step`` is
     not callable, ``builders`` is empty, ``inputs`` are not the arena's, a context bucket

@@ -1,11 +1,10 @@
 """What a :class:`~staticattn.graphs.GraphManager` is built with: its options in one frozen
-dataclass, and the two choices they name as enums.
+dataclass, and the two choices they name as enums, :class:`EagerBuild` and
+:class:`StagingGuard`.
 
-:class:`EagerBuild` says what runs a step eagerly. One vocabulary serves both places that
-choose it: ``GraphOptions(eager_build=...)`` (what a step no captured graph holds runs) and
+One vocabulary of eager builds serves both places that choose one:
+``GraphOptions(eager_build=...)`` (what a step no captured graph holds runs) and
 ``GraphManager.run(..., eager=...)`` (run this step eagerly, even if a graph holds it).
-:class:`StagingGuard` says where a graph records the event the host waits for before it
-rewrites the staging.
 """
 
 from __future__ import annotations

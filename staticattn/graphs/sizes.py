@@ -80,12 +80,7 @@ def default_mixed_buckets(config: ArenaConfig) -> list[int]:
     --------
     ``max_num_batched_tokens=8192`` -> ``[16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]``.
     """
-    top = config.max_num_batched_tokens
-    buckets, b = [], MIN_BUCKET
-    while b < top:
-        buckets.append(b)
-        b *= 2
-    return buckets + [top]
+    return _doublings(MIN_BUCKET, config.max_num_batched_tokens)
 
 
 def bucket_requests(config: ArenaConfig, bucket: int) -> int:
@@ -115,12 +110,12 @@ def default_context_buckets(config: ArenaConfig) -> list[int]:
     Why: a decode graph bakes in the widths its consumer sizes from the batch's
     ``max_seq_len`` (the indexer's logits row and top-k scan, for one); captured for a
     1M-token limit, every replay pays for 1M even when every context is 2K."""
-    top = config.max_model_len
-    out, c = [], MIN_CONTEXT
-    while c < top:
-        out.append(c)
-        c *= 2
-    return [*out, top]
+    return _doublings(MIN_CONTEXT, config.max_model_len)
+
+
+def _doublings(first: int, top: int) -> list[int]:
+    """``first``, ``2 * first``, ``4 * first``, ... below ``top``, then ``top``."""
+    return [first << i for i in range(top.bit_length()) if first << i < top] + [top]
 
 
 def normalize_context_buckets(config: ArenaConfig, contexts: Sequence[int]) -> list[int]:

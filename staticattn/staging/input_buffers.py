@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from staticattn.arena.buffers import NULL_BLOCK_ID, PAD_SLOT_ID, BufferDecl
+from staticattn.arena.buffers import PAD_SLOT_ID, BufferDecl
 from staticattn.arena.config import ArenaConfig
 from staticattn.arena.groups import cache_groups
 from staticattn.kernels.staging.stage_inputs import NUM_COUNTS
 
-__all__ = ["input_buffers", "PAD_SLOT_ID", "NULL_BLOCK_ID"]
+__all__ = ["input_buffers", "PAD_SLOT_ID"]
 
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from staticattn.arena.config import ArenaConfig
-from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.errors import InvalidBatchError
+from staticattn.validation.values import check_capacity, check_non_negative
 
 __all__ = ["check_extents"]
 
@@ -17,7 +18,6 @@ def check_extents(config: ArenaConfig, query_lens: np.ndarray, seq_lens: np.ndar
     consistent lengths, padded to ``pr`` requests and ``pt`` tokens within the staging
     block's capacity. Host ints: ``query_lens``, ``seq_lens`` ``(num_reqs,)``,
     ``slot_mapping`` ``(num_tokens,)``."""
-    cfg = config
     if query_lens.ndim != 1 or seq_lens.ndim != 1 or slot_mapping.ndim != 1:
         raise InvalidBatchError(
             "query_lens, seq_lens and slot_mapping must be 1-D, got shapes "
@@ -37,15 +37,9 @@ def check_extents(config: ArenaConfig, query_lens: np.ndarray, seq_lens: np.ndar
             f"padding ({pr} requests, {pt} tokens) is smaller than the batch "
             f"({num_reqs} requests, {num_tokens} tokens)"
         )
-    if pr > cfg.max_num_seqs:
-        raise CapacityError(f"num_reqs={pr} exceeds max_num_seqs={cfg.max_num_seqs}")
-    if pt > cfg.max_num_batched_tokens:
-        raise CapacityError(
-            f"num_tokens={pt} exceeds max_num_batched_tokens={cfg.max_num_batched_tokens}"
-        )
-    if num_reqs and int(query_lens.min()) < 0:
-        raise InvalidBatchError(f"query_lens has a negative entry ({int(query_lens.min())})")
-    total = int(query_lens.sum()) if num_reqs else 0
+    check_capacity(pr, pt, config)
+    check_non_negative("query_lens", query_lens)
+    total = int(query_lens.sum())
     if total != num_tokens:
         raise InvalidBatchError(
             f"query_lens sum to {total} tokens but slot_mapping has {num_tokens} entries"

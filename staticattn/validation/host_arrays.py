@@ -11,11 +11,10 @@ import numpy as np
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import InvalidBatchError
+from staticattn.validation.extents import check_extents
 from staticattn.validation.values import (
     check_block_ids,
-    check_capacity,
     check_decode_first,
-    check_non_negative,
     check_seq_lens,
     check_slots,
     check_table_width,
@@ -89,26 +88,11 @@ def validate_host_step(
     seq_lens = host_ints("seq_lens", seq_lens, ndim=1)
     slot_mapping = host_ints("slot_mapping", slot_mapping, ndim=1)
     num_reqs, num_tokens = query_lens.shape[0], slot_mapping.shape[0]
-    if seq_lens.shape[0] != num_reqs:
-        raise InvalidBatchError(
-            f"seq_lens has {seq_lens.shape[0]} entries but query_lens has {num_reqs}"
-        )
     padded_reqs = num_reqs if num_reqs_padded is None else count_arg(
         "num_reqs_padded", num_reqs_padded)
     padded_tokens = num_tokens if num_tokens_padded is None else count_arg(
         "num_tokens_padded", num_tokens_padded)
-    if padded_reqs < num_reqs or padded_tokens < num_tokens:
-        raise InvalidBatchError(
-            f"padded extents ({padded_reqs} requests, {padded_tokens} tokens) are smaller "
-            f"than the step ({num_reqs} requests, {num_tokens} tokens)"
-        )
-    check_capacity(padded_reqs, padded_tokens, config)
-    check_non_negative("query_lens", query_lens)
-    total = int(query_lens.sum())
-    if total != num_tokens:
-        raise InvalidBatchError(
-            f"query_lens sum to {total} tokens but slot_mapping has {num_tokens} entries"
-        )
+    check_extents(config, query_lens, seq_lens, slot_mapping, padded_reqs, padded_tokens)
     check_seq_lens(query_lens, seq_lens, config)
     check_slots(slot_mapping, slot_bound(config, num_kv_blocks, num_swa_kv_blocks))
     if require_decode_first:

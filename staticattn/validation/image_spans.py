@@ -64,15 +64,6 @@ def _ints(i: int, row) -> tuple[int, int, int]:
     return int(b), int(first), int(last)
 
 
-def _check_capacity(config: ArenaConfig, rows: list[tuple[int, int, int]]) -> None:
-    """:class:`CapacityError` naming the first span past ``max_image_spans``."""
-    if len(rows) > config.max_image_spans:
-        b, first, last = rows[config.max_image_spans]
-        raise CapacityError(
-            f"image span {config.max_image_spans} (request {b}, positions [{first}, {last}]) "
-            f"exceeds the capacity max_image_spans={config.max_image_spans}")
-
-
 def max_span_tokens(config: ArenaConfig) -> int:
     """The most tokens a span may hold, ``sliding_window + max_image_tokens``: the prefill
     SWA row's width, which a longer span's windows would pass (0 for a text model, which
@@ -134,8 +125,11 @@ def check_image_spans(config: ArenaConfig, spans, query_lens: np.ndarray,
         _as_rows(config, spans)
     if type(raw) not in (list, tuple):
         raw = list(raw)
-    if len(raw) > config.max_image_spans:
-        _check_capacity(config, [_ints(i, row) for i, row in enumerate(raw)])
+    if len(raw) > config.max_image_spans:  # named once every row is three ints
+        b, first, last = [_ints(i, row) for i, row in enumerate(raw)][config.max_image_spans]
+        raise CapacityError(
+            f"image span {config.max_image_spans} (request {b}, positions [{first}, {last}]) "
+            f"exceeds the capacity max_image_spans={config.max_image_spans}")
     num_reqs = seq_lens.shape[0]
     rows = []
     ordered, prev = True, (-1, -1, -1)

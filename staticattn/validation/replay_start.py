@@ -13,6 +13,7 @@ import numpy as np
 
 from staticattn.arena.config import ArenaConfig
 from staticattn.errors import InvalidBatchError
+from staticattn.validation.values import check_non_negative
 
 __all__ = ["check_replay_start", "replay_start_array"]
 
@@ -29,9 +30,7 @@ def replay_start_array(config: ArenaConfig, replay_start, num_reqs: int) -> np.n
             rs.size and not np.issubdtype(rs.dtype, np.integer)):
         raise InvalidBatchError(f"replay_start must be {num_reqs} ints (one per request), got "
                                 f"shape {rs.shape}, dtype {rs.dtype}")
-    if rs.size and rs.min() < 0:
-        b = int(np.argmin(rs))
-        raise InvalidBatchError(f"replay_start[{b}]={int(rs[b])} is negative")
+    check_non_negative("replay_start", rs)
     return rs
 
 

@@ -28,12 +28,12 @@ def test_the_mixed_report_shows_both_eager_paths():
 
 @pytest.mark.gpu
 def test_the_breakdown_names_every_path_and_phase():
-    from staticattn.__main__ import _builders
     from staticattn.arena import ArenaConfig
     from staticattn.bench.breakdown import run_breakdown
+    from staticattn.builders import default_builders
 
     cfg = ArenaConfig.deepseek_v4(max_model_len=65536)  # the mixed batch reaches 23K
-    report = run_breakdown(cfg, _builders, num_reqs=8, reps=5)
+    report = run_breakdown(cfg, default_builders, num_reqs=8, reps=5)
     text = report.table()
     for label in ("run(), decode replay", "in-place, decode replay",
                   "run(eager=GRAPH), decode", "run(eager=GRAPH), reference mixed batch",

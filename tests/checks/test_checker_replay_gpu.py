@@ -19,7 +19,7 @@ from helpers.checker_steps import (
 )
 from helpers.toy import ToyStep
 
-from staticattn.staging import COUNT_REQS
+from staticattn.kernels.staging.stage_inputs import COUNT_REQS
 
 pytestmark = pytest.mark.gpu
 

@@ -12,10 +12,11 @@ import torch
 
 import staticattn.reference.compressed as compressed_reference
 import staticattn.reference.v41_compressed as v41_reference
-from staticattn.__main__ import _builders, main
+from staticattn.__main__ import main
 from staticattn.arena import ArenaConfig
 from staticattn.bench.bench_report import BenchReport, BenchRow, HostGpu, Stat
 from staticattn.bench.preset_compare import PresetComparison
+from staticattn.builders import default_builders
 from staticattn.cli import DCP_PRESETS, PRESETS
 from staticattn.model import PRESETS as MODEL_PRESETS
 
@@ -60,7 +61,7 @@ def test_one_vocabulary_of_presets():
 ])
 def test_the_commands_build_the_presets_default_builders(preset, names):
     cfg = ArenaConfig.preset(preset, device="cpu")
-    assert [b.name for b in _builders(cfg)] == names
+    assert [b.name for b in default_builders(cfg)] == names
 
 
 @pytest.mark.skipif(CUDA, reason="without CUDA only: the GPU run measures")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from helpers.toy import ToyStep
-from staticattn.staging import COUNT_TOKENS
+from staticattn.kernels.staging.stage_inputs import COUNT_TOKENS
 
 #: Keys of one KV split (a split-KV decode kernel's plan: FlashMLA's tile scheduler,
 #: FlashInfer's plan).

@@ -15,7 +15,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.checks import check_graph_safety
-from staticattn.checks.sync_guard import sync_guard
+from staticattn.checks.guarded_capture import sync_guard
 from staticattn.checks.watch import CaptureWatch
 from staticattn.consumers.emulated.gather import GatherConsumer
 from staticattn.graphs.introspect import new_graph, node_census
