@@ -151,10 +151,10 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
                 o < s["c_lens"][r, None]))
             out[:, 1] = torch.where(dec & real, c_dec, 0)
     if a.indexer is not None:
-        out[:, a.index_column] = _index_sums(a, t, real, b, p, index_cache)
+        out[:, a.index_column] = _index_sums(a, t, real, b, index_cache)
 
 
-def _index_sums(a: GatherArgs, t, real, b, p, cache):
+def _index_sums(a: GatherArgs, t, real, b, cache):
     x, dev, size = a.indexer, t.device, a.storage_block_size
     k_tail = torch.arange(INDEX_TAIL, device=dev)
     result = torch.zeros_like(t)
