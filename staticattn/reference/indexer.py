@@ -273,12 +273,10 @@ def assert_matches(meta, expected, step, arena) -> None:
         got = meta.decode
         same("decode.seq_lens", got.seq_lens, want["seq_lens"])
         holds(got.seq_lens.is_contiguous(), "decode.seq_lens contiguous")
-        same("decode.decode_lens", got.decode_lens, want["decode_lens"])
-        same("decode.requires_padding", got.requires_padding, want["requires_padding"])
         same("decode.schedule_metadata", got.schedule_metadata, want["schedule"])
-        same("decode.per_req_decode_lens", got.per_req_decode_lens, want["per_req_decode_lens"])
-        same("decode.decode_is_uniform", got.decode_is_uniform, want["decode_is_uniform"])
-        same("decode.write_max_decode_len", got.write_max_decode_len, want["write_max_decode_len"])
+        for name in ("decode_lens", "requires_padding", "per_req_decode_lens",
+                     "decode_is_uniform", "write_max_decode_len"):
+            same(f"decode.{name}", getattr(got, name), want[name])
         if want["flatten"]:
             same("decode.block_table", got.block_table, want["block_table"])
         else:

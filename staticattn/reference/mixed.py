@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference import swa as swa_oracle
 from staticattn.reference.assertions import holds, same
+from staticattn.reference.v41_swa import num_decodes
 
 if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
@@ -36,9 +37,7 @@ __all__ = ["assert_indexer_matches", "assert_swa_matches", "counts", "indexer", 
 def counts(cfg: ArenaConfig, step) -> list[int]:
     """``[k, nt, D, Td]`` of a ``HostStep`` (real values, no padding)."""
     q = [int(x) for x in step.query_lens]
-    d = 0
-    while d < len(q) and q[d] <= cfg.decode_threshold:
-        d += 1
+    d = num_decodes(q, cfg.decode_threshold)
     return [len(q), sum(q), d, sum(q[:d])]
 
 
@@ -176,12 +175,9 @@ def assert_indexer_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
         same("decode.block_table", d.block_table, exp["block_table"])
     plan = meta.prefill.plan
     same("prefill.chunks", meta.prefill.chunks, [])
-    same("plan.chunk_bounds", plan.chunk_bounds, exp["chunk_bounds"])
     same("plan.num_chunks", plan.num_chunks, [exp["num_chunks"]])
-    same("plan.cu_seq_lens", plan.cu_seq_lens, exp["cu_seq_lens"])
-    same("plan.req_key_start", plan.req_key_start, exp["req_key_start"])
-    same("plan.cu_seqlen_ks", plan.cu_seqlen_ks, exp["cu_seqlen_ks"])
-    same("plan.cu_seqlen_ke", plan.cu_seqlen_ke, exp["cu_seqlen_ke"])
+    for name in ("chunk_bounds", "cu_seq_lens", "req_key_start", "cu_seqlen_ks", "cu_seqlen_ke"):
+        same(f"plan.{name}", getattr(plan, name), exp[name])
     same("step_counts", meta.step_counts, counts(cfg, step))
 
 
