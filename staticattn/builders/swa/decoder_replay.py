@@ -28,10 +28,9 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.contract import claim_arena
+from staticattn.builders.contract import bound_config, claim_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.builders.swa.metadata import SparseSWAMetadata
-from staticattn.errors import ArenaError
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.kernels.swa.decoder_replay_rows import ReplayViews, replay_sub_batch
 
@@ -92,7 +91,6 @@ class DecoderReplayBuilder:
                       if first_layer else None)
         self._views: ReplayViews | None = None
         self._host_qsl: torch.Tensor | None = None
-        self._config: ArenaConfig | None = None
         self._backend = "torch"
 
     def _inner(self) -> list[SparseSWAMetadataBuilder]:
@@ -126,12 +124,11 @@ class DecoderReplayBuilder:
         self._host_qsl = arena["replay.host_query_start_loc"]
         for inner in self._inner():
             inner.bind(arena)
-        self._config = arena.config
         self._backend = resolve_backend(arena.config.kernel_backend, arena.device)
 
     def build(self, batch: Batch) -> DecoderReplayMetadata:
         """Eagerly: the split and the sub-batch's extents from the batch's host lengths."""
-        cfg = self._bound()
+        cfg = bound_config(self)
         d, _, _, _ = split_decodes_and_prefills(batch, decode_threshold=cfg.decode_threshold)
         qsl, q, _ = batch.host_arrays()
         b = np.arange(batch.num_reqs)
@@ -155,13 +152,8 @@ class DecoderReplayBuilder:
         return self._build_on_device(batch, "build_mixed")
 
     # ------------------------------------------------------------------- helpers
-    def _bound(self) -> ArenaConfig:
-        if self._config is None:
-            raise ArenaError("DecoderReplayBuilder is not bound; call bind(arena) first")
-        return self._config
-
     def _build_on_device(self, batch: Batch, how: str) -> DecoderReplayMetadata:
-        self._bound()
+        bound_config(self)
         self._launch(batch, batch.require_step_counts())
         return self._metadata(batch, self._sub_batch(batch, batch.num_actual_tokens,
                                                      batch.max_query_len), how)
@@ -169,7 +161,7 @@ class DecoderReplayBuilder:
     def _launch(self, batch: Batch, counts) -> None:
         replay_sub_batch(self._backend, self._views, batch.query_start_loc, batch.seq_lens,
                          batch.replay_start, batch.slot_mapping, batch.positions,
-                         window=self._config.sliding_window, num_reqs=batch.num_reqs,
+                         window=bound_config(self).sliding_window, num_reqs=batch.num_reqs,
                          num_tokens=batch.num_actual_tokens, counts=counts)
 
     def _sub_batch(self, batch: Batch, num_tokens: int, max_query_len: int) -> Batch:
