@@ -49,6 +49,8 @@ class GatherArgs:
     storage_block_size: int
     swa: dict[str, Any] | None = None
     indexer: dict[str, Any] | None = None
+    #: A prefill chunk plan laid out as a mixed build's: chunk bounds int32 ``(C, 8)``, their
+    #: count ``(1,)``, key prefix sums, per-token key ranges ``ks``, ``ke`` ``(T,)``.
     plan: tuple[torch.Tensor, ...] | None = None
     #: The output column of the indexer checksum (2; DeepSeek V4.1 launches once per index
     #: type, each into a column of its own).
@@ -80,11 +82,6 @@ class GatherArgs:
             flatten=d.block_table.data_ptr() != self.block_table.data_ptr(),
             decode_tokens=md.num_decode_tokens, device_counts=mixed,
         )
-
-    def set_prefill_plan(self, chunk_bounds, num_chunks, cu_seq_lens, ks, ke) -> None:
-        """Read a prefill chunk plan laid out as a mixed build's: chunk bounds int32
-        ``(C, 8)``, their count ``(1,)``, key prefix sums, per-token key ranges ``(T,)``."""
-        self.plan = (chunk_bounds, num_chunks, cu_seq_lens, ks, ke)
 
 
 def gather_checksums(backend: str, a: GatherArgs, out: torch.Tensor) -> None:
