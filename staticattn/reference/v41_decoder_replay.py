@@ -32,12 +32,12 @@ def sub_batch(cfg: ArenaConfig, step: SWAStep, num_reqs: int, num_tokens: int) -
         kept.append(keep)
         trimmed = keep < q
         kv_start.append(max(replay[b], length - w) if trimmed else replay[b])
-        for j in range(q - keep, q):
-            rows.append(qsl[b] + j)
+        rows += range(qsl[b] + q - keep, qsl[b] + q)
         sub_qsl.append(sub_qsl[-1] + keep)
     total = len(rows)
     owner = [b for b in range(k) for _ in range(kept[b])]
     pad_t = num_tokens - total
+    slots = [step.slots[r] for r in rows]
     return dict(
         query_start_loc=sub_qsl + [total] * (num_reqs - k),
         query_lens=kept + [0] * (num_reqs - k),
@@ -45,12 +45,10 @@ def sub_batch(cfg: ArenaConfig, step: SWAStep, num_reqs: int, num_tokens: int) -
         rows=rows + [0] * pad_t,
         token_to_req=owner + [0] * pad_t,
         positions=[position[r] for r in rows] + [0] * pad_t,
-        slot_mapping=[step.slots[r] for r in rows] + [-1] * pad_t,
+        slot_mapping=slots + [-1] * pad_t,
         step_counts=[k, total, d, sum(kept[:d])],
-        step=SWAStep(kept, list(step.seq_lens), kv_start, [step.slots[r] for r in rows],
-                  step.swa_table),
-        first_layer_step=SWAStep(kept, list(step.seq_lens), replay, [step.slots[r] for r in rows],
-                              step.swa_table),
+        step=SWAStep(kept, list(step.seq_lens), kv_start, slots, step.swa_table),
+        first_layer_step=SWAStep(kept, list(step.seq_lens), replay, slots, step.swa_table),
     )
 
 
