@@ -49,7 +49,6 @@ from staticattn.builders.indexer.decode_layout import (
     DecodeLens,
     eager_layout,
     flattens,
-    host_query_start_loc,
     need_token_views,
 )
 from staticattn.builders.indexer.index_type import index_type
@@ -312,8 +311,7 @@ class IndexerMetadataBuilder:
         None when the chunk has no compressed key. ``query_slice`` selects a query sub-chunk,
         relative to the chunk's first token."""
         bound_config(self)
-        return self.prefill.build_chunk(batch, host_query_start_loc(batch), start, end,
-                                        query_slice)
+        return self.prefill.build_chunk(batch, batch.host_arrays()[0], start, end, query_slice)
 
     # ------------------------------------------------------------------ decode
     def _check_capacity(self, layout: DecodeLayout) -> None:
