@@ -123,17 +123,12 @@ def expected(
     q = list(query_lens) + [0] * (num_reqs_padded - len(query_lens))
     L = list(seq_lens) + [0] * (num_reqs_padded - len(seq_lens))
     slots = list(slot_mapping) + [-1] * (num_tokens_padded - len(slot_mapping))
-    qsl = [0]
-    for ql in q:
-        qsl.append(qsl[-1] + ql)
-
-    owner = [0] * num_tokens_padded
-    position = [0] * num_tokens_padded
+    owner, position = [], []
     for b in range(num_reqs_padded):
-        for j in range(q[b]):
-            t = qsl[b] + j
-            owner[t] = b
-            position[t] = (L[b] - q[b]) + j
+        owner += [b] * q[b]
+        position += [L[b] - q[b] + j for j in range(q[b])]
+    owner += [0] * (num_tokens_padded - len(owner))
+    position += [0] * (num_tokens_padded - len(position))
 
     D, P, Td, Tp = split(q, num_tokens_padded, cfg.decode_threshold)
     valid = [s >= 0 for s in slots]

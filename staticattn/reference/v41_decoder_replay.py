@@ -58,20 +58,15 @@ def draft_rows(cfg: ArenaConfig, step: SWAStep, width: int, num_tokens: int) -> 
     tokens (slot -1) and tokens past the step -1 with length 0."""
     w, bs = cfg.sliding_window, cfg.swa_block_size
     _, owner, _ = step.tokens()
-    rows, lens, valid = [], [], []
+    valid = [t < len(owner) and step.slots[t] >= 0 for t in range(num_tokens)]
+    rows, lens = [[-1] * width for _ in range(num_tokens)], [0] * num_tokens
     for t in range(num_tokens):
-        ok = t < len(owner) and step.slots[t] >= 0
-        valid.append(ok)
-        row = [-1] * width
-        n = 0
-        if ok:
+        if valid[t]:
             b = owner[t]
             length = step.seq_lens[b]
             start = max(length - step.query_lens[b] - w, 0)
-            n = length - start
-            for o in range(n):
-                row[o] = slot(step.swa_table[b], start + o, bs)
-        rows.append(row)
-        lens.append(n)
+            lens[t] = length - start
+            for o in range(lens[t]):
+                rows[t][o] = slot(step.swa_table[b], start + o, bs)
     return dict(rows=rows, lens=lens, is_valid_token=valid,
                 token_to_req=[owner[t] if t < len(owner) else 0 for t in range(num_tokens)])
