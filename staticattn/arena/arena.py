@@ -98,8 +98,7 @@ class Arena:
         self._blocks["host"] = torch.empty(
             max(offsets["host"], ALIGNMENT), dtype=torch.uint8, pin_memory=pin
         )
-        ordered = sorted(self._records.items(), key=lambda kv: (kv[1].decl.where, kv[1].offset))
-        for name, rec in ordered:
+        for name, rec in self._records.items():
             d = rec.decl
             raw = self._blocks[d.where][rec.offset : rec.offset + d.nbytes]
             view = raw.view(d.dtype).view(d.shape)

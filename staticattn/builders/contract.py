@@ -33,7 +33,7 @@ from staticattn.builders.batch import Batch
 from staticattn.errors import ArenaError
 from staticattn.staging import StepInputs, input_buffers
 
-__all__ = ["MetadataBuilder", "check_bound", "claim_arena", "make_arena"]
+__all__ = ["MetadataBuilder", "bound_config", "check_bound", "claim_arena", "make_arena"]
 
 
 @runtime_checkable
@@ -80,6 +80,16 @@ def claim_arena(builder: MetadataBuilder, arena: Arena) -> None:
         raise ArenaError(f"builder {builder.name!r} is bound to {bound!r}; it cannot be bound "
                          f"to {arena!r} as well (make a new builder for each arena)")
     builder.arena = arena
+
+
+def bound_config(builder: MetadataBuilder) -> ArenaConfig:
+    """The config of the arena ``builder`` is bound to; :class:`ArenaError` while it is not
+    bound (its first build before :func:`make_arena`)."""
+    arena = getattr(builder, "arena", None)
+    if arena is None:
+        raise ArenaError(f"{type(builder).__name__} is not bound to an arena: bind it with "
+                         "make_arena(config, builders)")
+    return arena.config
 
 
 def check_bound(arena: Arena, builders: Sequence[MetadataBuilder]) -> None:

@@ -82,6 +82,11 @@ ARCHITECTURES: MappingProxyType = MappingProxyType(dict([
     _architecture("deepseek_v41", {0: "swaonly", 1: "c1a", 2: "c2a"}, bounded_replay=True),
 ]))
 
+_V4 = dict(
+    architecture="deepseek_v4", compress_ratios=(1, 4, 128), max_num_seqs=256,
+    max_num_batched_tokens=8192, max_model_len=1048576, block_size=256,
+    num_speculative_tokens=1, sliding_window=128, swa_block_size=64, index_topk=512,
+)
 #: DeepSeek-V4.1-Flash's layers (docs/spec/deepseek-v41.md §2.2): 2 SWA-only, 18 c2a, 20 c1a,
 #: then 3 SWA-only DSpark/MTP layers.
 _V41_FLASH_LAYERS = (0, 0) + (2,) * 18 + (1,) * 20 + (0, 0, 0)
@@ -132,18 +137,13 @@ PRESETS: MappingProxyType = MappingProxyType(dict([
         "DeepSeek-V4-like: 1M context, 256-token compressed blocks (C4A indexer storage 64 "
         "entries per block), SWA window 128 on 64-token blocks, one layer of each type "
         "(SWA-only, C4A, C128A), one MTP draft token (next_n = 2), top-512.",
-        architecture="deepseek_v4", compress_ratios=(1, 4, 128), max_num_seqs=256,
-        max_num_batched_tokens=8192, max_model_len=1048576, block_size=256,
-        num_speculative_tokens=1, sliding_window=128, swa_block_size=64, index_topk=512,
+        **_V4,
     ),
     _preset(
         "deepseek-v4-vision",
         "DeepSeek-V4's vision variant: the DeepSeek-V4-like preset with image spans of up to "
         "1024 tokens (prefill SWA rows W + 1024 wide), up to 64 spans per step.",
-        architecture="deepseek_v4", compress_ratios=(1, 4, 128), max_num_seqs=256,
-        max_num_batched_tokens=8192, max_model_len=1048576, block_size=256,
-        num_speculative_tokens=1, sliding_window=128, swa_block_size=64, index_topk=512,
-        max_image_tokens=1024, max_image_spans=64,
+        **_V4, max_image_tokens=1024, max_image_spans=64,
     ),
     _preset(
         "deepseek-v4.1-flash",

@@ -26,6 +26,7 @@ __all__ = ["TAIL", "expected", "expected_v41"]
 
 from staticattn.reference import v41_compressed as v41_oracle
 from staticattn.reference.swa import dense_ratio, dense_width
+from staticattn.reference.v41_swa import num_decodes
 
 TAIL = 32
 
@@ -34,7 +35,8 @@ def expected(cfg, step, swa_cache, dense_cache, index_cache, num_tokens: int) ->
     """``num_tokens`` rows of ``[swa, dense, indexer]`` sums (ints; rows past the step's
     real tokens ``[0, 0, 0]``) for a :class:`~staticattn.reference.step.HostStep`; each cache
     is a flat sequence of ints indexed by slot (``cache[slot]``)."""
-    rows = [[swa, dense, _index(cfg, step, b, p, index_cache)]
+    rows = [[swa, dense, _tail(index_cache, step.block_table[b], cfg.storage_block_size,
+                               max(p + 1, 0) // cfg.index_compress_ratio)]
             for b, p, swa, dense in _windows(cfg, step, swa_cache, dense_cache, None)]
     return rows + [[0, 0, 0]] * (num_tokens - len(rows))
 
@@ -43,10 +45,7 @@ def _windows(cfg, step, swa_cache, dense_cache, replay_start):
     """Per real token ``(request, position, swa sum, dense sum)``; a prefill token's SWA
     window starts no earlier than its request's ``replay_start`` (None: all 0)."""
     q = [int(x) for x in step.query_lens]
-    d = 0
-    while d < len(q) and q[d] <= cfg.decode_threshold:
-        d += 1
-    td = sum(q[:d])
+    td = sum(q[:num_decodes(q, cfg.decode_threshold)])
     t = 0
     for b, (qb, L) in enumerate(zip(q, step.seq_lens)):
         for j in range(qb):
@@ -72,14 +71,6 @@ def _dense(cfg, step, b, p, cache) -> int:
     row = step.block_table[b]
     n = min(max(p + 1, 0) // dense_ratio(cfg), dense_width(cfg))
     return sum(int(cache[int(row[o // per]) * per + o % per]) for o in range(n))
-
-
-def _index(cfg, step, b, p, cache) -> int:
-    size = cfg.storage_block_size
-    row = step.block_table[b]
-    n = max(p + 1, 0) // cfg.index_compress_ratio
-    return sum(int(cache[int(row[k // size]) * size + k % size])
-               for k in range(max(n - TAIL, 0), n))
 
 
 def expected_v41(cfg, v41, caches: dict, num_tokens: int) -> list[list[int]]:

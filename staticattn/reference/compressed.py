@@ -16,12 +16,6 @@ from staticattn.reference.assertions import same
 __all__ = ["assert_matches", "expected"]
 
 
-def _rows(table, num_reqs: int) -> list[list[int]]:
-    """A host table as lists, padded requests' rows all 0 (the null block)."""
-    real = [list(map(int, row)) for row in table]
-    return real + [[0] * len(real[0])] * (num_reqs - len(real))
-
-
 def expected(cfg, step, tables: dict, types: list[LayerType], num_reqs: int,
              num_tokens: int) -> dict[str, dict[str, list[int]]]:
     """Per type: ``slot_mapping``, ``entry_counts`` and, with a ring of its own,
@@ -37,14 +31,14 @@ def expected(cfg, step, tables: dict, types: list[LayerType], num_reqs: int,
         own_groups = t.addressing is Addressing.OWN_GROUPS
         table = tables[t.group(Cache.COMPRESSED_KV)] if own_groups else step.block_table
         want = dict(
-            slot_mapping=formulas.compressed_slots(ratio, per, _rows(table, num_reqs), owner,
-                                                   position, own, num_tokens,
-                                                   gate=t.own_slot_gate),
+            slot_mapping=formulas.compressed_slots(
+                ratio, per, formulas.padded_rows(table, num_reqs), owner, position, own,
+                num_tokens, gate=t.own_slot_gate),
             entry_counts=formulas.entry_counts(ratio, position, num_tokens))
         ring = t.group(Cache.COMPRESSOR_STATE)
         if own_groups and ring in tables:
             want["ring_slot_mapping"] = formulas.ring_slots(
-                _rows(tables[ring], num_reqs),
+                formulas.padded_rows(tables[ring], num_reqs),
                 formulas.ring_capacity(cfg.num_speculative_tokens), owner, position,
                 num_tokens)
         out[t.name] = want

@@ -26,23 +26,23 @@ from typing import TYPE_CHECKING
 from staticattn.reference import indexer as indexer_oracle
 from staticattn.reference import swa as swa_oracle
 from staticattn.reference.assertions import holds, same
+from staticattn.reference.v41_swa import num_decodes
 
 if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
 
-__all__ = ["assert_indexer_matches", "assert_swa_matches", "counts", "indexer", "swa"]
+__all__ = ["assert_indexer_matches", "assert_swa_matches", "counts", "indexer", "swa",
+           "tokens"]
 
 
 def counts(cfg: ArenaConfig, step) -> list[int]:
     """``[k, nt, D, Td]`` of a ``HostStep`` (real values, no padding)."""
     q = [int(x) for x in step.query_lens]
-    d = 0
-    while d < len(q) and q[d] <= cfg.decode_threshold:
-        d += 1
+    d = num_decodes(q, cfg.decode_threshold)
     return [len(q), sum(q), d, sum(q[:d])]
 
 
-def _tokens(step):
+def tokens(step) -> tuple[list[int], list[int], list[int]]:
     """(qsl, owner, position) over the real tokens."""
     qsl, owner, position = [0], [], []
     for b, (q, L) in enumerate(zip(step.query_lens, step.seq_lens)):
@@ -60,7 +60,7 @@ def indexer(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int, chunk_rows: 
     lists ``num_reqs`` long, ``chunk_bounds`` ``chunk_rows`` rows of 8 ints."""
     k, nt, d, td = counts(cfg, step)
     n, ratio = cfg.next_n, cfg.index_compress_ratio
-    qsl, owner, position = _tokens(step)
+    qsl, owner, position = tokens(step)
     seq = [int(x) for x in step.seq_lens]
     table = [list(map(int, row)) for row in step.block_table]
     padded_qsl = qsl + [nt] * (num_reqs - k)
@@ -122,34 +122,26 @@ def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
     dense prefill rows ``num_tokens`` long, per-request lists ``num_reqs`` long."""
     k, nt, d, td = counts(cfg, step)
     W = cfg.sliding_window
-    qsl, owner, position = _tokens(step)
+    _, owner, position = tokens(step)
     slots = [int(s) for s in step.slot_mapping] + [-1] * (num_tokens - nt)
     valid = [s >= 0 for s in slots]
-    rows = min(num_tokens, cfg.max_decode_tokens)
+    live = [t < td and valid[t] for t in range(min(num_tokens, cfg.max_decode_tokens))]
     out = dict(is_valid_token=valid, token_to_req=owner + [0] * (num_tokens - nt),
-               swa_rows=[], swa_lens=[], c_rows=[], c_lens=[], cp_rows=[], cp_lens=[])
+               c_rows=[], c_lens=[], cp_rows=[], cp_lens=[])
     swa_table = [list(map(int, r)) for r in step.swa_block_table]
     table = [list(map(int, r)) for r in step.block_table]
-    has_dense = cfg.dense_layer_type is not None
-    max_c = swa_oracle.dense_width(cfg) if has_dense else 0
-    for t in range(rows):
-        live = t < td and valid[t]
-        row, n = swa_oracle.swa_row(cfg, swa_table[owner[t]], position[t]) if live else (
-            [-1] * W, 0)
-        out["swa_rows"].append(row)
-        out["swa_lens"].append(n)
-        if has_dense:
-            row, n = swa_oracle.dense_row(cfg, table[owner[t]], position[t]) if live else (
-                [-1] * max_c, 0)
-            out["c_rows"].append(row)
-            out["c_lens"].append(n)
-    if has_dense:
-        for i in range(num_tokens):
-            t = td + i
-            row, n = swa_oracle.dense_prefill_row(cfg, position[t]) if t < nt else (
-                [-1] * max_c, 0)
-            out["cp_rows"].append(row)
-            out["cp_lens"].append(n)
+
+    def rows_and_lens(key: str, rows: list[tuple[list[int], int]]) -> None:
+        out[f"{key}_rows"], out[f"{key}_lens"] = [r for r, _ in rows], [n for _, n in rows]
+
+    rows_and_lens("swa", [swa_oracle.swa_row(cfg, swa_table[owner[t]], position[t]) if x
+                          else ([-1] * W, 0) for t, x in enumerate(live)])
+    if cfg.dense_layer_type is not None:
+        max_c = swa_oracle.dense_width(cfg)
+        rows_and_lens("c", [swa_oracle.dense_row(cfg, table[owner[t]], position[t]) if x
+                            else ([-1] * max_c, 0) for t, x in enumerate(live)])
+        rows_and_lens("cp", [swa_oracle.dense_prefill_row(cfg, position[td + i])
+                             if td + i < nt else ([-1] * max_c, 0) for i in range(num_tokens)])
     seq = [int(x) for x in step.seq_lens]
     q = [int(x) for x in step.query_lens]
     out["gather_lens"] = [q[r] + min(seq[r] - q[r], W - 1) for r in range(d, k)]
@@ -176,12 +168,9 @@ def assert_indexer_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
         same("decode.block_table", d.block_table, exp["block_table"])
     plan = meta.prefill.plan
     same("prefill.chunks", meta.prefill.chunks, [])
-    same("plan.chunk_bounds", plan.chunk_bounds, exp["chunk_bounds"])
     same("plan.num_chunks", plan.num_chunks, [exp["num_chunks"]])
-    same("plan.cu_seq_lens", plan.cu_seq_lens, exp["cu_seq_lens"])
-    same("plan.req_key_start", plan.req_key_start, exp["req_key_start"])
-    same("plan.cu_seqlen_ks", plan.cu_seqlen_ks, exp["cu_seqlen_ks"])
-    same("plan.cu_seqlen_ke", plan.cu_seqlen_ke, exp["cu_seqlen_ke"])
+    for name in ("chunk_bounds", "cu_seq_lens", "req_key_start", "cu_seqlen_ks", "cu_seqlen_ke"):
+        same(f"plan.{name}", getattr(plan, name), exp[name])
     same("step_counts", meta.step_counts, counts(cfg, step))
 
 

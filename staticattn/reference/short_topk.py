@@ -26,10 +26,7 @@ def fill_row(position: int, ratio: int, topk: int) -> list[int]:
     """The reference kernel's row: ``j`` for ``j < n_c(p)``, -1 after, ``K`` columns (the
     first ``K`` candidates when ``n_c(p) > K``)."""
     n = compressed_count(position, ratio)
-    row = []
-    for j in range(topk):
-        row.append(j if j < n else -1)
-    return row
+    return [j if j < n else -1 for j in range(topk)]
 
 
 def topk_row(position: int, ratio: int, topk: int, scored: list[int]) -> list[int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -39,11 +40,8 @@ class HostStep:
     @property
     def query_start_loc(self) -> list[int]:
         """Padded query start locations, as plain ints: ``num_reqs_padded + 1`` of them."""
-        qsl = [0]
-        for q in self.query_lens:
-            qsl.append(qsl[-1] + int(q))
-        qsl += [qsl[-1]] * (self.num_reqs_padded - self.num_reqs)
-        return qsl
+        qsl = [0, *accumulate(int(q) for q in self.query_lens)]
+        return qsl + [qsl[-1]] * (self.num_reqs_padded - self.num_reqs)
 
     def padded_seq_lens(self) -> list[int]:
         """``seq_lens`` as plain ints, 0 for each padded request."""

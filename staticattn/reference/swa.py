@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from staticattn.reference.assertions import holds, same
+from staticattn.reference.indexer import split_decodes_and_prefills
 
 if TYPE_CHECKING:
     from staticattn.arena import ArenaConfig
@@ -55,16 +56,9 @@ def layer_types(compress_ratios) -> list[str]:
 
 
 def split(query_lens: list[int], num_tokens: int, threshold: int) -> tuple[int, int, int, int]:
-    """Spec §3.2, non-uniform, short extends are decodes."""
-    num_reqs = len(query_lens)
-    max_query_len = max(query_lens) if query_lens else 0
-    if max_query_len <= threshold:
-        return num_reqs, 0, num_tokens, 0
-    if query_lens[0] > threshold:
-        return 0, num_reqs, 0, num_tokens
-    first = next(b for b, q in enumerate(query_lens) if q > threshold)
-    decode_tokens = sum(query_lens[:first])
-    return first, num_reqs - first, decode_tokens, num_tokens - decode_tokens
+    """Spec §3.2, non-uniform, short extends are decodes: the indexer oracle's split."""
+    return split_decodes_and_prefills(query_lens, max(query_lens, default=0), num_tokens,
+                                      threshold, require_uniform=False)
 
 
 def swa_row(cfg: ArenaConfig, swa_table_row: list[int], p: int) -> tuple[list[int], int]:
@@ -129,48 +123,33 @@ def expected(
     q = list(query_lens) + [0] * (num_reqs_padded - len(query_lens))
     L = list(seq_lens) + [0] * (num_reqs_padded - len(seq_lens))
     slots = list(slot_mapping) + [-1] * (num_tokens_padded - len(slot_mapping))
-    qsl = [0]
-    for ql in q:
-        qsl.append(qsl[-1] + ql)
-
-    owner = [0] * num_tokens_padded
-    position = [0] * num_tokens_padded
+    owner, position = [], []
     for b in range(num_reqs_padded):
-        for j in range(q[b]):
-            t = qsl[b] + j
-            owner[t] = b
-            position[t] = (L[b] - q[b]) + j
+        owner += [b] * q[b]
+        position += [L[b] - q[b] + j for j in range(q[b])]
+    owner += [0] * (num_tokens_padded - len(owner))
+    position += [0] * (num_tokens_padded - len(position))
 
     D, P, Td, Tp = split(q, num_tokens_padded, cfg.decode_threshold)
     valid = [s >= 0 for s in slots]
 
-    swa_rows, swa_lens = [], []
-    for t in range(Td):
-        row, n = [-1] * W, 0
-        if valid[t]:
-            row, n = swa_row(cfg, swa_block_table[owner[t]], position[t])
-        swa_rows.append(row)
-        swa_lens.append(n)
+    rows = [swa_row(cfg, swa_block_table[owner[t]], position[t]) if valid[t] else ([-1] * W, 0)
+            for t in range(Td)]
+    swa_rows, swa_lens = [r for r, _ in rows], [n for _, n in rows]
 
     c_rows = c_lens = cp_rows = cp_lens = None
     if cfg.dense_layer_type is not None:
-        c_rows, c_lens = [], []
-        for t in range(Td):
-            row, n = [-1] * dense_width(cfg), 0
-            if valid[t]:
-                row, n = dense_row(cfg, block_table[owner[t]], position[t])
-            c_rows.append(row)
-            c_lens.append(n)
+        rows = [dense_row(cfg, block_table[owner[t]], position[t]) if valid[t]
+                else ([-1] * dense_width(cfg), 0) for t in range(Td)]
+        c_rows, c_lens = [r for r, _ in rows], [n for _, n in rows]
         if P > 0:
             rows = [dense_prefill_row(cfg, position[t]) for t in range(Td, Td + Tp)]
             cp_rows, cp_lens = [r for r, _ in rows], [n for _, n in rows]
 
     pre_seq = pre_gather = None
     if P > 0:
-        pre_seq, pre_gather = [], []
-        for r in range(D, D + P):
-            pre_seq.append(L[r])
-            pre_gather.append(q[r] + min(L[r] - q[r], W - 1))
+        pre_seq = L[D : D + P]
+        pre_gather = [q[r] + min(L[r] - q[r], W - 1) for r in range(D, D + P)]
 
     return SWAExpected(
         num_decodes=D, num_prefills=P, num_decode_tokens=Td, num_prefill_tokens=Tp,

@@ -39,9 +39,14 @@ class V41Step:
     replay_start: list[int] | None = None
 
     def rows(self, group: str, num_reqs: int) -> list[list[int]]:
-        """The group's table as lists, padded requests' rows all 0 (the null block)."""
-        real = [list(map(int, row)) for row in self.tables[group]]
-        return real + [[0] * len(real[0])] * (num_reqs - len(real))
+        """:func:`padded_rows` of the group's table."""
+        return padded_rows(self.tables[group], num_reqs)
+
+
+def padded_rows(table, num_reqs: int) -> list[list[int]]:
+    """A host table as lists, padded requests' rows all 0 (the null block)."""
+    real = [list(map(int, row)) for row in table]
+    return real + [[0] * len(real[0])] * (num_reqs - len(real))
 
 
 def ring_capacity(num_spec: int) -> int:
@@ -54,10 +59,7 @@ def ring_capacity(num_spec: int) -> int:
 
 def tokens(step) -> tuple[list[int], list[int], list[int]]:
     """Per real token: (request, position, own slot)."""
-    owner, position = [], []
-    for b, (q, L) in enumerate(zip(step.query_lens, step.seq_lens)):
-        owner += [b] * int(q)
-        position += [int(L) - int(q) + j for j in range(int(q))]
+    _, owner, position = mixed_oracle.tokens(step)
     return owner, position, [int(s) for s in step.slot_mapping]
 
 

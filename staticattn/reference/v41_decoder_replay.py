@@ -32,12 +32,12 @@ def sub_batch(cfg: ArenaConfig, step: SWAStep, num_reqs: int, num_tokens: int) -
         kept.append(keep)
         trimmed = keep < q
         kv_start.append(max(replay[b], length - w) if trimmed else replay[b])
-        for j in range(q - keep, q):
-            rows.append(qsl[b] + j)
+        rows += range(qsl[b] + q - keep, qsl[b] + q)
         sub_qsl.append(sub_qsl[-1] + keep)
     total = len(rows)
     owner = [b for b in range(k) for _ in range(kept[b])]
     pad_t = num_tokens - total
+    slots = [step.slots[r] for r in rows]
     return dict(
         query_start_loc=sub_qsl + [total] * (num_reqs - k),
         query_lens=kept + [0] * (num_reqs - k),
@@ -45,12 +45,10 @@ def sub_batch(cfg: ArenaConfig, step: SWAStep, num_reqs: int, num_tokens: int) -
         rows=rows + [0] * pad_t,
         token_to_req=owner + [0] * pad_t,
         positions=[position[r] for r in rows] + [0] * pad_t,
-        slot_mapping=[step.slots[r] for r in rows] + [-1] * pad_t,
+        slot_mapping=slots + [-1] * pad_t,
         step_counts=[k, total, d, sum(kept[:d])],
-        step=SWAStep(kept, list(step.seq_lens), kv_start, [step.slots[r] for r in rows],
-                  step.swa_table),
-        first_layer_step=SWAStep(kept, list(step.seq_lens), replay, [step.slots[r] for r in rows],
-                              step.swa_table),
+        step=SWAStep(kept, list(step.seq_lens), kv_start, slots, step.swa_table),
+        first_layer_step=SWAStep(kept, list(step.seq_lens), replay, slots, step.swa_table),
     )
 
 
@@ -60,20 +58,15 @@ def draft_rows(cfg: ArenaConfig, step: SWAStep, width: int, num_tokens: int) -> 
     tokens (slot -1) and tokens past the step -1 with length 0."""
     w, bs = cfg.sliding_window, cfg.swa_block_size
     _, owner, _ = step.tokens()
-    rows, lens, valid = [], [], []
+    valid = [t < len(owner) and step.slots[t] >= 0 for t in range(num_tokens)]
+    rows, lens = [[-1] * width for _ in range(num_tokens)], [0] * num_tokens
     for t in range(num_tokens):
-        ok = t < len(owner) and step.slots[t] >= 0
-        valid.append(ok)
-        row = [-1] * width
-        n = 0
-        if ok:
+        if valid[t]:
             b = owner[t]
             length = step.seq_lens[b]
             start = max(length - step.query_lens[b] - w, 0)
-            n = length - start
-            for o in range(n):
-                row[o] = slot(step.swa_table[b], start + o, bs)
-        rows.append(row)
-        lens.append(n)
+            lens[t] = length - start
+            for o in range(lens[t]):
+                rows[t][o] = slot(step.swa_table[b], start + o, bs)
     return dict(rows=rows, lens=lens, is_valid_token=valid,
                 token_to_req=[owner[t] if t < len(owner) else 0 for t in range(num_tokens)])

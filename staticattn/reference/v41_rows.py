@@ -52,14 +52,9 @@ def combined(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]],
     ratio = plan_ratio(layer_type)
     plan = chunk_plan(step.seq_lens[d:nreq], step.query_lens[d:nreq], ratio, w,
                       cfg.max_model_len, cfg.max_num_batched_tokens)
-    out, lens = [], []
-    for i in range(rows):
-        t = td + i
-        row = [-1] * width
-        if t >= nt:
-            out.append(row)
-            lens.append(0)
-            continue
+    out, lens = [[-1] * width for _ in range(rows)], [0] * rows
+    for i in range(min(rows, nt - td)):
+        t, row = td + i, out[i]
         b, p = owner[t], position[t]
         j = b - d
         s, _, n, m = next(c for c in plan if c[0] <= j < c[1])
@@ -75,8 +70,7 @@ def combined(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]],
         swa_len = p + right - swa_start + 1
         for o in range(swa_len):
             row[topk_len + o] = m * i_c + n + (swa_start - gather_start) + o
-        out.append(row)
-        lens.append(topk_len + swa_len)
+        lens[i] = topk_len + swa_len
     return out, lens
 
 
@@ -94,16 +88,11 @@ def flashinfer(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]
     d = num_decodes(step.query_lens, cfg.decode_threshold)
     td, nt = sum(step.query_lens[:d]), len(step.slots)
     replay = effective_replay(step, d, nreq)
-    out, lens = [], []
-    for t in range(rows):
-        row = [-1] * width
-        if t >= nt:
-            out.append(row)
-            lens.append(0)
-            continue
+    out, lens = [[-1] * width for _ in range(rows)], [0] * rows
+    for t in range(min(rows, nt)):
+        row = out[t]
         if step.slots[t] < 0:
-            out.append(row)
-            lens.append(w)
+            lens[t] = w
             continue
         b, p = owner[t], position[t]
         swa, _ = window(step.swa_table[b], p, w, bs, replay[b] if t >= td else 0, w)
@@ -115,6 +104,5 @@ def flashinfer(cfg: ArenaConfig, step: SWAStep, layer_type, topk: list[list[int]
             if entry >= 0:
                 row[w + c] = slot(compressed_table[b], entry, s_page)
                 extra += 1
-        out.append(row)
-        lens.append(w + (extra if t < td else take))
+        lens[t] = w + (extra if t < td else take)
     return out, lens

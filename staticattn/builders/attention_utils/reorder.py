@@ -144,12 +144,8 @@ def reorder_batch_to_split_decodes_and_prefills(
         reorder_region(int(scheduled[i]), int(computed[i]), int(prompt[i]), decode_threshold)
         for i in range(num_reqs)
     ]
-    counts = [0, 0, 0, 0]
-    for r in regions:
-        counts[r] += 1
-    targets: list[int] = []
-    for r, n in enumerate(counts):
-        targets.extend([r] * n)
+    # The region each position must hold: the regions' requests counted off in order.
+    targets = sorted(regions)
     misplaced = [i for i in range(num_reqs) if regions[i] != targets[i]]
     if not misplaced:
         return False

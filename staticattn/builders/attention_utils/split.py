@@ -78,13 +78,11 @@ def split_decodes_and_prefills(
         )
     num_reqs, num_tokens = batch.num_reqs, batch.num_actual_tokens
     all_decodes = (num_reqs, 0, num_tokens, 0)
-    if (
+    if num_reqs == 0 or (
         batch.max_query_len <= decode_threshold
         and (not require_uniform or decode_threshold <= 1)
         and treat_short_extends_as_decodes
     ):
-        return all_decodes
-    if num_reqs == 0:
         return all_decodes
     qsl, query_lens, _ = batch.host_arrays()
     if query_lens[0] > decode_threshold:

@@ -36,7 +36,8 @@ from staticattn.arena import Arena, ArenaConfig, BufferDecl, cache_groups
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed.metadata import CompressedKVMetadata, CompressedMetadata
-from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
+from staticattn.builders.contract import bound_config, claim_arena
+from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.compressed.entry_boundary import entry_written
 from staticattn.kernels.compressed.kv_slots import CompressedKVType, compressed_kv_slots
 from staticattn.kernels.compressed.slot_gate import SlotGate
@@ -136,6 +137,7 @@ class CompressedMetadataBuilder:
         """Take the ``compressed.*`` views of an allocated arena."""
         cfg = arena.config
         self.types = _served_types(cfg)
+        claim_arena(self, arena)
         self.config = cfg
         self.backend = resolve_backend(cfg.kernel_backend, arena.device)
         self._ring_capacity = ring_capacity(cfg.num_speculative_tokens)
@@ -153,7 +155,7 @@ class CompressedMetadataBuilder:
     def build(self, batch: Batch) -> CompressedMetadata:
         """Metadata for any batch (decodes first), eager; reads the host query starts for
         the decode/prefill split only."""
-        cfg = self._bound()
+        cfg = bound_config(self)
         self._check_batch(batch)
         _, _, td, _ = split_decodes_and_prefills(batch, decode_threshold=cfg.decode_threshold)
         return self._build(batch, td, None)
@@ -161,7 +163,7 @@ class CompressedMetadataBuilder:
     def build_decode(self, batch: Batch) -> CompressedMetadata:
         """Graph-safe metadata for :meth:`Batch.for_decode_capture` (``num_reqs`` requests of
         ``next_n`` tokens; trailing requests may be padding): one launch, fixed views."""
-        cfg = self._bound()
+        cfg = bound_config(self)
         self._check_batch(batch)
         if batch.num_actual_tokens != batch.num_reqs * cfg.next_n:
             raise InvalidBatchError(
@@ -177,7 +179,7 @@ class CompressedMetadataBuilder:
         tokens (-1 / 0 past the real ones); the decode operand covers
         ``min(T, max_decode_tokens)`` rows, those past the real decode tokens
         (``step_counts``) invalid. One launch."""
-        cfg = self._bound()
+        cfg = bound_config(self)
         self._check_batch(batch)
         counts = batch.require_step_counts()
         rows = min(batch.num_actual_tokens, cfg.max_decode_tokens)
@@ -246,13 +248,6 @@ class CompressedMetadataBuilder:
                 "build the batch with Batch.from_inputs / Batch.from_staged"
             )
         check_capacity(batch.num_reqs, batch.num_actual_tokens, self.config)
-
-    def _bound(self) -> ArenaConfig:
-        if self.config is None:
-            raise ArenaError(
-                "CompressedMetadataBuilder is not bound to an arena; pass it to make_arena()"
-            )
-        return self.config
 
 
 def _served_types(config: ArenaConfig) -> tuple[LayerType, ...]:

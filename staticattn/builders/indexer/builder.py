@@ -43,13 +43,12 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.contract import claim_arena
+from staticattn.builders.contract import bound_config, claim_arena
 from staticattn.builders.indexer.decode_layout import (
     DecodeLayout,
     DecodeLens,
     eager_layout,
     flattens,
-    host_query_start_loc,
     need_token_views,
 )
 from staticattn.builders.indexer.index_type import index_type
@@ -59,7 +58,7 @@ from staticattn.builders.indexer.metadata import (
     IndexerPrefillChunkMetadata,
 )
 from staticattn.builders.indexer.prefill import IndexerPrefill
-from staticattn.errors import ArenaError, CapacityError, InvalidBatchError
+from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.kernels.indexer.decode_tensors import ExpandedTable, indexer_decode_tensors
 from staticattn.kernels.indexer.index_slots import compressed_slot_mapping
 from staticattn.kernels.indexer.indexer_kernel import table_tiles_shape
@@ -207,7 +206,7 @@ class IndexerMetadataBuilder:
         Plans from ``query_start_loc_cpu`` and ``seq_lens_cpu`` (host); raises before
         writing anything if a decode layout would not fit its buffers.
         """
-        cfg = self._bound()
+        cfg = bound_config(self)
         need_token_views(batch)
         d, p, td, tp = split_decodes_and_prefills(
             batch, decode_threshold=cfg.next_n, require_uniform=not cfg.use_flattening
@@ -247,7 +246,7 @@ class IndexerMetadataBuilder:
         config only. ``requires_padding`` is False: real rows are uniform and padded rows
         trailing, so the consumer's reshape stays right (spec §10.6).
         """
-        cfg = self._bound()
+        cfg = bound_config(self)
         need_token_views(batch)
         s, n = batch.num_reqs, cfg.next_n
         if batch.num_actual_tokens != s * n:
@@ -286,7 +285,7 @@ class IndexerMetadataBuilder:
         The int fields of the result are the bucket's capacities; the exact split is
         ``step_counts``. Three launches: decode tensors + slots, schedule, chunk plan.
         """
-        cfg = self._bound()
+        cfg = bound_config(self)
         need_token_views(batch)
         batch.require_step_counts()
         r, t = batch.num_reqs, batch.num_actual_tokens
@@ -311,9 +310,8 @@ class IndexerMetadataBuilder:
         """The metadata of one prefill chunk over requests ``[start, end)`` (spec §4.7), or
         None when the chunk has no compressed key. ``query_slice`` selects a query sub-chunk,
         relative to the chunk's first token."""
-        self._bound()
-        return self.prefill.build_chunk(batch, host_query_start_loc(batch), start, end,
-                                        query_slice)
+        bound_config(self)
+        return self.prefill.build_chunk(batch, batch.host_arrays()[0], start, end, query_slice)
 
     # ------------------------------------------------------------------ decode
     def _check_capacity(self, layout: DecodeLayout) -> None:
@@ -389,11 +387,3 @@ class IndexerMetadataBuilder:
             gate=self.index.slot_gate(batch, self.config.sliding_window or 0),
         )
         return self._slot_views(num_tokens)
-
-    # ------------------------------------------------------------------ helpers
-    def _bound(self) -> ArenaConfig:
-        if self.config is None:
-            raise ArenaError(
-                "IndexerMetadataBuilder is not bound to an arena; pass it to make_arena()"
-            )
-        return self.config

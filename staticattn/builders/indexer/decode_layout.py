@@ -19,8 +19,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.errors import InvalidBatchError
 
-__all__ = ["DecodeLayout", "DecodeLens", "eager_layout", "flattens", "host_query_start_loc",
-           "need_token_views"]
+__all__ = ["DecodeLayout", "DecodeLens", "eager_layout", "flattens", "need_token_views"]
 
 
 def flattens(config: ArenaConfig) -> bool:
@@ -61,11 +60,6 @@ def eager_layout(config: ArenaConfig, query_lens: np.ndarray, num_decodes: int,
     if config.use_flattening and longest > 1:
         return DecodeLayout(True, num_decode_tokens, 1, False)
     return DecodeLayout(False, num_decodes, max(longest, 1), shortest != longest)
-
-
-def host_query_start_loc(batch: Batch) -> np.ndarray:
-    """The batch's host query starts, int ``(num_reqs + 1,)``."""
-    return batch.host_arrays()[0]
 
 
 def need_token_views(batch: Batch) -> None:

@@ -63,7 +63,7 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.contract import claim_arena
+from staticattn.builders.contract import bound_config, claim_arena
 from staticattn.builders.swa.combined import IndexRows
 from staticattn.builders.swa.declarations import PREFILL_CHUNK_SIZE, swa_buffers
 from staticattn.builders.swa.metadata import SparseSWAMetadata
@@ -117,7 +117,6 @@ class SparseSWAMetadataBuilder:
         self.name = name
         self.prefill_chunk_size = prefill_chunk_size
         self.row_scratch = row_scratch
-        self._config: ArenaConfig | None = None
         self._backend = "torch"
         self._views: BoundViews | None = None
         self._dense = (1, 0)
@@ -137,7 +136,6 @@ class SparseSWAMetadataBuilder:
         self._backend = resolve_backend(cfg.kernel_backend, arena.device)
         self._views = BoundViews(arena, self.name, self._backend, self.prefill_chunk_size)
         self._dense = _dense_entries(cfg)
-        self._config = cfg
 
     @property
     def layer_types(self) -> tuple[str, ...]:
@@ -151,13 +149,11 @@ class SparseSWAMetadataBuilder:
 
     @property
     def decode_threshold(self) -> int:
-        """Longest query that is a decode: ``config.decode_threshold`` (= ``next_n``)."""
-        return self._bound_config().decode_threshold
+        """Longest query that is a decode: ``config.decode_threshold`` (= ``next_n``); also
+        the threshold the engine reorders by, :attr:`reorder_batch_threshold`."""
+        return bound_config(self).decode_threshold
 
-    @property
-    def reorder_batch_threshold(self) -> int:
-        """The threshold the engine reorders by; always equal to :attr:`decode_threshold`."""
-        return self._bound_config().decode_threshold
+    reorder_batch_threshold = decode_threshold
 
     def build(self, batch: Batch) -> SparseSWAMetadata:
         """Metadata for any batch (decodes first), eagerly.
@@ -166,7 +162,7 @@ class SparseSWAMetadataBuilder:
         never the device. Launches one kernel, plus the prefill kernel (gather lengths and
         chunk plans) when the step has prefills.
         """
-        cfg = self._bound_config()
+        cfg = bound_config(self)
         self._check_batch(batch)
         split = split_decodes_and_prefills(batch, decode_threshold=cfg.decode_threshold)
         num_decodes, num_prefills, num_decode_tokens, _ = split
@@ -188,7 +184,7 @@ class SparseSWAMetadataBuilder:
         Reads only arena views and static ints, launches one kernel, allocates nothing;
         the returned tensors are the same views on every call for the same size.
         """
-        cfg = self._bound_config()
+        cfg = bound_config(self)
         self._check_batch(batch)
         num_reqs, num_tokens = batch.num_reqs, batch.num_actual_tokens
         if batch.max_query_len != cfg.next_n or num_tokens != num_reqs * cfg.next_n:
@@ -214,7 +210,7 @@ class SparseSWAMetadataBuilder:
         as tables with device counts. The int fields are those capacities; the exact split
         is ``step_counts``. Two kernels.
         """
-        cfg = self._bound_config()
+        cfg = bound_config(self)
         self._check_batch(batch)
         batch.require_step_counts()
         r, t = batch.num_reqs, batch.num_actual_tokens
@@ -245,13 +241,8 @@ class SparseSWAMetadataBuilder:
         return self._bound_rows().flashinfer(meta, layer_type, topk, **kwargs)
 
     # ------------------------------------------------------------------- helpers
-    def _bound_config(self) -> ArenaConfig:
-        if self._config is None:
-            raise ArenaError("SparseSWAMetadataBuilder is not bound; call bind(arena) first")
-        return self._config
-
     def _bound_rows(self) -> IndexRows:
-        self._bound_config()
+        bound_config(self)
         if self.rows is None:
             raise ArenaError(f"builder {self.name!r} has no row scratch (row_scratch=False); "
                              "build per-layer rows with a builder that has one")
@@ -259,7 +250,7 @@ class SparseSWAMetadataBuilder:
 
     def _check_batch(self, batch: Batch) -> None:
         """Static checks only (shapes, presence, capacities): nothing here reads data."""
-        cfg = self._bound_config()
+        cfg = bound_config(self)
         missing = [name for name in ("positions", "token_to_req", "swa_block_table")
                    if getattr(batch, name) is None]
         if missing:
@@ -279,7 +270,7 @@ class SparseSWAMetadataBuilder:
             raise InvalidBatchError(f"the batch has {num_tokens} tokens but no request")
 
     def _check_decode_rows(self, num_decode_tokens: int) -> None:
-        cfg = self._bound_config()
+        cfg = bound_config(self)
         if num_decode_tokens > cfg.max_decode_tokens:
             raise CapacityError(
                 f"num_decode_tokens={num_decode_tokens} exceeds max_decode_tokens="
@@ -288,7 +279,7 @@ class SparseSWAMetadataBuilder:
 
     def _launch(self, batch: Batch, num_decode_tokens: int, decode_rows: int, *,
                 prefill_rows: bool, step_counts: torch.Tensor | None = None) -> None:
-        cfg = self._bound_config()
+        cfg = bound_config(self)
         build_swa_decode(
             self._backend, self._views.out, batch.slot_mapping, batch.positions,
             batch.token_to_req, batch.swa_block_table, cfg.swa_block_size, batch.block_table,

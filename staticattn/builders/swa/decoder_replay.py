@@ -28,10 +28,9 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.builders.attention_utils.split import split_decodes_and_prefills
 from staticattn.builders.batch import Batch
-from staticattn.builders.contract import claim_arena
+from staticattn.builders.contract import bound_config, claim_arena
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
 from staticattn.builders.swa.metadata import SparseSWAMetadata
-from staticattn.errors import ArenaError
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.kernels.swa.decoder_replay_rows import ReplayViews, replay_sub_batch
 
@@ -92,7 +91,6 @@ class DecoderReplayBuilder:
                       if first_layer else None)
         self._views: ReplayViews | None = None
         self._host_qsl: torch.Tensor | None = None
-        self._config: ArenaConfig | None = None
         self._backend = "torch"
 
     def _inner(self) -> list[SparseSWAMetadataBuilder]:
@@ -126,12 +124,11 @@ class DecoderReplayBuilder:
         self._host_qsl = arena["replay.host_query_start_loc"]
         for inner in self._inner():
             inner.bind(arena)
-        self._config = arena.config
         self._backend = resolve_backend(arena.config.kernel_backend, arena.device)
 
     def build(self, batch: Batch) -> DecoderReplayMetadata:
         """Eagerly: the split and the sub-batch's extents from the batch's host lengths."""
-        cfg = self._bound()
+        cfg = bound_config(self)
         d, _, _, _ = split_decodes_and_prefills(batch, decode_threshold=cfg.decode_threshold)
         qsl, q, _ = batch.host_arrays()
         b = np.arange(batch.num_reqs)
@@ -140,47 +137,38 @@ class DecoderReplayBuilder:
         host_qsl[0] = 0
         np.cumsum(kept, out=host_qsl[1 : batch.num_reqs + 1])
         total = int(host_qsl[batch.num_reqs])
-        self._launch(batch, batch.num_reqs, batch.num_actual_tokens, (batch.num_reqs, d))
-        sub = self._sub_batch(batch, batch.num_reqs, total, int(kept.max(initial=0)),
-                              batch.max_seq_len)
-        return self._metadata(batch, sub, "build")
+        self._launch(batch, (batch.num_reqs, d))
+        return self._metadata(batch, self._sub_batch(batch, total, int(kept.max(initial=0))),
+                              "build")
 
     def build_decode(self, batch: Batch) -> DecoderReplayMetadata:
         """Graph-safe, a uniform decode batch: nothing is trimmed, the sub-batch is the
         batch's rows in order."""
-        self._bound()
-        self._launch(batch, batch.num_reqs, batch.num_actual_tokens, batch.require_step_counts())
-        sub = self._sub_batch(batch, batch.num_reqs, batch.num_actual_tokens,
-                              batch.max_query_len, batch.max_seq_len)
-        return self._metadata(batch, sub, "build_decode")
+        return self._build_on_device(batch, "build_decode")
 
     def build_mixed(self, batch: Batch) -> DecoderReplayMetadata:
         """Graph-safe, a token bucket: the sub-batch's counts only on the device, its views
         at the bucket's capacity."""
-        self._bound()
-        self._launch(batch, batch.num_reqs, batch.num_actual_tokens, batch.require_step_counts())
-        sub = self._sub_batch(batch, batch.num_reqs, batch.num_actual_tokens,
-                              batch.max_query_len, batch.max_seq_len)
-        return self._metadata(batch, sub, "build_mixed")
+        return self._build_on_device(batch, "build_mixed")
 
     # ------------------------------------------------------------------- helpers
-    def _bound(self) -> ArenaConfig:
-        if self._config is None:
-            raise ArenaError("DecoderReplayBuilder is not bound; call bind(arena) first")
-        return self._config
+    def _build_on_device(self, batch: Batch, how: str) -> DecoderReplayMetadata:
+        bound_config(self)
+        self._launch(batch, batch.require_step_counts())
+        return self._metadata(batch, self._sub_batch(batch, batch.num_actual_tokens,
+                                                     batch.max_query_len), how)
 
-    def _launch(self, batch: Batch, num_reqs: int, num_tokens: int, counts) -> None:
+    def _launch(self, batch: Batch, counts) -> None:
         replay_sub_batch(self._backend, self._views, batch.query_start_loc, batch.seq_lens,
                          batch.replay_start, batch.slot_mapping, batch.positions,
-                         window=self._config.sliding_window, num_reqs=num_reqs,
-                         num_tokens=num_tokens, counts=counts)
+                         window=bound_config(self).sliding_window, num_reqs=batch.num_reqs,
+                         num_tokens=batch.num_actual_tokens, counts=counts)
 
-    def _sub_batch(self, batch: Batch, num_reqs: int, num_tokens: int, max_query_len: int,
-                   max_seq_len: int) -> Batch:
-        v = self._views
+    def _sub_batch(self, batch: Batch, num_tokens: int, max_query_len: int) -> Batch:
+        v, num_reqs = self._views, batch.num_reqs
         return Batch(
             v.query_start_loc[: num_reqs + 1], self._host_qsl[: num_reqs + 1], batch.seq_lens,
-            batch.seq_lens_cpu, num_reqs, num_tokens, max_query_len, max_seq_len,
+            batch.seq_lens_cpu, num_reqs, num_tokens, max_query_len, batch.max_seq_len,
             batch.block_table, v.slot_mapping[:num_tokens], v.positions[:num_tokens],
             v.token_to_req[:num_tokens], batch.swa_block_table, step_counts=v.step_counts,
             query_lens=v.query_lens[:num_reqs], replay_start=v.kv_start[:num_reqs])

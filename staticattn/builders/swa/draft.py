@@ -20,9 +20,9 @@ import torch
 from staticattn.arena import Arena, ArenaConfig, BufferDecl
 from staticattn.arena.config import round_up
 from staticattn.builders.batch import Batch
-from staticattn.builders.contract import claim_arena
+from staticattn.builders.contract import bound_config, claim_arena
 from staticattn.builders.swa.tile_scheduler import tile_scheduler_metas
-from staticattn.errors import ArenaError, ConfigError, InvalidBatchError
+from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.kernels.swa.draft_rows import draft_swa_rows
 
@@ -86,7 +86,6 @@ class DraftSWAMetadataBuilder:
 
     def __init__(self, *, query_len: int | None = None) -> None:
         self.query_len = query_len
-        self._config: ArenaConfig | None = None
         self._backend = "torch"
         self._views: dict[str, torch.Tensor] = {}
 
@@ -113,7 +112,6 @@ class DraftSWAMetadataBuilder:
         claim_arena(self, arena)
         self._views = {name: arena[f"swa_draft.{name}"]
                        for name in ("is_valid_token", "swa_indices", "swa_lens")}
-        self._config = arena.config
         self._backend = resolve_backend(arena.config.kernel_backend, arena.device)
 
     def build(self, batch: Batch) -> DraftSWAMetadata:
@@ -125,9 +123,7 @@ class DraftSWAMetadataBuilder:
         return self._build(batch, batch.require_step_counts())
 
     def _build(self, batch: Batch, counts) -> DraftSWAMetadata:
-        if self._config is None:
-            raise ArenaError("DraftSWAMetadataBuilder is not bound; call bind(arena) first")
-        cfg = self._config
+        cfg = bound_config(self)
         q, cap, width = self._extent(cfg)
         t = batch.num_actual_tokens
         if t != batch.num_reqs * q or t > cap or batch.swa_block_table is None:

@@ -18,7 +18,7 @@ When ``flash_mla`` is importable its own ``get_mla_metadata()[0]`` is used; othe
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -48,9 +48,6 @@ class TileSchedulerMeta:
     config: Any = None
     tile_scheduler_metadata: torch.Tensor | None = None
     num_splits: torch.Tensor | None = None
-
-
-_HOLDER_FIELDS = tuple(f.name for f in fields(TileSchedulerMeta))
 
 
 @memoised_on_libs

@@ -126,23 +126,18 @@ class GatherConsumer:
             # V4.1's launches leave the dense column unwritten; V3.2 and V4's one launch
             # writes all three columns, so their graphs keep one kernel less.
             out.zero_()
-        # One launch per index type: the first also sums the window and dense columns, and
-        # then the dense prefill rows, chunk by chunk.
-        for column, (name, layer_type) in enumerate(self._index, start=2):
+        # One launch per index type (one without an indexer): the first also sums the window
+        # and dense columns, and then the dense prefill rows, chunk by chunk.
+        for column, (name, layer_type) in enumerate(self._index or [(None, None)], start=2):
             args = self._args(batch, metadata, name, layer_type)
             args.index_column, args.window_columns = column, column == 2
             gather_checksums(self.backend, args, out)
             dense_prefill_checksums(self.backend, args, out)
-        if not self._index:
-            args = self._args(batch, metadata, None, None)
-            gather_checksums(self.backend, args, out)
-            dense_prefill_checksums(self.backend, args, out)
         compressed = metadata.get("compressed")
         first = 2 + len(self._index)
-        for j, t in enumerate(self._kv):
-            if compressed is not None:
-                compressed_checksums(self.backend, self._compressed_args(batch, compressed, t),
-                                     out[:, first + 2 * j:])
+        for j, t in enumerate(self._kv if compressed is not None else ()):
+            compressed_checksums(self.backend, self._compressed_args(batch, compressed, t),
+                                 out[:, first + 2 * j:])
         return out
 
     def _compressed_args(self, batch: Batch, md, t: LayerType) -> CompressedArgs:
@@ -182,10 +177,10 @@ class GatherConsumer:
             chunks = idx.prefill.chunks if idx.prefill is not None else []
             if idx.prefill is not None and idx.prefill.plan is not None:
                 plan = idx.prefill.plan
-                args.set_prefill_plan(plan.chunk_bounds, plan.num_chunks, plan.cu_seq_lens,
-                                      plan.cu_seqlen_ks, plan.cu_seqlen_ke)
+                args.plan = (plan.chunk_bounds, plan.num_chunks, plan.cu_seq_lens,
+                             plan.cu_seqlen_ks, plan.cu_seqlen_ke)
             elif chunks:
-                args.set_prefill_plan(*self._lay_out(chunks, batch.num_actual_tokens))
+                args.plan = self._lay_out(chunks, batch.num_actual_tokens)
         return args
 
     def _lay_out(self, chunks, num_tokens: int):

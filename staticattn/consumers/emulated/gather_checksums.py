@@ -49,6 +49,8 @@ class GatherArgs:
     storage_block_size: int
     swa: dict[str, Any] | None = None
     indexer: dict[str, Any] | None = None
+    #: A prefill chunk plan laid out as a mixed build's: chunk bounds int32 ``(C, 8)``, their
+    #: count ``(1,)``, key prefix sums, per-token key ranges ``ks``, ``ke`` ``(T,)``.
     plan: tuple[torch.Tensor, ...] | None = None
     #: The output column of the indexer checksum (2; DeepSeek V4.1 launches once per index
     #: type, each into a column of its own).
@@ -80,11 +82,6 @@ class GatherArgs:
             flatten=d.block_table.data_ptr() != self.block_table.data_ptr(),
             decode_tokens=md.num_decode_tokens, device_counts=mixed,
         )
-
-    def set_prefill_plan(self, chunk_bounds, num_chunks, cu_seq_lens, ks, ke) -> None:
-        """Read a prefill chunk plan laid out as a mixed build's: chunk bounds int32
-        ``(C, 8)``, their count ``(1,)``, key prefix sums, per-token key ranges ``(T,)``."""
-        self.plan = (chunk_bounds, num_chunks, cu_seq_lens, ks, ke)
 
 
 def gather_checksums(backend: str, a: GatherArgs, out: torch.Tensor) -> None:
@@ -151,10 +148,10 @@ def _torch(a: GatherArgs, out: torch.Tensor) -> None:
                 o < s["c_lens"][r, None]))
             out[:, 1] = torch.where(dec & real, c_dec, 0)
     if a.indexer is not None:
-        out[:, a.index_column] = _index_sums(a, t, real, b, p, index_cache)
+        out[:, a.index_column] = _index_sums(a, t, real, b, index_cache)
 
 
-def _index_sums(a: GatherArgs, t, real, b, p, cache):
+def _index_sums(a: GatherArgs, t, real, b, cache):
     x, dev, size = a.indexer, t.device, a.storage_block_size
     k_tail = torch.arange(INDEX_TAIL, device=dev)
     result = torch.zeros_like(t)

@@ -41,6 +41,7 @@ cache ``kv_cache`` (:func:`staticattn.consumers.real.caches.write_indexer_cache`
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -134,7 +135,7 @@ class IndexerTopKStep:
                     f"{dg.get_num_sms()} SMs; the logits kernel asserts the schedule has "
                     "get_num_sms() + 1 rows"
                 )
-            logits_fn = _deep_gemm_logits(dg)
+            logits_fn = functools.partial(dg.fp8_paged_mqa_logits, clean_logits=False)
         self.config = config
         #: The index-owning layer type it serves.
         self.layer_type = row
@@ -247,11 +248,3 @@ def index_type_unserved(config: ArenaConfig, row: LayerType) -> str | None:
             f"but {row.name} pages hold {entries} (block_size {config.block_size} // R "
             f"{max(row.compress_ratio, 1)}); block_size "
             f"{INDEXER_BLOCK * max(row.compress_ratio, 1)} would serve it")
-
-
-def _deep_gemm_logits(dg) -> LogitsFn:
-    def logits(q, kv_cache, weights, seq_lens, block_table, schedule, max_context_len):
-        return dg.fp8_paged_mqa_logits(q, kv_cache, weights, seq_lens, block_table, schedule,
-                                       max_context_len, clean_logits=False)
-
-    return logits

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.runtime.backend import triton_interpreted
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES, COUNT_TOKENS
@@ -95,7 +96,8 @@ def prefill_combined_rows(
     if backend == "triton":
         d, td, nt = (0, 0, 0) if device_counts else counts
         topk_ptr = topk if topk is not None else lens_out
-        launch(_combined_kernel(), (grid_size(num_tokens, _rows_per_program()),),
+        rows = 32 if triton_interpreted() else 4
+        launch(_combined_kernel(), (grid_size(num_tokens, rows),),
             out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,
             num_chunks, topk_ptr, topk_ptr.stride(0) if topk is not None else 0,
             counts if device_counts else lens_out, d, td, nt, num_tokens, chunks.shape[0],
@@ -105,18 +107,12 @@ def prefill_combined_rows(
             MIT=max(max_image_tokens, 1),
             NUM_SPANS=0 if image_spans is None else image_spans.shape[0],
             BLOCK_S=pow2_at_least(1 if image_spans is None else image_spans.shape[0], 16),
-            ROWS=_rows_per_program(), BLOCK_C=128, BLOCK_CH=128,
+            ROWS=rows, BLOCK_C=128, BLOCK_CH=128,
         )
         return
     _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,
                     num_chunks, topk, ratio, topk_width, window, num_tokens, counts,
                     image_spans, max_image_tokens)
-
-
-def _rows_per_program() -> int:
-    from staticattn.kernels.runtime.backend import triton_interpreted
-
-    return 32 if triton_interpreted() else 4
 
 
 def _combined_torch(out, lens_out, positions, token_to_req, seq_lens, gather_lens, chunks,
