@@ -50,6 +50,13 @@ def _no_cuda(what: str, json_path: str | None) -> int:
 
 
 def cmd_demo(args) -> int:
+    if args.pcp:
+        from staticattn.distributed.pcp_demo import run_pcp_demo
+
+        kwargs = {} if args.steps is None else {"steps": args.steps}
+        return run_pcp_demo(args.pcp, seed=args.seed, preset=args.pcp_preset,
+                            json_path=args.json, progress=not args.no_progress,
+                            deadline=timedelta(seconds=args.dcp_deadline), **kwargs)
     if args.dcp:
         from staticattn.distributed.dcp_demo import run_dcp_demo
 
@@ -138,6 +145,11 @@ def _emit(text: str, data: str, json_path: str | None) -> None:
 
 
 def cmd_bench(args, cuda: bool) -> int:
+    if args.pcp:
+        from staticattn.distributed.pcp_bench import run_pcp_bench
+
+        return run_pcp_bench(args.pcp, reps=args.reps, seed=args.seed, preset=args.pcp_preset,
+                             json_path=args.json, progress=not args.no_progress)
     if args.dcp:
         from staticattn.distributed.dcp_bench import run_dcp_bench
 

@@ -64,6 +64,8 @@ UNUSED = {
     "--breakdown": ("batch_requests", "consumer", "step", "compare"),
     "--context": ("staging_guard", "compare"),
     "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len", "compare"),
+    "--pcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len", "compare",
+              "preset", "batch_requests"),
 }
 
 JSON_HELP = ("print the result as JSON: to stdout (no value, or -) instead of the text, or "
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dcp-deadline", type=int_in(1), default=30, metavar="SECONDS",
                    help="the --dcp step deadline: a rank that dies or stalls is a typed error "
                    "(RankFailureError, RankTimeoutError) on every rank within it (default: 30)")
+    _pcp_flags(d)
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help=JSON_HELP)
@@ -154,10 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write a DOT dump of each captured graph into DIR")
         else:
             _bench_flags(c)
+            _pcp_flags(c)
         c.add_argument("--no-progress", action="store_true", help="no progress bars")
         c.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                        help=JSON_HELP)
     return p
+
+
+def _pcp_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--pcp", type=int_in(2), default=None, metavar="WORLD",
+                   help="prefill context parallelism over WORLD >= 2 ranks, one process each: "
+                   f"torchrun --nproc-per-node WORLD -m staticattn {c.prog.split()[-1]} "
+                   "--pcp WORLD")
+    c.add_argument("--pcp-preset", choices=PRESETS, default="deepseek-v3.2",
+                   help="the model of the --pcp run's arena (default: deepseek-v3.2, the one "
+                   "served; the others are typed errors saying why)")
 
 
 def _config_flags(c: argparse.ArgumentParser) -> None:
@@ -254,10 +268,12 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
     """Check what argparse cannot (combinations, bounds from the config, the step, the
     plot); ``args.cmd_parser.error`` (exit 2) on the first problem."""
     error = args.cmd_parser.error
+    if getattr(args, "pcp", None) is not None:
+        _validate_pcp(args, error)
     if args.cmd == "demo":
         return
     if args.cmd == "bench":
-        modes = [f"--{m}" for m in ("mix", "breakdown", "context", "dcp")
+        modes = [f"--{m}" for m in ("mix", "breakdown", "context", "dcp", "pcp")
                  if getattr(args, m) not in (None, False)]
         if len(modes) > 1:
             error(f"{' and '.join(modes)}: one bench at a time")
@@ -276,6 +292,8 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
         if ignored:
             error(f"{modes[0]} times fixed steps of its own: {', '.join(ignored)} would be "
                   "ignored")
+        if args.pcp is not None:
+            return  # its own small arena per rank (distributed/pcp_world.py)
         if args.dcp is not None:
             if args.preset not in DCP_PRESETS:
                 error(f"--preset {args.preset}: decode context parallelism does not serve its "
@@ -312,3 +330,17 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
             load_step(args.step)
         except StepSpecError as exc:
             error(str(exc))
+
+
+def _validate_pcp(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
+    """``--pcp``: the configuration the run would build, refused here as the typed error
+    it raises (the reference's refusals, then what is not served yet)."""
+    from staticattn.distributed.pcp_world import PCPSizes, configs
+    from staticattn.errors import ConfigError
+
+    if getattr(args, "dcp", None) is not None:
+        error("--pcp and --dcp: PCP with DCP is not served yet; one at a time")
+    try:
+        configs(args.pcp_preset, args.pcp, "cpu", PCPSizes())
+    except ConfigError as exc:
+        error(f"--pcp {args.pcp} --pcp-preset {args.pcp_preset}: ConfigError: {exc}")

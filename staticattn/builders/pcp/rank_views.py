@@ -1,0 +1,135 @@
+"""The prefill-context-parallel buffers of one rank's arena (``prefill-context-parallel.md``
+§2, §3.1, §3.2, §8): declared from the :class:`~staticattn.arena.pcp_config.PCPConfig`
+capacities next to the rank's input and builder buffers, allocated once, views at fixed
+addresses for the rank's life.
+
+* ``pcp.staging.batch`` (host, pinned on CUDA) and ``pcp.batch`` (device), int32
+  ``(4, S + 1)``: the staged global batch, one row each for ``query_start_loc``,
+  ``is_prefilling``, ``num_computed`` and ``req_state_idx`` (the last three over ``S``
+  entries; padded requests: the last query start repeated, 0s). The host writes the first,
+  one copy node inside the graph brings it to the second.
+* ``pcp.block_table``, int32 device ``(S, W)``: every request's block row, updated in place
+  by the engine (the rows that changed), like the single-GPU arena's table.
+* ``pcp.rows.*``: every rank's rows and the gathered layout
+  (:class:`~staticattn.builders.pcp.rank_rows.RowViews`, ``N`` tokens a rank).
+* ``pcp.fields.*``: this rank's row fields
+  (:class:`~staticattn.builders.pcp.rank_fields.RankFields`, ``R = 2 S`` rows).
+* ``pcp.gathered_slots``, int64 device ``(P * N,)``: the gathered slot mapping of this
+  rank's DCP rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from staticattn.arena.buffers import BufferDecl
+from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.pcp.rank_fields import RankFields
+from staticattn.builders.pcp.rank_rows import RowViews
+
+__all__ = ["BATCH_ROWS", "PCPLayout", "PCPViews", "pcp_buffers"]
+
+#: Rows of the staged global batch: query starts, prefilling flags, computed tokens, states.
+BATCH_ROWS = ("query_start_loc", "is_prefilling", "num_computed", "req_state_idx")
+
+
+def _row_decls(cfg: PCPConfig, num_tokens: int, max_num_tokens: int) -> list[BufferDecl]:
+    # RowViews owns its shapes: read them off views on the meta device (no memory).
+    meta = RowViews.allocate(cfg, num_tokens, max_num_tokens, device="meta")
+    return [BufferDecl(f"pcp.rows.{f.name}", tuple(getattr(meta, f.name).shape),
+                       getattr(meta, f.name).dtype) for f in fields(RowViews)]
+
+
+def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
+                table_width: int) -> list[BufferDecl]:
+    """The declarations of one rank's PCP views.
+
+    Parameters
+    ----------
+    cfg : PCPConfig
+        ``S = max_num_seqs`` global requests, ``R = 2 S`` rows a rank, ``P`` ranks.
+    num_tokens : int
+        ``N``, the tokens every rank pads its rows to (the bucket).
+    max_num_tokens : int
+        ``T``, the global batch's token capacity (the restore index).
+    table_width : int
+        ``W``, block-table columns of a request.
+    """
+    S, R, P = cfg.max_num_seqs, cfg.max_rows, cfg.pcp_size
+    field_decls = [BufferDecl(f"pcp.fields.{f.name}", (R,),
+                              torch.bool if f.name == "is_prefilling" else torch.int32)
+                   for f in fields(RankFields)]
+    return [BufferDecl("pcp.staging.batch", (len(BATCH_ROWS), S + 1), torch.int32, "host"),
+            BufferDecl("pcp.batch", (len(BATCH_ROWS), S + 1), torch.int32),
+            BufferDecl("pcp.block_table", (S, table_width), torch.int32),
+            *_row_decls(cfg, num_tokens, max_num_tokens), *field_decls,
+            BufferDecl("pcp.gathered_slots", (P * num_tokens,), torch.int64, fill=-1)]
+
+
+@dataclass(slots=True)
+class PCPViews:
+    """One rank's PCP views, taken from an arena holding :func:`pcp_buffers`.
+
+    Attributes
+    ----------
+    host_batch, batch : int32 ``(4, S + 1)`` host staging and its device copy
+        (:data:`BATCH_ROWS`).
+    block_table : int32 device ``(S, W)``
+    rows : RowViews
+    fields : RankFields
+    gathered_slots : int64 device ``(P * N,)``
+    """
+
+    host_batch: torch.Tensor
+    batch: torch.Tensor
+    block_table: torch.Tensor
+    rows: RowViews
+    fields: RankFields
+    gathered_slots: torch.Tensor
+
+    @classmethod
+    def bind(cls, arena) -> PCPViews:
+        return cls(arena["pcp.staging.batch"], arena["pcp.batch"], arena["pcp.block_table"],
+                   RowViews(**{f.name: arena[f"pcp.rows.{f.name}"] for f in fields(RowViews)}),
+                   RankFields(**{f.name: arena[f"pcp.fields.{f.name}"]
+                                 for f in fields(RankFields)}),
+                   arena["pcp.gathered_slots"])
+
+    def staged(self, name: str) -> torch.Tensor:
+        """A row of the device copy of the global batch, int32: ``query_start_loc``
+        ``(S + 1,)``, the others ``(S,)``."""
+        row = self.batch[BATCH_ROWS.index(name)]
+        return row if name == "query_start_loc" else row[:-1]
+
+
+class PCPLayout:
+    """The PCP views as a part :func:`~staticattn.builders.make_arena` declares and binds
+    beside the builders (``name``, ``buffers(config)``, ``bind(arena)``); it builds nothing
+    itself (:mod:`staticattn.builders.pcp.rank_step` does).
+
+    Parameters
+    ----------
+    cfg : PCPConfig
+    num_tokens, max_num_tokens, table_width : int
+        ``N``, ``T`` and ``W`` of :func:`pcp_buffers`.
+    """
+
+    name = "pcp"
+
+    def __init__(self, cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
+                 table_width: int) -> None:
+        self.cfg = cfg
+        self.shape = (num_tokens, max_num_tokens, table_width)
+        self.arena = None
+        self.views: PCPViews | None = None
+
+    def buffers(self, config) -> list[BufferDecl]:
+        """:func:`pcp_buffers` of the PCP config (the arena's ``config`` adds nothing)."""
+        return pcp_buffers(self.cfg, *self.shape)
+
+    def bind(self, arena) -> None:
+        """Take the views (:class:`PCPViews`) from the allocated ``arena``."""
+        self.arena = arena
+        self.views = PCPViews.bind(arena)

@@ -1,0 +1,107 @@
+"""The prefill-context-parallel demo and bench as a user starts them: torchrun, one process
+a rank. On CPU the ranks join over gloo and run every step eagerly (the same body a graph
+holds); on GPUs over NCCL, every step replaying the rank's captured graph. Either way every
+rank's restored step must equal the single-GPU step and its metadata the oracle; a refused
+configuration is a typed error before any rank starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers.paths import ROOT
+
+STEPS = 10
+
+
+def _torchrun(world: int, *args: str) -> tuple[int, str]:
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(world), "-m", "staticattn", *args, "--no-progress"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)})
+    return done.returncode, done.stdout + done.stderr
+
+
+def _needs_gpus_or_none(world: int) -> None:
+    if torch.cuda.is_available() and torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs (NCCL takes one GPU per rank); the CPU run covers "
+                    "gloo")
+
+
+def _check_demo(world: int, code: int, out: str) -> None:
+    assert code == 0, out[-4000:]
+    assert (f"PASS: {world} ranks x {STEPS} steps checked against the single-GPU step and "
+            "the oracle, 0 mismatches") in out, out[-4000:]
+    ranks = re.findall(r"rank (\d): replayed (\d+)/(\d+), (\d+) tokens checked", out)
+    assert [int(r) for r, *_ in ranks] == list(range(world)), out[-4000:]
+    cuda = torch.cuda.is_available()
+    assert ("graphs (NCCL)" if cuda else "eager (gloo, no CUDA)") in out
+    for _, replayed, steps, tokens in ranks:
+        assert int(steps) == STEPS and int(replayed) == (STEPS if cuda else 0)
+        assert int(tokens) > STEPS  # prefills were drawn, not only single decodes
+
+
+@pytest.mark.multigpu
+def test_two_ranks_under_torchrun_equal_the_single_gpu_step():
+    _needs_gpus_or_none(2)
+    _check_demo(2, *_torchrun(2, "demo", "--pcp", "2", "--steps", str(STEPS)))
+
+
+@pytest.mark.multigpu
+def test_four_ranks_under_torchrun_equal_the_single_gpu_step():
+    _needs_gpus_or_none(4)
+    _check_demo(4, *_torchrun(4, "demo", "--pcp", "4", "--steps", str(STEPS)))
+
+
+@pytest.mark.multigpu
+def test_the_bench_reports_every_rank_and_the_collectives(tmp_path):
+    _needs_gpus_or_none(2)
+    out_json = tmp_path / "pcp.json"
+    code, out = _torchrun(2, "bench", "--pcp", "2", "--reps", "5", "--json", str(out_json))
+    assert code == 0, out[-4000:]
+    data = json.loads(out_json.read_text())
+    rows = data["rows"]
+    assert {(r["requests"], r["rank"]) for r in rows} == {(k, r) for k in (1, 4, 8)
+                                                          for r in (0, 1)}
+    for row in rows:
+        assert row["host_50"] > 0 and row["host_99"] >= row["host_50"]
+        assert row["collectives_50"] > 0 and row["host_1gpu_50"] > 0
+        if torch.cuda.is_available():
+            assert row["gpu_50"] > 0 and 0 < row["collective_share"]
+
+
+@pytest.mark.parametrize(("preset", "says"), [
+    ("deepseek-v4", "ConfigError: PCP requires attention backend support"),
+    ("deepseek-v4.1-flash", "ConfigError: --pcp serves deepseek-v3.2"),
+])
+@pytest.mark.parametrize("cmd", ["demo", "bench"])
+def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, preset, says):
+    done = subprocess.run([sys.executable, "-m", "staticattn", cmd, "--pcp", "2",
+                           "--pcp-preset", preset], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2
+    assert says in done.stderr, done.stderr
+    assert done.stdout == ""
+
+
+def test_pcp_with_dcp_is_refused():
+    done = subprocess.run([sys.executable, "-m", "staticattn", "demo", "--pcp", "2", "--dcp",
+                           "2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 2
+    assert "--pcp and --dcp: PCP with DCP is not served yet" in done.stderr
+
+
+def test_the_demo_says_how_to_launch_it_without_torchrun():
+    done = subprocess.run([sys.executable, "-m", "staticattn", "demo", "--pcp", "2"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in {**os.environ, "PYTHONPATH": str(ROOT)}.items()
+                               if k != "WORLD_SIZE"})
+    assert done.returncode == 2
+    assert "torchrun --nproc-per-node 2 -m staticattn demo --pcp 2" in done.stdout

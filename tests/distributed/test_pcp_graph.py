@@ -1,0 +1,52 @@
+"""One PCP rank's graph on one device: with ``P = 1`` the rank holds both chunks of every
+prefill and the all-gathers are the identity, so a single process captures (CUDA) or runs
+(CPU) the whole body -- the staged global batch's copy, the split, the rank's input views,
+the indexer's mixed build, the emulated layer and the restore -- and every step must equal
+the single-GPU step, its metadata the oracle. Graph-safety (no host read, no allocation
+outside the pool, no branch on data) is what the CUDA capture checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step, rank_mismatches
+from staticattn.errors import CapacityError, InvalidBatchError
+
+SIZES = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_the_rank_step_equals_the_single_gpu_step():
+    rng = np.random.default_rng(3)
+    with pcp_pair("deepseek-v3.2", 1, 0, None, _device(), SIZES) as pair:
+        if torch.cuda.is_available():
+            pair.rank.capture()
+            assert pair.rank.graph is not None
+        for _ in range(25 if torch.cuda.is_available() else 8):
+            step = random_pcp_step(rng, SIZES, pair.rank.config.block_size)
+            pair.write(step)
+            got = pair.run(step).clone()
+            assert torch.equal(got, pair.run_single(step)), step
+            assert rank_mismatches(pair, step) == [], step
+
+
+@pytest.mark.parametrize(("change", "error", "says"), [
+    (dict(query_lens=[3, 1], is_prefilling=[False, True]), InvalidBatchError,
+     "not prefilling but schedules 3 tokens"),
+    (dict(query_lens=[1, 200]), CapacityError, "global token capacity 96"),
+    (dict(num_computed=[0, 512]), CapacityError, "max_model_len=512"),
+])
+def test_a_bad_step_is_a_typed_error_before_anything_is_written(change, error, says):
+    with pcp_pair("deepseek-v3.2", 1, 0, None, "cpu", SIZES) as pair:
+        step = random_pcp_step(np.random.default_rng(0), SIZES, 64, num_reqs=2)
+        step.update(change)
+        before = pair.rank.arena.block("device").clone(), pair.rank.views.host_batch.clone()
+        with pytest.raises(error, match=says):
+            pair.run(step)
+        assert torch.equal(pair.rank.arena.block("device"), before[0])
+        assert torch.equal(pair.rank.views.host_batch, before[1])
