@@ -56,7 +56,8 @@ def cmd_demo(args) -> int:
         kwargs = {} if args.steps is None else {"steps": args.steps}
         return run_pcp_demo(args.pcp, seed=args.seed, preset=args.pcp_preset,
                             json_path=args.json, progress=not args.no_progress,
-                            deadline=timedelta(seconds=args.dcp_deadline), **kwargs)
+                            deadline=timedelta(seconds=args.dcp_deadline), dcp=args.dcp or 1,
+                            **kwargs)
     if args.dcp:
         from staticattn.distributed.dcp_demo import run_dcp_demo
 
@@ -149,7 +150,8 @@ def cmd_bench(args, cuda: bool) -> int:
         from staticattn.distributed.pcp_bench import run_pcp_bench
 
         return run_pcp_bench(args.pcp, reps=args.reps, seed=args.seed, preset=args.pcp_preset,
-                             json_path=args.json, progress=not args.no_progress)
+                             json_path=args.json, progress=not args.no_progress,
+                             dcp=args.dcp or 1)
     if args.dcp:
         from staticattn.distributed.dcp_bench import run_dcp_bench
 

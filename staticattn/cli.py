@@ -119,7 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dcp-preset", choices=DCP_PRESETS, default="deepseek-v4",
                    help="the model of the --dcp demo's arena (default: deepseek-v4)")
     d.add_argument("--dcp-deadline", type=int_in(1), default=30, metavar="SECONDS",
-                   help="the --dcp step deadline: a rank that dies or stalls is a typed error "
+                   help="the --dcp / --pcp step deadline: a rank that dies or stalls is a typed "
+                   "error "
                    "(RankFailureError, RankTimeoutError) on every rank within it (default: 30)")
     _pcp_flags(d)
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -168,7 +169,7 @@ def _pcp_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--pcp", type=int_in(2), default=None, metavar="WORLD",
                    help="prefill context parallelism over WORLD >= 2 ranks, one process each: "
                    f"torchrun --nproc-per-node WORLD -m staticattn {c.prog.split()[-1]} "
-                   "--pcp WORLD")
+                   "--pcp WORLD; with --dcp WORLD too, the KV sharded over the same ranks")
     c.add_argument("--pcp-preset", choices=PRESETS, default="deepseek-v3.2",
                    help="the model of the --pcp run's arena (default: deepseek-v3.2, the one "
                    "served; the others are typed errors saying why)")
@@ -273,8 +274,10 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
     if args.cmd == "demo":
         return
     if args.cmd == "bench":
+        # With --pcp, --dcp says how the PCP ranks shard the KV: one bench.
         modes = [f"--{m}" for m in ("mix", "breakdown", "context", "dcp", "pcp")
-                 if getattr(args, m) not in (None, False)]
+                 if getattr(args, m) not in (None, False)
+                 and not (m == "dcp" and args.pcp is not None)]
         if len(modes) > 1:
             error(f"{' and '.join(modes)}: one bench at a time")
         if args.plot is not None:
@@ -338,9 +341,9 @@ def _validate_pcp(args: argparse.Namespace, error: Callable[[str], Any]) -> None
     from staticattn.distributed.pcp_world import PCPSizes, configs
     from staticattn.errors import ConfigError
 
-    if getattr(args, "dcp", None) is not None:
-        error("--pcp and --dcp: PCP with DCP is not served yet; one at a time")
+    dcp = getattr(args, "dcp", None) or 1
     try:
-        configs(args.pcp_preset, args.pcp, "cpu", PCPSizes())
+        configs(args.pcp_preset, args.pcp, "cpu", PCPSizes(), dcp)
     except ConfigError as exc:
-        error(f"--pcp {args.pcp} --pcp-preset {args.pcp_preset}: ConfigError: {exc}")
+        error(f"--pcp {args.pcp} --dcp {dcp} --pcp-preset {args.pcp_preset}: ConfigError: "
+              f"{exc}")

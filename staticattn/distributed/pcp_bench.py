@@ -1,18 +1,19 @@
 """The prefill-context-parallel bench: one process per rank, started by torchrun.
 
-    torchrun --nproc-per-node 2 -m staticattn bench --pcp 2 [--reps 200]
+    torchrun --nproc-per-node 2 -m staticattn bench --pcp 2 [--dcp 2] [--reps 200]
              [--pcp-preset deepseek-v3.2] [--json pcp.json]
 
 Per step shape (a random global step of 1, 4 and 8 requests -- decodes and prefills, drawn
 once, the same on every rank), every rank replays its graph (the staged global batch's
 copy, the PCP split and the rank's rows, the indexer's mixed build, the emulated layer with
-its two NCCL all-gathers and the restore) ``reps`` times, each step started on an idle
+its NCCL collectives and the restore) ``reps`` times, each step started on an idle
 device with the ranks lined up, and measures:
 
 * host µs of :meth:`PCPRank.run <staticattn.distributed.pcp_rank.PCPRank.run>` (the host
   checks, the staging, the launch) and GPU µs of the step (CUDA events), p50 and p99;
-* the collectives alone: the step's two all-gathers captured in a graph of their own and
-  replayed back to back, and their share of the step's GPU time;
+* the collectives alone: the step's all-gathers (under DCP also the all-reduce) captured
+  in a graph of their own and replayed back to back, and their share of the step's GPU
+  time;
 * the same step on one GPU: the one-rank arena's manager with a token-bucket graph of the
   whole global step.
 
@@ -63,12 +64,12 @@ def _gpu_times_us(fn, reps: int, align) -> list[float]:
 
 
 def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
-               sizes: PCPSizes) -> list[dict]:
+               sizes: PCPSizes, dcp: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     align = aligner(me.cuda, me.check_group)
     rows = []
     with pcp_pair(preset, world=me.world, rank=me.rank, group=None, device=me.device,
-                  sizes=sizes, seed=seed) as pair:
+                  sizes=sizes, seed=seed, dcp=dcp) as pair:
         if me.cuda:
             pair.rank.capture()
             pair.single.capture(sizes=(), buckets=(sizes.max_num_tokens,))
@@ -94,19 +95,19 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
 
 def run_pcp_bench(world: int, reps: int = 200, seed: int = 0, preset: str = "deepseek-v3.2",
                   json_path: str | None = None, progress: bool = True,
-                  sizes: PCPSizes = DEFAULT_SIZES) -> int:
+                  sizes: PCPSizes = DEFAULT_SIZES, dcp: int = 1) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks; the exit status.
     ``json_path``: rank 0 writes the figures as JSON there, or prints them instead of the
-    table for "-"."""
+    table for "-". ``dcp``: 1 or ``world`` (the KV sharded over the same ranks)."""
     me = join(world, "bench", flag="--pcp")
     if me is None:
         return 2
-    rows = _rank_rows(me, preset, reps, seed, progress, sizes)
+    rows = _rank_rows(me, preset, reps, seed, progress, sizes, dcp)
     every = [None] * world
     dist.all_gather_object(every, rows, group=me.check_group)
     leave(me)
     if me.rank == 0:
-        text, data = _report(every, preset, world, reps, me.cuda)
+        text, data = _report(every, preset, world, reps, me.cuda, dcp)
         emit(text, data, json_path)
     return 0
 
@@ -117,10 +118,11 @@ def _p(values, q: float) -> float | None:
 
 
 def _report(every: list[list[dict]], preset: str, world: int, reps: int,
-            cuda: bool) -> tuple[str, dict]:
+            cuda: bool, dcp: int) -> tuple[str, dict]:
     mode, out = report_head(preset, world, reps, cuda)
+    out["dcp"] = dcp
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    lines = [f"PCP bench ({preset}, DCP 1): {world} ranks, {reps} steps per step shape, {mode}",
+    lines = [f"PCP bench ({preset}, DCP {dcp}): {world} ranks, {reps} steps per step shape, {mode}",
              f"{'reqs':>4} {'tokens':>6} {'rank':>4} | {'host p50':>8} {'p99':>7} | "
              f"{'GPU p50':>7} {'p99':>7} | {'collectives':>11} {'share':>6} | "
              f"{'1 GPU host':>10} {'GPU':>7}"]
@@ -140,7 +142,7 @@ def _report(every: list[list[dict]], preset: str, world: int, reps: int,
                 f"{fmt(fig['host_1gpu_50']):>10} {fmt(fig['gpu_1gpu_50']):>7}")
             out["rows"].append({"requests": first["requests"], "tokens": first["tokens"],
                                 "rank": r, **fig, "collective_share": share})
-    lines.append("(microseconds; collectives = the step's two all-gathers "
+    lines.append("(microseconds; collectives = the step's collectives "
                  + ("replayed alone, share = of the step's GPU time" if cuda
                     else "run alone, host time") + "; 1 GPU = the same step on a one-rank "
                  "arena, one token-bucket graph)")

@@ -4,7 +4,7 @@ reduced to its data movement.
 
 A PCP rank, per step, inside its graph:
 
-1. **new keys** of its ``N`` local tokens: ``new_key(slot, position)`` at its own slots (a
+1. **new keys** of its ``N`` local tokens: ``new_keys(request state, position)`` (a
    stand-in for the K a layer computes from each token);
 2. **all-gather** of the ``N`` keys over the PCP group into ``P * N`` rank-major rows
    (fixed size: every rank pads to ``N``; NCCL inside the graph, gloo eagerly on CPU);
@@ -16,8 +16,11 @@ A PCP rank, per step, inside its graph:
 5. **all-gather** of the ``N`` checksum rows and the **restore** to global token order
    with ``hidden_restore_idx`` (§2.3), rows past the step's tokens 0.
 
-The single-GPU twin writes ``new_key`` at the global slot mapping and runs the same
+The single-GPU twin writes ``new_keys`` at the global slot mapping and runs the same
 consumer over the global batch: its rows must equal the restored rows, token for token.
+Before a step the engine's stand-in (:func:`write_context`) writes each request's context
+keys, the same function of its state and position, into every cache (the rank's shard
+under DCP), so the caches hold the same keys whatever their first contents.
 """
 
 from __future__ import annotations
@@ -29,18 +32,33 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.consumers.emulated.gather import GatherConsumer
+from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
 
-__all__ = ["PCPGatherStep", "SingleGatherStep", "new_keys", "write_keys"]
+__all__ = ["PCPGatherStep", "SingleGatherStep", "new_keys", "write_context", "write_keys"]
 
 #: Keys are 20-bit values, as the consumer's random caches hold.
 _KEY_MASK = (1 << 20) - 1
 
 
-def new_keys(slots: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The key each token writes, int32 ``out`` from int64 ``slots`` and ``positions``
-    ``(n,)`` (any shape, the same for all three): a hash of both, so a key at a wrong slot
-    or of a wrong token shows."""
-    return out.copy_((slots * 7919 + positions.long() * 40503 + 12345) & _KEY_MASK)
+def new_keys(states: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """The key of each token, int32 ``out`` ``(n,)`` from its request's state index (int
+    ``states`` ``(n,)``) and its position (int ``positions`` ``(n,)``): a hash of both, so a
+    key at a wrong slot, of a wrong token or missing shows."""
+    return out.copy_((states.long() * 7919 + positions.long() * 40503 + 12345) & _KEY_MASK)
+
+
+def write_context(cache: torch.Tensor, table_row: torch.Tensor, state: int, count: int,
+                  block_size: int, world: int = 1, rank: int = 0, interleave: int = 1) -> None:
+    """Write the keys of positions ``[0, count)`` of a request (its state index ``state``,
+    its block row int32 ``table_row`` ``(W,)``) into ``cache`` (int32 ``(entries,)``): all
+    of them, or under DCP (``world > 1``) those ``rank`` holds, at their local index."""
+    pos = torch.arange(count, device=cache.device)
+    local = dcp_local_index(pos, world, interleave) if world > 1 else pos
+    slots = table_row.long()[local // block_size] * block_size + local % block_size
+    if world > 1:
+        slots = torch.where(dcp_owner(pos, world, interleave) == rank, slots, -1)
+    keys = new_keys(torch.full_like(pos, state), pos, torch.empty_like(pos, dtype=torch.int32))
+    write_keys(cache, slots, keys)
 
 
 def write_keys(cache: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
@@ -87,6 +105,11 @@ class PCPGatherStep:
         self.out = torch.zeros(T, cols, dtype=torch.int64, device=dev)
         self._token = torch.arange(T, device=dev)
 
+    @property
+    def cache(self) -> torch.Tensor:
+        """The index keys the step writes and reads, int32 ``(entries,)`` by slot."""
+        return self.consumer.caches["indexer"]
+
     def exchange(self) -> None:
         """The step's collectives alone (the bench times them): both all-gathers."""
         gather_rank_major(self.keys, self.world, self.rank, self.group)
@@ -94,7 +117,8 @@ class PCPGatherStep:
 
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
         N = self.keys.shape[1]
-        new_keys(batch.slot_mapping[:N], batch.positions[:N], self.keys[self.rank])
+        states = self.views.fields.req_idx.index_select(0, batch.token_to_req[:N].long())
+        new_keys(states, batch.positions[:N], self.keys[self.rank])
         gather_rank_major(self.keys, self.world, self.rank, self.group)
         write_keys(self.consumer.caches["indexer"], self.views.gathered_slots,
                    self.keys.view(-1))
@@ -110,7 +134,8 @@ class PCPGatherStep:
 
 class SingleGatherStep:
     """The single-GPU twin: step ``(batch, md) -> (num_tokens, columns)`` int64, the
-    global batch's new keys written at its slot mapping, then the consumer.
+    global batch's new keys (of ``token_states``, which the engine writes) written at its
+    slot mapping, then the consumer.
 
     Parameters
     ----------
@@ -125,9 +150,11 @@ class SingleGatherStep:
                                        if config.torch_device.type == "cpu" else None)
         self.keys = torch.zeros(config.max_num_batched_tokens, dtype=torch.int32,
                                 device=config.torch_device)
+        #: Each token's request state index, written by the engine before the step.
+        self.token_states = torch.zeros_like(self.keys)
 
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
         n = batch.num_actual_tokens
-        keys = new_keys(batch.slot_mapping[:n], batch.positions[:n], self.keys[:n])
+        keys = new_keys(self.token_states[:n], batch.positions[:n], self.keys[:n])
         write_keys(self.consumer.caches["indexer"], batch.slot_mapping[:n], keys)
         return self.consumer(batch, metadata)

@@ -1,10 +1,11 @@
 """The prefill-context-parallel demo: one process per rank, started by torchrun.
 
-    torchrun --nproc-per-node 2 -m staticattn demo --pcp 2 [--steps 200]
+    torchrun --nproc-per-node 2 -m staticattn demo --pcp 2 [--dcp 2] [--steps 200]
              [--pcp-preset deepseek-v3.2]
 
 Each rank builds its own arena (:class:`~staticattn.distributed.pcp_rank.PCPRank`: the PCP
-views, the indexer builder, the emulated layer with its all-gathers); on GPUs it captures
+views, the indexer builder, the emulated layer with its collectives; with ``--dcp`` the KV
+sharded over the same ranks); on GPUs it captures
 one graph holding the copy of the staged global batch, the PCP split and the rank's rows,
 the builders' mixed builds and the layer with its NCCL all-gathers (without CUDA: gloo,
 the same body eagerly). Every rank draws the same random global steps (one seed: decodes
@@ -50,33 +51,35 @@ __all__ = ["run_pcp_demo"]
 
 def run_pcp_demo(world: int, steps: int = 100, seed: int = 0, preset: str = "deepseek-v3.2",
                  json_path: str | None = None, progress: bool = True,
-                 deadline: timedelta = DEFAULT_DEADLINE, sizes: PCPSizes = DEFAULT_SIZES) -> int:
+                 deadline: timedelta = DEFAULT_DEADLINE, sizes: PCPSizes = DEFAULT_SIZES,
+                 dcp: int = 1) -> int:
     """Run the demo on this rank of a torchrun launch of ``world`` ranks; the exit status
     (0 when every step matched on every rank). ``json_path``: rank 0 writes the totals as
     JSON there, or prints them instead of the text for "-". ``deadline``: the step deadline
-    (:mod:`staticattn.distributed.fence`). ``sizes``: the run's capacities."""
+    (:mod:`staticattn.distributed.fence`). ``sizes``: the run's capacities. ``dcp``: 1 (the
+    KV on every rank) or ``world`` (sharded over the same ranks)."""
     me = join(world, "demo", deadline, flag="--pcp")
     if me is None:
         return 2
-    mine = _run_steps(me, preset, steps, seed, progress, sizes)
+    mine = _run_steps(me, preset, steps, seed, progress, sizes, dcp)
     totals = [None] * world
     dist.all_gather_object(totals, mine, group=me.check_group)
     if me.rank == 0:
-        _report(totals, preset, steps, me.cuda, json_path)
+        _report(totals, preset, steps, me.cuda, json_path, dcp)
     leave(me)
     return 0 if all(t["mismatches"] == 0 for t in totals) else 1
 
 
 def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
-               sizes: PCPSizes) -> dict:
+               sizes: PCPSizes, dcp: int) -> dict:
     """This rank's totals over ``steps`` random steps; what it builds dies with it, before
     the launch is left."""
     rng = np.random.default_rng(seed)
     host_us, fields, mismatches, replays, tokens = [], {}, 0, 0, 0
     with pcp_pair(preset, world=me.world, rank=me.rank, group=None, device=me.device,
-                  sizes=sizes, seed=seed) as pair:
-        fence = PCPFence(me.world, me.rank, 1, pair.rank.pcp, pair.rank.num_tokens,
-                         sizes.max_num_tokens)
+                  sizes=sizes, seed=seed, dcp=dcp) as pair:
+        fence = PCPFence(me.world, me.rank, sizes.interleave, pair.rank.pcp,
+                         pair.rank.num_tokens, sizes.max_num_tokens)
         if me.cuda:
             pair.rank.capture()  # every rank captures together
         # Line up before the first step: its deadline is not for the ranks' setup.
@@ -103,12 +106,12 @@ def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
 
 
 def _report(totals: list[dict], preset: str, steps: int, cuda: bool,
-            json_path: str | None) -> None:
+            json_path: str | None, dcp: int) -> None:
     """Rank 0's lines (per rank, then the verdict) or JSON."""
     mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA)"
     bad = sum(t["mismatches"] for t in totals)
     verdict = "PASS" if bad == 0 else "FAIL"
-    lines = [f"PCP demo ({preset}, DCP 1): {len(totals)} ranks, {steps} steps each "
+    lines = [f"PCP demo ({preset}, DCP {dcp}): {len(totals)} ranks, {steps} steps each "
              f"(decodes and prefills split over the ranks), {mode}"]
     for r, t in enumerate(totals):
         p50, p99 = t["host_us"]
@@ -118,6 +121,6 @@ def _report(totals: list[dict], preset: str, steps: int, cuda: bool,
                      f"{t['mismatches']} (metadata fields against the oracle: {wrong})")
     lines.append(f"{verdict}: {len(totals)} ranks x {steps} steps checked against the "
                  f"single-GPU step and the oracle, {bad} mismatches")
-    data = {"verdict": verdict, "preset": preset, "mode": mode, "steps": steps,
+    data = {"verdict": verdict, "preset": preset, "dcp": dcp, "mode": mode, "steps": steps,
             "mismatches": bad, "ranks": [{"rank": r, **t} for r, t in enumerate(totals)]}
     emit("\n".join(lines), data, json_path)

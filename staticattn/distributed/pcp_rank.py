@@ -10,7 +10,8 @@ Workflow (every rank of the PCP group, the same calls in the same order):
 2. ``capture()`` (CUDA) -- one graph: the copy of the staged global batch, the PCP split
    and this rank's rows written into the input views (:mod:`staticattn.builders.pcp.
    rank_step`), every builder's ``build_mixed`` over them, and the step (the emulated
-   layer of :mod:`staticattn.distributed.pcp_consumer`, with its NCCL all-gathers). Every
+   layer of :mod:`staticattn.distributed.pcp_consumer`, or under PCP + DCP of
+   :mod:`staticattn.distributed.pcp_dcp_layer`, with its NCCL collectives). Every
    rank captures together: the capture's collectives pair up across ranks;
 3. ``run(query_lens, is_prefilling, num_computed, req_state_idx)`` per step, with the
    global batch's block rows already in ``views.block_table`` -- check the step on the
@@ -31,6 +32,7 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_step import build_rank_step
 from staticattn.builders.pcp.rank_views import PCPLayout, PCPViews
 from staticattn.distributed.pcp_consumer import PCPGatherStep
+from staticattn.distributed.pcp_dcp_layer import PCPDCPLayer
 from staticattn.errors import ConfigError
 from staticattn.graphs.capturer import capture, warm_up
 from staticattn.validation.pcp_step import check_pcp_requests, check_pcp_step
@@ -46,7 +48,8 @@ class PCPRank:
     pcp : PCPConfig
     config : ArenaConfig
         The rank's arena: ``max_num_seqs >= 2 * pcp.max_num_seqs`` (rows),
-        ``max_num_batched_tokens >= num_tokens``.
+        ``max_num_batched_tokens >= num_tokens``; under PCP + DCP (``pcp.dcp_size =
+        pcp_size``) its ``dcp_world_size`` and ``dcp_rank`` are the DCP group's.
     num_tokens : int
         ``N``, the tokens every rank pads to.
     max_num_tokens : int
@@ -73,18 +76,24 @@ class PCPRank:
                 f"a PCP rank's arena must hold {pcp.max_rows} rows and {num_tokens} tokens; "
                 f"it holds max_num_seqs={config.max_num_seqs}, max_num_batched_tokens="
                 f"{config.max_num_batched_tokens}")
-        if pcp.dcp_size != 1:
-            raise ConfigError(f"a PCP rank serves dcp_size=1 (its KV replicated on every "
-                              f"rank); dcp_size={pcp.dcp_size} is not served")
+        if pcp.dcp_size not in (1, pcp.pcp_size) or config.dcp_world_size != pcp.dcp_size:
+            raise ConfigError(
+                f"a PCP rank serves dcp_size 1 or pcp_size={pcp.pcp_size} (the DCP group is "
+                f"the PCP group) with an arena of the same dcp_world_size; got dcp_size="
+                f"{pcp.dcp_size}, dcp_world_size={config.dcp_world_size}")
         self.pcp, self.config, self.rank = pcp, config, rank
         self.num_tokens, self.max_num_tokens = num_tokens, max_num_tokens
         self.builders = default_builders(config)
-        width = -(-config.max_model_len // config.block_size)
-        layout = PCPLayout(pcp, num_tokens, max_num_tokens, width)
+        # Every prefill region's D shards hold at most its length and one interleave a rank.
+        workspace = pcp.max_num_seqs * (config.max_model_len
+                                        + pcp.dcp_size * pcp.cp_kv_cache_interleave_size)
+        layout = PCPLayout(pcp, num_tokens, max_num_tokens, config.max_blocks_per_req,
+                           workspace)
         self.arena, self.inputs = make_arena(config, [layout, *self.builders])
         self.views: PCPViews = layout.views
-        self.step = PCPGatherStep(config, self.views, rank, pcp.pcp_size, group,
-                                  num_kv_blocks, seed)
+        self.step = (PCPGatherStep(config, self.views, rank, pcp.pcp_size, group,
+                                   num_kv_blocks, seed) if pcp.dcp_size == 1 else
+                     PCPDCPLayer(pcp, config, self.views, group, num_kv_blocks, seed))
         self.num_kv_blocks = num_kv_blocks
         self.graph = None
         # Recorded inside the graph (an event-record node: ``external``), waited for by the

@@ -15,7 +15,7 @@ import torch
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.arena.pcp_config import GraphMode, PCPConfig
 from staticattn.builders import default_builders, make_arena
-from staticattn.distributed.pcp_consumer import SingleGatherStep
+from staticattn.distributed.pcp_consumer import SingleGatherStep, write_context
 from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.errors import ConfigError
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
@@ -34,14 +34,19 @@ class PCPSizes:
     """A run's capacities: ``max_num_seqs`` global requests, ``max_num_tokens`` global
     tokens, ``max_model_len``; ``num_tokens`` (N), a rank's padded tokens, holds any step
     of those (two chunks of at most ``cdiv(q, 2P)`` tokens a prefill, a decode on one
-    rank: at most ``T / P + 3 S``)."""
+    rank: at most ``T / P + 3 S``; under DCP every decode, and a prefill too short for
+    ``2P`` chunks, whole on every rank: ``N = T``)."""
 
     max_num_seqs: int = 8
     max_num_tokens: int = 256
     max_model_len: int = 2048
+    #: ``cp_kv_cache_interleave_size`` under DCP.
+    interleave: int = 1
 
-    def num_tokens(self, world: int) -> int:
-        """``N`` of ``world`` ranks."""
+    def num_tokens(self, world: int, dcp: int = 1) -> int:
+        """``N`` of ``world`` ranks (``dcp``: the DCP ranks)."""
+        if dcp > 1:
+            return self.max_num_tokens
         return min(self.max_num_tokens, cdiv(self.max_num_tokens, world)
                    + 3 * self.max_num_seqs)
 
@@ -77,24 +82,30 @@ class PCPFence:
         return q, 2 * total + np.asarray(step["is_prefilling"], dtype=np.int64)
 
 
-def configs(preset: str, world: int, device: str, sizes: PCPSizes
-            ) -> tuple[PCPConfig, ArenaConfig, ArenaConfig]:
-    """``(pcp, rank arena, one-rank arena)`` of a run; :class:`ConfigError` for a preset
-    ``--pcp`` does not serve (the reference's refusals, §6, first)."""
+def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
+            rank: int = 0) -> tuple[PCPConfig, ArenaConfig, ArenaConfig]:
+    """``(pcp, rank ``rank``'s arena, one-rank arena)`` of a run of ``world`` PCP ranks and
+    ``dcp`` DCP ranks; :class:`ConfigError` for what ``--pcp`` does not serve (the
+    reference's refusals, §6, first)."""
     arch = ArenaConfig.preset(preset, device="cpu").architecture
     cuda = device.startswith("cuda")
-    pcp = PCPConfig(pcp_size=world, architecture=arch, max_num_seqs=sizes.max_num_seqs,
+    pcp = PCPConfig(pcp_size=world, dcp_size=dcp, architecture=arch,
+                    max_num_seqs=sizes.max_num_seqs,
+                    cp_kv_cache_interleave_size=sizes.interleave,
                     graph_mode=GraphMode.FULL_AND_PIECEWISE if cuda else GraphMode.NONE)
     if preset not in PCP_PRESETS:
         raise ConfigError(f"--pcp serves {', '.join(PCP_PRESETS)}; {preset} is not served "
                           "under prefill context parallelism yet")
     backend = "auto" if cuda else "torch"
     common = dict(max_model_len=sizes.max_model_len, device=device, kernel_backend=backend)
-    rank = ArenaConfig.preset(preset, max_num_seqs=pcp.max_rows,
-                              max_num_batched_tokens=sizes.num_tokens(world), **common)
+    mine = ArenaConfig.preset(preset, max_num_seqs=pcp.max_rows,
+                              max_num_batched_tokens=sizes.num_tokens(world, dcp),
+                              dcp_world_size=dcp,
+                              dcp_rank=pcp.dcp_rank(rank),
+                              cp_kv_cache_interleave_size=sizes.interleave, **common)
     single = ArenaConfig.preset(preset, max_num_seqs=sizes.max_num_seqs,
                                 max_num_batched_tokens=sizes.max_num_tokens, **common)
-    return pcp, rank, single
+    return pcp, mine, single
 
 
 def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, block_size: int,
@@ -117,7 +128,7 @@ def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, block_size: int,
     # The single-GPU step wants its one-token requests first (decode-first by length).
     order = sorted(range(decodes, S), key=lambda i: q[i] > 1)
     q[decodes:], computed[decodes:] = [q[i] for i in order], [computed[i] for i in order]
-    width = cdiv(L, block_size)
+    width = cdiv(L, block_size)  # under DCP a rank uses the first cdiv(L, D * block_size)
     blocks = 1 + rng.permutation(sizes.max_num_seqs * width)[: S * width]
     return dict(query_lens=q, num_computed=computed,
                 is_prefilling=[i >= decodes for i in range(S)],
@@ -143,16 +154,30 @@ def global_batch(step: dict) -> pcp_layout.GlobalBatch:
 
 @dataclass(slots=True)
 class PCPPair:
-    """The rank (``rank``) and the single-GPU manager (``single``) of the same steps."""
+    """The rank (``rank``) and the single-GPU manager (``single``, its step
+    ``single_step``) of the same steps."""
 
     rank: PCPRank
     single: GraphManager
+    single_step: SingleGatherStep
 
     def write(self, step: dict) -> None:
-        """The engine's work before a step: the block rows, in both."""
+        """The engine's work before a step, in both: the block rows, and each request's
+        context keys in the caches (the rank's shard under DCP); the single step's token
+        states."""
         S = len(step["query_lens"])
-        self.rank.views.block_table[:S].copy_(step["table"])
-        self.single.inputs.block_table[:S].copy_(step["table"])
+        table = step["table"].to(self.rank.views.block_table.device)
+        self.rank.views.block_table[:S].copy_(table[:, :self.rank.views.block_table.shape[1]])
+        self.single.inputs.block_table[:S].copy_(table)
+        me, cfg = self.rank, self.rank.pcp
+        bs = me.config.block_size
+        for b, (state, computed) in enumerate(zip(step["req_state_idx"], step["num_computed"])):
+            write_context(self.single_step.consumer.caches["indexer"], table[b], state,
+                          computed, bs)
+            write_context(me.step.cache, table[b], state, computed, bs, cfg.dcp_size,
+                          me.config.dcp_rank, cfg.cp_kv_cache_interleave_size)
+        states = np.repeat(step["req_state_idx"], step["query_lens"])
+        self.single_step.token_states[:states.size].copy_(torch.from_numpy(states))
 
     def run(self, step: dict) -> torch.Tensor:
         """The rank's step: its restored rows of the step's tokens, int64
@@ -171,19 +196,19 @@ class PCPPair:
 
 @contextlib.contextmanager
 def pcp_pair(preset: str, world: int, rank: int, group, device: str,
-             sizes: PCPSizes, seed: int = 0) -> Iterator[PCPPair]:
-    """The rank of a run and its single-GPU twin, over equal caches; they die with the
-    block."""
-    pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes)
+             sizes: PCPSizes, seed: int = 0, dcp: int = 1) -> Iterator[PCPPair]:
+    """The rank of a run (``dcp``: its DCP ranks, 1 or ``world``) and its single-GPU twin,
+    over caches holding the same keys; they die with the block."""
+    pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes, dcp, rank)
     blocks = sizes.kv_blocks(rank_cfg.block_size)
-    me = PCPRank(pcp, rank_cfg, sizes.num_tokens(world), sizes.max_num_tokens, group, rank,
-                 blocks, seed)
+    me = PCPRank(pcp, rank_cfg, sizes.num_tokens(world, dcp), sizes.max_num_tokens, group,
+                 rank, blocks, seed)
     builders = default_builders(single_cfg)
     arena, inputs = make_arena(single_cfg, builders)
     step = SingleGatherStep(single_cfg, blocks, seed)
     with GraphManager(arena, inputs, builders, step,
                       GraphOptions(progress=False, num_kv_blocks=blocks)) as one:
-        yield PCPPair(me, one)
+        yield PCPPair(me, one, step)
 
 
 def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:

@@ -54,6 +54,14 @@ def test_two_ranks_under_torchrun_equal_the_single_gpu_step():
 
 
 @pytest.mark.multigpu
+def test_two_ranks_sharding_the_kv_equal_the_single_gpu_step():
+    _needs_gpus_or_none(2)
+    code, out = _torchrun(2, "demo", "--pcp", "2", "--dcp", "2", "--steps", str(STEPS))
+    _check_demo(2, code, out)
+    assert "PCP demo (deepseek-v3.2, DCP 2)" in out
+
+
+@pytest.mark.multigpu
 def test_four_ranks_under_torchrun_equal_the_single_gpu_step():
     _needs_gpus_or_none(4)
     _check_demo(4, *_torchrun(4, "demo", "--pcp", "4", "--steps", str(STEPS)))
@@ -90,12 +98,14 @@ def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, pr
     assert done.stdout == ""
 
 
-def test_pcp_with_dcp_is_refused():
-    done = subprocess.run([sys.executable, "-m", "staticattn", "demo", "--pcp", "2", "--dcp",
-                           "2"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+@pytest.mark.parametrize("cmd", ["demo", "bench"])
+def test_a_dcp_group_neither_empty_nor_the_pcp_group_is_refused(cmd):
+    done = subprocess.run([sys.executable, "-m", "staticattn", cmd, "--pcp", "2", "--dcp",
+                           "3"], cwd=ROOT, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2
-    assert "--pcp and --dcp: PCP with DCP is not served yet" in done.stderr
+    assert ("ConfigError: When PCP is enabled, DCP must be disabled, span the PCP axis"
+            in done.stderr), done.stderr
 
 
 def test_the_demo_says_how_to_launch_it_without_torchrun():

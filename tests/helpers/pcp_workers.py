@@ -72,11 +72,11 @@ DEMO_STEPS = 12
 
 
 def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
-               device: str = "cpu") -> None:
+               device: str = "cpu", dcp: int = 1, interleave: int = 1) -> None:
     """The demo's path on one rank (gloo on CPU, NCCL on ``device`` "cuda", the rank's
-    graph captured there): per step the global step drawn, the rank's input views after
-    it (what its builders read), and whether its restored rows equal the single-GPU
-    step's, for the parent to check against the oracle."""
+    graph captured there; ``dcp`` 1 or ``world``): per step the global step drawn, the
+    rank's input views after it (what its builders read), and whether its restored rows
+    equal the single-GPU step's, for the parent to check against the oracle."""
     from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step
 
     dist.init_process_group("gloo" if device == "cpu" else "nccl",
@@ -85,10 +85,11 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
     if device == "cuda":
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
-    sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
+    sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
+                     interleave=interleave)
     rng = np.random.default_rng(7)
     records = []
-    with pcp_pair("deepseek-v3.2", world, rank, None, device, sizes) as pair:
+    with pcp_pair("deepseek-v3.2", world, rank, None, device, sizes, dcp=dcp) as pair:
         if device != "cpu":
             pair.rank.capture()
         R, N = pair.rank.pcp.max_rows, pair.rank.num_tokens
@@ -106,7 +107,7 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
                 "seq_lens": inputs.seq_lens[:R].tolist(),
                 "positions": inputs.positions[:N].tolist(),
                 "slot_mapping": inputs.slot_mapping[:N].tolist(),
-                "block_table": inputs.block_table[:R, :4].tolist(),
+                "block_table": inputs.block_table[:R, :2].tolist(),
                 "step_counts": inputs.step_counts.tolist(),
                 "N": N})
     dist.destroy_process_group()

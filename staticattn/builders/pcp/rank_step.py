@@ -4,7 +4,9 @@ views, so the whole of it is captured in the rank's graph.
 
 1. the staged global batch is copied to the device (one copy node from the pinned staging);
 2. every rank's rows and the gathered layout (:func:`~staticattn.builders.pcp.rank_rows.
-   build_rows`), this rank's row fields and the gathered slot mapping of its DCP rank;
+   build_rows`), this rank's row fields and the gathered slot mapping of its DCP rank
+   (under PCP + DCP also the prefill rows' global chunk plan, :mod:`~staticattn.builders.
+   pcp.kv_plan`);
 3. **the rank-local batch reaches the builders through the rank arena's own input views**:
    this rank's rows are written where the staging kernels of a single-GPU step would write
    a step -- ``query_start_loc`` (``R + 1``, repeating ``N_p`` past the rows),
@@ -26,6 +28,7 @@ import torch
 
 from staticattn.arena.buffers import NULL_BLOCK_ID
 from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.pcp.kv_plan import build_prefill_extents
 from staticattn.builders.pcp.rank_fields import build_rank_fields, gathered_slots
 from staticattn.builders.pcp.rank_rows import build_rows
 from staticattn.builders.pcp.rank_views import PCPViews
@@ -45,6 +48,8 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     dcp_rank = cfg.dcp_rank(rank)
     build_rank_fields(cfg, views.rows, rank, dcp_rank, qsl, pre, computed, states, views.fields)
     gathered_slots(cfg, views.rows, views.block_table, dcp_rank, views.gathered_slots)
+    if views.extents is not None:
+        build_prefill_extents(cfg, views.rows, views.fields, rank, views.extents)
     write_local_inputs(views, inputs, rank)
 
 

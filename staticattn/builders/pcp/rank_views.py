@@ -16,6 +16,9 @@ addresses for the rank's life.
   (:class:`~staticattn.builders.pcp.rank_fields.RankFields`, ``R = 2 S`` rows).
 * ``pcp.gathered_slots``, int64 device ``(P * N,)``: the gathered slot mapping of this
   rank's DCP rank.
+* under PCP + DCP, ``pcp.extents.*``: the rank's prefill-row KV extents and the global
+  chunk plan (:class:`~staticattn.builders.pcp.kv_plan.PrefillExtents`, a workspace of
+  ``W`` entries).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 
 from staticattn.arena.buffers import BufferDecl
 from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.pcp.kv_plan import PrefillExtents
 from staticattn.builders.pcp.rank_fields import RankFields
 from staticattn.builders.pcp.rank_rows import RowViews
 
@@ -35,15 +39,14 @@ __all__ = ["BATCH_ROWS", "PCPLayout", "PCPViews", "pcp_buffers"]
 BATCH_ROWS = ("query_start_loc", "is_prefilling", "num_computed", "req_state_idx")
 
 
-def _row_decls(cfg: PCPConfig, num_tokens: int, max_num_tokens: int) -> list[BufferDecl]:
-    # RowViews owns its shapes: read them off views on the meta device (no memory).
-    meta = RowViews.allocate(cfg, num_tokens, max_num_tokens, device="meta")
-    return [BufferDecl(f"pcp.rows.{f.name}", tuple(getattr(meta, f.name).shape),
-                       getattr(meta, f.name).dtype) for f in fields(RowViews)]
+def _decls(prefix: str, meta) -> list[BufferDecl]:
+    # The views' dataclass owns their shapes: read them off views on the meta device.
+    return [BufferDecl(f"{prefix}.{f.name}", tuple(getattr(meta, f.name).shape),
+                       getattr(meta, f.name).dtype) for f in fields(meta)]
 
 
 def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
-                table_width: int) -> list[BufferDecl]:
+                table_width: int, workspace: int = 0) -> list[BufferDecl]:
     """The declarations of one rank's PCP views.
 
     Parameters
@@ -55,16 +58,24 @@ def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
     max_num_tokens : int
         ``T``, the global batch's token capacity (the restore index).
     table_width : int
-        ``W``, block-table columns of a request.
+        Block-table columns of a request.
+    workspace : int
+        ``W``, the entries of the PCP + DCP prefill plan (every prefill region, ``D``
+        shards each); unused under D = 1.
     """
     S, R, P = cfg.max_num_seqs, cfg.max_rows, cfg.pcp_size
     field_decls = [BufferDecl(f"pcp.fields.{f.name}", (R,),
                               torch.bool if f.name == "is_prefilling" else torch.int32)
                    for f in fields(RankFields)]
+    extents = (_decls("pcp.extents", PrefillExtents.allocate(cfg, num_tokens, workspace,
+                                                             device="meta"))
+               if cfg.dcp_size > 1 else [])
     return [BufferDecl("pcp.staging.batch", (len(BATCH_ROWS), S + 1), torch.int32, "host"),
             BufferDecl("pcp.batch", (len(BATCH_ROWS), S + 1), torch.int32),
             BufferDecl("pcp.block_table", (S, table_width), torch.int32),
-            *_row_decls(cfg, num_tokens, max_num_tokens), *field_decls,
+            *_decls("pcp.rows", RowViews.allocate(cfg, num_tokens, max_num_tokens,
+                                                  device="meta")),
+            *field_decls, *extents,
             BufferDecl("pcp.gathered_slots", (P * num_tokens,), torch.int64, fill=-1)]
 
 
@@ -80,6 +91,8 @@ class PCPViews:
     rows : RowViews
     fields : RankFields
     gathered_slots : int64 device ``(P * N,)``
+    extents : PrefillExtents or None
+        Under PCP + DCP only.
     """
 
     host_batch: torch.Tensor
@@ -88,14 +101,18 @@ class PCPViews:
     rows: RowViews
     fields: RankFields
     gathered_slots: torch.Tensor
+    extents: PrefillExtents | None = None
 
     @classmethod
     def bind(cls, arena) -> PCPViews:
+        """The views of an arena holding :func:`pcp_buffers`."""
+        views = lambda kind, prefix: kind(**{f.name: arena[f"{prefix}.{f.name}"]  # noqa: E731
+                                             for f in fields(kind)})
         return cls(arena["pcp.staging.batch"], arena["pcp.batch"], arena["pcp.block_table"],
-                   RowViews(**{f.name: arena[f"pcp.rows.{f.name}"] for f in fields(RowViews)}),
-                   RankFields(**{f.name: arena[f"pcp.fields.{f.name}"]
-                                 for f in fields(RankFields)}),
-                   arena["pcp.gathered_slots"])
+                   views(RowViews, "pcp.rows"), views(RankFields, "pcp.fields"),
+                   arena["pcp.gathered_slots"],
+                   views(PrefillExtents, "pcp.extents") if "pcp.extents.ks" in arena
+                   else None)
 
     def staged(self, name: str) -> torch.Tensor:
         """A row of the device copy of the global batch, int32: ``query_start_loc``
@@ -112,16 +129,16 @@ class PCPLayout:
     Parameters
     ----------
     cfg : PCPConfig
-    num_tokens, max_num_tokens, table_width : int
-        ``N``, ``T`` and ``W`` of :func:`pcp_buffers`.
+    num_tokens, max_num_tokens, table_width, workspace : int
+        As :func:`pcp_buffers` takes them.
     """
 
     name = "pcp"
 
     def __init__(self, cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
-                 table_width: int) -> None:
+                 table_width: int, workspace: int = 0) -> None:
         self.cfg = cfg
-        self.shape = (num_tokens, max_num_tokens, table_width)
+        self.shape = (num_tokens, max_num_tokens, table_width, workspace)
         self.arena = None
         self.views: PCPViews | None = None
 
