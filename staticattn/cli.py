@@ -171,8 +171,9 @@ def _pcp_flags(c: argparse.ArgumentParser) -> None:
                    f"torchrun --nproc-per-node WORLD -m staticattn {c.prog.split()[-1]} "
                    "--pcp WORLD; with --dcp WORLD too, the KV sharded over the same ranks")
     c.add_argument("--pcp-preset", choices=PRESETS, default="deepseek-v3.2",
-                   help="the model of the --pcp run's arena (default: deepseek-v3.2, the one "
-                   "served; the others are typed errors saying why)")
+                   help="the model of the --pcp run's arena (default: deepseek-v3.2, in "
+                   "graphs; deepseek-v4.1-*: eager, as the reference runs it; deepseek-v4*: a "
+                   "typed error saying why)")
 
 
 def _config_flags(c: argparse.ArgumentParser) -> None:

@@ -71,11 +71,12 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
     with pcp_pair(preset, world=me.world, rank=me.rank, group=None, device=me.device,
                   sizes=sizes, seed=seed, dcp=dcp) as pair:
         if me.cuda:
-            pair.rank.capture()
+            if pair.rank.graphs:
+                pair.rank.capture()
             pair.single.capture(sizes=(), buckets=(sizes.max_num_tokens,))
         for k in tqdm(STEP_REQUESTS, desc="PCP bench", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
-            step = random_pcp_step(rng, sizes, pair.rank.config.block_size, num_reqs=k)
+            step = random_pcp_step(rng, sizes, pair.columns, num_reqs=k)
             pair.write(step)
             run = functools.partial(pair.rank.run, step["query_lens"], step["is_prefilling"],
                                     step["num_computed"], step["req_state_idx"])
@@ -89,7 +90,8 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             single_args = (q, seq, step_slots(step, pair.single.config.block_size))
             host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
             rows.append(dict(requests=k, tokens=int(q.sum()), host=host, gpu=gpu,
-                             collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1))
+                             collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
+                             graphs=pair.rank.graphs))
     return rows
 
 
@@ -120,6 +122,8 @@ def _p(values, q: float) -> float | None:
 def _report(every: list[list[dict]], preset: str, world: int, reps: int,
             cuda: bool, dcp: int) -> tuple[str, dict]:
     mode, out = report_head(preset, world, reps, cuda)
+    if cuda and not every[0][0]["graphs"]:
+        mode = out["mode"] = "eager (NCCL; the reference runs this model's PCP without graphs)"
     out["dcp"] = dcp
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     lines = [f"PCP bench ({preset}, DCP {dcp}): {world} ranks, {reps} steps per step shape, {mode}",

@@ -34,7 +34,8 @@ from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.consumers.emulated.gather import GatherConsumer
 from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
 
-__all__ = ["PCPGatherStep", "SingleGatherStep", "new_keys", "write_context", "write_keys"]
+__all__ = ["PCPGatherStep", "SingleGatherStep", "new_keys", "write_context", "write_keys",
+           "written_cache"]
 
 #: Keys are 20-bit values, as the consumer's random caches hold.
 _KEY_MASK = (1 << 20) - 1
@@ -68,6 +69,13 @@ def write_keys(cache: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> 
     live = slots >= 0
     index = torch.where(live, slots, 0)
     cache.scatter_(0, index, torch.where(live, keys, cache[0]))
+
+
+def written_cache(consumer: GatherConsumer) -> torch.Tensor:
+    """The cache a step's new keys go to, int32 ``(entries,)`` by the batch's slot mapping:
+    the window's (``swa``, its group's slots) where the model has one (DeepSeek V4.1), else
+    the indexer's (V3.2, ratio 1: the main group's slots)."""
+    return consumer.caches["swa" if consumer.config.has_swa else "indexer"]
 
 
 class PCPGatherStep:
@@ -107,8 +115,9 @@ class PCPGatherStep:
 
     @property
     def cache(self) -> torch.Tensor:
-        """The index keys the step writes and reads, int32 ``(entries,)`` by slot."""
-        return self.consumer.caches["indexer"]
+        """The keys the step writes and reads, int32 ``(entries,)`` by slot: the window's
+        (``swa``) where the model has one, else the indexer's."""
+        return written_cache(self.consumer)
 
     def exchange(self) -> None:
         """The step's collectives alone (the bench times them): both all-gathers."""
@@ -120,8 +129,7 @@ class PCPGatherStep:
         states = self.views.fields.req_idx.index_select(0, batch.token_to_req[:N].long())
         new_keys(states, batch.positions[:N], self.keys[self.rank])
         gather_rank_major(self.keys, self.world, self.rank, self.group)
-        write_keys(self.consumer.caches["indexer"], self.views.gathered_slots,
-                   self.keys.view(-1))
+        write_keys(self.cache, self.views.gathered_slots, self.keys.view(-1))
         self.rows[self.rank].copy_(self.consumer(batch, metadata)[:N])
         gather_rank_major(self.rows, self.world, self.rank, self.group)
         restore = self.views.rows.hidden_restore_idx.long()
@@ -153,8 +161,13 @@ class SingleGatherStep:
         #: Each token's request state index, written by the engine before the step.
         self.token_states = torch.zeros_like(self.keys)
 
+    @property
+    def cache(self) -> torch.Tensor:
+        """The cache the step writes (as the rank's, :func:`written_cache`)."""
+        return written_cache(self.consumer)
+
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
         n = batch.num_actual_tokens
         keys = new_keys(self.token_states[:n], batch.positions[:n], self.keys[:n])
-        write_keys(self.consumer.caches["indexer"], batch.slot_mapping[:n], keys)
+        write_keys(self.cache, batch.slot_mapping[:n], keys)
         return self.consumer(batch, metadata)

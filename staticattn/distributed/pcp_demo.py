@@ -80,13 +80,13 @@ def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
                   sizes=sizes, seed=seed, dcp=dcp) as pair:
         fence = PCPFence(me.world, me.rank, sizes.interleave, pair.rank.pcp,
                          pair.rank.num_tokens, sizes.max_num_tokens)
-        if me.cuda:
+        if pair.rank.graphs:
             pair.rank.capture()  # every rank captures together
         # Line up before the first step: its deadline is not for the ranks' setup.
         dist.barrier(group=me.check_group)
         for _ in tqdm(range(steps), desc=f"PCP demo, rank {me.rank}", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
-            step = random_pcp_step(rng, sizes, pair.rank.config.block_size)
+            step = random_pcp_step(rng, sizes, pair.columns)
             pair.write(step)
             try:
                 with fenced_step(me, fence, *PCPFence.step_arrays(step)):
@@ -102,13 +102,16 @@ def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
                 fields[name] = fields.get(name, 0) + 1
             mismatches += bool(wrong) or not torch.equal(out.cpu(), pair.run_single(step).cpu())
     return {"mismatches": mismatches, "replayed": replays, "tokens": tokens,
+            "graphs": pair.rank.graphs,
             "fields": fields, "host_us": np.percentile(host_us, [50, 99]).tolist()}
 
 
 def _report(totals: list[dict], preset: str, steps: int, cuda: bool,
             json_path: str | None, dcp: int) -> None:
     """Rank 0's lines (per rank, then the verdict) or JSON."""
-    mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA)"
+    mode = ("graphs (NCCL)" if totals[0]["graphs"] else
+            "eager (NCCL; the reference runs this model's PCP without CUDA graphs)" if cuda
+            else "eager (gloo, no CUDA)")
     bad = sum(t["mismatches"] for t in totals)
     verdict = "PASS" if bad == 0 else "FAIL"
     lines = [f"PCP demo ({preset}, DCP {dcp}): {len(totals)} ranks, {steps} steps each "

@@ -7,14 +7,15 @@ Workflow (every rank of the PCP group, the same calls in the same order):
    the arena holds the input views, every builder's buffers (:func:`~staticattn.builders.
    default_builders`) and the PCP views (:mod:`staticattn.builders.pcp.rank_views`), all
    allocated once;
-2. ``capture()`` (CUDA) -- one graph: the copy of the staged global batch, the PCP split
-   and this rank's rows written into the input views (:mod:`staticattn.builders.pcp.
+2. ``capture()`` (CUDA, a PCP graph mode: DeepSeek V3.2; V4.1 runs eagerly, as in the
+   reference) -- one graph: the copy of the staged global batch, the PCP split and this
+   rank's rows written into the input views (:mod:`staticattn.builders.pcp.
    rank_step`), every builder's ``build_mixed`` over them, and the step (the emulated
    layer of :mod:`staticattn.distributed.pcp_consumer`, or under PCP + DCP of
    :mod:`staticattn.distributed.pcp_dcp_layer`, with its NCCL collectives). Every
    rank captures together: the capture's collectives pair up across ranks;
 3. ``run(query_lens, is_prefilling, num_computed, req_state_idx)`` per step, with the
-   global batch's block rows already in ``views.block_table`` -- check the step on the
+   global batch's block rows already in ``views.tables`` -- check the step on the
    host (typed errors, nothing written), write the four global host arrays into the pinned
    staging, replay (without CUDA: the same body, eagerly, gloo collectives). The host does
    no per-rank work: every rank's rows are derived inside the graph.
@@ -26,7 +27,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.arena.pcp_config import PCPConfig
+from staticattn.arena.pcp_config import GraphMode, PCPConfig
 from staticattn.builders import default_builders, make_arena
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_step import build_rank_step
@@ -87,8 +88,7 @@ class PCPRank:
         # Every prefill region's D shards hold at most its length and one interleave a rank.
         workspace = pcp.max_num_seqs * (config.max_model_len
                                         + pcp.dcp_size * pcp.cp_kv_cache_interleave_size)
-        layout = PCPLayout(pcp, num_tokens, max_num_tokens, config.max_blocks_per_req,
-                           workspace)
+        layout = PCPLayout(pcp, num_tokens, max_num_tokens, workspace)
         self.arena, self.inputs = make_arena(config, [layout, *self.builders])
         self.views: PCPViews = layout.views
         self.step = (PCPGatherStep(config, self.views, rank, pcp.pcp_size, group,
@@ -111,12 +111,18 @@ class PCPRank:
         metadata = {b.name: b.build_mixed(batch) for b in self.builders}
         return self.step(batch, metadata)
 
+    @property
+    def graphs(self) -> bool:
+        """Whether the rank's steps replay a graph: on CUDA, under a PCP graph mode (the
+        reference captures V3.2's PCP steps; V4.1's run eagerly, ``GraphMode.NONE``)."""
+        return self._staged is not None and self.pcp.graph_mode is not GraphMode.NONE
+
     def capture(self) -> None:
-        """Capture the rank's graph (CUDA; every rank at once). The warm-up and capture run
-        on the empty step the zeroed staging holds."""
-        if self._staged is None:
-            raise ConfigError("capture() needs a CUDA arena; on CPU run() runs the body "
-                              "eagerly")
+        """Capture the rank's graph (every rank at once; see :attr:`graphs`). The warm-up
+        and capture run on the empty step the zeroed staging holds."""
+        if not self.graphs:
+            raise ConfigError("capture() needs a CUDA arena and a PCP graph mode; run() "
+                              "runs the body eagerly otherwise")
         stream = torch.cuda.Stream()
         warm_up(self.body, stream)
         self.graph, _ = capture(self.body, stream)
@@ -139,7 +145,7 @@ class PCPRank:
 
     def run(self, query_lens, is_prefilling, num_computed, req_state_idx) -> torch.Tensor:
         """Check, stage and run one step of ``S`` global requests (host arrays ``(S,)``;
-        their block rows are in ``views.block_table``). Returns the restored rows, int64
+        their block rows are in ``views.tables``). Returns the restored rows, int64
         ``(T, columns)``, valid until the next step."""
         self.check(query_lens, is_prefilling, num_computed)
         self.stage(query_lens, is_prefilling, num_computed, req_state_idx)

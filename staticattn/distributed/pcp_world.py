@@ -15,6 +15,8 @@ import torch
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.arena.pcp_config import GraphMode, PCPConfig
 from staticattn.builders import default_builders, make_arena
+from staticattn.builders.pcp.rank_step import input_table, slot_group
+from staticattn.builders.pcp.rank_views import table_columns
 from staticattn.distributed.pcp_consumer import SingleGatherStep, write_context
 from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.errors import ConfigError
@@ -25,8 +27,10 @@ __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes", "p
            "random_pcp_step", "rank_mismatches", "step_slots"]
 
 #: The presets ``--pcp`` serves. DeepSeek V4 is refused by the reference (its backends do
-#: not support PCP), V4.1 runs eagerly there and is not served here yet.
-PCP_PRESETS = ("deepseek-v3.2",)
+#: not support PCP); V4.1 runs eagerly there (no CUDA graphs), and so it does here.
+PCP_PRESETS = ("deepseek-v3.2", "deepseek-v4.1-flash", "deepseek-v4.1-large")
+#: The architectures whose PCP steps replay graphs.
+GRAPH_ARCHITECTURES = ("deepseek_v32",)
 
 
 @dataclass(frozen=True)
@@ -50,9 +54,10 @@ class PCPSizes:
         return min(self.max_num_tokens, cdiv(self.max_num_tokens, world)
                    + 3 * self.max_num_seqs)
 
-    def kv_blocks(self, block_size: int) -> int:
-        """Every request's blocks at ``max_model_len``, and the null block."""
-        return self.max_num_seqs * cdiv(self.max_model_len, block_size) + 1
+    def kv_blocks(self, columns: int) -> int:
+        """Blocks of the caches: ``columns`` for every request (the widest table's), and
+        the null block."""
+        return self.max_num_seqs * columns + 1
 
 
 #: The demo's and the bench's capacities.
@@ -88,16 +93,19 @@ def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
     ``dcp`` DCP ranks; :class:`ConfigError` for what ``--pcp`` does not serve (the
     reference's refusals, §6, first)."""
     arch = ArenaConfig.preset(preset, device="cpu").architecture
-    cuda = device.startswith("cuda")
+    # Graphs where the reference captures PCP (V3.2); V4.1's PCP runs eagerly there.
+    graphs = device.startswith("cuda") and arch in GRAPH_ARCHITECTURES
     pcp = PCPConfig(pcp_size=world, dcp_size=dcp, architecture=arch,
                     max_num_seqs=sizes.max_num_seqs,
                     cp_kv_cache_interleave_size=sizes.interleave,
-                    graph_mode=GraphMode.FULL_AND_PIECEWISE if cuda else GraphMode.NONE)
+                    graph_mode=GraphMode.FULL_AND_PIECEWISE if graphs else GraphMode.NONE)
     if preset not in PCP_PRESETS:
         raise ConfigError(f"--pcp serves {', '.join(PCP_PRESETS)}; {preset} is not served "
                           "under prefill context parallelism yet")
-    backend = "auto" if cuda else "torch"
-    common = dict(max_model_len=sizes.max_model_len, device=device, kernel_backend=backend)
+    backend = "torch" if device == "cpu" else "auto"
+    # Decode rows of one token: V4.1's PCP takes no speculative decoding (§4.2).
+    common = dict(max_model_len=sizes.max_model_len, device=device, kernel_backend=backend,
+                  num_speculative_tokens=0)
     mine = ArenaConfig.preset(preset, max_num_seqs=pcp.max_rows,
                               max_num_batched_tokens=sizes.num_tokens(world, dcp),
                               dcp_world_size=dcp,
@@ -108,12 +116,13 @@ def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
     return pcp, mine, single
 
 
-def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, block_size: int,
+def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, width: int,
                     num_reqs: int | None = None) -> dict:
     """A decode-first global step: decodes of one token, then prefills (fresh or continued)
     sharing what is left of the token budget. Host lists ``query_lens``, ``num_computed``,
-    ``is_prefilling``, ``req_state_idx`` ``(S,)``; ``table`` int32 ``(S, W)`` unique random
-    blocks (never the null block 0)."""
+    ``is_prefilling``, ``req_state_idx`` ``(S,)``; ``table`` int32 ``(S, width)`` unique
+    random blocks (never the null block 0), every block table's rows (each its first
+    columns)."""
     S = int(rng.integers(1, sizes.max_num_seqs + 1)) if num_reqs is None else num_reqs
     decodes = int(rng.integers(0, S + 1))
     L = sizes.max_model_len
@@ -128,7 +137,6 @@ def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, block_size: int,
     # The single-GPU step wants its one-token requests first (decode-first by length).
     order = sorted(range(decodes, S), key=lambda i: q[i] > 1)
     q[decodes:], computed[decodes:] = [q[i] for i in order], [computed[i] for i in order]
-    width = cdiv(L, block_size)  # under DCP a rank uses the first cdiv(L, D * block_size)
     blocks = 1 + rng.permutation(sizes.max_num_seqs * width)[: S * width]
     return dict(query_lens=q, num_computed=computed,
                 is_prefilling=[i >= decodes for i in range(S)],
@@ -161,21 +169,29 @@ class PCPPair:
     single: GraphManager
     single_step: SingleGatherStep
 
+    @property
+    def columns(self) -> int:
+        """The widest block table's columns (the single-GPU arena's: under DCP a rank's
+        tables are narrower): a :func:`random_pcp_step`'s rows have them."""
+        return max(table_columns(self.single.config).values())
+
     def write(self, step: dict) -> None:
-        """The engine's work before a step, in both: the block rows, and each request's
-        context keys in the caches (the rank's shard under DCP); the single step's token
-        states."""
+        """The engine's work before a step, in both: the block rows of every table (one
+        step's rows cut to each table's columns), and each request's context keys in the
+        written cache (the rank's shard under DCP); the single step's token states."""
         S = len(step["query_lens"])
-        table = step["table"].to(self.rank.views.block_table.device)
-        self.rank.views.block_table[:S].copy_(table[:, :self.rank.views.block_table.shape[1]])
-        self.single.inputs.block_table[:S].copy_(table)
+        table = step["table"].to(self.rank.arena.device)
+        for name, view in self.rank.views.tables.items():
+            view[:S].copy_(table[:, :view.shape[1]])
+            single = input_table(self.single.inputs, name)
+            single[:S].copy_(table[:, :single.shape[1]])
         me, cfg = self.rank, self.rank.pcp
-        bs = me.config.block_size
+        slot_cfg, _ = slot_group(cfg, me.config)
         for b, (state, computed) in enumerate(zip(step["req_state_idx"], step["num_computed"])):
-            write_context(self.single_step.consumer.caches["indexer"], table[b], state,
-                          computed, bs)
-            write_context(me.step.cache, table[b], state, computed, bs, cfg.dcp_size,
-                          me.config.dcp_rank, cfg.cp_kv_cache_interleave_size)
+            write_context(self.single_step.cache, table[b], state, computed,
+                          slot_cfg.block_size)
+            write_context(me.step.cache, table[b], state, computed, slot_cfg.block_size,
+                          cfg.dcp_size, me.config.dcp_rank, cfg.cp_kv_cache_interleave_size)
         states = np.repeat(step["req_state_idx"], step["query_lens"])
         self.single_step.token_states[:states.size].copy_(torch.from_numpy(states))
 
@@ -190,7 +206,7 @@ class PCPPair:
         """The single-GPU step (the reference builds): int64 ``(T_step, columns)``."""
         q = np.asarray(step["query_lens"])
         seq = np.asarray(step["num_computed"]) + q
-        slots = step_slots(step, self.single.config.block_size)
+        slots = step_slots(step, slot_group(self.rank.pcp, self.single.config)[0].block_size)
         return self.single.run(q, seq, slots, eager=EagerBuild.REFERENCE).outputs
 
 
@@ -200,7 +216,7 @@ def pcp_pair(preset: str, world: int, rank: int, group, device: str,
     """The rank of a run (``dcp``: its DCP ranks, 1 or ``world``) and its single-GPU twin,
     over caches holding the same keys; they die with the block."""
     pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes, dcp, rank)
-    blocks = sizes.kv_blocks(rank_cfg.block_size)
+    blocks = sizes.kv_blocks(max(table_columns(single_cfg).values()))
     me = PCPRank(pcp, rank_cfg, sizes.num_tokens(world, dcp), sizes.max_num_tokens, group,
                  rank, blocks, seed)
     builders = default_builders(single_cfg)
@@ -232,7 +248,8 @@ def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
         "token_to_global": v.rows.token_to_global[p].tolist(),
     }
     mismatched = [name for name, value in got.items() if value != want[name]]
-    slots = pcp_layout.gathered_slots(cfg, batch, lay, cfg.dcp_rank(p))
+    slots = pcp_layout.gathered_slots(slot_group(cfg, me.config)[0], batch, lay,
+                                      cfg.dcp_rank(p))
     if v.gathered_slots.tolist() != slots or \
             inputs.slot_mapping[:N].tolist() != slots[p * N:(p + 1) * N]:
         mismatched.append("slot_mapping")

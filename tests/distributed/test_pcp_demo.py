@@ -34,16 +34,17 @@ def _needs_gpus_or_none(world: int) -> None:
                     "gloo")
 
 
-def _check_demo(world: int, code: int, out: str) -> None:
+def _check_demo(world: int, code: int, out: str, graphs: bool = True) -> None:
     assert code == 0, out[-4000:]
     assert (f"PASS: {world} ranks x {STEPS} steps checked against the single-GPU step and "
             "the oracle, 0 mismatches") in out, out[-4000:]
     ranks = re.findall(r"rank (\d): replayed (\d+)/(\d+), (\d+) tokens checked", out)
     assert [int(r) for r, *_ in ranks] == list(range(world)), out[-4000:]
     cuda = torch.cuda.is_available()
-    assert ("graphs (NCCL)" if cuda else "eager (gloo, no CUDA)") in out
+    assert ("eager (gloo, no CUDA)" if not cuda else "graphs (NCCL)" if graphs
+            else "eager (NCCL;") in out
     for _, replayed, steps, tokens in ranks:
-        assert int(steps) == STEPS and int(replayed) == (STEPS if cuda else 0)
+        assert int(steps) == STEPS and int(replayed) == (STEPS if cuda and graphs else 0)
         assert int(tokens) > STEPS  # prefills were drawn, not only single decodes
 
 
@@ -59,6 +60,14 @@ def test_two_ranks_sharding_the_kv_equal_the_single_gpu_step():
     code, out = _torchrun(2, "demo", "--pcp", "2", "--dcp", "2", "--steps", str(STEPS))
     _check_demo(2, code, out)
     assert "PCP demo (deepseek-v3.2, DCP 2)" in out
+
+
+@pytest.mark.multigpu
+def test_deepseek_v41_under_torchrun_equals_the_single_gpu_step():
+    _needs_gpus_or_none(2)
+    code, out = _torchrun(2, "demo", "--pcp", "2", "--pcp-preset", "deepseek-v4.1-flash",
+                          "--steps", str(STEPS))
+    _check_demo(2, code, out, graphs=False)
 
 
 @pytest.mark.multigpu
@@ -84,14 +93,17 @@ def test_the_bench_reports_every_rank_and_the_collectives(tmp_path):
             assert row["gpu_50"] > 0 and 0 < row["collective_share"]
 
 
-@pytest.mark.parametrize(("preset", "says"), [
-    ("deepseek-v4", "ConfigError: PCP requires attention backend support"),
-    ("deepseek-v4.1-flash", "ConfigError: --pcp serves deepseek-v3.2"),
+@pytest.mark.parametrize(("args", "says"), [
+    (["--pcp-preset", "deepseek-v4"], "ConfigError: PCP requires attention backend support"),
+    (["--pcp-preset", "deepseek-v4-vision"],
+     "ConfigError: PCP requires attention backend support"),
+    (["--pcp-preset", "deepseek-v4.1-flash", "--dcp", "2"],
+     "ConfigError: DeepSeek-V4.1 PCP currently requires PP=DP=DCP=1"),
 ])
 @pytest.mark.parametrize("cmd", ["demo", "bench"])
-def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, preset, says):
-    done = subprocess.run([sys.executable, "-m", "staticattn", cmd, "--pcp", "2",
-                           "--pcp-preset", preset], cwd=ROOT, capture_output=True, text=True,
+def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, args, says):
+    done = subprocess.run([sys.executable, "-m", "staticattn", cmd, "--pcp", "2", *args],
+                          cwd=ROOT, capture_output=True, text=True,
                           timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 2
     assert says in done.stderr, done.stderr

@@ -1,9 +1,10 @@
 """One PCP rank's graph on one device: with ``P = 1`` the rank holds both chunks of every
-prefill and the all-gathers are the identity, so a single process captures (CUDA) or runs
-(CPU) the whole body -- the staged global batch's copy, the split, the rank's input views,
-the indexer's mixed build, the emulated layer and the restore -- and every step must equal
-the single-GPU step, its metadata the oracle. Graph-safety (no host read, no allocation
-outside the pool, no branch on data) is what the CUDA capture checks."""
+prefill and the all-gathers are the identity, so a single process captures (CUDA, V3.2) or
+runs (CPU; V4.1 everywhere) the whole body -- the staged global batch's copy, the split,
+the rank's input views, the builders' mixed builds, the emulated layer and the restore --
+and every step must equal the single-GPU step, its metadata the oracle. Graph-safety (no
+host read, no allocation outside the pool, no branch on data) is what the CUDA capture
+checks."""
 
 from __future__ import annotations
 
@@ -21,14 +22,17 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def test_the_rank_step_equals_the_single_gpu_step():
+@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4.1-flash"])
+def test_the_rank_step_equals_the_single_gpu_step(preset):
+    """V3.2 in a graph (CUDA); V4.1 eagerly, as the reference runs its PCP steps."""
     rng = np.random.default_rng(3)
-    with pcp_pair("deepseek-v3.2", 1, 0, None, _device(), SIZES) as pair:
-        if torch.cuda.is_available():
+    with pcp_pair(preset, 1, 0, None, _device(), SIZES) as pair:
+        assert pair.rank.graphs == (torch.cuda.is_available() and preset == "deepseek-v3.2")
+        if pair.rank.graphs:
             pair.rank.capture()
             assert pair.rank.graph is not None
         for _ in range(25 if torch.cuda.is_available() else 8):
-            step = random_pcp_step(rng, SIZES, pair.rank.config.block_size)
+            step = random_pcp_step(rng, SIZES, pair.columns)
             pair.write(step)
             got = pair.run(step).clone()
             assert torch.equal(got, pair.run_single(step)), step
@@ -43,7 +47,7 @@ def test_the_rank_step_equals_the_single_gpu_step():
 ])
 def test_a_bad_step_is_a_typed_error_before_anything_is_written(change, error, says):
     with pcp_pair("deepseek-v3.2", 1, 0, None, "cpu", SIZES) as pair:
-        step = random_pcp_step(np.random.default_rng(0), SIZES, 64, num_reqs=2)
+        step = random_pcp_step(np.random.default_rng(0), SIZES, pair.columns, num_reqs=2)
         step.update(change)
         before = pair.rank.arena.block("device").clone(), pair.rank.views.host_batch.clone()
         with pytest.raises(error, match=says):

@@ -9,6 +9,7 @@ single-GPU step's."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -25,9 +26,13 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 BLOCK_SIZE = 64
 
 
-def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1) -> None:
+def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
+           v41: bool = False) -> None:
     cfg = PCPConfig(pcp_size=world, dcp_size=dcp, max_num_seqs=4,
-                    cp_kv_cache_interleave_size=interleave)
+                    cp_kv_cache_interleave_size=interleave,
+                    architecture="deepseek_v41" if v41 else "deepseek_v32")
+    # The batch's slots: V4.1's are its window group's (32-token blocks).
+    slot_cfg = dataclasses.replace(cfg, block_size=32) if v41 else cfg
     prefills = 0
     for s, per_rank in enumerate(zip(*(r["steps"] for r in records))):
         step = per_rank[0]["step"]
@@ -37,7 +42,7 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1) -
         lay = pcp.layout(cfg, batch, N)
         prefills += sum(batch.is_prefilling)
         for p, got in enumerate(per_rank):
-            slots = pcp.gathered_slots(cfg, batch, lay, cfg.dcp_rank(p))
+            slots = pcp.gathered_slots(slot_cfg, batch, lay, cfg.dcp_rank(p))
             assert got["step"] == step, "every rank draws the same step"
             assert got["equal"], f"step {s} rank {p}: restored rows differ from one GPU's"
             meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
@@ -65,6 +70,14 @@ def test_gloo_ranks_build_the_oracle_rows_and_the_single_gpu_step(tmp_path, worl
     target = functools.partial(pcp_workers.demo_steps, world=world, dcp=dcp,
                                interleave=interleave)
     _check(dcp_workers.spawn_ranks(target, tmp_path, world), world, dcp, interleave)
+
+
+def test_gloo_ranks_serve_deepseek_v41(tmp_path):
+    """DeepSeek V4.1 (the KV replicated): its two indexers, compressed KV with the ratio-2
+    compressor ring, and the window; the keys all-gathered into the window's cache."""
+    target = functools.partial(pcp_workers.demo_steps, world=2,
+                               preset="deepseek-v4.1-flash", steps=8)
+    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, v41=True)
 
 
 @pytest.mark.multigpu

@@ -72,7 +72,8 @@ DEMO_STEPS = 12
 
 
 def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
-               device: str = "cpu", dcp: int = 1, interleave: int = 1) -> None:
+               device: str = "cpu", dcp: int = 1, interleave: int = 1,
+               preset: str = "deepseek-v3.2") -> None:
     """The demo's path on one rank (gloo on CPU, NCCL on ``device`` "cuda", the rank's
     graph captured there; ``dcp`` 1 or ``world``): per step the global step drawn, the
     rank's input views after it (what its builders read), and whether its restored rows
@@ -89,13 +90,13 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
                      interleave=interleave)
     rng = np.random.default_rng(7)
     records = []
-    with pcp_pair("deepseek-v3.2", world, rank, None, device, sizes, dcp=dcp) as pair:
-        if device != "cpu":
+    with pcp_pair(preset, world, rank, None, device, sizes, dcp=dcp) as pair:
+        if pair.rank.graphs:
             pair.rank.capture()
         R, N = pair.rank.pcp.max_rows, pair.rank.num_tokens
         inputs = pair.rank.inputs
         for _ in range(steps):
-            step = random_pcp_step(rng, sizes, pair.rank.config.block_size)
+            step = random_pcp_step(rng, sizes, pair.columns)
             pair.write(step)
             got = pair.run(step).cpu()
             records.append({
@@ -129,10 +130,10 @@ def mismatched_prefill_flags(rank: int, out: str, world: int = 2) -> None:
     me = Rank(rank, world, False, "cpu", None, timedelta(seconds=20),
               StepVerdicts(dist.FileStore(f"{out}/verdicts", world)))
     sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
-    step = random_pcp_step(np.random.default_rng(5), sizes, 64, num_reqs=3)
-    step["is_prefilling"][-1] ^= rank == 1
     record = {"ran": False}
     with pcp_pair("deepseek-v3.2", world, rank, None, "cpu", sizes) as pair:
+        step = random_pcp_step(np.random.default_rng(5), sizes, pair.columns, num_reqs=3)
+        step["is_prefilling"][-1] ^= rank == 1
         fence = PCPFence(world, rank, 1, pair.rank.pcp, pair.rank.num_tokens,
                          sizes.max_num_tokens)
         try:

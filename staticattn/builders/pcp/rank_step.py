@@ -11,9 +11,10 @@ views, so the whole of it is captured in the rank's graph.
    this rank's rows are written where the staging kernels of a single-GPU step would write
    a step -- ``query_start_loc`` (``R + 1``, repeating ``N_p`` past the rows),
    ``seq_lens``, ``query_lens``, ``positions``, ``token_to_req`` (the local row of each
-   token), ``slot_mapping`` (the rank's own segment of the gathered mapping), the block
-   table rows (each row's request's row of ``pcp.block_table``; the null block past the
-   rows) and ``step_counts`` -- so every builder's unchanged ``build_mixed`` reads the
+   token), ``slot_mapping`` (the rank's own segment of the gathered mapping, in the SWA
+   group where the model has one), the rows of every block table (each row's request's row
+   of ``pcp.tables.*``; the null block past the rows) and ``step_counts`` -- so every
+   builder's unchanged ``build_mixed`` reads the
    rank's rows as a chunked-prefill step of ``R`` requests and ``N`` tokens. The host
    writes nothing of the local batch: it stages the global batch only.
 
@@ -23,6 +24,8 @@ are its decodes; a prefill chunk of one token stays a prefill row.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -34,7 +37,15 @@ from staticattn.builders.pcp.rank_rows import build_rows
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.staging import StepInputs
 
-__all__ = ["build_rank_step", "write_local_inputs"]
+__all__ = ["build_rank_step", "input_table", "slot_group", "write_local_inputs"]
+
+
+def slot_group(cfg: PCPConfig, config) -> tuple[PCPConfig, str]:
+    """The PCP config and the table of the batch's slot mapping: the SWA group's (its
+    block size) where the arena ``config`` has one, else the main group's."""
+    if config.has_swa:
+        return dataclasses.replace(cfg, block_size=config.swa_block_size), "swa_block_table"
+    return cfg, "block_table"
 
 
 def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: int) -> None:
@@ -47,7 +58,8 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     build_rows(cfg, qsl, pre, computed, views.rows)
     dcp_rank = cfg.dcp_rank(rank)
     build_rank_fields(cfg, views.rows, rank, dcp_rank, qsl, pre, computed, states, views.fields)
-    gathered_slots(cfg, views.rows, views.block_table, dcp_rank, views.gathered_slots)
+    slot_cfg, table = slot_group(cfg, inputs.config)
+    gathered_slots(slot_cfg, views.rows, views.tables[table], dcp_rank, views.gathered_slots)
     if views.extents is not None:
         build_prefill_extents(cfg, views.rows, views.fields, rank, views.extents)
     write_local_inputs(views, inputs, rank)
@@ -74,8 +86,17 @@ def write_local_inputs(views: PCPViews, inputs: StepInputs, rank: int) -> None:
     row = torch.searchsorted(qsl[1:].contiguous(), j, right=True).clamp(max=R - 1)
     inputs.token_to_req[:N].copy_(torch.where(j < n_p, row, 0))
     inputs.slot_mapping[:N].copy_(views.gathered_slots.view(-1, N)[rank])
-    table = views.block_table.index_select(0, rows.row_req[rank].long())
-    inputs.block_table[:R].copy_(torch.where(held[:, None], table, NULL_BLOCK_ID))
+    for name, table in views.tables.items():
+        local = table.index_select(0, rows.row_req[rank].long())
+        input_table(inputs, name)[:R].copy_(torch.where(held[:, None], local, NULL_BLOCK_ID))
     decodes = rows.num_decode_rows[rank]
     decode_tokens = qsl.index_select(0, decodes.long().reshape(1))[0]
     inputs.step_counts.copy_(torch.stack([num_rows, n_p, decodes, decode_tokens]))
+
+
+def input_table(inputs: StepInputs, name: str) -> torch.Tensor:
+    """The input view of block table ``name``, int32 ``(max_num_seqs, columns)``
+    (:func:`~staticattn.builders.pcp.rank_views.table_columns`)."""
+    if name.startswith("block_tables."):
+        return inputs.block_tables[name[len("block_tables."):]]
+    return getattr(inputs, name)

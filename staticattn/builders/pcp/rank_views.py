@@ -8,8 +8,10 @@ addresses for the rank's life.
   ``is_prefilling``, ``num_computed`` and ``req_state_idx`` (the last three over ``S``
   entries; padded requests: the last query start repeated, 0s). The host writes the first,
   one copy node inside the graph brings it to the second.
-* ``pcp.block_table``, int32 device ``(S, W)``: every request's block row, updated in place
-  by the engine (the rows that changed), like the single-GPU arena's table.
+* ``pcp.tables.<name>``, int32 device ``(S, columns)``: every request's block row of each
+  block table the rank's builders read (``block_table``; with SWA ``swa_block_table``;
+  DeepSeek V4.1's ``block_tables.<group>``), updated in place by the engine (the rows that
+  changed), like the single-GPU arena's tables.
 * ``pcp.rows.*``: every rank's rows and the gathered layout
   (:class:`~staticattn.builders.pcp.rank_rows.RowViews`, ``N`` tokens a rank).
 * ``pcp.fields.*``: this rank's row fields
@@ -28,12 +30,13 @@ from dataclasses import dataclass, fields
 import torch
 
 from staticattn.arena.buffers import BufferDecl
+from staticattn.arena.groups import cache_groups
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.kv_plan import PrefillExtents
 from staticattn.builders.pcp.rank_fields import RankFields
 from staticattn.builders.pcp.rank_rows import RowViews
 
-__all__ = ["BATCH_ROWS", "PCPLayout", "PCPViews", "pcp_buffers"]
+__all__ = ["BATCH_ROWS", "PCPLayout", "PCPViews", "pcp_buffers", "table_columns"]
 
 #: Rows of the staged global batch: query starts, prefilling flags, computed tokens, states.
 BATCH_ROWS = ("query_start_loc", "is_prefilling", "num_computed", "req_state_idx")
@@ -45,8 +48,18 @@ def _decls(prefix: str, meta) -> list[BufferDecl]:
                        getattr(meta, f.name).dtype) for f in fields(meta)]
 
 
+def table_columns(config) -> dict[str, int]:
+    """The block tables of an arena of ``config`` (an ArenaConfig), by their input view's
+    name after ``input.``, and their columns."""
+    tables = {"block_table": config.max_blocks_per_req}
+    if config.has_swa:
+        tables["swa_block_table"] = config.max_swa_blocks_per_req
+    tables.update({f"block_tables.{g.name}": g.columns for g in cache_groups(config)})
+    return tables
+
+
 def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
-                table_width: int, workspace: int = 0) -> list[BufferDecl]:
+                tables: dict[str, int], workspace: int = 0) -> list[BufferDecl]:
     """The declarations of one rank's PCP views.
 
     Parameters
@@ -57,8 +70,8 @@ def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
         ``N``, the tokens every rank pads its rows to (the bucket).
     max_num_tokens : int
         ``T``, the global batch's token capacity (the restore index).
-    table_width : int
-        Block-table columns of a request.
+    tables : dict of str to int
+        The block tables and their columns (:func:`table_columns`).
     workspace : int
         ``W``, the entries of the PCP + DCP prefill plan (every prefill region, ``D``
         shards each); unused under D = 1.
@@ -72,7 +85,8 @@ def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
                if cfg.dcp_size > 1 else [])
     return [BufferDecl("pcp.staging.batch", (len(BATCH_ROWS), S + 1), torch.int32, "host"),
             BufferDecl("pcp.batch", (len(BATCH_ROWS), S + 1), torch.int32),
-            BufferDecl("pcp.block_table", (S, table_width), torch.int32),
+            *(BufferDecl(f"pcp.tables.{name}", (S, columns), torch.int32)
+              for name, columns in tables.items()),
             *_decls("pcp.rows", RowViews.allocate(cfg, num_tokens, max_num_tokens,
                                                   device="meta")),
             *field_decls, *extents,
@@ -87,7 +101,8 @@ class PCPViews:
     ----------
     host_batch, batch : int32 ``(4, S + 1)`` host staging and its device copy
         (:data:`BATCH_ROWS`).
-    block_table : int32 device ``(S, W)``
+    tables : dict of str to int32 device ``(S, columns)``
+        The global block tables by name (:func:`table_columns`).
     rows : RowViews
     fields : RankFields
     gathered_slots : int64 device ``(P * N,)``
@@ -97,7 +112,7 @@ class PCPViews:
 
     host_batch: torch.Tensor
     batch: torch.Tensor
-    block_table: torch.Tensor
+    tables: dict[str, torch.Tensor]
     rows: RowViews
     fields: RankFields
     gathered_slots: torch.Tensor
@@ -108,7 +123,9 @@ class PCPViews:
         """The views of an arena holding :func:`pcp_buffers`."""
         views = lambda kind, prefix: kind(**{f.name: arena[f"{prefix}.{f.name}"]  # noqa: E731
                                              for f in fields(kind)})
-        return cls(arena["pcp.staging.batch"], arena["pcp.batch"], arena["pcp.block_table"],
+        tables = {name[len("pcp.tables."):]: arena[name] for name in arena.names()
+                  if name.startswith("pcp.tables.")}
+        return cls(arena["pcp.staging.batch"], arena["pcp.batch"], tables,
                    views(RowViews, "pcp.rows"), views(RankFields, "pcp.fields"),
                    arena["pcp.gathered_slots"],
                    views(PrefillExtents, "pcp.extents") if "pcp.extents.ks" in arena
@@ -129,22 +146,23 @@ class PCPLayout:
     Parameters
     ----------
     cfg : PCPConfig
-    num_tokens, max_num_tokens, table_width, workspace : int
-        As :func:`pcp_buffers` takes them.
+    num_tokens, max_num_tokens, workspace : int
+        As :func:`pcp_buffers` takes them (the tables come from the arena's config).
     """
 
     name = "pcp"
 
     def __init__(self, cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
-                 table_width: int, workspace: int = 0) -> None:
+                 workspace: int = 0) -> None:
         self.cfg = cfg
-        self.shape = (num_tokens, max_num_tokens, table_width, workspace)
+        self.shape = (num_tokens, max_num_tokens, workspace)
         self.arena = None
         self.views: PCPViews | None = None
 
     def buffers(self, config) -> list[BufferDecl]:
-        """:func:`pcp_buffers` of the PCP config (the arena's ``config`` adds nothing)."""
-        return pcp_buffers(self.cfg, *self.shape)
+        """:func:`pcp_buffers` of the PCP config, with the block tables of ``config``."""
+        N, T, workspace = self.shape
+        return pcp_buffers(self.cfg, N, T, table_columns(config), workspace)
 
     def bind(self, arena) -> None:
         """Take the views (:class:`PCPViews`) from the allocated ``arena``."""
