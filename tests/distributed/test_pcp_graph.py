@@ -54,3 +54,21 @@ def test_a_bad_step_is_a_typed_error_before_anything_is_written(change, error, s
             pair.run(step)
         assert torch.equal(pair.rank.arena.block("device"), before[0])
         assert torch.equal(pair.rank.views.host_batch, before[1])
+
+
+@pytest.mark.parametrize(("rank_arena", "says"), [
+    (dict(max_num_seqs=4), "must hold 8 rows and 60 tokens"),
+    (dict(max_num_batched_tokens=32), "must hold 8 rows and 60 tokens"),
+    (dict(dcp_world_size=2, dcp_rank=0), "with an arena of the same dcp_world_size"),
+])
+def test_a_rank_arena_that_cannot_hold_the_split_is_refused(rank_arena, says):
+    from staticattn.arena import ArenaConfig
+    from staticattn.arena.pcp_config import PCPConfig
+    from staticattn.distributed.pcp_rank import PCPRank
+    from staticattn.errors import ConfigError
+
+    pcp = PCPConfig(pcp_size=2, max_num_seqs=4)
+    cfg = ArenaConfig.preset("deepseek-v3.2", device="cpu", max_model_len=512,
+                             **{"max_num_seqs": 8, "max_num_batched_tokens": 64, **rank_arena})
+    with pytest.raises(ConfigError, match=says):
+        PCPRank(pcp, cfg, 60, 96, None, 0, num_kv_blocks=33)
