@@ -33,6 +33,14 @@ def _make_step(spec: str | None, config):
 
 
 def cmd_demo(args) -> int:
+    if args.pcp:
+        from staticattn.distributed.pcp_demo import run_pcp_demo
+
+        kwargs = {} if args.steps is None else {"steps": args.steps}
+        return run_pcp_demo(args.pcp, seed=args.seed, preset=args.pcp_preset,
+                            json_path=args.json, progress=not args.no_progress,
+                            deadline=timedelta(seconds=args.dcp_deadline), dcp=args.dcp or 1,
+                            **kwargs)
     if args.dcp:
         from staticattn.distributed.dcp_demo import run_dcp_demo
 
@@ -121,6 +129,12 @@ def _emit(text: str, data: str, json_path: str | None) -> None:
 
 
 def cmd_bench(args, cuda: bool) -> int:
+    if args.pcp:
+        from staticattn.distributed.pcp_bench import run_pcp_bench
+
+        return run_pcp_bench(args.pcp, reps=args.reps, seed=args.seed, preset=args.pcp_preset,
+                             json_path=args.json, progress=not args.no_progress,
+                             dcp=args.dcp or 1)
     if args.dcp:
         from staticattn.distributed.dcp_bench import run_dcp_bench
 

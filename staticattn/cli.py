@@ -64,6 +64,8 @@ UNUSED = {
     "--breakdown": ("batch_requests", "consumer", "step", "compare"),
     "--context": ("staging_guard", "compare"),
     "--dcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len", "compare"),
+    "--pcp": ("consumer", "step", "staging_guard", "next_n", "max_model_len", "compare",
+              "preset", "batch_requests"),
 }
 
 def int_in(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -113,8 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--dcp-preset", choices=DCP_PRESETS, default="deepseek-v4",
                    help="the model of the --dcp demo's arena (default: deepseek-v4)")
     d.add_argument("--dcp-deadline", type=int_in(1), default=30, metavar="SECONDS",
-                   help="the --dcp step deadline: a rank that dies or stalls is a typed error "
-                   "(RankFailureError, RankTimeoutError) on every rank within it (default: 30)")
+                   help="the --dcp / --pcp step deadline: a rank that dies or stalls is a typed "
+                   "error (RankFailureError, RankTimeoutError) on every rank within it "
+                   "(default: 30)")
+    _pcp_flags(d)
     for name, help_, text in (
             ("check", "graph-capture sanity checks (without CUDA: those that need no capture)",
              "Capture a step (the built-in gather consumer, or --step) per batch size under "
@@ -128,8 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
              "with a PASS or FAIL line; exit 0 on PASS, 1 on FAIL, 2 on a bad argument."),
             ("bench", "replay latency per batch size (needs CUDA)",
              "Host and GPU time of a step replayed through its graph against the same step "
-             "run eagerly, per batch size; --mix, --breakdown, --context and --dcp measure "
-             "other things (one at a time). Without CUDA only --dcp runs (gloo ranks on "
+             "run eagerly, per batch size; --mix, --breakdown, --context, --dcp and --pcp measure "
+             "other things (one at a time). Without CUDA only --dcp and --pcp run (gloo ranks on "
              "the CPU); anything else says SKIPPED and exits 3.")):
         c = sub.add_parser(name, help=help_, description=text, allow_abbrev=False)
         _config_flags(c)
@@ -145,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="write a DOT dump of each captured graph into DIR")
         else:
             _bench_flags(c)
+            _pcp_flags(c)
     for c in sub.choices.values():  # demo, check, bench
         c.set_defaults(cmd_parser=c)
         c.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -152,6 +157,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the result as JSON: to stdout (no value, or -) instead "
                        "of the text, or into this file beside the text")
     return p
+
+
+def _pcp_flags(c: argparse.ArgumentParser) -> None:
+    c.add_argument("--pcp", type=int_in(2), default=None, metavar="WORLD",
+                   help="prefill context parallelism over WORLD >= 2 ranks, one process each: "
+                   f"torchrun --nproc-per-node WORLD -m staticattn {c.prog.split()[-1]} "
+                   "--pcp WORLD; with --dcp WORLD too, the KV sharded over the same ranks")
+    c.add_argument("--pcp-preset", choices=PRESETS, default="deepseek-v3.2",
+                   help="the model of the --pcp run's arena (default: deepseek-v3.2, in "
+                   "graphs; deepseek-v4.1-*: eager, as the reference runs it; deepseek-v4*: a "
+                   "typed error saying why)")
 
 
 def _config_flags(c: argparse.ArgumentParser) -> None:
@@ -248,11 +264,15 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
     """Check what argparse cannot (combinations, bounds from the config, the step, the
     plot); ``args.cmd_parser.error`` (exit 2) on the first problem."""
     error = args.cmd_parser.error
+    if getattr(args, "pcp", None) is not None:
+        _validate_pcp(args, error)
     if args.cmd == "demo":
         return
     if args.cmd == "bench":
-        modes = [f"--{m}" for m in ("mix", "breakdown", "context", "dcp")
-                 if getattr(args, m) not in (None, False)]
+        # With --pcp, --dcp says how the PCP ranks shard the KV: one bench.
+        modes = [f"--{m}" for m in ("mix", "breakdown", "context", "dcp", "pcp")
+                 if getattr(args, m) not in (None, False)
+                 and not (m == "dcp" and args.pcp is not None)]
         if len(modes) > 1:
             error(f"{' and '.join(modes)}: one bench at a time")
         if args.plot is not None:
@@ -270,6 +290,8 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
         if ignored:
             error(f"{modes[0]} times fixed steps of its own: {', '.join(ignored)} would be "
                   "ignored")
+        if args.pcp is not None:
+            return  # its own small arena per rank (distributed/pcp_world.py)
         if args.dcp is not None:
             if args.preset not in DCP_PRESETS:
                 error(f"--preset {args.preset}: decode context parallelism does not serve its "
@@ -306,3 +328,17 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
             load_step(args.step)
         except StepSpecError as exc:
             error(str(exc))
+
+
+def _validate_pcp(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
+    """``--pcp``: the configuration the run would build, refused here as the typed error
+    it raises (the reference's refusals, then what is not served yet)."""
+    from staticattn.distributed.pcp_world import PCPSizes, configs
+    from staticattn.errors import ConfigError
+
+    dcp = getattr(args, "dcp", None) or 1
+    try:
+        configs(args.pcp_preset, args.pcp, "cpu", PCPSizes(), dcp)
+    except ConfigError as exc:
+        error(f"--pcp {args.pcp} --dcp {dcp} --pcp-preset {args.pcp_preset}: ConfigError: "
+              f"{exc}")

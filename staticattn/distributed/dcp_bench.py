@@ -47,13 +47,13 @@ from staticattn.distributed.world import (
 from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.graphs.capturer import capture, warm_up
 
-__all__ = ["run_dcp_bench"]
+__all__ = ["aligner", "report_head", "run_dcp_bench", "time_exchange"]
 
 WARMUP = 10
 COLLECTIVE_INNER = 20
 
 
-def _aligner(cuda: bool, group) -> Callable[[], None]:
+def aligner(cuda: bool, group) -> Callable[[], None]:
     """An untimed rendezvous of the ranks before each timed repetition, so that a step's
     collectives do not time the other rank's launch delay: a one-element NCCL all-reduce
     and a device sync on GPUs, a barrier of ``group`` (gloo) on CPU."""
@@ -84,7 +84,13 @@ def _time_collectives(consumer, entries: int, reps: int, cuda: bool,
     the mean of ``COLLECTIVE_INNER`` back-to-back replays: what the ranks' host skew adds to
     the first (tens of µs, as much as the all-gathers themselves) is spread over them, so
     the figure is the all-gathers' own cost."""
-    exchange = functools.partial(consumer.exchange, entries)
+    return time_exchange(functools.partial(consumer.exchange, entries), reps, cuda, align)
+
+
+def time_exchange(exchange: Callable[[], None], reps: int, cuda: bool,
+                  align: Callable[[], None]) -> list[float]:
+    """GPU µs of ``exchange`` (a step's collectives) captured alone and replayed, the mean
+    of ``COLLECTIVE_INNER`` back-to-back replays a sample; host µs over gloo."""
     if not cuda:
         exchange()
         return host_times_us(exchange, reps, before=align)
@@ -133,7 +139,7 @@ def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
     n = cfg.next_n
     sizes = [k * n for k in batches]
     rng = np.random.default_rng(seed)  # one seed: every rank times the same steps
-    align = _aligner(me.cuda, me.check_group)
+    align = aligner(me.cuda, me.check_group)
     rows = []
     options = GraphOptions(progress=False, time_gpu=me.cuda, num_kv_blocks=graph_pool_blocks(cfg))
     with paired_managers(me, cfg, preset, options) as pair:
@@ -152,17 +158,22 @@ def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
     return rows
 
 
+def report_head(preset: str, world: int, reps: int, cuda: bool) -> tuple[str, dict]:
+    """A multi-rank bench's mode (what ran, in words) and the start of its JSON."""
+    mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA: host times of eager steps only)"
+    return mode, {"preset": preset, "world": world, "reps": reps, "mode": mode, "rows": [],
+                  "device": torch.cuda.get_device_name() if cuda else "cpu"}
+
+
 def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
             cuda: bool) -> dict:
     """The table (medians and p99 per rank and batch) and its raw figures."""
-    mode = "graphs (NCCL)" if cuda else "eager (gloo, no CUDA: host times of eager steps only)"
+    mode, out = report_head(preset, world, reps, cuda)
     lines = [f"DCP bench ({preset}, next_n {cfg.next_n}, R {cfg.index_compress_ratio}): "
              f"{world} ranks, {reps} steps per batch, {mode}",
              f"{'batch':>5} {'rank':>4} | {'host p50':>8} {'p99':>7} | {'GPU p50':>7} "
              f"{'p99':>7} | {'collectives':>11} {'share':>6} | {'1 GPU host':>10} "
              f"{'GPU':>7}"]
-    out = {"preset": preset, "world": world, "reps": reps, "mode": mode, "rows": [],
-           "device": torch.cuda.get_device_name() if cuda else "cpu"}
     for b, first in enumerate(every[0]):
         hosts = np.array([ranks[b]["host"] for ranks in every])  # (world, reps)
         spread = hosts.max(axis=0) - hosts.min(axis=0)

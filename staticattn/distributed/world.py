@@ -43,15 +43,16 @@ class Rank:
     verdicts: StepVerdicts
 
 
-def join(world: int, what: str, deadline: timedelta = DEFAULT_DEADLINE) -> Rank | None:
+def join(world: int, what: str, deadline: timedelta = DEFAULT_DEADLINE,
+         flag: str = "--dcp") -> Rank | None:
     """Join the torchrun launch of ``world`` ranks (NCCL with a GPU per rank, gloo without
-    CUDA); None, after saying how to launch ``what``, when this process was not started by
-    such a launch. ``deadline``: how long a rank waits for the others at each step
+    CUDA); None, after saying how to launch ``what ... flag world``, when this process was
+    not started by such a launch. ``deadline``: how long a rank waits for the others at each step
     (default 30 s; ``distributed.fence`` says what it bounds). Setup collectives (before
     the first step: NCCL's first one, graph capture) wait for the group's timeout, 120 s."""
     if int(os.environ.get("WORLD_SIZE", "1")) != world:
-        print(f"{what} --dcp {world}: start it with torchrun --nproc-per-node {world} "
-              f"-m staticattn {what} --dcp {world} (WORLD_SIZE is "
+        print(f"{what} {flag} {world}: start it with torchrun --nproc-per-node {world} "
+              f"-m staticattn {what} {flag} {world} (WORLD_SIZE is "
               f"{os.environ.get('WORLD_SIZE', 'unset')})")
         return None
     cuda = torch.cuda.is_available()

@@ -25,7 +25,7 @@ from staticattn.arena.pcp_config import PCPConfig
 from staticattn.errors import CapacityError, InvalidBatchError
 from staticattn.validation.values import check_non_decreasing, check_non_negative, host_ints
 
-__all__ = ["check_pcp_step", "rank_token_counts"]
+__all__ = ["check_pcp_requests", "check_pcp_step", "rank_token_counts"]
 
 
 def _dcp_shard(n: np.ndarray, world: int, interleave: int) -> np.ndarray:
@@ -122,3 +122,24 @@ def check_pcp_step(cfg: PCPConfig, query_start_loc, is_prefilling, num_computed,
             raise CapacityError(f"prefill request {i} needs {int(extent[i])} workspace "
                                 f"entries; the prefill workspace holds {prefill_workspace}")
     return tokens
+
+
+def check_pcp_requests(query_lens: np.ndarray, is_prefilling: np.ndarray,
+                       num_computed: np.ndarray, *, decode_threshold: int,
+                       max_model_len: int) -> None:
+    """What a rank's builders need of the global requests beyond :func:`check_pcp_step`:
+    a request that is not prefilling is a decode row of at most ``decode_threshold`` tokens
+    (its rows come first and are built as decodes, §3.1), and no request runs past
+    ``max_model_len``. Host int64 ``query_lens`` and ``num_computed``, bool
+    ``is_prefilling``, all ``(S,)``; :class:`InvalidBatchError` / :class:`CapacityError`."""
+    long_decode = ~is_prefilling & (query_lens > decode_threshold)
+    if long_decode.any():
+        i = int(np.argmax(long_decode))
+        raise InvalidBatchError(f"request {i} is not prefilling but schedules "
+                                f"{int(query_lens[i])} tokens; a decode row holds at most "
+                                f"decode_threshold={decode_threshold}")
+    total = num_computed + query_lens
+    if total.max(initial=0) > max_model_len:
+        i = int(np.argmax(total))
+        raise CapacityError(f"request {i} reaches {int(total[i])} tokens; max_model_len="
+                            f"{max_model_len}")

@@ -31,7 +31,7 @@ from datetime import timedelta
 FAULT_STEP, VICTIM, REQUESTS = 3, 1, 2
 
 
-def _report(**record) -> None:
+def report(**record) -> None:
     # One write of the whole line: the ranks share the pipe, and print() writes the text and
     # its newline separately when stdout is unbuffered (PYTHONUNBUFFERED), so another rank's
     # line could land between them. A write shorter than PIPE_BUF is not interleaved.
@@ -43,9 +43,7 @@ def run_rank(scenario: str, deadline_s: float) -> None:
     import numpy as np
     import torch.distributed as dist
 
-    from staticattn.distributed.fence import fenced_step
     from staticattn.distributed.world import (
-        abandon,
         dcp_config,
         dcp_world,
         graph_pool_blocks,
@@ -53,7 +51,6 @@ def run_rank(scenario: str, deadline_s: float) -> None:
         random_decode_step,
         write_decode_step,
     )
-    from staticattn.errors import RankFailureError
     from staticattn.graphs import GraphManager, GraphOptions
 
     me = join(2, "faults", timedelta(seconds=deadline_s))
@@ -75,24 +72,49 @@ def run_rank(scenario: str, deadline_s: float) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if fault == "stalled":
                 time.sleep(2 * deadline_s)
-            began = time.monotonic()
-            try:
-                with fenced_step(me, cfg, lengths[0], lengths[1]):
-                    if fault == "killed-in-step":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    replays += gm.run(*lengths).mode == "graph"
-            except RankFailureError as exc:
-                _report(rank=me.rank, error=type(exc).__name__, step=step, replays=replays,
-                        waited_s=time.monotonic() - began, cuda=me.cuda)
-                abandon(me, exc)
-    _report(rank=me.rank, error=None, step=step, replays=replays, cuda=me.cuda)
-    os._exit(0)  # a peer failed unnoticed: the group is no longer whole to leave
+            replays = fenced_fault_step(me, cfg, lengths[:2], fault, step, replays,
+                                        lambda lengths=lengths: gm.run(*lengths).mode == "graph")
+    finish(me, step, replays)
+
+
+def fenced_fault_step(me, config, arrays, fault: str | None, step: int, replays: int,
+                      run) -> int:
+    """One step through ``fenced_step(me, config, *arrays)``, killed inside it for the
+    ``killed-in-step`` fault; ``run()`` is the step (1 when it replayed a graph). A typed
+    error is reported and the rank abandoned; otherwise the replays so far."""
+    from staticattn.distributed.fence import fenced_step
+    from staticattn.distributed.world import abandon
+    from staticattn.errors import RankFailureError
+
+    began = time.monotonic()
+    try:
+        with fenced_step(me, config, *arrays):
+            if fault == "killed-in-step":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return replays + run()
+    except RankFailureError as exc:
+        report(rank=me.rank, error=type(exc).__name__, step=step, replays=replays,
+               waited_s=time.monotonic() - began, cuda=me.cuda)
+        abandon(me, exc)
+
+
+def finish(me, step: int, replays: int) -> None:
+    """Every step ran: say so and end (a peer failed unnoticed: the group is no longer
+    whole to leave)."""
+    report(rank=me.rank, error=None, step=step, replays=replays, cuda=me.cuda)
+    os._exit(0)
+
+
+def main(script: str, run) -> None:
+    """The worker torchrun starts runs ``script`` again as its child, which runs
+    ``run(scenario, deadline_s)``, and reports how the child ended."""
+    if os.environ.get("FAULT_CHILD"):
+        run(sys.argv[1], float(sys.argv[2]))
+    else:
+        child = subprocess.run([sys.executable, script, *sys.argv[1:]],
+                               env={**os.environ, "FAULT_CHILD": "1"}, check=False)
+        report(rank=int(os.environ["RANK"]), exit=child.returncode)
 
 
 if __name__ == "__main__":
-    if os.environ.get("DCP_FAULT_CHILD"):
-        run_rank(sys.argv[1], float(sys.argv[2]))
-    else:
-        child = subprocess.run([sys.executable, __file__, *sys.argv[1:]],
-                               env={**os.environ, "DCP_FAULT_CHILD": "1"}, check=False)
-        _report(rank=int(os.environ["RANK"]), exit=child.returncode)
+    main(__file__, run_rank)

@@ -6,25 +6,18 @@ settle each step with, on one store."""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.paths import ROOT
+from helpers.fault_launch import launch_faulty_ranks
 
 from staticattn.validation.dcp_step import StepVerdicts
 
 #: Long enough for two CPU ranks on a loaded machine to stay within it of each other.
 DEADLINE_S = 5.0
-#: No launch of two ranks takes this long (start-up included): past it the ranks are hung,
-#: and the test fails instead of hanging the suite.
-LAUNCH_TIMEOUT_S = 300
 #: A typed error comes within the deadline of its cause; this much more is scheduling.
 SLACK_S = 5.0
 RANK = Path(__file__).with_name("dcp_fault_rank.py")
@@ -32,25 +25,7 @@ RANK = Path(__file__).with_name("dcp_fault_rank.py")
 
 def _launch(scenario: str) -> tuple[dict, dict, str]:
     """Each rank's records (its error, then how its process ended) and the output."""
-    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the CPU run covers gloo")
-    launch = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         "2", str(RANK), scenario, str(DEADLINE_S)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    try:
-        out, _ = launch.communicate(timeout=LAUNCH_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(launch.pid, signal.SIGKILL)
-        out, _ = launch.communicate()
-        pytest.fail(f"the ranks hung past {LAUNCH_TIMEOUT_S} s:\n{out[-4000:]}")
-    assert launch.returncode == 0, out[-4000:]
-    records = [json.loads(line[len("FAULT "):]) for line in out.splitlines()
-               if line.startswith("FAULT ")]
-    errors = {r["rank"]: r for r in records if "error" in r}
-    exits = {r["rank"]: r["exit"] for r in records if "exit" in r}
-    assert sorted(exits) == [0, 1], out[-4000:]
+    errors, exits, out = launch_faulty_ranks(RANK, scenario, DEADLINE_S)
     for r in errors.values():
         assert r["cuda"] == torch.cuda.is_available() and r["step"] == 3, r
         # Graphs on a GPU: the steps before, and the failing one when it was launched.

@@ -43,7 +43,8 @@ COMMAND_KINDS = {
     "staticattn": "a command with at most --preset: tests/test_commands_every_preset.py "
                   "runs it (every command on every preset, text and --json); any other is "
                   "run here with cheap flags appended",
-    "torchrun": "tests/test_dcp_demo.py and tests/test_dcp_gloo.py (two gloo ranks)",
+    "torchrun": "tests/test_dcp_demo.py, tests/test_dcp_gloo.py and "
+                "tests/distributed/test_pcp_demo.py (gloo ranks)",
 }
 #: Flags appended to a documented command so that it runs at a small cost, per command;
 #: the last occurrence of a flag wins (argparse).
@@ -230,7 +231,8 @@ def check_command(line: str) -> str:
     elif kind == "torchrun":
         args = build_parser().parse_args(argv)  # a bad flag or preset exits 2 here
         validate(args, torch.cuda.is_available())
-        assert args.dcp, line  # the multi-process runs: decode context parallelism
+        # The multi-process runs: decode or prefill context parallelism.
+        assert args.dcp or args.pcp, line
     elif _in_the_matrix(argv):
         args = build_parser().parse_args(argv)
         validate(args, torch.cuda.is_available())

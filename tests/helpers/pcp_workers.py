@@ -65,3 +65,82 @@ def gathered_steps(rank: int, out: str, world: int, dcp: bool, steps: int) -> No
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": records}, f)
+
+
+#: The demo path's runs: small capacities, so a step spreads over several blocks and ranks.
+DEMO_STEPS = 12
+
+
+def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
+               device: str = "cpu", dcp: int = 1, interleave: int = 1,
+               preset: str = "deepseek-v3.2") -> None:
+    """The demo's path on one rank (gloo on CPU, NCCL on ``device`` "cuda", the rank's
+    graph captured there; ``dcp`` 1 or ``world``): per step the global step drawn, the
+    rank's input views after it (what its builders read), and whether its restored rows
+    equal the single-GPU step's, for the parent to check against the oracle."""
+    from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step
+
+    dist.init_process_group("gloo" if device == "cpu" else "nccl",
+                            init_method=f"file://{out}/store", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
+                     interleave=interleave)
+    rng = np.random.default_rng(7)
+    records = []
+    with pcp_pair(preset, world, rank, None, device, sizes, dcp=dcp) as pair:
+        if pair.rank.graphs:
+            pair.rank.capture()
+        R, N = pair.rank.pcp.max_rows, pair.rank.num_tokens
+        inputs = pair.rank.inputs
+        for _ in range(steps):
+            step = random_pcp_step(rng, sizes, pair.columns)
+            pair.write(step)
+            got = pair.run(step).cpu()
+            records.append({
+                "step": {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
+                         for k, v in step.items()},
+                "equal": torch.equal(got, pair.run_single(step).cpu()),
+                "tokens": got.shape[0],
+                "query_start_loc": inputs.query_start_loc[:R + 1].tolist(),
+                "seq_lens": inputs.seq_lens[:R].tolist(),
+                "positions": inputs.positions[:N].tolist(),
+                "slot_mapping": inputs.slot_mapping[:N].tolist(),
+                "block_table": inputs.block_table[:R, :2].tolist(),
+                "step_counts": inputs.step_counts.tolist(),
+                "N": N})
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"steps": records}, f)
+
+
+def mismatched_prefill_flags(rank: int, out: str, world: int = 2) -> None:
+    """Every rank is handed the same lengths, but rank 1 sees one request's prefilling flag
+    flipped (it would split the step differently): the fenced step must raise the same
+    typed error on every rank, before the step runs."""
+    from staticattn.distributed.fence import fenced_step
+    from staticattn.distributed.pcp_world import PCPFence, PCPSizes, pcp_pair, random_pcp_step
+    from staticattn.distributed.world import Rank
+    from staticattn.validation.dcp_step import StepVerdicts
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    me = Rank(rank, world, False, "cpu", None, timedelta(seconds=20),
+              StepVerdicts(dist.FileStore(f"{out}/verdicts", world)))
+    sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
+    record = {"ran": False}
+    with pcp_pair("deepseek-v3.2", world, rank, None, "cpu", sizes) as pair:
+        step = random_pcp_step(np.random.default_rng(5), sizes, pair.columns, num_reqs=3)
+        step["is_prefilling"][-1] ^= rank == 1
+        fence = PCPFence(world, rank, 1, pair.rank.pcp, pair.rank.num_tokens,
+                         sizes.max_num_tokens)
+        try:
+            with fenced_step(me, fence, *PCPFence.step_arrays(step)):
+                record["ran"] = True
+        except Exception as exc:  # the record says which
+            record.update(error=type(exc).__name__, message=str(exc))
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)

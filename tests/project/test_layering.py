@@ -40,8 +40,9 @@ ALLOWED = {
     "bench": {"errors", "model", "arena", "validation", "staging", "builders", "graphs"},
     "checks": {"errors", "model", "arena", "validation", "staging", "builders", "graphs",
                "bench", "reference", "lazy"},
+    # The PCP demo checks each rank's metadata against the oracle, as checks/ does.
     "distributed": {"errors", "model", "arena", "kernels", "validation", "staging",
-                    "builders", "graphs", "consumers", "bench"},
+                    "builders", "graphs", "consumers", "bench", "reference"},
 }
 #: Rooms inside ``builders``, by concern -> the rooms of ``builders`` each may import. The
 #: core (``builders``: the contract, the batch) imports none of them; the package's

@@ -1,0 +1,153 @@
+"""The prefill-context-parallel bench: one process per rank, started by torchrun.
+
+    torchrun --nproc-per-node 2 -m staticattn bench --pcp 2 [--dcp 2] [--reps 200]
+             [--pcp-preset deepseek-v3.2] [--json pcp.json]
+
+Per step shape (a random global step of 1, 4 and 8 requests -- decodes and prefills, drawn
+once, the same on every rank), every rank replays its graph (the staged global batch's
+copy, the PCP split and the rank's rows, the indexer's mixed build, the emulated layer with
+its NCCL collectives and the restore) ``reps`` times, each step started on an idle
+device with the ranks lined up, and measures:
+
+* host µs of :meth:`PCPRank.run <staticattn.distributed.pcp_rank.PCPRank.run>` (the host
+  checks, the staging, the launch) and GPU µs of the step (CUDA events), p50 and p99;
+* the collectives alone: the step's all-gathers (under DCP also the all-reduce) captured
+  in a graph of their own and replayed back to back, and their share of the step's GPU
+  time;
+* the same step on one GPU: the one-rank arena's manager with a token-bucket graph of the
+  whole global step.
+
+Without CUDA the ranks join over gloo and every step runs eagerly: host times only. Rank 0
+prints the table and writes the JSON.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from staticattn.bench.floor import host_times_us
+from staticattn.bench.replay import step_times_us
+from staticattn.distributed.dcp_bench import WARMUP, aligner, report_head, time_exchange
+from staticattn.distributed.paired import emit
+from staticattn.distributed.pcp_world import (
+    DEFAULT_SIZES,
+    PCPSizes,
+    pcp_pair,
+    random_pcp_step,
+    step_slots,
+)
+from staticattn.distributed.world import join, leave
+
+__all__ = ["run_pcp_bench"]
+
+#: Requests of the timed steps.
+STEP_REQUESTS = (1, 4, 8)
+
+
+def _gpu_times_us(fn, reps: int, align) -> list[float]:
+    """GPU µs of each call of ``fn`` (CUDA events around it), each from an idle device."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(reps):
+        align()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3)
+    return out
+
+
+def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
+               sizes: PCPSizes, dcp: int) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    align = aligner(me.cuda, me.check_group)
+    rows = []
+    with pcp_pair(preset, world=me.world, rank=me.rank, group=None, device=me.device,
+                  sizes=sizes, seed=seed, dcp=dcp) as pair:
+        if me.cuda:
+            if pair.rank.graphs:
+                pair.rank.capture()
+            pair.single.capture(sizes=(), buckets=(sizes.max_num_tokens,))
+        for k in tqdm(STEP_REQUESTS, desc="PCP bench", unit="step",
+                      disable=me.rank != 0 or not progress, leave=False):
+            step = random_pcp_step(rng, sizes, pair.columns, num_reqs=k)
+            pair.write(step)
+            run = functools.partial(pair.rank.run, step["query_lens"], step["is_prefilling"],
+                                    step["num_computed"], step["req_state_idx"])
+            for _ in range(WARMUP):
+                run()
+            host = host_times_us(run, reps, before=align)
+            gpu = _gpu_times_us(run, reps, align) if me.cuda else [float("nan")] * reps
+            coll = time_exchange(pair.rank.step.exchange, reps, me.cuda, align)
+            q = np.asarray(step["query_lens"])
+            seq = np.asarray(step["num_computed"]) + q
+            single_args = (q, seq, step_slots(step, pair.single.config.block_size))
+            host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
+            rows.append(dict(requests=k, tokens=int(q.sum()), host=host, gpu=gpu,
+                             collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
+                             graphs=pair.rank.graphs))
+    return rows
+
+
+def run_pcp_bench(world: int, reps: int = 200, seed: int = 0, preset: str = "deepseek-v3.2",
+                  json_path: str | None = None, progress: bool = True,
+                  sizes: PCPSizes = DEFAULT_SIZES, dcp: int = 1) -> int:
+    """Run the bench on this rank of a torchrun launch of ``world`` ranks; the exit status.
+    ``json_path``: rank 0 writes the figures as JSON there, or prints them instead of the
+    table for "-". ``dcp``: 1 or ``world`` (the KV sharded over the same ranks)."""
+    me = join(world, "bench", flag="--pcp")
+    if me is None:
+        return 2
+    rows = _rank_rows(me, preset, reps, seed, progress, sizes, dcp)
+    every = [None] * world
+    dist.all_gather_object(every, rows, group=me.check_group)
+    leave(me)
+    if me.rank == 0:
+        text, data = _report(every, preset, world, reps, me.cuda, dcp)
+        emit(text, data, json_path)
+    return 0
+
+
+def _p(values, q: float) -> float | None:
+    value = float(np.percentile(values, q))
+    return None if value != value else value
+
+
+def _report(every: list[list[dict]], preset: str, world: int, reps: int,
+            cuda: bool, dcp: int) -> tuple[str, dict]:
+    mode, out = report_head(preset, world, reps, cuda)
+    if cuda and not every[0][0]["graphs"]:
+        mode = out["mode"] = "eager (NCCL; the reference runs this model's PCP without graphs)"
+    out["dcp"] = dcp
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    lines = [f"PCP bench ({preset}, DCP {dcp}): {world} ranks, {reps} steps per step shape, {mode}",
+             f"{'reqs':>4} {'tokens':>6} {'rank':>4} | {'host p50':>8} {'p99':>7} | "
+             f"{'GPU p50':>7} {'p99':>7} | {'collectives':>11} {'share':>6} | "
+             f"{'1 GPU host':>10} {'GPU':>7}"]
+    for b, first in enumerate(every[0]):
+        for r, ranks in enumerate(every):
+            row = ranks[b]
+            fig = {f"{key}_{q}": _p(row[key], q) for key in (
+                "host", "gpu", "collectives", "host_1gpu", "gpu_1gpu") for q in (50, 99)}
+            share = (fig["collectives_50"] / fig["gpu_50"]
+                     if cuda and fig["gpu_50"] else None)
+            lines.append(
+                f"{first['requests']:>4} {first['tokens']:>6} {r:>4} | "
+                f"{fmt(fig['host_50']):>8} {fmt(fig['host_99']):>7} | "
+                f"{fmt(fig['gpu_50']):>7} {fmt(fig['gpu_99']):>7} | "
+                f"{fmt(fig['collectives_50']):>11} "
+                f"{'-' if share is None else f'{share:.0%}':>6} | "
+                f"{fmt(fig['host_1gpu_50']):>10} {fmt(fig['gpu_1gpu_50']):>7}")
+            out["rows"].append({"requests": first["requests"], "tokens": first["tokens"],
+                                "rank": r, **fig, "collective_share": share})
+    lines.append("(microseconds; collectives = the step's collectives "
+                 + ("replayed alone, share = of the step's GPU time" if cuda
+                    else "run alone, host time") + "; 1 GPU = the same step on a one-rank "
+                 "arena, one token-bucket graph)")
+    return "\n".join(lines), out

@@ -1,0 +1,259 @@
+"""What every rank of a prefill-context-parallel run sets up: the configs (the PCP split, the
+rank's arena, the one-rank arena of the single-GPU step), the rank beside the single-GPU
+manager of the same steps, random global steps (the same on every rank: one seed), and the
+per-rank metadata compared with the oracle (:mod:`staticattn.reference.pcp_layout`)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.arena.pcp_config import GraphMode, PCPConfig
+from staticattn.builders import default_builders, make_arena
+from staticattn.builders.pcp.rank_step import input_table, slot_group
+from staticattn.builders.pcp.rank_views import table_columns
+from staticattn.distributed.pcp_consumer import SingleGatherStep, write_context
+from staticattn.distributed.pcp_rank import PCPRank
+from staticattn.errors import ConfigError
+from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
+from staticattn.reference import pcp_layout
+
+__all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes", "pcp_pair",
+           "random_pcp_step", "rank_mismatches", "step_slots"]
+
+#: The presets ``--pcp`` serves. DeepSeek V4 is refused by the reference (its backends do
+#: not support PCP); V4.1 runs eagerly there (no CUDA graphs), and so it does here.
+PCP_PRESETS = ("deepseek-v3.2", "deepseek-v4.1-flash", "deepseek-v4.1-large")
+#: The architectures whose PCP steps replay graphs.
+GRAPH_ARCHITECTURES = ("deepseek_v32",)
+
+
+@dataclass(frozen=True)
+class PCPSizes:
+    """A run's capacities: ``max_num_seqs`` global requests, ``max_num_tokens`` global
+    tokens, ``max_model_len``; ``num_tokens`` (N), a rank's padded tokens, holds any step
+    of those (two chunks of at most ``cdiv(q, 2P)`` tokens a prefill, a decode on one
+    rank: at most ``T / P + 3 S``; under DCP every decode, and a prefill too short for
+    ``2P`` chunks, whole on every rank: ``N = T``)."""
+
+    max_num_seqs: int = 8
+    max_num_tokens: int = 256
+    max_model_len: int = 2048
+    #: ``cp_kv_cache_interleave_size`` under DCP.
+    interleave: int = 1
+
+    def num_tokens(self, world: int, dcp: int = 1) -> int:
+        """``N`` of ``world`` ranks (``dcp``: the DCP ranks)."""
+        if dcp > 1:
+            return self.max_num_tokens
+        return min(self.max_num_tokens, cdiv(self.max_num_tokens, world)
+                   + 3 * self.max_num_seqs)
+
+    def kv_blocks(self, columns: int) -> int:
+        """Blocks of the caches: ``columns`` for every request (the widest table's), and
+        the null block."""
+        return self.max_num_seqs * columns + 1
+
+
+#: The demo's and the bench's capacities.
+DEFAULT_SIZES = PCPSizes()
+
+
+@dataclass(frozen=True)
+class PCPFence:
+    """What the step check of :func:`~staticattn.distributed.fence.fenced_step` compares
+    across the PCP group (its fields, the rank's excepted, must agree): the group's size
+    and this rank (under the check's DCP names: the check knows one kind of group), the
+    split and the capacities."""
+
+    dcp_world_size: int
+    dcp_rank: int
+    cp_kv_cache_interleave_size: int
+    pcp: PCPConfig
+    num_tokens: int
+    max_num_tokens: int
+
+    @staticmethod
+    def step_arrays(step: dict) -> tuple[np.ndarray, np.ndarray]:
+        """The fenced ``(query_lens, seq_lens)`` of a step: the second encodes each
+        request's length and prefilling flag (``2 L + pre``), which both shape the split."""
+        q = np.asarray(step["query_lens"], dtype=np.int64)
+        total = np.asarray(step["num_computed"], dtype=np.int64) + q
+        return q, 2 * total + np.asarray(step["is_prefilling"], dtype=np.int64)
+
+
+def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
+            rank: int = 0) -> tuple[PCPConfig, ArenaConfig, ArenaConfig]:
+    """``(pcp, rank ``rank``'s arena, one-rank arena)`` of a run of ``world`` PCP ranks and
+    ``dcp`` DCP ranks; :class:`ConfigError` for what ``--pcp`` does not serve (the
+    reference's refusals, §6, first)."""
+    arch = ArenaConfig.preset(preset, device="cpu").architecture
+    # Graphs where the reference captures PCP (V3.2); V4.1's PCP runs eagerly there.
+    graphs = device.startswith("cuda") and arch in GRAPH_ARCHITECTURES
+    pcp = PCPConfig(pcp_size=world, dcp_size=dcp, architecture=arch,
+                    max_num_seqs=sizes.max_num_seqs,
+                    cp_kv_cache_interleave_size=sizes.interleave,
+                    graph_mode=GraphMode.FULL_AND_PIECEWISE if graphs else GraphMode.NONE)
+    if preset not in PCP_PRESETS:
+        raise ConfigError(f"--pcp serves {', '.join(PCP_PRESETS)}; {preset} is not served "
+                          "under prefill context parallelism yet")
+    backend = "torch" if device == "cpu" else "auto"
+    # Decode rows of one token: V4.1's PCP takes no speculative decoding (§4.2).
+    common = dict(max_model_len=sizes.max_model_len, device=device, kernel_backend=backend,
+                  num_speculative_tokens=0)
+    mine = ArenaConfig.preset(preset, max_num_seqs=pcp.max_rows,
+                              max_num_batched_tokens=sizes.num_tokens(world, dcp),
+                              dcp_world_size=dcp,
+                              dcp_rank=pcp.dcp_rank(rank),
+                              cp_kv_cache_interleave_size=sizes.interleave, **common)
+    single = ArenaConfig.preset(preset, max_num_seqs=sizes.max_num_seqs,
+                                max_num_batched_tokens=sizes.max_num_tokens, **common)
+    return pcp, mine, single
+
+
+def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, width: int,
+                    num_reqs: int | None = None) -> dict:
+    """A decode-first global step: decodes of one token, then prefills (fresh or continued)
+    sharing what is left of the token budget. Host lists ``query_lens``, ``num_computed``,
+    ``is_prefilling``, ``req_state_idx`` ``(S,)``; ``table`` int32 ``(S, width)`` unique
+    random blocks (never the null block 0), every block table's rows (each its first
+    columns)."""
+    S = int(rng.integers(1, sizes.max_num_seqs + 1)) if num_reqs is None else num_reqs
+    decodes = int(rng.integers(0, S + 1))
+    L = sizes.max_model_len
+    budget = sizes.max_num_tokens - decodes
+    q, computed = [1] * decodes, [int(c) for c in rng.integers(0, L, decodes)]
+    for i in range(S - decodes):
+        share = max(1, budget // (S - decodes - i))
+        qi = int(rng.integers(1, share + 1))
+        budget -= qi
+        q.append(qi)
+        computed.append(int(rng.integers(0, L - qi + 1)) if rng.integers(0, 2) else 0)
+    # The single-GPU step wants its one-token requests first (decode-first by length).
+    order = sorted(range(decodes, S), key=lambda i: q[i] > 1)
+    q[decodes:], computed[decodes:] = [q[i] for i in order], [computed[i] for i in order]
+    blocks = 1 + rng.permutation(sizes.max_num_seqs * width)[: S * width]
+    return dict(query_lens=q, num_computed=computed,
+                is_prefilling=[i >= decodes for i in range(S)],
+                req_state_idx=[int(x) for x in rng.permutation(sizes.max_num_seqs)[:S]],
+                table=torch.from_numpy(blocks.reshape(S, width).astype(np.int32)))
+
+
+def step_slots(step: dict, block_size: int) -> np.ndarray:
+    """The single-GPU slot mapping of a :func:`random_pcp_step`, int64 ``(T,)``: each
+    token's block of its request's row, and its offset in it."""
+    q = np.asarray(step["query_lens"])
+    pos = np.concatenate([np.arange(c, c + n) for n, c in zip(q, step["num_computed"])])
+    req = np.repeat(np.arange(q.size), q)
+    block = step["table"].numpy()[req, pos // block_size].astype(np.int64)
+    return block * block_size + pos % block_size
+
+
+def global_batch(step: dict) -> pcp_layout.GlobalBatch:
+    return pcp_layout.GlobalBatch(step["query_lens"], step["num_computed"],
+                                  step["is_prefilling"], step["req_state_idx"],
+                                  step["table"].tolist())
+
+
+@dataclass(slots=True)
+class PCPPair:
+    """The rank (``rank``) and the single-GPU manager (``single``, its step
+    ``single_step``) of the same steps."""
+
+    rank: PCPRank
+    single: GraphManager
+    single_step: SingleGatherStep
+
+    @property
+    def columns(self) -> int:
+        """The widest block table's columns (the single-GPU arena's: under DCP a rank's
+        tables are narrower): a :func:`random_pcp_step`'s rows have them."""
+        return max(table_columns(self.single.config).values())
+
+    def write(self, step: dict) -> None:
+        """The engine's work before a step, in both: the block rows of every table (one
+        step's rows cut to each table's columns), and each request's context keys in the
+        written cache (the rank's shard under DCP); the single step's token states."""
+        S = len(step["query_lens"])
+        table = step["table"].to(self.rank.arena.device)
+        for name, view in self.rank.views.tables.items():
+            view[:S].copy_(table[:, :view.shape[1]])
+            single = input_table(self.single.inputs, name)
+            single[:S].copy_(table[:, :single.shape[1]])
+        me, cfg = self.rank, self.rank.pcp
+        slot_cfg, _ = slot_group(cfg, me.config)
+        for b, (state, computed) in enumerate(zip(step["req_state_idx"], step["num_computed"])):
+            write_context(self.single_step.cache, table[b], state, computed,
+                          slot_cfg.block_size)
+            write_context(me.step.cache, table[b], state, computed, slot_cfg.block_size,
+                          cfg.dcp_size, me.config.dcp_rank, cfg.cp_kv_cache_interleave_size)
+        states = np.repeat(step["req_state_idx"], step["query_lens"])
+        self.single_step.token_states[:states.size].copy_(torch.from_numpy(states))
+
+    def run(self, step: dict) -> torch.Tensor:
+        """The rank's step: its restored rows of the step's tokens, int64
+        ``(T_step, columns)``."""
+        out = self.rank.run(step["query_lens"], step["is_prefilling"], step["num_computed"],
+                            step["req_state_idx"])
+        return out[: sum(step["query_lens"])]
+
+    def run_single(self, step: dict) -> torch.Tensor:
+        """The single-GPU step (the reference builds): int64 ``(T_step, columns)``."""
+        q = np.asarray(step["query_lens"])
+        seq = np.asarray(step["num_computed"]) + q
+        slots = step_slots(step, slot_group(self.rank.pcp, self.single.config)[0].block_size)
+        return self.single.run(q, seq, slots, eager=EagerBuild.REFERENCE).outputs
+
+
+@contextlib.contextmanager
+def pcp_pair(preset: str, world: int, rank: int, group, device: str,
+             sizes: PCPSizes, seed: int = 0, dcp: int = 1) -> Iterator[PCPPair]:
+    """The rank of a run (``dcp``: its DCP ranks, 1 or ``world``) and its single-GPU twin,
+    over caches holding the same keys; they die with the block."""
+    pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes, dcp, rank)
+    blocks = sizes.kv_blocks(max(table_columns(single_cfg).values()))
+    me = PCPRank(pcp, rank_cfg, sizes.num_tokens(world, dcp), sizes.max_num_tokens, group,
+                 rank, blocks, seed)
+    builders = default_builders(single_cfg)
+    arena, inputs = make_arena(single_cfg, builders)
+    step = SingleGatherStep(single_cfg, blocks, seed)
+    with GraphManager(arena, inputs, builders, step,
+                      GraphOptions(progress=False, num_kv_blocks=blocks)) as one:
+        yield PCPPair(me, one, step)
+
+
+def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
+    """The rank's metadata of the last step against the oracle: its rows' query starts,
+    lengths, request states and start positions, its tokens' positions and global indices,
+    its segment of the gathered slot mapping, and what its builders read (the input views).
+    The names of the fields that differ."""
+    me = pair.rank
+    cfg, p, N = me.pcp, me.rank, me.num_tokens
+    batch = global_batch(step)
+    lay = pcp_layout.layout(cfg, batch, N)
+    want = pcp_layout.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
+    n_rows, R = len(lay.rows[p]), cfg.max_rows
+    v, inputs = me.views, me.inputs
+    got = {
+        "query_start_loc": inputs.query_start_loc[: n_rows + 1].tolist(),
+        "seq_lens": inputs.seq_lens[:n_rows].tolist(),
+        "start_pos": v.fields.start_pos[:n_rows].tolist(),
+        "req_idx": v.fields.req_idx[:n_rows].tolist(),
+        "positions": inputs.positions[:N].tolist(),
+        "token_to_global": v.rows.token_to_global[p].tolist(),
+    }
+    mismatched = [name for name, value in got.items() if value != want[name]]
+    slots = pcp_layout.gathered_slots(slot_group(cfg, me.config)[0], batch, lay,
+                                      cfg.dcp_rank(p))
+    if v.gathered_slots.tolist() != slots or \
+            inputs.slot_mapping[:N].tolist() != slots[p * N:(p + 1) * N]:
+        mismatched.append("slot_mapping")
+    if inputs.seq_lens[n_rows:R].any() or inputs.query_start_loc[n_rows:R + 1].ne(
+            want["query_start_loc"][-1]).any():
+        mismatched.append("padding")
+    return mismatched

@@ -1,0 +1,74 @@
+"""One PCP rank's graph on one device: with ``P = 1`` the rank holds both chunks of every
+prefill and the all-gathers are the identity, so a single process captures (CUDA, V3.2) or
+runs (CPU; V4.1 everywhere) the whole body -- the staged global batch's copy, the split,
+the rank's input views, the builders' mixed builds, the emulated layer and the restore --
+and every step must equal the single-GPU step, its metadata the oracle. Graph-safety (no
+host read, no allocation outside the pool, no branch on data) is what the CUDA capture
+checks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step, rank_mismatches
+from staticattn.errors import CapacityError, InvalidBatchError
+
+SIZES = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4.1-flash"])
+def test_the_rank_step_equals_the_single_gpu_step(preset):
+    """V3.2 in a graph (CUDA); V4.1 eagerly, as the reference runs its PCP steps."""
+    rng = np.random.default_rng(3)
+    with pcp_pair(preset, 1, 0, None, _device(), SIZES) as pair:
+        assert pair.rank.graphs == (torch.cuda.is_available() and preset == "deepseek-v3.2")
+        if pair.rank.graphs:
+            pair.rank.capture()
+            assert pair.rank.graph is not None
+        for _ in range(25 if torch.cuda.is_available() else 8):
+            step = random_pcp_step(rng, SIZES, pair.columns)
+            pair.write(step)
+            got = pair.run(step).clone()
+            assert torch.equal(got, pair.run_single(step)), step
+            assert rank_mismatches(pair, step) == [], step
+
+
+@pytest.mark.parametrize(("change", "error", "says"), [
+    (dict(query_lens=[3, 1], is_prefilling=[False, True]), InvalidBatchError,
+     "not prefilling but schedules 3 tokens"),
+    (dict(query_lens=[1, 200]), CapacityError, "global token capacity 96"),
+    (dict(num_computed=[0, 512]), CapacityError, "max_model_len=512"),
+])
+def test_a_bad_step_is_a_typed_error_before_anything_is_written(change, error, says):
+    with pcp_pair("deepseek-v3.2", 1, 0, None, "cpu", SIZES) as pair:
+        step = random_pcp_step(np.random.default_rng(0), SIZES, pair.columns, num_reqs=2)
+        step.update(change)
+        before = pair.rank.arena.block("device").clone(), pair.rank.views.host_batch.clone()
+        with pytest.raises(error, match=says):
+            pair.run(step)
+        assert torch.equal(pair.rank.arena.block("device"), before[0])
+        assert torch.equal(pair.rank.views.host_batch, before[1])
+
+
+@pytest.mark.parametrize(("rank_arena", "says"), [
+    (dict(max_num_seqs=4), "must hold 8 rows and 60 tokens"),
+    (dict(max_num_batched_tokens=32), "must hold 8 rows and 60 tokens"),
+    (dict(dcp_world_size=2, dcp_rank=0), "with an arena of the same dcp_world_size"),
+])
+def test_a_rank_arena_that_cannot_hold_the_split_is_refused(rank_arena, says):
+    from staticattn.arena import ArenaConfig
+    from staticattn.arena.pcp_config import PCPConfig
+    from staticattn.distributed.pcp_rank import PCPRank
+    from staticattn.errors import ConfigError
+
+    pcp = PCPConfig(pcp_size=2, max_num_seqs=4)
+    cfg = ArenaConfig.preset("deepseek-v3.2", device="cpu", max_model_len=512,
+                             **{"max_num_seqs": 8, "max_num_batched_tokens": 64, **rank_arena})
+    with pytest.raises(ConfigError, match=says):
+        PCPRank(pcp, cfg, 60, 96, None, 0, num_kv_blocks=33)

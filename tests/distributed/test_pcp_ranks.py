@@ -1,0 +1,98 @@
+"""The demo's path across processes: 2 and 4 ranks joined by gloo on CPU (and, with enough
+GPUs, NCCL with each rank's graph captured), every rank building its rows from the same
+global steps, the KV replicated (PCP alone) or sharded over the same ranks (PCP + DCP).
+Per step and rank, what the rank's builders read (its input views: query starts, lengths,
+positions, slots, block rows, the decode/prefill split) equals the single-process oracle
+(:mod:`staticattn.reference.pcp_layout`), and the rank's restored rows (every token's
+checksums through the rank's metadata, after the all-gathered KV writes) equal the
+single-GPU step's."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+import torch.distributed as dist
+from helpers import dcp_workers, pcp_workers
+
+from staticattn.arena.pcp_config import PCPConfig
+from staticattn.reference import pcp_layout as pcp
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                reason="needs torch.distributed with gloo")
+
+BLOCK_SIZE = 64
+
+
+def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
+           v41: bool = False) -> None:
+    cfg = PCPConfig(pcp_size=world, dcp_size=dcp, max_num_seqs=4,
+                    cp_kv_cache_interleave_size=interleave,
+                    architecture="deepseek_v41" if v41 else "deepseek_v32")
+    # The batch's slots: V4.1's are its window group's (32-token blocks).
+    slot_cfg = dataclasses.replace(cfg, block_size=32) if v41 else cfg
+    prefills = 0
+    for s, per_rank in enumerate(zip(*(r["steps"] for r in records))):
+        step = per_rank[0]["step"]
+        batch = pcp.GlobalBatch(step["query_lens"], step["num_computed"],
+                                step["is_prefilling"], step["req_state_idx"], step["table"])
+        N = per_rank[0]["N"]
+        lay = pcp.layout(cfg, batch, N)
+        prefills += sum(batch.is_prefilling)
+        for p, got in enumerate(per_rank):
+            slots = pcp.gathered_slots(slot_cfg, batch, lay, cfg.dcp_rank(p))
+            assert got["step"] == step, "every rank draws the same step"
+            assert got["equal"], f"step {s} rank {p}: restored rows differ from one GPU's"
+            meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
+            rows = lay.rows[p]
+            n, R = len(rows), cfg.max_rows
+            assert got["query_start_loc"] == meta["query_start_loc"] + [
+                lay.num_tokens[p]] * (R - n), (s, p)
+            assert got["seq_lens"] == meta["seq_lens"] + [0] * (R - n), (s, p)
+            assert got["positions"] == meta["positions"], (s, p)
+            assert got["slot_mapping"] == slots[p * N:(p + 1) * N], (s, p)
+            assert got["block_table"] == [step["table"][r.req][:2] for r in rows] + [
+                [0] * 2] * (R - n), (s, p)
+            decodes = sum(not batch.is_prefilling[r.req] for r in rows if r.length)
+            assert got["step_counts"] == [n, lay.num_tokens[p], decodes,
+                                          meta["query_start_loc"][decodes]], (s, p)
+    assert prefills >= len(records[0]["steps"]) // 2  # the steps held prefills to split
+
+
+@pytest.mark.parametrize(("world", "dcp", "interleave"), [(2, 1, 1), (4, 1, 1), (2, 2, 8)])
+def test_gloo_ranks_build_the_oracle_rows_and_the_single_gpu_step(tmp_path, world, dcp,
+                                                                  interleave):
+    """PCP alone on 2 and 4 ranks; PCP + DCP (the KV sharded over the same 2 ranks, 8
+    tokens dealt at a time), where a rank's slots are those of its DCP shard and its
+    restored rows come through the global prefill plan and the decode rows' reduction."""
+    target = functools.partial(pcp_workers.demo_steps, world=world, dcp=dcp,
+                               interleave=interleave)
+    _check(dcp_workers.spawn_ranks(target, tmp_path, world), world, dcp, interleave)
+
+
+def test_gloo_ranks_serve_deepseek_v41(tmp_path):
+    """DeepSeek V4.1 (the KV replicated): its two indexers, compressed KV with the ratio-2
+    compressor ring, and the window; the keys all-gathered into the window's cache."""
+    target = functools.partial(pcp_workers.demo_steps, world=2,
+                               preset="deepseek-v4.1-flash", steps=8)
+    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, v41=True)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("dcp", [1, 2])
+def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
+    target = functools.partial(pcp_workers.demo_steps, world=2, device="cuda", dcp=dcp)
+    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, dcp)
+
+
+def test_ranks_handed_different_splits_fail_on_every_rank_before_the_step(tmp_path):
+    """One request's prefilling flag differs on rank 1 (same lengths): the split would
+    differ, so the fenced step raises the same typed error on every rank, nothing run."""
+    for record in dcp_workers.spawn_ranks(pcp_workers.mismatched_prefill_flags, tmp_path, 2):
+        assert record["error"] == "RankMismatchError", record
+        assert "seq_lens_checksum differs" in record["message"]
+        assert record["ran"] is False
