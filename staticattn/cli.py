@@ -132,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
              "with a PASS or FAIL line; exit 0 on PASS, 1 on FAIL, 2 on a bad argument."),
             ("bench", "replay latency per batch size (needs CUDA)",
              "Host and GPU time of a step replayed through its graph against the same step "
-             "run eagerly, per batch size; --mix, --breakdown, --context, --dcp and --pcp measure "
-             "other things (one at a time). Without CUDA only --dcp and --pcp run (gloo ranks on "
-             "the CPU); anything else says SKIPPED and exits 3.")):
+             "run eagerly, per batch size; --mix, --breakdown, --context, --dcp and --pcp "
+             "measure other things (one at a time). Without CUDA only --dcp and --pcp run "
+             "(gloo ranks on the CPU); anything else says SKIPPED and exits 3.")):
         c = sub.add_parser(name, help=help_, description=text, allow_abbrev=False)
         _config_flags(c)
         if name == "check":
