@@ -294,8 +294,9 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
             return  # its own small arena per rank (distributed/pcp_world.py)
         if args.dcp is not None:
             if args.preset not in DCP_PRESETS:
-                error(f"--preset {args.preset}: decode context parallelism does not serve its "
-                      f"layer types; --dcp takes {', '.join(DCP_PRESETS)}")
+                error(f"--preset {args.preset}: decode context parallelism does not serve it "
+                      f"(its layer types or image spans); --dcp takes "
+                      f"{', '.join(DCP_PRESETS)}")
             return  # its own small arena per rank (distributed/world.py)
         if args.consumer == "real" and cuda:
             from staticattn.kernels.runtime.dsa_libs import available, import_error

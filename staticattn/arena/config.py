@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from staticattn.arena.bounds import check_bounds, check_image_capacity
+from staticattn.arena.dcp_rules import check_dcp
 from staticattn.arena.device import check_device, device_sm_count
 from staticattn.errors import ConfigError
 from staticattn.model import LayerType, Reads, architecture, layer_type, model_preset
@@ -89,18 +90,22 @@ class ArenaConfig:
         prefill tokens at a time (:func:`~staticattn.builders.swa.declarations.
         dense_prefill_chunk_rows`); default 16 MiB, whatever ``max_model_len``.
     dcp_world_size : int
-        Decode-context-parallel ranks the main cache group's KV is sharded over (1: none).
-        Each rank owns its arena; its main block table holds the rank's local blocks, one
-        column per ``block_size * dcp_world_size`` tokens. The SWA group and the C128A
-        entries are replicated on every rank (see :mod:`staticattn.builders.swa.builder`).
+        Decode-context-parallel ranks the sharded caches are dealt over (1: none): the main
+        cache group's KV, and DeepSeek V4.1's compressed KV and index-K groups. Each rank
+        owns its arena; its main block table holds the rank's local blocks, one column per
+        ``block_size * dcp_world_size`` tokens, and so do the sharded groups' tables
+        (:mod:`staticattn.arena.groups`). The SWA group, the C128A entries and the
+        compressor rings are replicated on every rank (see
+        :mod:`staticattn.builders.swa.builder`).
     dcp_rank : int
         This arena's rank in ``[0, dcp_world_size)``: a static int of the rank's arena and
         graphs, never read from the device.
     cp_kv_cache_interleave_size : int
         ``I``: tokens dealt to a rank at a time; positions ``[k I, (k + 1) I)`` live on rank
         ``k % dcp_world_size``. With ``dcp_world_size > 1`` it must divide ``block_size`` and
-        be a multiple of every sharded compress ratio (the indexer's and C4A's, not C128A's:
-        C128A is replicated), so no compressed entry straddles two ranks.
+        be a multiple of every sharded compress ratio (the indexers' and the sharded types':
+        C4A, c1a, c2a; not C128A's, which is replicated), so no compressed entry straddles
+        two ranks (:mod:`staticattn.arena.dcp_rules`).
     device : str
         Where the arena lives: ``"cuda"``, ``"cuda:1"``, ``"cpu"``. Default: CUDA if present.
     num_sms : int or None
@@ -158,7 +163,7 @@ class ArenaConfig:
         self._check_ratios()
         object.__setattr__(self, "_sources", resolve_sources(
             self.per_layer_types, self.kv_source_layers, self.index_source_layers))
-        self._check_dcp()
+        check_dcp(self)
         check_device(self.device)
         if self.max_prefill_workspace is None:
             object.__setattr__(self, "max_prefill_workspace", 40 * self.max_model_len)
@@ -227,32 +232,6 @@ class ArenaConfig:
                 f"{[t.name for t in self._types]} attends a window (architecture="
                 f"{self.architecture!r}, compress_ratios={self.compress_ratios})"
             )
-
-    def _check_dcp(self) -> None:
-        world, rank = self.dcp_world_size, self.dcp_rank
-        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank < world:
-            raise ConfigError(f"dcp_rank={rank!r} is outside [0, dcp_world_size={world})")
-        if world == 1:
-            return
-        unserved = [t.name for t in self._types if not t.dcp_served]
-        if unserved:
-            raise ConfigError(
-                f"decode context parallelism (dcp_world_size={world}) does not serve layer "
-                f"types {unserved} (the reference refuses DCP for DeepSeek V4.1's layers); "
-                "use dcp_world_size=1"
-            )
-        interleave = self.cp_kv_cache_interleave_size
-        if self.block_size % interleave:
-            raise ConfigError(
-                f"cp_kv_cache_interleave_size={interleave} does not divide block_size="
-                f"{self.block_size}: a rank's local block must hold whole interleave groups"
-            )
-        for r in self.dcp_sharded_ratios:
-            if interleave % r:
-                raise ConfigError(
-                    f"cp_kv_cache_interleave_size={interleave} is not a multiple of the "
-                    f"sharded compress ratio {r}: a compressed entry would straddle two ranks"
-                )
 
     # ----------------------------------------------------------------- derived sizes
     @property
@@ -343,9 +322,11 @@ class ArenaConfig:
 
     @property
     def dcp_sharded_ratios(self) -> tuple[int, ...]:
-        """Compress ratios of the caches DCP shards, which the interleave must respect: the
-        indexer's and the sharded types' (C4A; C128A and the SWA window are replicated)."""
-        return tuple(sorted({self.index_compress_ratio} | {
+        """Compress ratios of the caches DCP shards, which the interleave must respect: every
+        index-owning type's (1 without one) and the sharded types' (C4A, c1a, c2a; C128A and
+        the SWA window are replicated; :mod:`staticattn.arena.dcp_rules`)."""
+        index = {max(t.compress_ratio, 1) for t in self.index_layer_types} or {1}
+        return tuple(sorted(index | {
             t.compress_ratio for t in self._types if t.dcp_sharded and t.compress_ratio}))
 
     @property

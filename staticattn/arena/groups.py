@@ -16,6 +16,13 @@ group                         a column holds                          columns
 
 (``L = max_model_len``). Example, DeepSeek-V4.1-Flash: ``c1a.compressed_kv``,
 ``c1a.index_k``, ``c2a.compressed_kv``, ``c2a.index_k``, ``c2a.compressor_state``.
+
+Under decode context parallelism (``dcp_world_size = W > 1``) the compressed KV and index-K
+groups of a sharded type (:attr:`~staticattn.model.LayerType.dcp_sharded`) hold the rank's
+local blocks: a column holds ``S`` of the rank's entries, which is a column's span of ``R S``
+tokens on each of the ``W`` ranks, so ``cdiv(L, R S W)`` columns (with the interleave a
+divisor of ``block_size``, the ``I // R`` entries a rank takes at a time divide ``S``, and a
+rank's entries of a sequence never need more). The compressor ring is replicated: one column.
 """
 
 from __future__ import annotations
@@ -46,27 +53,38 @@ class CacheGroup:
         Which of its caches.
     columns : int
         Columns of the block table: 1 for a compressor ring, else enough blocks for
-        ``max_model_len`` tokens.
+        ``max_model_len`` tokens (this rank's share of them under DCP).
+    tokens_per_column : int
+        The tokens of a sequence one column spans: ``R * S``, times ``dcp_world_size`` for a
+        sharded cache under DCP; ``max_model_len`` for a ring, whose one column every
+        request uses.
     """
 
     name: str
     layer_type: LayerType
     cache: Cache
     columns: int
+    tokens_per_column: int
 
 
-def _columns(t: LayerType, cache: Cache, config: ArenaConfig) -> int:
+def _tokens_per_column(t: LayerType, cache: Cache, config: ArenaConfig) -> int:
     if cache is Cache.COMPRESSOR_STATE:
-        return 1
-    entries = -(-config.max_model_len // max(t.compress_ratio, 1))
-    return -(-entries // t.entries_per_block(config.block_size))
+        return config.max_model_len
+    span = max(t.compress_ratio, 1) * t.entries_per_block(config.block_size)
+    return span * config.dcp_world_size if t.dcp_sharded else span
+
+
+def _group(t: LayerType, cache: Cache, config: ArenaConfig) -> CacheGroup:
+    span = _tokens_per_column(t, cache, config)
+    columns = 1 if cache is Cache.COMPRESSOR_STATE else -(-config.max_model_len // span)
+    return CacheGroup(t.group(cache), t, cache, columns, span)
 
 
 def cache_groups(config: ArenaConfig) -> tuple[CacheGroup, ...]:
     """The groups of the config's layer types that own their caches' tables, in the table's
     type order and, per type, in :class:`Cache` order; empty for V3.2 and V4."""
     return tuple(
-        CacheGroup(t.group(cache), t, cache, _columns(t, cache, config))
+        _group(t, cache, config)
         for t in config.layer_types if t.addressing is Addressing.OWN_GROUPS
         for cache in Cache if cache in t.owns
     )

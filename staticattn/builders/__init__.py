@@ -37,7 +37,7 @@ from staticattn.builders.attention_utils.split import (
 )
 from staticattn.builders.batch import Batch
 from staticattn.builders.batch_checks import validate
-from staticattn.builders.compressed.builder import CompressedMetadataBuilder, kv_source_types
+from staticattn.builders.compressed.builder import CompressedMetadataBuilder, compressed_served
 from staticattn.builders.contract import MetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.builders.swa.builder import SparseSWAMetadataBuilder
@@ -64,8 +64,9 @@ def default_builders(config: ArenaConfig) -> list[MetadataBuilder]:
     """Fresh builders serving every layer type of ``config``: an indexer per index-owning
     type (one unnamed ``"indexer"`` when the model has one such type, ``"indexer.<type>"``
     each when it has several: DeepSeek V4.1), the compressed-KV builder when a type owns a
-    compressed KV cache (DeepSeek V4, V4.1; not under decode context parallelism), the
-    sparse SWA builder when a type attends a window.
+    compressed KV cache (DeepSeek V4, V4.1; under decode context parallelism V4.1 only:
+    :func:`~staticattn.builders.compressed.builder.compressed_served`), the sparse SWA
+    builder when a type attends a window.
 
     >>> cfg = ArenaConfig.preset("deepseek-v4.1-flash", device="cpu")
     >>> [b.name for b in default_builders(cfg)]
@@ -75,7 +76,7 @@ def default_builders(config: ArenaConfig) -> list[MetadataBuilder]:
     builders: list[MetadataBuilder] = (
         [IndexerMetadataBuilder(t.name) for t in index_types] if len(index_types) > 1
         else [IndexerMetadataBuilder()])
-    if kv_source_types(config) and config.dcp_world_size == 1:
+    if compressed_served(config):
         builders.append(CompressedMetadataBuilder())
     if config.has_swa:
         builders.append(SparseSWAMetadataBuilder())

@@ -31,7 +31,15 @@ from staticattn.checks.output_compare import same_outputs, snapshot_outputs
 from staticattn.errors import GraphError
 from staticattn.graphs.manager import GraphManager
 from staticattn.graphs.options import EagerBuild
-from staticattn.reference import compressed, dcp_indexer, indexer, swa, v41_compressed, v41_swa
+from staticattn.reference import (
+    compressed,
+    dcp_indexer,
+    indexer,
+    swa,
+    v41_compressed,
+    v41_dcp,
+    v41_swa,
+)
 from staticattn.reference.assertions import ReferenceMismatch
 from staticattn.reference.step import HostStep
 from staticattn.validation.image_spans import check_image_spans
@@ -57,14 +65,15 @@ def compared_builders(builders: Iterable) -> list[str]:
 
 def _expected_indexer(cfg, builder, step: HostStep, tables: dict) -> tuple[dict, HostStep]:
     """The reference of one indexer builder's build and the step it addresses: a DeepSeek
-    V4.1 index type's (its own ratio and ``index_k`` table), a rank's under decode context
-    parallelism, else the one indexer's."""
+    V4.1 index type's (its own ratio and ``index_k`` table), else the one indexer's; under
+    decode context parallelism, the rank's."""
     prefix = "indexer."
     if builder.name.startswith(prefix):
         v41 = v41_compressed.V41Step(step, tables)
         name = builder.name[len(prefix):]
-        return (v41_compressed.indexer_metadata(cfg, v41, name),
-                v41_compressed.type_view(cfg, v41, name)[1])
+        want = (v41_dcp.indexer_metadata(cfg, v41, name, cfg.dcp_rank)
+                if cfg.dcp_world_size > 1 else v41_compressed.indexer_metadata(cfg, v41, name))
+        return want, v41_compressed.type_view(cfg, v41, name)[1]
     if cfg.dcp_world_size > 1:
         return dcp_indexer.indexer_metadata(cfg, step, cfg.dcp_rank), step
     return indexer.indexer_metadata(cfg, step), step

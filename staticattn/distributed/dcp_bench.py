@@ -1,15 +1,17 @@
 """The decode-context-parallel bench: one process per rank, started by torchrun.
 
     torchrun --nproc-per-node 2 -m staticattn bench --dcp 2 [--batch-requests 1 8 16] [--reps 200]
-             [--preset deepseek-v4 | deepseek-v3.2] [--json dcp.json]
+             [--preset deepseek-v4 | deepseek-v3.2 | deepseek-v4.1-flash | ...]
+             [--json dcp.json]
 
 Per batch size (a uniform decode step of that many requests, lengths drawn once), every rank
-replays its graph (staging + the rank's indexer build + the reference DCP consumer with its
-NCCL all-gathers) ``reps`` times, each step started on an idle device, and measures:
+replays its graph (staging + the rank's builds + the reference DCP consumers with their
+NCCL all-gathers, one per index-owning type) ``reps`` times, each step started on an idle
+device, and measures:
 
 * host µs of ``GraphManager.run`` and GPU µs of the step (CUDA events, in a second pass),
   p50 and p99;
-* the collectives alone: the consumer's two all-gathers of the same extent captured in a
+* the collectives alone: the consumers' two all-gathers each of the same extent captured in a
   graph of their own and replayed back to back (GPU µs per replay), and their share of the
   step's GPU time (which, timed one step at a time, also holds the ranks' skew);
 * host jitter across ranks: per step, the spread (max - min over the ranks) of the host
@@ -113,7 +115,7 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
                   preset: str = "deepseek-v4", json_path: str | None = None,
                   progress: bool = True) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks (batch sizes in
-    requests, ``preset`` "deepseek-v4" or "deepseek-v3.2"); the exit status. ``json_path``:
+    requests, ``preset`` one of ``cli.DCP_PRESETS``); the exit status. ``json_path``:
     rank 0 writes the figures as JSON there, or prints them instead of the table for "-".
     ``progress``: a progress bar over the batch sizes on rank 0."""
     me = join(world, "bench")
@@ -169,7 +171,8 @@ def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
             cuda: bool) -> dict:
     """The table (medians and p99 per rank and batch) and its raw figures."""
     mode, out = report_head(preset, world, reps, cuda)
-    lines = [f"DCP bench ({preset}, next_n {cfg.next_n}, R {cfg.index_compress_ratio}): "
+    ratios = "/".join(str(max(t.compress_ratio, 1)) for t in cfg.index_layer_types)
+    lines = [f"DCP bench ({preset}, next_n {cfg.next_n}, R {ratios}): "
              f"{world} ranks, {reps} steps per batch, {mode}",
              f"{'batch':>5} {'rank':>4} | {'host p50':>8} {'p99':>7} | {'GPU p50':>7} "
              f"{'p99':>7} | {'collectives':>11} {'share':>6} | {'1 GPU host':>10} "

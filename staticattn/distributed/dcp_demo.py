@@ -1,18 +1,20 @@
 """The decode-context-parallel demo: one process per rank, started by torchrun.
 
     torchrun --nproc-per-node 2 -m staticattn demo --dcp 2 [--steps 500]
-             [--dcp-preset deepseek-v4 | deepseek-v3.2]
+             [--dcp-preset deepseek-v4 | deepseek-v3.2 | deepseek-v4.1-flash | ...]
 
-Each rank builds its own arena (``dcp_rank`` = the launcher's rank), the indexer builder and
-the reference DCP consumer (:mod:`staticattn.consumers.dcp.dcp_decode`); on GPUs it captures one
-graph per decode size holding the staging, the rank's build and the consumer with its NCCL
-all-gathers (without CUDA: gloo, every step eager). Every rank draws the same random decode
+Each rank builds its own arena (``dcp_rank`` = the launcher's rank), the indexer builders
+and the reference DCP consumer (:mod:`staticattn.consumers.dcp.dcp_decode`), per index-owning
+type (DeepSeek V4.1: c1a and c2a, and the compressed builder whose per-rank decode operand
+the consumers attend through); on GPUs it captures one graph per decode size holding the
+staging, the rank's builds and the consumers with their NCCL all-gathers (without CUDA:
+gloo, every step eager). Every rank draws the same random decode
 steps (one seed), writes its share of each request's keys, checks the step against the group
 and runs it, each wait bounded by the step deadline
 (:func:`~staticattn.distributed.fence.fenced_step`: a rank that dies or stalls is a typed
 error on every rank, which then ends with status 3, never a hang). Each rank also runs the
-step on a one-rank arena holding every key (the single-GPU step) and compares: the top-k
-exactly, the merged output within float32 rounding (``rtol 1e-4, atol 1e-5``).
+step on a one-rank arena holding every key (the single-GPU step) and compares, per index
+type: the top-k exactly, the merged output within float32 rounding (``rtol 1e-4, atol 1e-5``).
 Rank 0 prints the totals and the host time per step of every rank (p50, p99).
 """
 
@@ -47,7 +49,7 @@ def run_dcp_demo(world: int, steps: int = 200, seed: int = 0,
                  preset: str = "deepseek-v4", json_path: str | None = None,
                  progress: bool = True, deadline: timedelta = DEFAULT_DEADLINE) -> int:
     """Run the demo on this rank of a torchrun launch of ``world`` ranks, with a small arena
-    of ``preset`` ("deepseek-v4" or "deepseek-v3.2"); the exit status (0 when every step
+    of ``preset`` (one of ``cli.DCP_PRESETS``); the exit status (0 when every step
     matched the single-GPU step on every rank). ``json_path``: rank 0 writes the totals as
     JSON there, or prints them instead of the text for "-". ``progress``: a progress bar on
     rank 0. ``deadline``: the step deadline (:mod:`staticattn.distributed.fence`)."""
@@ -87,11 +89,18 @@ def _run_steps(me, cfg, preset: str, steps: int, seed: int, progress: bool) -> t
             except RankFailureError as exc:
                 abandon(me, exc)  # here, before the managers' teardown waits on the device
             replays += res.mode == "graph"
-            ids, out = (x.clone() for x in res.outputs)
-            want_ids, want = pair.single.run(*lengths, eager=EagerBuild.REFERENCE).outputs
-            mismatches += not (torch.equal(ids, want_ids)
-                               and torch.allclose(out, want, rtol=1e-4, atol=1e-5))
+            got = [x.clone() for x in res.outputs]
+            want = pair.single.run(*lengths, eager=EagerBuild.REFERENCE).outputs
+            mismatches += not _same(got, want)
     return mismatches, replays, np.percentile(host_us, [50, 99])
+
+
+def _same(got, want) -> bool:
+    """Every index type's ``(ids, out)`` pair of the rank's step equals the single-GPU one:
+    the ids exactly, the outputs within float32 rounding."""
+    return len(got) == len(want) and all(
+        torch.equal(g, w) if not g.is_floating_point()
+        else torch.allclose(g, w, rtol=1e-4, atol=1e-5) for g, w in zip(got, want))
 
 
 def _report(totals: list, preset: str, next_n: int, steps: int, cuda: bool,

@@ -25,8 +25,9 @@ class Paired:
     Attributes
     ----------
     rank, single : GraphManager
-    consumers : tuple of DCPDecodeAttention
-        Their steps, the rank's first.
+    consumers : tuple
+        Their steps (a :class:`DCPDecodeAttention`, or a :class:`DCPDecodeLayers` of one per
+        index type), the rank's first.
     """
 
     rank: GraphManager
@@ -47,11 +48,11 @@ def paired_managers(me: Rank, cfg, preset: str, options: GraphOptions) -> Iterat
     """The rank's manager of ``cfg`` (the DCP group: the default one) and the single-GPU
     manager of ``preset``, entered together; their arenas, consumers and graphs die with the
     block, before the launch is left."""
-    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
-    s_arena, s_inputs, s_builder, s_consumer = dcp_world(
+    arena, inputs, builders, consumer = dcp_world(cfg, dist.group.WORLD)
+    s_arena, s_inputs, s_builders, s_consumer = dcp_world(
         dcp_config(preset, 1, 0, me.device), None)
-    with GraphManager(arena, inputs, [builder], consumer, options) as gm, \
-            GraphManager(s_arena, s_inputs, [s_builder], s_consumer, options) as one:
+    with GraphManager(arena, inputs, builders, consumer, options) as gm, \
+            GraphManager(s_arena, s_inputs, s_builders, s_consumer, options) as one:
         yield Paired(gm, one, (consumer, s_consumer))
 
 

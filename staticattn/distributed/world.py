@@ -1,6 +1,7 @@
 """What every rank of a decode-context-parallel run sets up: the process group, its arena,
-the indexer builder and the reference DCP consumer, and random decode steps with the keys
-and queries the consumer reads (the same on every rank: one seed)."""
+the indexer builders (one per index-owning type; DeepSeek V4.1 also the compressed builder)
+and the reference DCP consumer (one per index type), and random decode steps with the keys
+and queries the consumers read (the same on every rank: one seed)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from staticattn.arena import ArenaConfig, cdiv
-from staticattn.builders import make_arena
+from staticattn.arena import ArenaConfig, cache_groups, cdiv
+from staticattn.builders import CompressedMetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
-from staticattn.consumers.dcp.dcp_decode import DCPDecodeAttention
+from staticattn.consumers.dcp.dcp_decode import DCPDecodeAttention, DCPDecodeLayers
 from staticattn.errors import RankFailureError
+from staticattn.model import Addressing, Cache
 from staticattn.validation.dcp_step import DEFAULT_DEADLINE, StepVerdicts
 
 __all__ = ["Rank", "abandon", "dcp_config", "dcp_world", "graph_pool_blocks", "join",
@@ -100,26 +102,35 @@ TOPK, INDEX_HEADS, INDEX_DIM, HEADS, HEAD_DIM = 64, 4, 16, 4, 16
 
 
 def dcp_config(preset: str, world: int, rank: int, device: str) -> ArenaConfig:
-    """The preset's arena, small enough for a demo: 16 requests, 16K context; V4: next_n 2,
-    R = 4, interleave 4; V3.2: next_n 1, R = 1, interleave 1."""
-    interleave = 4 if preset == "deepseek-v4" else 1
-    return ArenaConfig.preset(
-        preset, max_num_seqs=16, max_num_batched_tokens=64, max_model_len=16384,
-        dcp_world_size=world, dcp_rank=rank, cp_kv_cache_interleave_size=interleave,
-        device=device)
+    """The preset's arena, small enough for a demo: 16 requests, 16K context, the
+    consumer's top-k (:data:`TOPK`); the interleave the largest sharded compress ratio (V4:
+    R = 4, interleave 4, next_n 2; V4.1: c1a and c2a, interleave 2, next_n 2; V3.2: R = 1,
+    interleave 1, next_n 1)."""
+    small = dict(max_num_seqs=16, max_num_batched_tokens=64, max_model_len=16384,
+                 index_topk=TOPK, device=device)
+    interleave = max(ArenaConfig.preset(preset, **small).dcp_sharded_ratios)
+    return ArenaConfig.preset(preset, **small, dcp_world_size=world, dcp_rank=rank,
+                              cp_kv_cache_interleave_size=interleave)
 
 
 def dcp_world(cfg: ArenaConfig, group) -> tuple:
-    """``(arena, inputs, builder, consumer)`` of one config: its arena, the indexer builder
-    and the DCP consumer over caches for ``max_num_seqs`` requests of unique blocks."""
-    builder = IndexerMetadataBuilder()
-    arena, inputs = make_arena(cfg, [builder])
+    """``(arena, inputs, builders, consumer)`` of one config: its arena, the builders (an
+    indexer per index-owning type, and the compressed builder where a type's compressed KV
+    has a table of its own: V4.1) and the DCP consumer (:class:`DCPDecodeLayers` of one
+    per index type when there are several) over caches for ``max_num_seqs`` requests of
+    unique blocks."""
+    types = cfg.index_layer_types
+    named = len(types) > 1
+    builders = [IndexerMetadataBuilder(t.name if named else None) for t in types]
+    if any(t.addressing is Addressing.OWN_GROUPS for t in types):
+        builders.append(CompressedMetadataBuilder())
+    arena, inputs = make_arena(cfg, builders)
     blocks = kv_pool_blocks(cfg)
-    consumer = DCPDecodeAttention(
-        cfg, group, num_slots=blocks * (cfg.block_size // cfg.index_compress_ratio),
-        topk=TOPK, index_heads=INDEX_HEADS, index_dim=INDEX_DIM, heads=HEADS,
-        head_dim=HEAD_DIM)
-    return arena, inputs, builder, consumer
+    layers = [DCPDecodeAttention(
+        cfg, group, num_slots=blocks * t.entries_per_block(cfg.block_size), topk=TOPK,
+        index_heads=INDEX_HEADS, index_dim=INDEX_DIM, heads=HEADS, head_dim=HEAD_DIM,
+        layer_type=t.name if named else None) for t in types]
+    return arena, inputs, builders, layers[0] if len(layers) == 1 else DCPDecodeLayers(layers)
 
 
 def kv_pool_blocks(cfg: ArenaConfig) -> int:
@@ -143,11 +154,13 @@ def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
     tokens each at random lengths, and what the DCP consumer reads: ``query_lens``,
     ``seq_lens`` host ints ``(k,)``, ``slot_mapping`` host ints ``(k * next_n,)``;
     ``table`` int32 ``(k, blocks)``, unique block-table rows with as many columns as one GPU
-    needs (a rank uses the first); per request ``keys`` float32 ``(entries, INDEX_DIM)`` and
-    ``kv`` float32 ``(entries, 2, HEAD_DIM)``, its global compressed entries; per token
+    needs (a rank uses the first; the same rows serve every sharded cache group); per
+    request ``keys`` float32 ``(entries, INDEX_DIM)`` and ``kv`` float32
+    ``(entries, 2, HEAD_DIM)``, its global compressed entries at the smallest index ratio
+    ``R`` (``entries = L // R``; a type of ratio ``R'`` reads the first ``L // R'``); per token
     ``q`` float32 ``(k * next_n, INDEX_HEADS, INDEX_DIM)``, ``weights`` float32
     ``(k * next_n, INDEX_HEADS)``, ``q_att`` float32 ``(k * next_n, HEADS, HEAD_DIM)``."""
-    n, ratio = cfg.next_n, cfg.index_compress_ratio
+    n, ratio = cfg.next_n, min(t.compress_ratio for t in cfg.index_layer_types)
     k = int(rng.integers(1, cfg.max_num_seqs + 1)) if num_reqs is None else num_reqs
     seq = rng.integers(n, cfg.max_model_len + 1, size=k)
     columns = cdiv(cfg.max_model_len, cfg.block_size)
@@ -166,13 +179,23 @@ def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
     )
 
 
-def write_decode_step(inputs, consumer: DCPDecodeAttention, step: dict) -> None:
+def write_decode_step(inputs, consumer, step: dict) -> None:
     """What the engine has done before a :func:`random_decode_step`: the block-table rows
-    (cut to this arena's columns), the rank's share of the caches, the queries."""
-    table = step["table"][:, : inputs.block_table.shape[1]]
-    inputs.block_table[: table.shape[0]].copy_(table)
-    for b, (keys, kv) in enumerate(zip(step["keys"], step["kv"])):
-        consumer.write_keys(table[b], keys, kv)
-    t = step["q"].shape[0]
-    for name in ("q", "weights", "q_att"):
-        getattr(consumer, name)[:t].copy_(step[name])
+    (cut to each table's columns: the main one and the sharded cache groups'), each
+    consumer's share of the caches, the queries."""
+    cfg = inputs.config
+    tables = {"block_table": inputs.block_table} | {
+        g.name: inputs.block_tables[g.name] for g in cache_groups(cfg)
+        if g.cache is not Cache.COMPRESSOR_STATE}
+    for view in tables.values():
+        view[: step["table"].shape[0]].copy_(step["table"][:, : view.shape[1]])
+    for layer in getattr(consumer, "layers", (consumer,)):
+        index, kv_table = (tables[f"{layer.layer_type}.index_k"],
+                           tables[f"{layer.layer_type}.compressed_kv"]) if layer.own_kv else (
+            tables["block_table"], tables["block_table"])
+        for b, (keys, kv) in enumerate(zip(step["keys"], step["kv"])):
+            entries = int(step["seq_lens"][b]) // layer.ratio
+            layer.write_keys(index[b], keys[:entries], kv[:entries], kv_table[b])
+        t = step["q"].shape[0]
+        for name in ("q", "weights", "q_att"):
+            getattr(layer, name)[:t].copy_(step[name])

@@ -14,8 +14,8 @@ dsa        1    no      top-k     index K                                     sh
 swaonly    0    yes     --        --                                          --          --
 c4a        4    yes     top-k     compressed KV, index K, compressor state    sharded     main
 c128a      128  yes     all       compressed KV, compressor state             replicated  main
-c1a        1    yes     top-k     compressed KV, index K                      not served  own
-c2a        2    yes     top-k     compressed KV, index K, compressor state    not served  own
+c1a        1    yes     top-k     compressed KV, index K                      sharded     own
+c2a        2    yes     top-k     compressed KV, index K, compressor state    sharded     own
 =========  ===  ======  ========  ==========================================  ==========  ======
 
 ``dsa`` is DeepSeek V3.2's sparse MLA layer: the indexer scores the uncompressed cache
@@ -32,9 +32,21 @@ compressed cache (one entry per token, its own entry included: ``n_c(p) = p + 1`
 and the indexer's top-k; they differ in the compressed page (``block_size // R`` entries),
 hence separate tile-scheduler holders. Under V4.1 only *source* layers own caches; the
 other layers of a type read the nearest source at or below them (:mod:`.sources`).
-Decode context parallelism does not serve them (``dcp_served``). Each of their caches is a
-KV-cache group with its own block table (``addressing``, spec §4), and a token whose own slot
-is -1 writes no compressed entry (``own_slot_gate``, spec §5.1).
+Each of their caches is a KV-cache group with its own block table (``addressing``, spec §4),
+and a token whose own slot is -1 writes no compressed entry (``own_slot_gate``, spec §5.1).
+
+Decode context parallelism (DCP column): a *sharded* type's compressed KV and index-K
+entries are dealt over the ranks (each rank writes and reads its own, through its own block
+tables), a *replicated* one's are held whole by every rank; the window and the compressor
+state are replicated. vLLM 0.33 does not serve DeepSeek V4 or V4.1 under DCP: its indexer
+raises for ``dcp > 1`` with ``R > 1`` under the ``deepseek_v4`` model version, its SWA builder
+has no DCP code, and the V4.1 DCP work in progress lists the metadata localisation (SWA,
+indexer, compressed slot mapping) as not done (``vllm-0.33-delta.md`` §4.1); only the slot
+kernel already carries the localisation (``docs/spec/deepseek-v41.md`` §5.1). staticattn
+serves c1a and c2a under DCP on purpose, the way it serves c4a and the way that work lays
+the caches out (compressed and index caches sharded, window and compressor state
+replicated): entries dealt at interleave ``I // R``, each cache group's table holding the
+rank's local blocks (:mod:`staticattn.arena.groups`).
 """
 
 from __future__ import annotations
@@ -102,8 +114,8 @@ class LayerType:
         Under decode context parallelism its compressed caches are dealt over the ranks (the
         indexer's and the top-k types'); otherwise every rank holds all of them.
     dcp_served : bool
-        Decode context parallelism serves the type at all (the reference refuses DCP for
-        DeepSeek V4.1's layers).
+        Decode context parallelism serves the type at all (every row of the table today; a
+        config with an unserved type and ``dcp_world_size > 1`` is a ConfigError).
     addressing : Addressing
         Whether the owned caches are addressed through the main block table or through a
         block table of their own each (:meth:`group`).
@@ -166,9 +178,8 @@ def _row(name: str, ratio: int, window: bool, reads: Reads, owns: tuple[Cache, .
 
 
 _KV, _IDX, _STATE = Cache.COMPRESSED_KV, Cache.INDEX_K, Cache.COMPRESSOR_STATE
-#: DeepSeek V4.1's types (vLLM 0.33): not served under DCP, a cache group per owned cache,
-#: and the own-slot rule.
-_V41 = dict(dcp_served=False, addressing=Addressing.OWN_GROUPS, own_slot_gate=True)
+#: DeepSeek V4.1's types (vLLM 0.33): a cache group per owned cache, and the own-slot rule.
+_V41 = dict(addressing=Addressing.OWN_GROUPS, own_slot_gate=True)
 
 #: Every layer type, in a fixed order (the order of every per-type output).
 LAYER_TYPES: dict[str, LayerType] = dict([

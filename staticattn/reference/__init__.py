@@ -16,6 +16,9 @@ One module per concern:
 * :mod:`~staticattn.reference.mixed` -- both builders' ``build_mixed`` for a token bucket;
 * :mod:`~staticattn.reference.dcp_indexer` -- one rank's indexer metadata under decode context
   parallelism;
+* :mod:`~staticattn.reference.v41_dcp` -- one rank's DeepSeek V4.1 metadata under decode context
+  parallelism (sharded compressed and index-K slots, the decode operand's share, both
+  indexers);
 * :mod:`~staticattn.reference.checksums` -- what the built-in gather consumer must write;
 * :mod:`~staticattn.reference.topk_attention` -- the reference decode-context-parallel
   consumer's top-k and attention for one token;

@@ -1,6 +1,8 @@
 """Oracle of the compressed-KV builder for any config, one kv-source type at a time, read
 from the type's row: DeepSeek V4.1's ``c1a`` / ``c2a`` (their groups' tables, the own-slot
-rule, ``c2a``'s ring) and V4's ``c4a`` / ``c128a`` (the main table, position only, no ring).
+rule, ``c2a``'s ring) and V4's ``c4a`` / ``c128a`` (the main table, position only, no ring);
+under decode context parallelism a sharded V4.1 type's slots are the rank's
+(:func:`staticattn.reference.v41_dcp.rank_slots`).
 
 The formulas are :mod:`staticattn.reference.v41_compressed`'s (spec §5-§6); this module
 only picks, per row, which table and which rule they apply to. Used by the checks that
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 from staticattn.model import Addressing, Cache, LayerType
 from staticattn.reference import v41_compressed as formulas
+from staticattn.reference import v41_dcp
 from staticattn.reference.assertions import same
 
 __all__ = ["assert_matches", "expected"]
@@ -30,11 +33,16 @@ def expected(cfg, step, tables: dict, types: list[LayerType], num_reqs: int,
         ratio, per = t.compress_ratio, t.entries_per_block(cfg.block_size)
         own_groups = t.addressing is Addressing.OWN_GROUPS
         table = tables[t.group(Cache.COMPRESSED_KV)] if own_groups else step.block_table
-        want = dict(
-            slot_mapping=formulas.compressed_slots(
-                ratio, per, formulas.padded_rows(table, num_reqs), owner, position, own,
-                num_tokens, gate=t.own_slot_gate),
-            entry_counts=formulas.entry_counts(ratio, position, num_tokens))
+        if own_groups and t.dcp_sharded and cfg.dcp_world_size > 1:
+            slots = v41_dcp.rank_slots(cfg, formulas.V41Step(step, tables),
+                                       t.group(Cache.COMPRESSED_KV), ratio, cfg.dcp_rank,
+                                       num_reqs, num_tokens)
+        else:
+            slots = formulas.compressed_slots(ratio, per, formulas.padded_rows(table, num_reqs),
+                                              owner, position, own, num_tokens,
+                                              gate=t.own_slot_gate)
+        want = dict(slot_mapping=slots,
+                    entry_counts=formulas.entry_counts(ratio, position, num_tokens))
         ring = t.group(Cache.COMPRESSOR_STATE)
         if own_groups and ring in tables:
             want["ring_slot_mapping"] = formulas.ring_slots(

@@ -23,7 +23,6 @@ import torch
 from staticattn.arena.config import ArenaConfig, cdiv
 from staticattn.arena.groups import CacheGroup, cache_groups
 from staticattn.errors import InvalidBatchError
-from staticattn.model import Cache
 from staticattn.validation.values import check_block_ids, tokens_per_block
 
 __all__ = ["BlockIds", "group_tokens_per_column"]
@@ -111,10 +110,8 @@ class BlockIds:
 
 
 def group_tokens_per_column(group: CacheGroup, config: ArenaConfig) -> int:
-    """Tokens one column of a cache group's table spans: ``R * S`` (``S`` entries of one
-    per ``R`` tokens; ``cdiv(cdiv(L, R), S) = cdiv(L, R * S)``), and for a compressor ring,
-    whose one column every non-empty request uses, ``max_model_len``."""
-    if group.cache is Cache.COMPRESSOR_STATE:
-        return config.max_model_len
-    t = group.layer_type
-    return max(t.compress_ratio, 1) * t.entries_per_block(config.block_size)
+    """Tokens one column of a cache group's table spans
+    (:attr:`~staticattn.arena.CacheGroup.tokens_per_column`: ``R * S``, times
+    ``dcp_world_size`` for a sharded cache under DCP; a ring's one column, which every
+    non-empty request uses, ``max_model_len``)."""
+    return group.tokens_per_column

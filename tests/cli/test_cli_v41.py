@@ -23,11 +23,12 @@ from staticattn.model import PRESETS as MODEL_PRESETS
 CUDA = torch.cuda.is_available()
 
 BAD = [
-    (["bench", "--dcp", "2", "--preset", "deepseek-v4.1-flash"],
-     "--preset deepseek-v4.1-flash: decode context parallelism does not serve its layer "
-     "types; --dcp takes deepseek-v3.2, deepseek-v4"),
-    (["demo", "--dcp", "2", "--dcp-preset", "deepseek-v4.1-large"],
-     "argument --dcp-preset: invalid choice: 'deepseek-v4.1-large'"),
+    (["bench", "--dcp", "2", "--preset", "deepseek-v4-vision"],
+     "--preset deepseek-v4-vision: decode context parallelism does not serve it (its layer "
+     "types or image spans); --dcp takes deepseek-v3.2, deepseek-v4, deepseek-v4.1-flash, "
+     "deepseek-v4.1-large"),
+    (["demo", "--dcp", "2", "--dcp-preset", "deepseek-v4-vision"],
+     "argument --dcp-preset: invalid choice: 'deepseek-v4-vision'"),
     (["bench", "--mix", "--compare", "deepseek-v4.1-flash"],
      "--mix times fixed steps of its own: --compare would be ignored"),
     (["bench", "--context", "4096", "--compare", "deepseek-v4.1-flash"],
@@ -50,7 +51,8 @@ def test_a_bad_v41_argument_exits_2_naming_it(argv, message, capsys):
 def test_one_vocabulary_of_presets():
     assert PRESETS == tuple(MODEL_PRESETS)
     assert {"deepseek-v4.1-flash", "deepseek-v4.1-large"} <= set(PRESETS)
-    assert DCP_PRESETS == ("deepseek-v3.2", "deepseek-v4")
+    assert DCP_PRESETS == ("deepseek-v3.2", "deepseek-v4", "deepseek-v4.1-flash",
+                           "deepseek-v4.1-large")
 
 
 @pytest.mark.parametrize("preset, names", [

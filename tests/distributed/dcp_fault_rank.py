@@ -55,11 +55,11 @@ def run_rank(scenario: str, deadline_s: float) -> None:
 
     me = join(2, "faults", timedelta(seconds=deadline_s))
     cfg = dcp_config("deepseek-v4", 2, me.rank, me.device)
-    arena, inputs, builder, consumer = dcp_world(cfg, dist.group.WORLD)
+    arena, inputs, builders, consumer = dcp_world(cfg, dist.group.WORLD)
     options = GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg))
     rng = np.random.default_rng(0)
     replays = 0
-    with GraphManager(arena, inputs, [builder], consumer, options) as gm:
+    with GraphManager(arena, inputs, builders, consumer, options) as gm:
         if me.cuda:
             gm.capture(sizes=[REQUESTS * cfg.next_n], buckets=())
         dist.barrier(group=me.check_group)

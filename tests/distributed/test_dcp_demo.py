@@ -25,7 +25,7 @@ def _needs_two_gpus_or_none() -> None:
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("preset", ["deepseek-v4", "deepseek-v3.2"])
+@pytest.mark.parametrize("preset", ["deepseek-v4", "deepseek-v3.2", "deepseek-v4.1-flash"])
 def test_two_ranks_under_torchrun_equal_the_single_gpu_step(preset):
     _needs_two_gpus_or_none()
     done = subprocess.run(
@@ -47,13 +47,14 @@ def test_two_ranks_under_torchrun_equal_the_single_gpu_step(preset):
 
 
 @pytest.mark.multigpu
-def test_the_bench_reports_every_rank_and_the_spread(tmp_path):
+@pytest.mark.parametrize("preset", ["deepseek-v4", "deepseek-v4.1-flash"])
+def test_the_bench_reports_every_rank_and_the_spread(tmp_path, preset):
     _needs_two_gpus_or_none()
     out_json = tmp_path / "dcp.json"
     done = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
          "2", "-m", "staticattn", "bench", "--dcp", "2", "--reps", "10", "--batch-requests", "1",
-         "4", "--json", str(out_json)],
+         "4", "--preset", preset, "--json", str(out_json)],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": str(ROOT)})
     out = done.stdout + done.stderr

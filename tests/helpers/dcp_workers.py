@@ -178,28 +178,32 @@ def silent_rank(rank: int, out: str) -> None:
     os._exit(0)  # the group is broken on purpose: skip its teardown
 
 
+def _managed_worlds(runs) -> tuple[list, list]:
+    """The DCP demo's world of each ``(config, group)`` (``distributed.world.dcp_world``) and
+    a graph manager of it, each over its own pool: a world-1 run's slots address the whole
+    (unsharded) pool."""
+    from staticattn.distributed.world import dcp_world, graph_pool_blocks
+    from staticattn.graphs import GraphManager, GraphOptions
+
+    worlds = [dcp_world(cfg, group) for cfg, group in runs]
+    managers = [GraphManager(arena, inputs, builders, consumer,
+                             GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg)))
+                for (arena, inputs, builders, consumer), (cfg, _) in zip(worlds, runs)]
+    return worlds, managers
+
+
 def consumer_steps(rank: int, out: str) -> None:
     """Every rank runs the same random decode steps (the DCP demo's,
     ``distributed.world.random_decode_step``) through its own metadata build and the DCP
     consumer (gloo collectives); rank 0 also runs them at world 1 (the single-GPU step).
     Each records its top-k ids and outputs."""
-    from staticattn.distributed.world import (
-        dcp_world,
-        graph_pool_blocks,
-    random_decode_step,
-        write_decode_step,
-    )
-    from staticattn.graphs import GraphManager, GraphOptions
+    from staticattn.distributed.world import random_decode_step, write_decode_step
 
     _join(rank, out)
     runs = [(config(rank), dist.group.WORLD)]
     if rank == 0:
         runs.append((config(0).replace(dcp_world_size=1), None))
-    worlds = [dcp_world(cfg, group) for cfg, group in runs]
-    # Each world's own pool: the world-1 run's slots address the whole (unsharded) pool.
-    managers = [GraphManager(arena, inputs, [builder], consumer,
-                             GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg)))
-                for (arena, inputs, builder, consumer), (cfg, _) in zip(worlds, runs)]
+    worlds, managers = _managed_worlds(runs)
     record = {"steps": []}
     rng = np.random.default_rng(4321)  # the same seed on every rank: the same steps
     for _ in range(CONSUMER_STEPS):
@@ -210,6 +214,39 @@ def consumer_steps(rank: int, out: str) -> None:
             ids, att = gm.run(step["query_lens"], step["seq_lens"], step["slot_mapping"]).outputs
             results.append({"ids": ids.tolist(), "out": att.tolist()})
         record["steps"].append(results)
+    dist.destroy_process_group()
+    _write(out, rank, record)
+
+
+V41_PRESET = "deepseek-v4.1-flash"
+V41_STEPS = 10
+
+
+def v41_consumer_steps(rank: int, out: str) -> None:
+    """The DCP demo's DeepSeek V4.1 world (``distributed.world``: both indexers, the
+    compressed builder, a consumer per index type) on every rank for the same random decode
+    steps, and on each rank the single-process step beside it; each records both steps'
+    outputs and its compressed slot mappings of each step."""
+    from staticattn.distributed.world import dcp_config, random_decode_step, write_decode_step
+
+    _join(rank, out)
+    runs = [(dcp_config(V41_PRESET, WORLD, rank, "cpu"), dist.group.WORLD),
+            (dcp_config(V41_PRESET, 1, 0, "cpu"), None)]
+    worlds, managers = _managed_worlds(runs)
+    record = {"steps": []}
+    rng = np.random.default_rng(2468)  # the same seed on every rank: the same steps
+    for _ in range(V41_STEPS):
+        step = random_decode_step(runs[0][0], rng, num_reqs=int(rng.integers(1, 9)))
+        nt = len(step["slot_mapping"])
+        results = []
+        for (arena, inputs, _, consumer), gm in zip(worlds, managers):
+            write_decode_step(inputs, consumer, step)
+            res = gm.run(step["query_lens"], step["seq_lens"], step["slot_mapping"])
+            results.append({
+                "outputs": [x.tolist() for x in res.outputs],
+                "slots": {t: arena[f"compressed.{t}.slot_mapping"][:nt].tolist()
+                          for t in ("c1a", "c2a")}})
+        record["steps"].append({"seq_lens": step["seq_lens"].tolist(), "runs": results})
     dist.destroy_process_group()
     _write(out, rank, record)
 

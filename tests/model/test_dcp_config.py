@@ -71,3 +71,56 @@ def test_step_fingerprint_tells_configs_and_steps_apart():
         FINGERPRINT_FIELDS.index("seq_lens_checksum")]
     with pytest.raises(InvalidBatchError, match="seq_lens has 2"):
         step_fingerprint(ArenaConfig.deepseek_v4(**base), q, s[:2])
+
+
+V41 = dict(device="cpu", max_model_len=4096, max_num_seqs=8, max_num_batched_tokens=256)
+
+
+@pytest.mark.parametrize("preset", ["deepseek-v4.1-flash", "deepseek-v4.1-large"])
+@pytest.mark.parametrize(("world", "interleave"), [(2, 2), (4, 8), (8, 64)])
+def test_v41_is_served_with_its_sharded_groups_holding_the_rank_s_blocks(preset, world,
+                                                                         interleave):
+    """c1a and c2a are sharded (their compressed KV and index-K groups hold the rank's local
+    blocks: a column spans R S tokens on every rank), the compressor ring is replicated, and
+    the interleave respects both ratios."""
+    from staticattn.arena import cache_groups
+
+    one = {g.name: g for g in cache_groups(ArenaConfig.preset(preset, **V41))}
+    cfg = ArenaConfig.preset(preset, **V41, dcp_world_size=world, dcp_rank=world - 1,
+                             cp_kv_cache_interleave_size=interleave)
+    assert cfg.dcp_sharded_ratios == (1, 2)
+    for g in cache_groups(cfg):
+        if g.name.endswith("compressor_state"):
+            assert (g.columns, g.tokens_per_column) == (1, cfg.max_model_len)
+            continue
+        assert g.tokens_per_column == one[g.name].tokens_per_column * world == 64 * world
+        assert g.columns == -(-one[g.name].columns // world)
+
+
+@pytest.mark.parametrize(("fields", "match"), [
+    (dict(cp_kv_cache_interleave_size=1), r"not a multiple of the sharded compress ratio 2 "
+     r"\(layer types \['c2a'\]\)"),
+    (dict(cp_kv_cache_interleave_size=3), "does not divide block_size=64"),
+    (dict(cp_kv_cache_interleave_size=128), "does not divide block_size=64"),
+    (dict(cp_kv_cache_interleave_size=6), "does not divide block_size=64"),
+    (dict(dcp_rank=2), r"dcp_rank=2 is outside \[0, dcp_world_size=2\)"),
+    (dict(max_image_tokens=64, max_image_spans=1), "image"),
+])
+def test_v41_combinations_not_served_are_config_errors(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        ArenaConfig.preset("deepseek-v4.1-flash", **{**V41, "dcp_world_size": 2,
+                                                      "cp_kv_cache_interleave_size": 2,
+                                                      **fields})
+
+
+def test_block_ids_of_a_sharded_group_are_checked_over_the_rank_s_columns():
+    """The host check of a group's block ids reads the columns a request uses on this rank:
+    ``cdiv(L, R S W)``."""
+    from staticattn.arena import cache_groups
+    from staticattn.validation.block_ids import group_tokens_per_column
+
+    cfg = ArenaConfig.preset("deepseek-v4.1-flash", **V41, dcp_world_size=4,
+                             cp_kv_cache_interleave_size=4)
+    spans = {g.name: group_tokens_per_column(g, cfg) for g in cache_groups(cfg)}
+    assert spans == {"c1a.compressed_kv": 256, "c1a.index_k": 256, "c2a.compressed_kv": 256,
+                     "c2a.index_k": 256, "c2a.compressor_state": 4096}

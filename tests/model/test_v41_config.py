@@ -70,7 +70,9 @@ def test_several_index_types_need_a_name():
     (dict(compress_ratios=(0, 4, 1)), "layer 1: compress ratio 4 is not a deepseek_v41"),
     (dict(compress_ratios=(0, 1, 2), kv_source_layers=(1, 2), index_source_layers=(1,)),
      "layer 2 \\(c2a\\) would read index source 1 \\(c1a\\)"),
-    (dict(dcp_world_size=2, cp_kv_cache_interleave_size=2), "does not serve layer types"),
+    (dict(dcp_world_size=2, cp_kv_cache_interleave_size=1), "sharded compress ratio 2 "
+     "\\(layer types \\['c2a'\\]\\)"),
+    (dict(dcp_world_size=2, cp_kv_cache_interleave_size=128), "does not divide block_size=64"),
     (dict(sliding_window=None), "attend a sliding window"),
 ])
 def test_broken_rules_are_config_errors_naming_the_layer(fields, match):

@@ -59,10 +59,11 @@ BUILDER_ROOMS = {
 #: Rooms inside ``kernels`` and ``consumers``, by concern -> the rooms of the same package each
 #: may import. ``runtime`` (how a kernel runs) is the base of every kernel room; the step-count
 #: helpers (``staging``) serve every kernel of a graph of device-decided counts; the indexer
-#: reads DCP ownership and the compressed slot gate. The consumer rooms stand side by side.
+#: reads DCP ownership and the compressed slot gate, the compressed kernels DCP ownership (a
+#: rank's share of V4.1's sharded entries). The consumer rooms stand side by side.
 SUB_ROOMS = {
     "kernels": {"runtime": set(), "staging": {"runtime"}, "dcp": {"runtime"},
-                "compressed": {"runtime", "staging"}, "swa": {"runtime", "staging"},
+                "compressed": {"runtime", "staging", "dcp"}, "swa": {"runtime", "staging"},
                 "indexer": {"runtime", "staging", "dcp", "compressed"}},
     "consumers": {"emulated": set(), "real": set(), "dcp": set()},
 }

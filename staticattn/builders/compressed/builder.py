@@ -21,9 +21,19 @@ Differences from the reference, each on purpose:
   real slot from a stale position (spec §5.3; harmless there, defined here);
 * rows of the top-k operand past the step's decode tokens, and of invalid tokens, are all -1
   with length 0 (the reference pre-fills -1 and relies on the indexer's -1 rows);
-* V4's compressor state has no ring table of its own, so V4 types get no ring slots; decode
-  context parallelism is not served (V4.1 refuses it; V4's sharded C4A entries are the
-  indexer builder's).
+* V4's compressor state has no ring table of its own, so V4 types get no ring slots.
+
+Decode context parallelism (``dcp_world_size = W > 1``) is served for types whose caches
+have tables of their own (V4.1's c1a and c2a; the reference serves neither, see
+:mod:`staticattn.model.layer_types`): each rank's arena holds that rank's local blocks in the
+``<type>.compressed_kv`` table, and of a sharded type's entries a rank writes only those it
+holds, at their local index (``docs/spec/deepseek-v41.md`` §5.1: ``p`` localised to
+``p // (I W) * I + p % I`` first; :mod:`staticattn.kernels.compressed.kv_slots`). The entry
+counts stay the global ``n_c(p)`` (every rank decides the short-context fill alike; the
+indexers hold the local lengths), the ring slots stay every rank's (the compressor state is
+replicated), and :meth:`CompressedMetadata.decode_topk` turns the merged global top-k into
+the rank's local slots. V4's types, addressed through the main table, are not served under
+DCP: their sharded C4A slots are the indexer builder's.
 """
 
 from __future__ import annotations
@@ -41,17 +51,30 @@ from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.compressed.entry_boundary import entry_written
 from staticattn.kernels.compressed.kv_slots import CompressedKVType, compressed_kv_slots
 from staticattn.kernels.compressed.slot_gate import SlotGate
+from staticattn.kernels.dcp.ownership import DCPShard
 from staticattn.kernels.runtime.backend import resolve_backend
-from staticattn.model import Cache, LayerType, Reads
+from staticattn.model import Addressing, Cache, LayerType, Reads
 from staticattn.staging import PAD_SLOT_ID
 from staticattn.validation.values import check_capacity
 
-__all__ = ["CompressedMetadataBuilder", "kv_source_types", "ring_capacity"]
+__all__ = ["CompressedMetadataBuilder", "compressed_served", "kv_source_types", "ring_capacity"]
 
 
 def kv_source_types(config: ArenaConfig) -> tuple[LayerType, ...]:
     """The config's types whose source layers own a compressed KV cache (table order)."""
     return tuple(t for t in config.layer_types if Cache.COMPRESSED_KV in t.owns)
+
+
+def _main_table_types(config: ArenaConfig) -> list[str]:
+    return [t.name for t in kv_source_types(config) if t.addressing is Addressing.MAIN_TABLE]
+
+
+def compressed_served(config: ArenaConfig) -> bool:
+    """Whether :class:`CompressedMetadataBuilder` serves ``config``: some type owns a
+    compressed KV cache and, under decode context parallelism, every such type's cache has a
+    table of its own (DeepSeek V4.1, not V4)."""
+    return bool(kv_source_types(config)) and (
+        config.dcp_world_size == 1 or not _main_table_types(config))
 
 
 def ring_capacity(num_speculative_tokens: int) -> int:
@@ -88,7 +111,8 @@ class CompressedMetadataBuilder:
     -1 slots and count 0 on every path.
 
     Raises :class:`ConfigError` from :meth:`buffers` for a config without a kv-source type
-    (DeepSeek V3.2) or with decode context parallelism.
+    (DeepSeek V3.2), or under decode context parallelism with a type addressed through the
+    main table (DeepSeek V4).
 
     Examples
     --------
@@ -141,6 +165,9 @@ class CompressedMetadataBuilder:
         self.config = cfg
         self.backend = resolve_backend(cfg.kernel_backend, arena.device)
         self._ring_capacity = ring_capacity(cfg.num_speculative_tokens)
+        # The token shard the slot kernel localises positions with (None without DCP).
+        self._dcp = (DCPShard(cfg.dcp_world_size, cfg.dcp_rank, cfg.cp_kv_cache_interleave_size)
+                     if cfg.dcp_world_size > 1 else None)
 
         def view(ty: LayerType, what: str) -> torch.Tensor | None:
             key = f"compressed.{ty.name}.{what}"
@@ -197,7 +224,7 @@ class CompressedMetadataBuilder:
             self.backend, batch.query_start_loc, batch.positions, batch.token_to_req,
             SlotGate(batch.slot_mapping, batch.replay_start, self.config.sliding_window or 0),
             [self._kernel_type(ty, tables, rings) for ty in self.types],
-            num_reqs=batch.num_reqs, num_tokens=num_tokens,
+            num_reqs=batch.num_reqs, num_tokens=num_tokens, dcp=self._dcp,
         )
         for ty in self.types:
             flag = views[ty.name]["entry_written"]
@@ -210,7 +237,7 @@ class CompressedMetadataBuilder:
                 entries_per_block=ty.entries_per_block(self.config.block_size),
                 block_table=tables[ty.name], ring_capacity=(
                     self._ring_capacity if ty.name in rings else 0),
-                **views[ty.name])
+                dcp=self._entry_shard(ty), **views[ty.name])
             for ty in self.types
         }
         return CompressedMetadata(per_type, batch.token_to_req, batch.slot_mapping,
@@ -223,8 +250,16 @@ class CompressedMetadataBuilder:
             tables[ty.name], max(ty.compress_ratio, 1),
             ty.entries_per_block(self.config.block_size), ty.own_slot_gate,
             whole["slot_mapping"], whole["entry_counts"], ring, self._ring_capacity,
-            whole["ring_slot_mapping"],
+            whole["ring_slot_mapping"], ty.dcp_sharded,
         )
+
+    def _entry_shard(self, ty: LayerType) -> DCPShard | None:
+        """This rank's shard of ``ty``'s entries (interleave ``I // R``), None when they are
+        not dealt over ranks."""
+        if self._dcp is None or not ty.dcp_sharded:
+            return None
+        world, rank, interleave = self._dcp
+        return DCPShard(world, rank, max(interleave // max(ty.compress_ratio, 1), 1))
 
     def _cut_views(self, num_tokens: int, decode_rows: int) -> dict[str, dict]:
         """Per type, its views cut to ``num_tokens`` tokens and ``decode_rows`` rows."""
@@ -257,10 +292,12 @@ def _served_types(config: ArenaConfig) -> tuple[LayerType, ...]:
             f"no layer type of {[t.name for t in config.layer_types]} owns a compressed KV "
             "cache: the compressed builder serves DeepSeek V4 and V4.1 models"
         )
-    if config.dcp_world_size > 1:
+    main = _main_table_types(config)
+    if config.dcp_world_size > 1 and main:
         raise ConfigError(
             f"the compressed builder does not serve decode context parallelism "
-            f"(dcp_world_size={config.dcp_world_size}); the indexer builder holds the "
-            "sharded compressed slots"
+            f"(dcp_world_size={config.dcp_world_size}) for layer types {main}, addressed "
+            "through the main block table; the indexer builder holds their sharded "
+            "compressed slots"
         )
     return types

@@ -13,6 +13,7 @@ import torch
 
 from staticattn.errors import InvalidBatchError
 from staticattn.kernels.compressed.topk_operand import global_topk_slots
+from staticattn.kernels.dcp.ownership import DCPShard
 
 __all__ = ["CompressedKVMetadata", "CompressedMetadata"]
 
@@ -30,11 +31,14 @@ class CompressedKVMetadata:
     entries_per_block : int
         ``S = block_size // R``: entries per page of ``block_table``.
     block_table : int32 device ``(num_reqs, C)``
-        The table of the type's compressed KV cache (its group's, or the main one).
+        The table of the type's compressed KV cache (its group's, or the main one; under
+        decode context parallelism the rank's local blocks).
     slot_mapping : int64 device ``(num_tokens,)``
-        The compressed slot each token writes, -1 = none (padded tokens -1).
+        The compressed slot each token writes, -1 = none (padded tokens -1; under decode
+        context parallelism the entries another rank holds too).
     entry_counts : int32 device ``(num_tokens,)``
-        ``n_c(p) = floor((p + 1) / R)`` per token; 0 for padded tokens.
+        ``n_c(p) = floor((p + 1) / R)`` per token; 0 for padded tokens. Global under decode
+        context parallelism (the indexers hold the rank's local lengths).
     ring_slot_mapping : int64 device ``(num_tokens,)`` or None
         The compressor-ring slot of each token (a type with a ring of its own): -1 for the
         null ring block and for padded tokens.
@@ -49,6 +53,9 @@ class CompressedKVMetadata:
         entry (``slot_mapping >= 0``: a real token with ``(p + 1) % R == 0``), else 0 -- the
         reference's ``CompressorMetadata.c128_boundary`` as a device flag, so a compressor
         kernel can skip its store on the device inside a graph. None for other types.
+    dcp : DCPShard or None
+        This rank's shard of the type's entries (interleave ``I // R``) under decode context
+        parallelism; None when every entry is this rank's.
     """
 
     layer_type: str
@@ -62,6 +69,7 @@ class CompressedKVMetadata:
     decode_topk_indices: torch.Tensor | None
     decode_topk_lens: torch.Tensor | None
     entry_written: torch.Tensor | None = None
+    dcp: DCPShard | None = None
 
 
 @dataclass(slots=True)
@@ -111,11 +119,16 @@ class CompressedMetadata:
             ``K`` reads all its ``n`` entries, ``0..n-1``, whatever its top-k row holds --
             so the layer may leave such rows unscored. The set equals the scored one.
 
+        Under decode context parallelism (:attr:`CompressedKVMetadata.dcp`) the rows hold
+        the merged global top-k (request-global entry ids, the same on every rank) and the
+        result is this rank's share: its entries at their local slots, the others -1 and not
+        counted.
+
         Returns
         -------
         indices : int32 ``(Td, 1, K)``
-            ``bt[b, k // S] * S + k % S`` per ``k >= 0``, else -1; rows of invalid tokens
-            all -1.
+            ``bt[b, k // S] * S + k % S`` per ``k >= 0`` (under DCP: per ``k`` this rank
+            holds, at its local index), else -1; rows of invalid tokens all -1.
         lens : int32 ``(Td,)``
             Entries ``>= 0`` per row, 0 for invalid tokens.
         """
@@ -136,6 +149,6 @@ class CompressedMetadata:
             self.backend, topk_indices, self.token_to_req, self.slot_mapping, kv.block_table,
             out.view(out.shape[0], out.shape[2]), kv.decode_topk_lens, num_rows=td,
             entries_per_block=kv.entries_per_block, step_counts=self.step_counts,
-            entry_counts=kv.entry_counts if short_context_fill else None,
+            entry_counts=kv.entry_counts if short_context_fill else None, dcp=kv.dcp,
         )
         return out, kv.decode_topk_lens

@@ -22,6 +22,14 @@ per decode token; row ``t // width`` of its block table):
    log-sum-exp; **all-gather** of both; **merge**:
    ``lse = logsumexp_r lse_r``, ``out = sum_r exp(lse_r - lse) out_r``.
 
+One consumer serves one index-owning layer type (its indexer's metadata, ``md["indexer"]``
+or ``md["indexer.<type>"]``). For a type whose compressed KV cache has a table of its own
+(DeepSeek V4.1's c1a and c2a) step 4 reads its entries where a V4.1 layer would: through the
+compressed builder's decode operand (``md["compressed"].decode_topk``: the merged top-k as
+this rank's local slots of the ``<type>.compressed_kv`` table), and the attention keys and
+values live in that group's blocks, the indexer keys in the ``<type>.index_k`` group's.
+:class:`DCPDecodeLayers` runs one consumer per index type (V4.1: c1a, then c2a) as one step.
+
 With ``world == 1`` (no group) the same code is the single-GPU step, which the ranks' merged
 output and top-k must equal. Graph-safe: every buffer is owned and shaped by capacity, no
 host read; the collectives are issued on the current stream (NCCL inside a capture, gloo
@@ -36,7 +44,9 @@ import torch
 
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
+from staticattn.builders.indexer.index_type import index_type
 from staticattn.consumers.dcp.merge import gather_rank_major
+from staticattn.errors import ConfigError
 from staticattn.kernels.dcp.ownership import (
     dcp_global_index,
     dcp_local_count,
@@ -44,8 +54,9 @@ from staticattn.kernels.dcp.ownership import (
     dcp_owner,
 )
 from staticattn.kernels.dcp.topk_merge import merge_candidates
+from staticattn.model import Addressing
 
-__all__ = ["DCPDecodeAttention"]
+__all__ = ["DCPDecodeAttention", "DCPDecodeLayers"]
 
 
 class DCPDecodeAttention:
@@ -64,6 +75,11 @@ class DCPDecodeAttention:
     topk, index_heads, index_dim, heads, head_dim : int
         The global top-k width ``K``; the indexer's heads and key width; the attention's
         query heads and key/value width (one shared K/V head, as MLA).
+    layer_type : str or None
+        The index-owning type served ("c2a"), whose indexer is ``md["indexer.<type>"]``;
+        None: the config's only one, ``md["indexer"]``. With a table of its own for its
+        compressed KV, ``K`` must be the config's ``index_topk`` (the decode operand's
+        width).
 
     Attributes
     ----------
@@ -83,13 +99,22 @@ class DCPDecodeAttention:
 
     def __init__(self, config: ArenaConfig, group=None, *, num_slots: int, topk: int = 64,
                  index_heads: int = 4, index_dim: int = 16, heads: int = 2,
-                 head_dim: int = 16) -> None:
+                 head_dim: int = 16, layer_type: str | None = None) -> None:
         self.world, self.rank = config.dcp_world_size, config.dcp_rank
         self.group = group
-        ratio = config.index_compress_ratio
+        kind = index_type(config, layer_type)
+        self.layer_type, self.ratio = layer_type, kind.compress_ratio
+        self.key = "indexer" if layer_type is None else f"indexer.{layer_type}"
+        # Its compressed KV in a group of its own: attended through the compressed builder's
+        # decode operand, whose rows are index_topk wide.
+        self.own_kv = kind.row is not None and kind.row.addressing is Addressing.OWN_GROUPS
+        if self.own_kv and topk != config.index_topk:
+            raise ConfigError(f"topk={topk}: a {layer_type} consumer reads the compressed "
+                              f"builder's decode operand, index_topk={config.index_topk} wide")
+        ratio = self.ratio
         # Compressed entries are dealt at interleave I // R (kernels/dcp/ownership.py).
         self.interleave = max(config.cp_kv_cache_interleave_size // ratio, 1)
-        self.per_block = config.block_size // ratio
+        self.per_block = kind.storage_block_size
         global_width = cdiv(config.max_model_len, ratio)
         self.width = cdiv(global_width, self.world * self.interleave) * self.interleave
         self.topk, self.local_k = topk, min(topk, self.width)
@@ -111,31 +136,35 @@ class DCPDecodeAttention:
         self._att = torch.zeros(self.world * n * heads * (head_dim + 1), **f32)
         self.heads, self.head_dim = heads, head_dim
         self._ids = torch.full((n, topk), -1, dtype=torch.int64, device=dev)
+        self._ids32 = torch.full((n, topk), -1, dtype=torch.int32, device=dev)
         self._out = torch.zeros(n, heads, head_dim, **f32)
         self._j = torch.arange(self.width, device=dev)
 
     # ------------------------------------------------------------------ the caches
     def write_keys(self, block_row: torch.Tensor, index_keys: torch.Tensor,
-                   kv: torch.Tensor) -> None:
+                   kv: torch.Tensor, kv_block_row: torch.Tensor | None = None) -> None:
         """Write this rank's share of one request's keys into the caches, as an engine's
         KV writes would have: global entry ``e`` held here (local index ``j``) at its slot
-        through ``block_row``.
+        through ``block_row`` (the index keys) and ``kv_block_row`` (the attention's).
 
-        ``block_row``: int32 ``(blocks,)``, the request's block-table row on this rank;
+        ``block_row``: int32 ``(blocks,)``, the request's row of the index-K table on this
+        rank; ``kv_block_row``: its row of the compressed-KV table (default ``block_row``);
         ``index_keys``: float32 ``(entries, index_dim)`` and ``kv``: float32
         ``(entries, 2, head_dim)``, the request's global compressed entries (host or device).
         """
         entries = torch.tensor(index_keys.shape[0])
         held = int(dcp_local_count(entries, self.world, self.rank, self.interleave))
-        j = torch.arange(held, device=self.index_cache.device)
+        dev = self.index_cache.device
+        j = torch.arange(held, device=dev)
         e = dcp_global_index(j, self.world, self.rank, self.interleave)
-        slots = self._slots(j[None], block_row.to(self.index_cache.device)[None])[0]
+        kv_row = block_row if kv_block_row is None else kv_block_row
+        slots = self._slots(j[None], block_row.to(dev)[None])[0]
         self.index_cache[slots] = index_keys.to(self.index_cache)[e]
-        self.kv_cache[slots] = kv.to(self.kv_cache)[e]
+        self.kv_cache[self._slots(j[None], kv_row.to(dev)[None])[0]] = kv.to(self.kv_cache)[e]
 
     # ------------------------------------------------------------------ the step
     def __call__(self, batch: Batch, md) -> tuple[torch.Tensor, torch.Tensor]:
-        decode = md["indexer"].decode
+        decode = md[self.key].decode
         if decode is None:
             return self._ids[:0], self._out[:0]
         rows, width = decode.seq_lens.shape
@@ -146,7 +175,7 @@ class DCPDecodeAttention:
         self._local_candidates(n, lens, table, cand[self.rank])
         self._gather(cand)
         ids = self._global_topk(n, cand)
-        self._attend(n, ids, table, att[self.rank])
+        self._attend(n, ids, self._held_slots(n, ids, table, md), att[self.rank])
         self._gather(att)
         return ids, self._merge(n, att)
 
@@ -197,13 +226,26 @@ class DCPDecodeAttention:
         merge_candidates(cand, out)
         return out
 
-    def _attend(self, n: int, ids: torch.Tensor, table: torch.Tensor,
-                mine: torch.Tensor) -> None:
-        """This rank's partial attention over the selected entries it holds, into ``mine``
-        float32 ``(n, heads, head_dim + 1)``: the output, then its log-sum-exp."""
+    def _held_slots(self, n: int, ids: torch.Tensor, table: torch.Tensor,
+                    md) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(held, slots)``, bool and int64 ``(n, topk)``: which selected entries this rank
+        holds and their local slots in ``kv_cache`` (0 where not held). A type with its own
+        compressed-KV table reads them from the compressed builder's decode operand (the
+        layer's own path); else from the ids through the index table."""
+        if self.own_kv:
+            self._ids32[:n].copy_(ids)
+            local, _ = md["compressed"].decode_topk(self.layer_type, self._ids32)
+            local = local[:n, 0]
+            return local >= 0, local.clamp(min=0).to(torch.int64)
         e = ids.clamp(min=0)
         held = (ids >= 0) & (dcp_owner(e, self.world, self.interleave) == self.rank)
-        slots = self._slots(dcp_local_index(e, self.world, self.interleave), table)
+        return held, self._slots(dcp_local_index(e, self.world, self.interleave), table)
+
+    def _attend(self, n: int, ids: torch.Tensor, held_slots, mine: torch.Tensor) -> None:
+        """This rank's partial attention over the selected entries it holds
+        (``held_slots``, :meth:`_held_slots`), into ``mine`` float32
+        ``(n, heads, head_dim + 1)``: the output, then its log-sum-exp."""
+        held, slots = held_slots
         kv = self.kv_cache[slots]  # (n, topk, 2, dim)
         scores = torch.einsum("thd,tkd->thk", self.q_att[:n], kv[:, :, 0]) * self.scale
         scores = scores.masked_fill(~held[:, None, :], float("-inf"))
@@ -220,3 +262,24 @@ class DCPDecodeAttention:
         torch.sum(weight[..., None] * att[..., : self.head_dim], dim=0, out=out)
         return out
 
+
+
+class DCPDecodeLayers:
+    """One step of several :class:`DCPDecodeAttention`, one per index-owning type (DeepSeek
+    V4.1: c1a, then c2a): ``(batch, md) -> (ids, out, ids, out, ...)`` in their order.
+
+    Attributes
+    ----------
+    layers : tuple of DCPDecodeAttention
+    """
+
+    def __init__(self, layers) -> None:
+        self.layers = tuple(layers)
+
+    def __call__(self, batch: Batch, md) -> tuple[torch.Tensor, ...]:
+        return tuple(x for layer in self.layers for x in layer(batch, md))
+
+    def exchange(self, num_entries: int) -> None:
+        """Every layer's collectives over ``num_entries`` entries."""
+        for layer in self.layers:
+            layer.exchange(num_entries)

@@ -30,6 +30,18 @@ Example (spec §11 case 4, ``W = 4``): one request, ``L = 12``, ``q = 8`` (posit
 ``[-1, -1, -1, -1, 32, 33, 34, 35]`` and c2a (row ``[11, 15]``, ``S = 4``) ``[-1, -1, -1, -1,
 -1, 60, -1, 61]``.
 
+Under decode context parallelism (``dcp``: ``W`` ranks, this ``rank``, the token interleave
+``I``) a sharded type's entries are dealt with their tokens, and only the rank owning the
+token that completes an entry writes it, at its local index through the rank's own table
+(``docs/spec/deepseek-v41.md`` §5.1): the position is first localised,
+``p' = p // (I W) * I + p % I`` on the rank ``(p // I) % W``, and ``k = p' // R`` (the same
+entry as ``dcp_local_index(p // R)`` at interleave ``I // R``, ``I`` being a multiple of
+``R``); every other rank gets -1. Counts stay the global ``n_c(p)`` and ring slots stay
+every rank's (the rings are replicated). Example (c2a, ``W = 2``, ``I = 2``, ``S = 4``, table
+row ``[7]`` on both ranks): positions 0..7 complete entries 0..3 at positions 1, 3, 5, 7,
+owned by ranks 0, 1, 0, 1 -> rank 0 ``[-1, 28, -1, -1, -1, 29, -1, -1]``, rank 1
+``[-1, -1, -1, 28, -1, -1, -1, 29]``.
+
 One launch serves up to :data:`TYPES_PER_LAUNCH` types (every DeepSeek model has at most two
 kv-source types); more take one launch per group of that many.
 """
@@ -42,6 +54,7 @@ from typing import NamedTuple
 import torch
 
 from staticattn.kernels.compressed.slot_gate import SlotGate, slot_gate_jit
+from staticattn.kernels.dcp.ownership import DCPShard
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch
 from staticattn.kernels.runtime.deferred import lazy_jit, publish
 
@@ -68,6 +81,9 @@ class CompressedKVType(NamedTuple):
     ring_capacity : int
         Ring rows per request (``cap``); unused without a ring.
     ring_out : int64 device ``(>= num_tokens,)`` or None
+    dcp_sharded : bool
+        Under the launch's ``dcp``, the entries are dealt over the ranks (only the owner
+        writes, at its local index); else every rank writes every entry.
     """
 
     block_table: torch.Tensor
@@ -79,6 +95,7 @@ class CompressedKVType(NamedTuple):
     ring_table: torch.Tensor | None = None
     ring_capacity: int = 0
     ring_out: torch.Tensor | None = None
+    dcp_sharded: bool = False
 
 
 def compressed_kv_slots(
@@ -91,6 +108,7 @@ def compressed_kv_slots(
     *,
     num_reqs: int,
     num_tokens: int,
+    dcp: DCPShard | None = None,
 ) -> None:
     """Write every type's outputs for tokens ``[0, num_tokens)``.
 
@@ -103,6 +121,9 @@ def compressed_kv_slots(
     gate : SlotGate
         The step's gate, read by the gated types.
     types : sequence of CompressedKVType
+    dcp : DCPShard or None
+        This rank's shard of the tokens (``interleave`` = ``I``, in tokens), read by the
+        sharded types; None: no context parallelism.
 
     Graph-safe with either backend: static extents, no host read.
     """
@@ -111,8 +132,9 @@ def compressed_kv_slots(
     if backend == "triton":
         for first in range(0, len(types), TYPES_PER_LAUNCH):
             _launch(query_start_loc, positions, token_to_req, gate,
-                    types[first:first + TYPES_PER_LAUNCH], num_reqs, num_tokens)
+                    types[first:first + TYPES_PER_LAUNCH], num_reqs, num_tokens, dcp)
         return
+    world, rank, interleave = dcp if dcp is not None else (1, 0, 1)
     t = torch.arange(num_tokens, device=positions.device)
     real = t < query_start_loc[num_reqs]
     pos = torch.where(real, positions[:num_tokens], 0)
@@ -123,7 +145,12 @@ def compressed_kv_slots(
         valid = real & ((pos + 1) % r == 0)
         if ty.own_slot_gate:
             valid = valid & own_ok
-        k = torch.where(valid, pos, 0) // r
+        local = pos
+        if ty.dcp_sharded and world > 1:
+            valid = valid & (torch.div(pos, interleave, rounding_mode="floor") % world == rank)
+            local = (torch.div(pos, interleave * world, rounding_mode="floor") * interleave
+                     + pos % interleave)
+        k = torch.where(valid, local, 0) // r
         block = ty.block_table[req, k // s].long()
         ty.slots_out[:num_tokens].copy_(torch.where(valid, block * s + k % s, -1))
         ty.counts_out[:num_tokens].copy_(torch.where(real, (pos + 1) // r, 0))
@@ -134,8 +161,9 @@ def compressed_kv_slots(
 
 
 def _launch(qsl, positions, token_to_req, gate: SlotGate, types, num_reqs,
-            num_tokens) -> None:
+            num_tokens, dcp: DCPShard | None) -> None:
     args, constexprs = [], {}
+    world, rank, interleave = dcp if dcp is not None else (1, 0, 1)
     for j in range(TYPES_PER_LAUNCH):
         # Slots past the types given repeat the first type's tensors, never read.
         ty = types[j] if j < len(types) else types[0]
@@ -147,22 +175,29 @@ def _launch(qsl, positions, token_to_req, gate: SlotGate, types, num_reqs,
                  ty.ring_out if ring else ty.slots_out]
         constexprs[f"GATE{j}"] = ty.own_slot_gate
         constexprs[f"RING{j}"] = ring
+        constexprs[f"SHARD{j}"] = ty.dcp_sharded and world > 1
     launch(_kernel(), (grid_size(num_tokens, _BLOCK),), qsl, positions, token_to_req,
-           *gate.launch_args(qsl), num_reqs, num_tokens, *args, NUM_TYPES=len(types),
+           *gate.launch_args(qsl), num_reqs, num_tokens, world, rank, interleave, *args,
+           NUM_TYPES=len(types),
            HAS_REPLAY=gate.replay_start is not None, **constexprs, BLOCK=_BLOCK)
 
 
 @lazy_jit(slot_gate_jit)
 def _kernel(triton, tl, gate_allows):
     @triton.jit
-    def compressed_kv_type(i, in_range, real, pos, req, own_ok, table, table_stride, ratio,
-                           entries, slots_out, counts_out, ring_table, ring_stride, ring_cap,
-                           ring_out, GATE: tl.constexpr, RING: tl.constexpr):
+    def compressed_kv_type(i, in_range, real, pos, req, own_ok, world, rank, interleave,
+                           table, table_stride, ratio, entries, slots_out, counts_out,
+                           ring_table, ring_stride, ring_cap, ring_out, GATE: tl.constexpr,
+                           RING: tl.constexpr, SHARD: tl.constexpr):
         # Positions of real tokens are >= 0, so Triton's truncating // and % are floors.
         valid = real & ((pos + 1) % ratio == 0)
         if GATE:
             valid = valid & own_ok
-        k = tl.where(valid, pos, 0) // ratio
+        local = pos
+        if SHARD:
+            valid = valid & ((pos // interleave) % world == rank)
+            local = (pos // (interleave * world)) * interleave + pos % interleave
+        k = tl.where(valid, local, 0) // ratio
         block = tl.load(table + req * table_stride + k // entries, mask=valid, other=0)
         slot = block.to(tl.int64) * entries + k % entries
         tl.store(slots_out + i, tl.where(valid, slot, -1), mask=in_range)
@@ -178,6 +213,7 @@ def _kernel(triton, tl, gate_allows):
     @triton.jit
     def compressed_kv_kernel(
         qsl, positions, token_to_req, own_slots, replay_start, window, num_reqs, num_tokens,
+        world, rank, interleave,
         table0, stride0, ratio0, entries0, slots0, counts0, ring_table0, ring_stride0, cap0,
         ring0,
         table1, stride1, ratio1, entries1, slots1, counts1, ring_table1, ring_stride1, cap1,
@@ -187,7 +223,7 @@ def _kernel(triton, tl, gate_allows):
         NUM_TYPES: tl.constexpr, HAS_REPLAY: tl.constexpr, GATE0: tl.constexpr,
         RING0: tl.constexpr,
         GATE1: tl.constexpr, RING1: tl.constexpr, GATE2: tl.constexpr, RING2: tl.constexpr,
-        BLOCK: tl.constexpr,
+        SHARD0: tl.constexpr, SHARD1: tl.constexpr, SHARD2: tl.constexpr, BLOCK: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         in_range = i < num_tokens
@@ -195,16 +231,16 @@ def _kernel(triton, tl, gate_allows):
         pos = tl.load(positions + i, mask=real, other=0)
         req = tl.load(token_to_req + i, mask=real, other=0).to(tl.int64)
         own_ok = gate_allows(own_slots, replay_start, window, i, pos, req, real, HAS_REPLAY)
-        compressed_kv_type(i, in_range, real, pos, req, own_ok, table0, stride0, ratio0,
-                           entries0, slots0, counts0, ring_table0, ring_stride0, cap0, ring0,
-                           GATE0, RING0)
+        compressed_kv_type(i, in_range, real, pos, req, own_ok, world, rank, interleave, table0,
+                           stride0, ratio0, entries0, slots0, counts0, ring_table0, ring_stride0,
+                           cap0, ring0, GATE0, RING0, SHARD0)
         if NUM_TYPES > 1:
-            compressed_kv_type(i, in_range, real, pos, req, own_ok, table1, stride1, ratio1,
-                               entries1, slots1, counts1, ring_table1, ring_stride1, cap1,
-                               ring1, GATE1, RING1)
+            compressed_kv_type(i, in_range, real, pos, req, own_ok, world, rank, interleave,
+                               table1, stride1, ratio1, entries1, slots1, counts1, ring_table1,
+                               ring_stride1, cap1, ring1, GATE1, RING1, SHARD1)
         if NUM_TYPES > 2:
-            compressed_kv_type(i, in_range, real, pos, req, own_ok, table2, stride2, ratio2,
-                               entries2, slots2, counts2, ring_table2, ring_stride2, cap2,
-                               ring2, GATE2, RING2)
+            compressed_kv_type(i, in_range, real, pos, req, own_ok, world, rank, interleave,
+                               table2, stride2, ratio2, entries2, slots2, counts2, ring_table2,
+                               ring_stride2, cap2, ring2, GATE2, RING2, SHARD2)
 
     return compressed_kv_kernel

@@ -21,12 +21,27 @@ With ``entry_counts`` the short-context fill (``vllm-0.33-extras.md`` §4,
 whose
 ``n = n_c(p)`` fits the width ``K`` reads ``k = j`` for ``j < n`` (then -1) instead of its
 top-k row, which a layer may then leave unscored.
+
+Under decode context parallelism (``dcp``, the shard of the cache's entries: interleave
+``I // R``) the row holds the merged global top-k (request-global entry ids,
+:mod:`staticattn.kernels.dcp.topk_merge`) and the rank attends the entries it holds: ``k``
+owned by this rank becomes its local index (:func:`~staticattn.kernels.dcp.ownership.
+dcp_local_index`) and then a slot through the rank's table; an entry another rank holds is
+-1 and not counted. The short-context fill decides on the global ``n_c(p)``, the same on
+every rank. Example (world 2, ``J = I // R = 1``, ``S = 4``, row ``[0, 1, 2, 3, -1]``, table
+row ``[5]``): rank 0 ``[20, -1, 21, -1, -1]`` length 2; rank 1 ``[-1, 20, -1, 21, -1]``.
 """
 
 from __future__ import annotations
 
 import torch
 
+from staticattn.kernels.dcp.ownership import (
+    DCPShard,
+    dcp_local_index,
+    dcp_owner,
+    triton_dcp_helpers,
+)
 from staticattn.kernels.runtime.compiled_launch import launch_rows
 from staticattn.kernels.runtime.deferred import lazy_jit
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS
@@ -48,6 +63,7 @@ def global_topk_slots(
     entries_per_block: int,
     step_counts: torch.Tensor | None = None,
     entry_counts: torch.Tensor | None = None,
+    dcp: DCPShard | None = None,
 ) -> None:
     """Write the global slots and lengths of decode rows ``[0, num_rows)``.
 
@@ -70,20 +86,27 @@ def global_topk_slots(
     step_counts : int32 device ``(4,)`` or None
         The staging's ``[k, nt, D, Td]``: rows at or past ``Td`` are invalid (a build whose
         split is decided on the device). None: every row is a decode token.
+    entry_counts : int32 device ``(>= num_rows,)`` or None
+        ``n_c(p)`` per row (global under DCP): the short-context fill; None: no fill.
+    dcp : DCPShard or None
+        The shard of the cache's entries (interleave ``I // R``): only this rank's entries,
+        at their local indices. None: no context parallelism.
 
     Graph-safe with either backend: static extents, no host read.
     """
     if num_rows == 0:
         return
     width = topk_indices.shape[1]
+    world, rank, interleave = dcp if dcp is not None else (1, 0, 1)
     if backend == "triton":
         launch_rows(_kernel(), num_rows, width, topk_indices, topk_indices.stride(0),
                     token_to_req, own_slots, block_table, block_table.stride(0),
                     block_table.shape[1], out, out.stride(0), lens_out,
                     step_counts if step_counts is not None else lens_out,
                     entry_counts if entry_counts is not None else lens_out, num_rows, width,
-                    entries_per_block, DEVICE_COUNTS=step_counts is not None,
-                    FILL=entry_counts is not None)
+                    entries_per_block, world, rank, interleave,
+                    DEVICE_COUNTS=step_counts is not None, FILL=entry_counts is not None,
+                    DCP=world > 1)
         return
     rows = torch.arange(num_rows, device=out.device)
     valid = own_slots[:num_rows] >= 0
@@ -94,6 +117,9 @@ def global_topk_slots(
         n = entry_counts[:num_rows].long()[:, None]
         cols = torch.arange(width, device=out.device)[None, :]
         k = torch.where(n <= width, torch.where(cols < n, cols, -1), k)
+    if world > 1:
+        held = (k >= 0) & (dcp_owner(k.clamp(min=0), world, interleave) == rank)
+        k = torch.where(held, dcp_local_index(k.clamp(min=0), world, interleave), -1)
     col = torch.div(k, entries_per_block, rounding_mode="floor")
     ok = valid[:, None] & (k >= 0) & (col < block_table.shape[1])
     req = torch.where(valid, token_to_req[:num_rows].long(), 0)
@@ -103,14 +129,14 @@ def global_topk_slots(
     lens_out[:num_rows].copy_(ok.sum(dim=1))
 
 
-@lazy_jit(step_counts_jit)
-def _kernel(triton, tl, live_count, SLOT_DECODE_TOKENS, **_):
+@lazy_jit(step_counts_jit, triton_dcp_helpers)
+def _kernel(triton, tl, live_count, SLOT_DECODE_TOKENS, dcp_owner_tl, dcp_local_index_tl, **_):
     @triton.jit
     def global_topk_kernel(
         topk, topk_stride, token_to_req, own_slots, table, table_stride, num_cols, out,
-        out_stride, lens_out, counts, entry_counts, num_rows, width, entries,
-        DEVICE_COUNTS: tl.constexpr, FILL: tl.constexpr, ROWS: tl.constexpr,
-        COLS: tl.constexpr,
+        out_stride, lens_out, counts, entry_counts, num_rows, width, entries, world, rank,
+        interleave, DEVICE_COUNTS: tl.constexpr, FILL: tl.constexpr, DCP: tl.constexpr,
+        ROWS: tl.constexpr, COLS: tl.constexpr,
     ):
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         in_rows = rows < num_rows
@@ -130,6 +156,10 @@ def _kernel(triton, tl, live_count, SLOT_DECODE_TOKENS, **_):
             if FILL:
                 fill = tl.where(cols[None, :] < n[:, None], cols[None, :], -1)
                 k = tl.where(fits[:, None], fill, k)
+            if DCP:
+                e = tl.maximum(k, 0)
+                held = (k >= 0) & (dcp_owner_tl(e, world, interleave) == rank)
+                k = tl.where(held, dcp_local_index_tl(e, world, interleave), -1)
             # k >= 0 where it counts, so the truncating // and % are floors.
             page = k // entries
             ok = (k >= 0) & (page < num_cols)

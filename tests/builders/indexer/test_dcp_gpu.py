@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.cuda_capture import capture
 from helpers.dcp_workers import random_step
 from helpers.mixed_steps import stage_mixed
 from helpers.support import index_ratio_fields, make_step
@@ -36,20 +37,6 @@ def _setup(world, rank, ratio, interleave, block_size, n, backend):
     builder = IndexerMetadataBuilder()
     arena, inputs = make_arena(cfg, [builder])
     return cfg, builder, arena, inputs
-
-
-def _capture(body):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        out = body()  # compiles every kernel outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = body()
-    torch.cuda.synchronize()
-    return graph, out
 
 
 def _decode_step(cfg, rng, k, short=False):
@@ -82,7 +69,7 @@ def test_decode_replay_matches_oracle_on_every_rank(backend, world, ratio, inter
             inputs.copy_to_device(S, S * n)
             return builder.build_decode(batch)
 
-        graph, meta = _capture(body)
+        graph, meta = capture(body)
         before = arena.fingerprint()
         for _ in range(200):
             step = _decode_step(cfg, rng, int(rng.integers(1, S + 1)))
@@ -111,7 +98,7 @@ def test_mixed_replay_matches_oracle_on_every_rank(backend, world, ratio, interl
             inputs.copy_to_device(num_reqs, num_tokens)
             return builder.build_mixed(batch)
 
-        graph, meta = _capture(body)
+        graph, meta = capture(body)
         rows = max_chunks(cfg, num_reqs, num_tokens)
         for _ in range(100):
             step = random_step(cfg, rng)
