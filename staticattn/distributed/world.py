@@ -154,7 +154,8 @@ def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
     tokens each at random lengths, and what the DCP consumer reads: ``query_lens``,
     ``seq_lens`` host ints ``(k,)``, ``slot_mapping`` host ints ``(k * next_n,)``;
     ``table`` int32 ``(k, blocks)``, unique block-table rows with as many columns as one GPU
-    needs (a rank uses the first; the same rows serve every sharded cache group); per
+    needs (a rank uses the first; every sharded cache group takes them, a compressed-KV
+    group in reverse request order, see :func:`write_decode_step`); per
     request ``keys`` float32 ``(entries, INDEX_DIM)`` and ``kv`` float32
     ``(entries, 2, HEAD_DIM)``, its global compressed entries at the smallest index ratio
     ``R`` (``entries = L // R``; a type of ratio ``R'`` reads the first ``L // R'``); per token
@@ -182,13 +183,16 @@ def random_decode_step(cfg: ArenaConfig, rng: np.random.Generator,
 def write_decode_step(inputs, consumer, step: dict) -> None:
     """What the engine has done before a :func:`random_decode_step`: the block-table rows
     (cut to each table's columns: the main one and the sharded cache groups'), each
-    consumer's share of the caches, the queries."""
+    consumer's share of the caches, the queries. A compressed-KV group takes the rows in
+    reverse request order: its blocks differ from the index-K group's, so a consumer that
+    read one cache through the other's table would read another request's entries."""
     cfg = inputs.config
     tables = {"block_table": inputs.block_table} | {
         g.name: inputs.block_tables[g.name] for g in cache_groups(cfg)
         if g.cache is not Cache.COMPRESSOR_STATE}
-    for view in tables.values():
-        view[: step["table"].shape[0]].copy_(step["table"][:, : view.shape[1]])
+    for name, view in tables.items():
+        rows = step["table"].flip(0) if name.endswith(Cache.COMPRESSED_KV.value) else step["table"]
+        view[: rows.shape[0]].copy_(rows[:, : view.shape[1]])
     for layer in getattr(consumer, "layers", (consumer,)):
         index, kv_table = (tables[f"{layer.layer_type}.index_k"],
                            tables[f"{layer.layer_type}.compressed_kv"]) if layer.own_kv else (

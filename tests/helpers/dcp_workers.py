@@ -220,6 +220,7 @@ def consumer_steps(rank: int, out: str) -> None:
 
 V41_PRESET = "deepseek-v4.1-flash"
 V41_STEPS = 10
+V41_SEED = 2468
 
 
 def v41_consumer_steps(rank: int, out: str) -> None:
@@ -234,7 +235,7 @@ def v41_consumer_steps(rank: int, out: str) -> None:
             (dcp_config(V41_PRESET, 1, 0, "cpu"), None)]
     worlds, managers = _managed_worlds(runs)
     record = {"steps": []}
-    rng = np.random.default_rng(2468)  # the same seed on every rank: the same steps
+    rng = np.random.default_rng(V41_SEED)  # the same seed on every rank: the same steps
     for _ in range(V41_STEPS):
         step = random_decode_step(runs[0][0], rng, num_reqs=int(rng.integers(1, 9)))
         nt = len(step["slot_mapping"])
