@@ -195,23 +195,25 @@ def cases():
             WIDTH=192, SWA_BLOCK=32, DEVICE_COUNTS=device_counts, ROWS=2, BLOCK_W=256)
 
     kv = {**ptrs("qsl token_to_req replay_start", I32), **ptrs("positions own_slots", I64),
-          "window": 1, "num_reqs": 1, "num_tokens": 1}
+          **dict.fromkeys("window num_reqs num_tokens world rank interleave".split(), 1)}
     for j in range(3):
         kv.update({**ptrs(f"table{j} counts{j} ring_table{j}", I32),
                    **ptrs(f"slots{j} ring{j}", I64), **dict.fromkeys(
                        f"stride{j} ratio{j} entries{j} ring_stride{j} cap{j}".split(), 1)})
-    for num_types, gate, ring in ((1, True, False), (2, True, True), (3, False, True)):
+    for num_types, gate, ring, shard in ((1, True, False, True), (2, True, True, True),
+                                         (3, False, True, False)):
         flags = {f"{name}{j}": value for j in range(3)
-                 for name, value in (("GATE", gate), ("RING", ring))}
+                 for name, value in (("GATE", gate), ("RING", ring), ("SHARD", shard))}
         yield compressed_kv._kernel(), kv, dict(NUM_TYPES=num_types, HAS_REPLAY=gate, **flags,
                                                 BLOCK=256)
-    for device_counts, fill in ((True, False), (False, True), (True, True)):
+    for device_counts, fill, dcp in ((True, False, True), (False, True, False),
+                                     (True, True, True)):
         yield compressed_topk._kernel(), {
             **ptrs("topk token_to_req table out lens_out counts entry_counts", I32),
             "own_slots": I64,
             **dict.fromkeys("topk_stride table_stride num_cols out_stride num_rows width "
-                            "entries".split(), 1)}, dict(
-            DEVICE_COUNTS=device_counts, FILL=fill, ROWS=4, COLS=512)
+                            "entries world rank interleave".split(), 1)}, dict(
+            DEVICE_COUNTS=device_counts, FILL=fill, DCP=dcp, ROWS=4, COLS=512)
     yield short_topk._kernel(), {**ptrs("topk key_counts", I32), **dict.fromkeys(
         "topk_stride num_rows width".split(), 1)}, dict(ROWS=4, COLS=512)
     yield entry_boundary._kernel(), {"slots": I64, "flag_out": I32, "num_tokens": 1}, dict(

@@ -263,7 +263,6 @@ class DCPDecodeAttention:
         return out
 
 
-
 class DCPDecodeLayers:
     """One step of several :class:`DCPDecodeAttention`, one per index-owning type (DeepSeek
     V4.1: c1a, then c2a): ``(batch, md) -> (ids, out, ids, out, ...)`` in their order.
