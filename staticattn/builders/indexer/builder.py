@@ -112,7 +112,8 @@ class IndexerMetadataBuilder:
     has its own builder, named ``"indexer.<type>"`` (metadata key and buffer prefix), whose
     index K lives in the ``<type>.index_k`` cache group: its slot mapping is computed from
     that group's table (``R = 1``: the token's own entry; ``R = 2``: odd positions, entry
-    ``p // 2``), and a token whose own staged slot is -1 writes nothing.
+    ``p // 2``), and a token whose own staged slot is -1 writes nothing; under DCP that
+    table holds the rank's local blocks and the type's entries are dealt at ``I // R``.
 
     Parameters
     ----------

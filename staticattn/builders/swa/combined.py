@@ -133,6 +133,12 @@ class IndexRows:
             raise InvalidBatchError(f"{type_name} reads every compressed entry; its FlashInfer "
                                     "rows hold global slots, not a top-k: not served here")
         k = topk_columns(self.config, t)
+        if k and t.dcp_sharded and self.config.dcp_world_size > 1:
+            raise InvalidBatchError(
+                f"{type_name} layers' FlashInfer rows are not built under decode context "
+                "parallelism: their compressed columns hold request-local top-k entries "
+                "through one table, where a rank holds only its share of them (the decode "
+                "operand of CompressedMetadata.decode_topk is the rank's)")
         if k and (topk is None or compressed_block_table is None):
             raise InvalidBatchError(f"{type_name} layers' FlashInfer rows need the layer's "
                                     "topk rows and compressed_block_table")

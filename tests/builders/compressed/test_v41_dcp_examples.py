@@ -50,3 +50,26 @@ def test_the_decode_operand_is_the_rank_s_share_of_the_merged_topk(backend, rank
     row = torch.tensor([[0, 1, 2, 3, -1, -1, -1, -1]], dtype=torch.int32, device=DEVICE)
     indices, lens = meta.decode_topk("c2a", row)
     assert indices[0, 0, :5].tolist() == want and lens.tolist() == [2]
+
+
+def test_flashinfer_rows_of_a_sharded_type_are_refused_under_dcp():
+    """A sharded top-k type's FlashInfer rows would address request-local top-k entries
+    through one table: a typed error under DCP, before anything is written; its SWA-only
+    layers' rows are built."""
+    from staticattn.builders import SparseSWAMetadataBuilder
+    from staticattn.errors import InvalidBatchError
+
+    cfg = ArenaConfig.preset("deepseek-v4.1-flash", max_num_seqs=4, max_num_batched_tokens=16,
+                             max_model_len=256, block_size=8, index_topk=8, num_sms=4,
+                             dcp_world_size=2, dcp_rank=1, cp_kv_cache_interleave_size=2,
+                             device=DEVICE, kernel_backend="torch")
+    swa = SparseSWAMetadataBuilder()
+    _, inputs = make_arena(cfg, [swa])
+    counts = inputs.stage([1], [9], [8])
+    inputs.copy_to_device(1, 1)
+    meta = swa.build(Batch.from_staged(inputs, counts))
+    topk = torch.zeros(1, 8, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(InvalidBatchError, match="not built under decode context parallelism"):
+        swa.flashinfer_rows(meta, "c2a", topk, compressed_block_table=inputs.block_table)
+    rows, lens = swa.flashinfer_rows(meta, "swaonly")
+    assert lens.tolist() == [cfg.sliding_window]
