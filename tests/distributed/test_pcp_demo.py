@@ -16,6 +16,8 @@ import pytest
 import torch
 from helpers.paths import ROOT
 
+from staticattn.__main__ import main
+
 STEPS = 10
 
 
@@ -93,6 +95,16 @@ def test_the_bench_reports_every_rank_and_the_collectives(tmp_path):
             assert row["gpu_50"] > 0 and 0 < row["collective_share"]
 
 
+def _refused(argv: list[str], capsys) -> str:
+    """The command line's stderr for ``argv``, which it must refuse with exit 2 before any
+    rank starts (nothing on stdout). In process: argparse refuses before anything runs."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and out == ""
+    return err
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (["--pcp-preset", "deepseek-v4"], "ConfigError: PCP requires attention backend support"),
     (["--pcp-preset", "deepseek-v4-vision"],
@@ -101,23 +113,16 @@ def test_the_bench_reports_every_rank_and_the_collectives(tmp_path):
      "ConfigError: DeepSeek-V4.1 PCP currently requires PP=DP=DCP=1"),
 ])
 @pytest.mark.parametrize("cmd", ["demo", "bench"])
-def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, args, says):
-    done = subprocess.run([sys.executable, "-m", "staticattn", cmd, "--pcp", "2", *args],
-                          cwd=ROOT, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 2
-    assert says in done.stderr, done.stderr
-    assert done.stdout == ""
+def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, args, says,
+                                                                        capsys):
+    err = _refused([cmd, "--pcp", "2", *args], capsys)
+    assert says in err, err
 
 
 @pytest.mark.parametrize("cmd", ["demo", "bench"])
-def test_a_dcp_group_neither_empty_nor_the_pcp_group_is_refused(cmd):
-    done = subprocess.run([sys.executable, "-m", "staticattn", cmd, "--pcp", "2", "--dcp",
-                           "3"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 2
-    assert ("ConfigError: When PCP is enabled, DCP must be disabled, span the PCP axis"
-            in done.stderr), done.stderr
+def test_a_dcp_group_neither_empty_nor_the_pcp_group_is_refused(cmd, capsys):
+    err = _refused([cmd, "--pcp", "2", "--dcp", "3"], capsys)
+    assert "ConfigError: When PCP is enabled, DCP must be disabled, span the PCP axis" in err
 
 
 def test_the_demo_says_how_to_launch_it_without_torchrun():

@@ -47,7 +47,7 @@ GRID_IDS = [f"W{w}-I{i}-bs{bs}-n{n + 1}{'-flat' if f else ''}" for w, i, bs, n, 
 
 
 def _examples(backend: str) -> int:
-    return 12 if backend == "torch" else 3
+    return 8 if backend == "torch" else 3
 
 
 def _ranks(backend, world, interleave, block_size, spec, flatten):
