@@ -42,7 +42,8 @@ __all__ = ["PCPRank"]
 
 
 class PCPRank:
-    """One PCP rank's arena, builders, step and graph (see the module).
+    """One PCP rank's arena, builders, step and graph (see the module): the graph copies the
+    staged global batch, splits it, writes the rank's rows into its inputs and builds them.
 
     Parameters
     ----------

@@ -110,7 +110,8 @@ def compressed_kv_slots(
     num_tokens: int,
     dcp: DCPShard | None = None,
 ) -> None:
-    """Write every type's outputs for tokens ``[0, num_tokens)``.
+    """Write every type's outputs for tokens ``[0, num_tokens)`` (:class:`CompressedKVType`:
+    its slots, counts and ring slots; a sharded type's slots only on the entry's owner).
 
     Parameters
     ----------
