@@ -329,11 +329,17 @@ class ArenaConfig:
         return tuple(sorted(index | {
             t.compress_ratio for t in self._types if t.dcp_sharded and t.compress_ratio}))
 
+    def dcp_entry_interleave(self, compress_ratio: int) -> int:
+        """The interleave at which DCP deals the entries of a cache of ``compress_ratio``
+        (``R``, 0 or 1: uncompressed): ``I // R`` entries, at least 1 (entry ``c`` covers
+        tokens ``[cR, (c + 1) R)``, all in interleave group ``cR // I``)."""
+        return max(self.cp_kv_cache_interleave_size // max(compress_ratio, 1), 1)
+
     @property
     def dcp_compressed_interleave(self) -> int:
-        """The interleave of the indexer's compressed entries: ``I // index_compress_ratio``
-        (entry ``c`` covers tokens ``[cR, (c + 1) R)``, all in interleave group ``cR // I``)."""
-        return max(self.cp_kv_cache_interleave_size // self.index_compress_ratio, 1)
+        """The interleave of the indexer's compressed entries (:meth:`dcp_entry_interleave`
+        of ``index_compress_ratio``)."""
+        return self.dcp_entry_interleave(self.index_compress_ratio)
 
     @property
     def max_decode_tokens(self) -> int:

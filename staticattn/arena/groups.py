@@ -76,7 +76,7 @@ def _tokens_per_column(t: LayerType, cache: Cache, config: ArenaConfig) -> int:
 
 def _group(t: LayerType, cache: Cache, config: ArenaConfig) -> CacheGroup:
     span = _tokens_per_column(t, cache, config)
-    columns = 1 if cache is Cache.COMPRESSOR_STATE else -(-config.max_model_len // span)
+    columns = -(-config.max_model_len // span)  # a ring's span is max_model_len: one column
     return CacheGroup(t.group(cache), t, cache, columns, span)
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from staticattn.arena.config import ArenaConfig, cdiv
-from staticattn.arena.groups import CacheGroup, cache_groups
+from staticattn.arena.config import cdiv
+from staticattn.arena.groups import cache_groups
 from staticattn.errors import InvalidBatchError
 from staticattn.validation.values import check_block_ids, tokens_per_block
 
-__all__ = ["BlockIds", "group_tokens_per_column"]
+__all__ = ["BlockIds"]
 
 
 class BlockIds:
@@ -38,7 +38,8 @@ class BlockIds:
         The arena's inputs; their tables are ``block_table`` (the main cache group, a column
         per ``block_size * dcp_world_size`` tokens), with SWA ``swa_block_table`` (a column
         per ``swa_block_size`` tokens), and ``block_tables[group]`` of each cache group with
-        a table of its own (:func:`group_tokens_per_column`).
+        a table of its own (a column per
+        :attr:`~staticattn.arena.CacheGroup.tokens_per_column` tokens).
     num_kv_blocks : int
         Blocks of the KV pool.
     """
@@ -53,7 +54,7 @@ class BlockIds:
                                               tokens_per_block(cfg, swa=True))
         for group in cache_groups(cfg):
             self.tables[group.name] = (inputs.block_tables[group.name],
-                                       group_tokens_per_column(group, cfg))
+                                       group.tokens_per_column)
         #: The tables the host reads for free, as numpy views: every table of a CPU arena.
         self.host_tables = [(name, t.numpy(), per_block) for name, (t, per_block)
                             in self.tables.items() if t.device.type == "cpu"]
@@ -107,11 +108,3 @@ class BlockIds:
                 f"{self.num_kv_blocks}) (num_kv_blocks: the KV pool's blocks)")
         view[row, start : start + ids.size].copy_(
             torch.from_numpy(ids.astype(np.int32, copy=False)))
-
-
-def group_tokens_per_column(group: CacheGroup, config: ArenaConfig) -> int:
-    """Tokens one column of a cache group's table spans
-    (:attr:`~staticattn.arena.CacheGroup.tokens_per_column`: ``R * S``, times
-    ``dcp_world_size`` for a sharded cache under DCP; a ring's one column, which every
-    non-empty request uses, ``max_model_len``)."""
-    return group.tokens_per_column

@@ -117,10 +117,9 @@ def test_block_ids_of_a_sharded_group_are_checked_over_the_rank_s_columns():
     """The host check of a group's block ids reads the columns a request uses on this rank:
     ``cdiv(L, R S W)``."""
     from staticattn.arena import cache_groups
-    from staticattn.validation.block_ids import group_tokens_per_column
 
     cfg = ArenaConfig.preset("deepseek-v4.1-flash", **V41, dcp_world_size=4,
                              cp_kv_cache_interleave_size=4)
-    spans = {g.name: group_tokens_per_column(g, cfg) for g in cache_groups(cfg)}
+    spans = {g.name: g.tokens_per_column for g in cache_groups(cfg)}
     assert spans == {"c1a.compressed_kv": 256, "c1a.index_k": 256, "c2a.compressed_kv": 256,
                      "c2a.index_k": 256, "c2a.compressor_state": 4096}

@@ -258,8 +258,8 @@ class CompressedMetadataBuilder:
         not dealt over ranks."""
         if self._dcp is None or not ty.dcp_sharded:
             return None
-        world, rank, interleave = self._dcp
-        return DCPShard(world, rank, max(interleave // max(ty.compress_ratio, 1), 1))
+        world, rank, _ = self._dcp
+        return DCPShard(world, rank, bound_config(self).dcp_entry_interleave(ty.compress_ratio))
 
     def _cut_views(self, num_tokens: int, decode_rows: int) -> dict[str, dict]:
         """Per type, its views cut to ``num_tokens`` tokens and ``decode_rows`` rows."""

@@ -74,8 +74,8 @@ class IndexType(NamedTuple):
         """This rank's shard of the index-K entries (interleave ``I // R``), None without DCP."""
         if config.dcp_world_size == 1:
             return None
-        interleave = max(config.cp_kv_cache_interleave_size // self.compress_ratio, 1)
-        return DCPShard(config.dcp_world_size, config.dcp_rank, interleave)
+        return DCPShard(config.dcp_world_size, config.dcp_rank,
+                        config.dcp_entry_interleave(self.compress_ratio))
 
 
 def index_type(config: ArenaConfig, name: str | None) -> IndexType:

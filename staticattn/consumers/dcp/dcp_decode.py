@@ -113,7 +113,7 @@ class DCPDecodeAttention:
                               f"builder's decode operand, index_topk={config.index_topk} wide")
         ratio = self.ratio
         # Compressed entries are dealt at interleave I // R (kernels/dcp/ownership.py).
-        self.interleave = max(config.cp_kv_cache_interleave_size // ratio, 1)
+        self.interleave = config.dcp_entry_interleave(ratio)
         self.per_block = kind.storage_block_size
         global_width = cdiv(config.max_model_len, ratio)
         self.width = cdiv(global_width, self.world * self.interleave) * self.interleave

@@ -71,7 +71,7 @@ class DCPTopKMerge:
                  max_rows: int, ratio: int | None = None) -> None:
         self.world, self.rank, self.group = config.dcp_world_size, config.dcp_rank, group
         ratio = ratio or config.index_compress_ratio
-        self.interleave = max(config.cp_kv_cache_interleave_size // ratio, 1)
+        self.interleave = config.dcp_entry_interleave(ratio)
         self.topk, self.local_k, self.max_rows = topk, local_k, max_rows
         dev = config.torch_device
         self._cand = torch.zeros(self.world * max_rows * local_k * 2, dtype=torch.float64,
