@@ -39,7 +39,6 @@ from staticattn.distributed.pcp_world import (
     PCPSizes,
     pcp_pair,
     random_pcp_step,
-    step_slots,
 )
 from staticattn.distributed.world import join, leave
 
@@ -85,11 +84,9 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             host = host_times_us(run, reps, before=align)
             gpu = _gpu_times_us(run, reps, align) if me.cuda else [float("nan")] * reps
             coll = time_exchange(pair.rank.step.exchange, reps, me.cuda, align)
-            q = np.asarray(step["query_lens"])
-            seq = np.asarray(step["num_computed"]) + q
-            single_args = (q, seq, step_slots(step, pair.single.config.block_size))
+            single_args = pair.single_args(step)
             host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
-            rows.append(dict(requests=k, tokens=int(q.sum()), host=host, gpu=gpu,
+            rows.append(dict(requests=k, tokens=int(single_args[0].sum()), host=host, gpu=gpu,
                              collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
                              graphs=pair.rank.graphs))
     return rows

@@ -202,12 +202,18 @@ class PCPPair:
                             step["req_state_idx"])
         return out[: sum(step["query_lens"])]
 
-    def run_single(self, step: dict) -> torch.Tensor:
-        """The single-GPU step (the reference builds): int64 ``(T_step, columns)``."""
+    def single_args(self, step: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The single-GPU ``run`` arguments of ``step``: query lengths and sequence lengths,
+        int ``(S,)``, and the slots of the group the batch's slot mapping addresses (V4.1:
+        the window's), int64 ``(T,)``."""
         q = np.asarray(step["query_lens"])
         seq = np.asarray(step["num_computed"]) + q
         slots = step_slots(step, slot_group(self.rank.pcp, self.single.config)[0].block_size)
-        return self.single.run(q, seq, slots, eager=EagerBuild.REFERENCE).outputs
+        return q, seq, slots
+
+    def run_single(self, step: dict) -> torch.Tensor:
+        """The single-GPU step (the reference builds): int64 ``(T_step, columns)``."""
+        return self.single.run(*self.single_args(step), eager=EagerBuild.REFERENCE).outputs
 
 
 @contextlib.contextmanager
