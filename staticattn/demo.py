@@ -150,7 +150,7 @@ class SyntheticServer:
         main = block_ids(rng, NUM_KV_BLOCKS, cdiv(final, cfg.block_size))
         swa = (None if self.inputs.swa_block_table is None
                else block_ids(rng, NUM_KV_BLOCKS, cdiv(final, cfg.swa_block_size)))
-        groups = {g.name: block_ids(rng, NUM_KV_BLOCKS, group_columns(g, cfg, final))
+        groups = {g.name: block_ids(rng, NUM_KV_BLOCKS, group_columns(g, final))
                   for g in cache_groups(cfg)}
         return Request(row, context, prompt, swa, main, groups)
 

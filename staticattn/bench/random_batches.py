@@ -13,6 +13,7 @@ import torch
 
 from staticattn.arena import ArenaConfig, cache_groups, cdiv
 from staticattn.staging import PAD_SLOT_ID, StepInputs
+from staticattn.validation.values import tokens_per_block
 
 __all__ = [
     "NUM_KV_BLOCKS", "RandomStep", "block_ids", "fixed_step", "random_mixed_step",
@@ -52,25 +53,25 @@ def _write_rows(inputs: StepInputs, r: int, longest: int, rng: np.random.Generat
                 num_kv_blocks: int) -> tuple[np.ndarray, np.ndarray | None]:
     """:func:`write_block_rows` for ``r`` rows of sequences up to ``longest`` tokens."""
     cfg = inputs.config
-    main = _random_rows(inputs.block_table, r, cdiv(longest, cfg.block_size), rng,
-                        num_kv_blocks)
+    main = _random_rows(inputs.block_table, r, cdiv(longest, tokens_per_block(cfg, swa=False)),
+                        rng, num_kv_blocks)
     swa = None
     if inputs.swa_block_table is not None:
-        swa = _random_rows(inputs.swa_block_table, r, cdiv(longest, cfg.swa_block_size), rng,
-                           num_kv_blocks)
+        swa = _random_rows(inputs.swa_block_table, r,
+                           cdiv(longest, tokens_per_block(cfg, swa=True)), rng, num_kv_blocks)
     for group in cache_groups(cfg):
-        _random_rows(inputs.block_tables[group.name], r, group_columns(group, cfg, longest),
+        _random_rows(inputs.block_tables[group.name], r, group_columns(group, longest),
                      rng, num_kv_blocks)
     return main, swa
 
 
-def group_columns(group, cfg: ArenaConfig, tokens: int) -> int:
+def group_columns(group, tokens: int) -> int:
     """Columns of a cache group's table that ``tokens`` tokens use: one for a ring, else
-    the blocks of their ``cdiv(tokens, R)`` entries at ``block_size // R`` a block."""
+    ``cdiv(tokens, tokens_per_column)`` (``R * S`` tokens a column, times the DCP ranks for a
+    sharded cache: :class:`~staticattn.arena.CacheGroup`)."""
     if group.columns == 1:
         return 1
-    t = group.layer_type
-    return cdiv(cdiv(tokens, t.compress_ratio), t.entries_per_block(cfg.block_size))
+    return cdiv(tokens, group.tokens_per_column)
 
 
 def block_ids(rng: np.random.Generator, num_kv_blocks: int, size) -> np.ndarray:

@@ -11,7 +11,7 @@ import pytest
 from helpers.support import READER_BACKEND, quiet
 from helpers.v41_steps import v41_config
 
-from staticattn.arena import cache_groups
+from staticattn.arena import ArenaConfig, cache_groups
 from staticattn.bench.random_batches import (
     DecodeStream,
     group_columns,
@@ -35,11 +35,27 @@ def test_group_columns_follow_the_entries_of_a_type():
     cfg, _, _, _ = _world()
     groups = {g.name: g for g in cache_groups(cfg)}
     # 64-token blocks: c1a 64 entries a block, c2a 32; 1000 tokens -> 1000 / 500 entries.
-    assert group_columns(groups["c1a.compressed_kv"], cfg, 1000) == 16
-    assert group_columns(groups["c2a.index_k"], cfg, 1000) == 16
-    assert group_columns(groups["c2a.index_k"], cfg, 1024) == 16
-    assert group_columns(groups["c2a.index_k"], cfg, 1025) == 17
-    assert group_columns(groups["c2a.compressor_state"], cfg, 1000) == 1
+    assert group_columns(groups["c1a.compressed_kv"], 1000) == 16
+    assert group_columns(groups["c2a.index_k"], 1000) == 16
+    assert group_columns(groups["c2a.index_k"], 1024) == 16
+    assert group_columns(groups["c2a.index_k"], 1025) == 17
+    assert group_columns(groups["c2a.compressor_state"], 1000) == 1
+
+
+def test_random_steps_fill_the_rank_s_columns_under_dcp():
+    """Under DCP a sharded group's column spans ``R * S * W`` tokens and the main table's
+    ``block_size * W``: a step at the context limit fills the rank's narrower tables."""
+    cfg = ArenaConfig.preset("deepseek-v4.1-flash", device="cpu", max_model_len=4096,
+                             max_num_seqs=4, max_num_batched_tokens=64, dcp_world_size=2,
+                             cp_kv_cache_interleave_size=2)
+    arena, inputs = make_arena(cfg, default_builders(cfg))
+    step = random_uniform_decode(inputs, 2, np.random.default_rng(0), num_kv_blocks=100,
+                                 max_seq_len=4096, short_fraction=0.0)
+    longest = int(step.seq_lens.max())
+    assert group_columns(next(g for g in cache_groups(cfg) if g.name == "c1a.index_k"),
+                         4096) == 4096 // (64 * 2)
+    for g in cache_groups(cfg):
+        assert group_columns(g, longest) <= inputs.block_tables[g.name].shape[1], g.name
 
 
 @pytest.mark.parametrize("draw", ["uniform", "mixed", "stream"])
@@ -58,7 +74,7 @@ def test_random_steps_write_every_group_table(draw):
     rows = step.seq_lens.shape[0]
     for g in cache_groups(cfg):
         written = inputs.block_tables[g.name][:rows].cpu()
-        cols = group_columns(g, cfg, longest)
+        cols = group_columns(g, longest)
         assert ((written[:, :cols] >= 1) & (written[:, :cols] < 100)).all(), g.name
         assert (written[:, cols:] == 0).all(), g.name
 
