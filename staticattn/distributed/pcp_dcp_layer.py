@@ -36,6 +36,7 @@ from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.distributed.pcp_consumer import new_keys, write_keys
 from staticattn.kernels.dcp.ownership import dcp_global_index
+from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES
 
 __all__ = ["PCPDCPLayer"]
 
@@ -104,8 +105,9 @@ class PCPDCPLayer:
         gather_rank_major(self.keys, self.world, self.rank, self.group)
         write_keys(self.cache, v.gathered_slots, self.keys.view(-1))
         qsl = batch.query_start_loc.long()
-        nd_rows = batch.step_counts[2].long()
-        nd_tokens = qsl.index_select(0, nd_rows.reshape(1))[0]
+        # The rank's decode rows and their tokens, as write_local_inputs staged them.
+        nd_rows = batch.step_counts[COUNT_DECODES].long()
+        nd_tokens = batch.step_counts[COUNT_DECODE_TOKENS].long()
         self._decodes(batch, metadata["indexer"].decode.seq_lens[:, 0], nd_tokens)
         prefill = self._prefills(batch, nd_rows, nd_tokens)
         t = torch.arange(N, device=qsl.device)
