@@ -155,15 +155,20 @@ class StepRunner:
         if eager is not None and not isinstance(eager, EagerBuild):
             raise GraphError(f"eager must be None, EagerBuild.GRAPH or EagerBuild.REFERENCE; "
                              f"got {eager!r}")
-        step = self.check(q, s, slots, replay_start, image_spans)
+        step = self.checks.arrays(q, s, slots, replay_start, image_spans)
         k, num_tokens = int(q.shape[0]), int(slots.shape[0])
         uniform = step.longest == self._n == step.shortest
+        dispatcher = self.dispatcher
         if eager is not None:
             g, reason = None, _FORCED
+        elif not uniform and (g := dispatcher.bucket(_MIXED, k, num_tokens)) is not None:
+            # A step with a prefill or unequal decodes: its kind's one lookup, as an in-place
+            # launch makes it; route() (no key object, no fallback walk) decides the rest.
+            reason = None
         else:
-            g, reason = self.dispatcher.route(StepKey(
+            g, reason = dispatcher.route(StepKey(
                 _DECODE if uniform else _MIXED, num_tokens, k, step.longest,
-                int(s.max()) if self.dispatcher.many_contexts else 0))
+                int(s.max()) if dispatcher.many_contexts else 0))
         if g is not None:
             self.stage(q, s, slots, step, g.kind is _DECODE)
             return self.replay(g, num_tokens)
