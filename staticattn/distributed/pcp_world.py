@@ -21,7 +21,7 @@ from staticattn.distributed.pcp_consumer import SingleGatherStep, write_context
 from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.errors import ConfigError
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
-from staticattn.reference import pcp_layout, pcp_ring
+from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes", "pcp_pair",
            "random_pcp_step", "rank_mismatches", "step_slots"]
@@ -265,20 +265,22 @@ def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
             want["query_start_loc"][-1]).any():
         mismatched.append("padding")
     if v.ring is not None:
-        mismatched += ring_mismatches(v.ring, cfg, batch, lay, step)
+        mismatched += ring_mismatches(v.ring, cfg, batch, lay, step,
+                                      me.config.num_speculative_tokens)
     return mismatched
 
 
 def ring_mismatches(ring, cfg: PCPConfig, batch: pcp_layout.GlobalBatch,
-                    lay: pcp_layout.Layout, step: dict) -> list[str]:
+                    lay: pcp_layout.Layout, step: dict, num_speculative_tokens: int) -> list[str]:
     """The ring links of the last step (a rank's ``RingLinks``) against the oracle
-    (:func:`staticattn.reference.pcp_ring.ring_links`), each request's ring block being
-    column 0 of its step row (what :meth:`PCPPair.write` puts in the ring's table): the
-    names of the fields that differ, ``prev_row_indices`` (every rank's rows, -1 past them)
-    and ``ring_write_slots``."""
+    (:func:`staticattn.reference.pcp_ring.ring_links`, with the oracle's ring capacity for
+    ``num_speculative_tokens``), each request's ring block being column 0 of its step row
+    (what :meth:`PCPPair.write` puts in the ring's table): the names of the fields that
+    differ, ``prev_row_indices`` (every rank's rows, -1 past them) and
+    ``ring_write_slots``."""
     R = cfg.max_rows
     want = pcp_ring.ring_links(batch, lay, [row[0] for row in step["table"].tolist()], R,
-                               ring.capacity)
+                               v41_compressed.ring_capacity(num_speculative_tokens))
     prev = [links + [-1] * (R - len(links)) for links in want["prev_row_indices"]]
     return [name for name, value in (("prev_row_indices", prev),
                                      ("ring_write_slots", want["ring_write_slots"]))
