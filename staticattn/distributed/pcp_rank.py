@@ -7,10 +7,13 @@ Workflow (every rank of the PCP group, the same calls in the same order):
    the arena holds the input views, every builder's buffers (:func:`~staticattn.builders.
    default_builders`) and the PCP views (:mod:`staticattn.builders.pcp.rank_views`), all
    allocated once;
-2. ``capture()`` (CUDA, a PCP graph mode: DeepSeek V3.2; V4.1 runs eagerly, as in the
-   reference) -- one graph: the copy of the staged global batch, the PCP split and this
-   rank's rows written into the input views (:mod:`staticattn.builders.pcp.
-   rank_step`), every builder's ``build_mixed`` over them, and the step (the emulated
+2. ``capture()`` (CUDA, any PCP graph mode but ``NONE``: DeepSeek V3.2 and V4.1 alike;
+   the reference runs V4.1's PCP eagerly only, here it is captured on purpose, every piece
+   having a fixed-capacity device formulation, :mod:`staticattn.arena.pcp_config`) -- one
+   graph: the copy of the staged global batch, the PCP split and this rank's rows (V4.1:
+   with every rank's compressor-ring links) written into the input views
+   (:mod:`staticattn.builders.pcp.rank_step`), every builder's ``build_mixed`` over them,
+   and the step (the emulated
    layer of :mod:`staticattn.distributed.pcp_consumer`, or under PCP + DCP of
    :mod:`staticattn.distributed.pcp_dcp_layer`, with its NCCL collectives). Every
    rank captures together: the capture's collectives pair up across ranks;
@@ -30,6 +33,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.arena.pcp_config import GraphMode, PCPConfig
 from staticattn.builders import default_builders, make_arena
 from staticattn.builders.batch import Batch
+from staticattn.builders.compressed import ring_capacity
 from staticattn.builders.pcp.rank_step import build_rank_step
 from staticattn.builders.pcp.rank_views import PCPLayout, PCPViews
 from staticattn.distributed.pcp_consumer import PCPGatherStep
@@ -89,7 +93,8 @@ class PCPRank:
         # Every prefill region's D shards hold at most its length and one interleave a rank.
         workspace = pcp.max_num_seqs * (config.max_model_len
                                         + pcp.dcp_size * pcp.cp_kv_cache_interleave_size)
-        layout = PCPLayout(pcp, num_tokens, max_num_tokens, workspace)
+        layout = PCPLayout(pcp, num_tokens, max_num_tokens, workspace,
+                           ring_capacity(config.num_speculative_tokens))
         self.arena, self.inputs = make_arena(config, [layout, *self.builders])
         self.views: PCPViews = layout.views
         self.step = (PCPGatherStep(config, self.views, rank, pcp.pcp_size, group,
@@ -114,8 +119,8 @@ class PCPRank:
 
     @property
     def graphs(self) -> bool:
-        """Whether the rank's steps replay a graph: on CUDA, under a PCP graph mode (the
-        reference captures V3.2's PCP steps; V4.1's run eagerly, ``GraphMode.NONE``)."""
+        """Whether the rank's steps replay a graph: on CUDA, under any PCP graph mode but
+        ``GraphMode.NONE`` (which runs the same body eagerly), V3.2 and V4.1 alike."""
         return self._staged is not None and self.pcp.graph_mode is not GraphMode.NONE
 
     def capture(self) -> None:

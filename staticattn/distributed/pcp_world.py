@@ -21,16 +21,15 @@ from staticattn.distributed.pcp_consumer import SingleGatherStep, write_context
 from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.errors import ConfigError
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
-from staticattn.reference import pcp_layout
+from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes", "pcp_pair",
            "random_pcp_step", "rank_mismatches", "step_slots"]
 
-#: The presets ``--pcp`` serves. DeepSeek V4 is refused by the reference (its backends do
-#: not support PCP); V4.1 runs eagerly there (no CUDA graphs), and so it does here.
+#: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
+#: by the reference (its backends do not support PCP). V4.1 runs eagerly there (no CUDA
+#: graphs); here its ranks capture on purpose (``staticattn.arena.pcp_config`` says why).
 PCP_PRESETS = ("deepseek-v3.2", "deepseek-v4.1-flash", "deepseek-v4.1-large")
-#: The architectures whose PCP steps replay graphs.
-GRAPH_ARCHITECTURES = ("deepseek_v32",)
 
 
 @dataclass(frozen=True)
@@ -88,13 +87,13 @@ class PCPFence:
 
 
 def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
-            rank: int = 0) -> tuple[PCPConfig, ArenaConfig, ArenaConfig]:
+            rank: int = 0, eager: bool = False) -> tuple[PCPConfig, ArenaConfig, ArenaConfig]:
     """``(pcp, rank ``rank``'s arena, one-rank arena)`` of a run of ``world`` PCP ranks and
     ``dcp`` DCP ranks; :class:`ConfigError` for what ``--pcp`` does not serve (the
-    reference's refusals, §6, first)."""
+    reference's refusals, §6, first). On CUDA the ranks capture (V3.2 and V4.1) unless
+    ``eager`` (``GraphMode.NONE``)."""
     arch = ArenaConfig.preset(preset, device="cpu").architecture
-    # Graphs where the reference captures PCP (V3.2); V4.1's PCP runs eagerly there.
-    graphs = device.startswith("cuda") and arch in GRAPH_ARCHITECTURES
+    graphs = device.startswith("cuda") and not eager
     pcp = PCPConfig(pcp_size=world, dcp_size=dcp, architecture=arch,
                     max_num_seqs=sizes.max_num_seqs,
                     cp_kv_cache_interleave_size=sizes.interleave,
@@ -218,10 +217,12 @@ class PCPPair:
 
 @contextlib.contextmanager
 def pcp_pair(preset: str, world: int, rank: int, group, device: str,
-             sizes: PCPSizes, seed: int = 0, dcp: int = 1) -> Iterator[PCPPair]:
-    """The rank of a run (``dcp``: its DCP ranks, 1 or ``world``) and its single-GPU twin,
-    over caches holding the same keys; they die with the block."""
-    pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes, dcp, rank)
+             sizes: PCPSizes, seed: int = 0, dcp: int = 1,
+             eager: bool = False) -> Iterator[PCPPair]:
+    """The rank of a run (``dcp``: its DCP ranks, 1 or ``world``; ``eager``: no graph on
+    CUDA either) and its single-GPU twin, over caches holding the same keys; they die with
+    the block."""
+    pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes, dcp, rank, eager)
     blocks = sizes.kv_blocks(max(table_columns(single_cfg).values()))
     me = PCPRank(pcp, rank_cfg, sizes.num_tokens(world, dcp), sizes.max_num_tokens, group,
                  rank, blocks, seed)
@@ -236,8 +237,9 @@ def pcp_pair(preset: str, world: int, rank: int, group, device: str,
 def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
     """The rank's metadata of the last step against the oracle: its rows' query starts,
     lengths, request states and start positions, its tokens' positions and global indices,
-    its segment of the gathered slot mapping, and what its builders read (the input views).
-    The names of the fields that differ."""
+    its segment of the gathered slot mapping, what its builders read (the input views) and,
+    where the model has a ratio-2 compressor ring (V4.1), every rank's ring links
+    (:func:`ring_mismatches`). The names of the fields that differ."""
     me = pair.rank
     cfg, p, N = me.pcp, me.rank, me.num_tokens
     batch = global_batch(step)
@@ -262,4 +264,24 @@ def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
     if inputs.seq_lens[n_rows:R].any() or inputs.query_start_loc[n_rows:R + 1].ne(
             want["query_start_loc"][-1]).any():
         mismatched.append("padding")
+    if v.ring is not None:
+        mismatched += ring_mismatches(v.ring, cfg, batch, lay, step,
+                                      me.config.num_speculative_tokens)
     return mismatched
+
+
+def ring_mismatches(ring, cfg: PCPConfig, batch: pcp_layout.GlobalBatch,
+                    lay: pcp_layout.Layout, step: dict, num_speculative_tokens: int) -> list[str]:
+    """The ring links of the last step (a rank's ``RingLinks``) against the oracle
+    (:func:`staticattn.reference.pcp_ring.ring_links`, with the oracle's ring capacity for
+    ``num_speculative_tokens``), each request's ring block being column 0 of its step row
+    (what :meth:`PCPPair.write` puts in the ring's table): the names of the fields that
+    differ, ``prev_row_indices`` (every rank's rows, -1 past them) and
+    ``ring_write_slots``."""
+    R = cfg.max_rows
+    want = pcp_ring.ring_links(batch, lay, [row[0] for row in step["table"].tolist()], R,
+                               v41_compressed.ring_capacity(num_speculative_tokens))
+    prev = [links + [-1] * (R - len(links)) for links in want["prev_row_indices"]]
+    return [name for name, value in (("prev_row_indices", prev),
+                                     ("ring_write_slots", want["ring_write_slots"]))
+            if getattr(ring, name).tolist() != value]

@@ -1,19 +1,22 @@
 """One PCP rank's graph on one device: with ``P = 1`` the rank holds both chunks of every
-prefill and the all-gathers are the identity, so a single process captures (CUDA, V3.2) or
-runs (CPU; V4.1 everywhere) the whole body -- the staged global batch's copy, the split,
-the rank's input views, the builders' mixed builds, the emulated layer and the restore --
-and every step must equal the single-GPU step, its metadata the oracle. Graph-safety (no
-host read, no allocation outside the pool, no branch on data) is what the CUDA capture
-checks."""
+prefill and the all-gathers are the identity, so a single process captures (CUDA: V3.2 and
+V4.1, whose PCP the reference runs eagerly only) or runs (CPU) the whole body -- the staged
+global batch's copy, the split (V4.1: with the ring links), the rank's input views, the
+builders' mixed builds, the emulated layer and the restore -- and every step must equal the
+single-GPU step, its metadata the oracle. Graph-safety (no host read, no allocation outside
+the pool, no branch on data) is what the CUDA capture checks; on the CPU the body's ops are
+traced instead: none reads the device back, and two different steps run the same ops."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from helpers.op_trace import HOST_READS, OpTrace
 
+from staticattn.arena.pcp_config import GraphMode
 from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step, rank_mismatches
-from staticattn.errors import CapacityError, InvalidBatchError
+from staticattn.errors import CapacityError, ConfigError, InvalidBatchError
 
 SIZES = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
 
@@ -24,10 +27,11 @@ def _device() -> str:
 
 @pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4.1-flash"])
 def test_the_rank_step_equals_the_single_gpu_step(preset):
-    """V3.2 in a graph (CUDA); V4.1 eagerly, as the reference runs its PCP steps."""
+    """Both in a graph on CUDA (V4.1 on purpose: the reference runs its PCP eagerly)."""
     rng = np.random.default_rng(3)
     with pcp_pair(preset, 1, 0, None, _device(), SIZES) as pair:
-        assert pair.rank.graphs == (torch.cuda.is_available() and preset == "deepseek-v3.2")
+        assert pair.rank.graphs == torch.cuda.is_available()
+        assert (pair.rank.views.ring is not None) == (preset == "deepseek-v4.1-flash")
         if pair.rank.graphs:
             pair.rank.capture()
             assert pair.rank.graph is not None
@@ -37,6 +41,36 @@ def test_the_rank_step_equals_the_single_gpu_step(preset):
             got = pair.run(step).clone()
             assert torch.equal(got, pair.run_single(step)), step
             assert rank_mismatches(pair, step) == [], step
+
+
+def test_the_v41_rank_body_reads_nothing_back_and_runs_the_same_ops():
+    """What the graph holds for V4.1 (the split, the ring links, the rank's inputs, the
+    builders' mixed builds, the emulated layer), traced on the CPU: no op reads the device
+    back and, once warm, two different steps run the same ops."""
+    rng = np.random.default_rng(11)
+    traces = []
+    with pcp_pair("deepseek-v4.1-flash", 1, 0, None, "cpu", SIZES) as pair:
+        for _ in range(3):
+            step = random_pcp_step(rng, SIZES, pair.columns)
+            pair.write(step)
+            pair.rank.stage(step["query_lens"], step["is_prefilling"], step["num_computed"],
+                            step["req_state_idx"])
+            with OpTrace() as trace:
+                pair.rank.body()
+            traces.append(trace.ops)
+    assert not HOST_READS & set(traces[0])
+    assert traces[1] == traces[2]  # the first call also builds what stays (views, plans)
+
+
+def test_a_v41_rank_runs_eagerly_when_asked():
+    with pcp_pair("deepseek-v4.1-flash", 1, 0, None, _device(), SIZES, eager=True) as pair:
+        assert pair.rank.pcp.graph_mode is GraphMode.NONE and not pair.rank.graphs
+        with pytest.raises(ConfigError, match="a PCP graph mode"):
+            pair.rank.capture()
+        step = random_pcp_step(np.random.default_rng(4), SIZES, pair.columns)
+        pair.write(step)
+        assert torch.equal(pair.run(step), pair.run_single(step))
+        assert rank_mismatches(pair, step) == []
 
 
 @pytest.mark.parametrize(("change", "error", "says"), [
@@ -65,7 +99,6 @@ def test_a_rank_arena_that_cannot_hold_the_split_is_refused(rank_arena, says):
     from staticattn.arena import ArenaConfig
     from staticattn.arena.pcp_config import PCPConfig
     from staticattn.distributed.pcp_rank import PCPRank
-    from staticattn.errors import ConfigError
 
     pcp = PCPConfig(pcp_size=2, max_num_seqs=4)
     cfg = ArenaConfig.preset("deepseek-v3.2", device="cpu", max_model_len=512,

@@ -19,6 +19,7 @@ from helpers import dcp_workers, pcp_workers
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.reference import pcp_layout as pcp
+from staticattn.reference import pcp_ring
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -58,7 +59,22 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
             decodes = sum(not batch.is_prefilling[r.req] for r in rows if r.length)
             assert got["step_counts"] == [n, lay.num_tokens[p], decodes,
                                           meta["query_start_loc"][decodes]], (s, p)
+            if v41:
+                assert _ring_links(cfg, batch, lay, step["table"]) == (
+                    got["prev_row_indices"], got["ring_write_slots"]), (s, p)
+            else:
+                assert got["prev_row_indices"] is None, "V3.2 has no compressor ring"
     assert prefills >= len(records[0]["steps"]) // 2  # the steps held prefills to split
+
+
+def _ring_links(cfg: PCPConfig, batch: pcp.GlobalBatch, lay: pcp.Layout,
+                table: list[list[int]]) -> tuple[list[list[int]], list[int]]:
+    """The oracle's ring links of every rank, ``prev_row_indices`` padded to ``R`` rows
+    with -1; each request's ring block is column 0 of its block row."""
+    R = cfg.max_rows
+    want = pcp_ring.ring_links(batch, lay, [row[0] for row in table], R)
+    return ([links + [-1] * (R - len(links)) for links in want["prev_row_indices"]],
+            want["ring_write_slots"])
 
 
 @pytest.mark.parametrize(("world", "dcp", "interleave"), [(2, 1, 1), (4, 1, 1), (2, 2, 8)])
@@ -74,10 +90,29 @@ def test_gloo_ranks_build_the_oracle_rows_and_the_single_gpu_step(tmp_path, worl
 
 def test_gloo_ranks_serve_deepseek_v41(tmp_path):
     """DeepSeek V4.1 (the KV replicated): its two indexers, compressed KV with the ratio-2
-    compressor ring, and the window; the keys all-gathered into the window's cache."""
+    compressor ring, and the window; the keys all-gathered into the window's cache. Every
+    rank's ring links, built in its step from the staged batch, equal the oracle's, and the
+    steps hold rows that link across the ranks and rows that save an open group."""
     target = functools.partial(pcp_workers.demo_steps, world=2,
                                preset="deepseek-v4.1-flash", steps=8)
-    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, v41=True)
+    records = dcp_workers.spawn_ranks(target, tmp_path, 2)
+    _check(records, 2, v41=True)
+    steps = records[0]["steps"]
+    assert any(p >= 0 for s in steps for rank in s["prev_row_indices"] for p in rank)
+    assert any(w >= 0 for s in steps for w in s["ring_write_slots"])
+
+
+def test_gloo_ranks_link_the_ring_of_worked_example_4(tmp_path):
+    """§4.2's worked example 4 on four V4.1 ranks: q = (37, 100), ring blocks A -> 5 and
+    B -> 9, ``max_num_seqs = 4`` (R = 8 rows a rank, gathered row ``rank * 8 + row``)."""
+    records = dcp_workers.spawn_ranks(pcp_workers.ring_example, tmp_path, 4)
+    _check(records, 4, v41=True)
+    pad = [-1] * 4
+    for record in records:
+        (got,) = record["steps"]
+        assert got["prev_row_indices"] == [[-1, 9, -1, 11] + pad, [0, -1, 2, -1] + pad,
+                                           [-1, 25, -1, 27] + pad, [16, -1, 18, -1] + pad]
+        assert got["ring_write_slots"] == [-1, 44] + [-1] * 30
 
 
 @pytest.mark.multigpu

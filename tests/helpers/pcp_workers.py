@@ -89,31 +89,60 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
     sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
                      interleave=interleave)
     rng = np.random.default_rng(7)
-    records = []
     with pcp_pair(preset, world, rank, None, device, sizes, dcp=dcp) as pair:
         if pair.rank.graphs:
             pair.rank.capture()
-        R, N = pair.rank.pcp.max_rows, pair.rank.num_tokens
-        inputs = pair.rank.inputs
-        for _ in range(steps):
-            step = random_pcp_step(rng, sizes, pair.columns)
-            pair.write(step)
-            got = pair.run(step).cpu()
-            records.append({
-                "step": {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
-                         for k, v in step.items()},
-                "equal": torch.equal(got, pair.run_single(step).cpu()),
-                "tokens": got.shape[0],
-                "query_start_loc": inputs.query_start_loc[:R + 1].tolist(),
-                "seq_lens": inputs.seq_lens[:R].tolist(),
-                "positions": inputs.positions[:N].tolist(),
-                "slot_mapping": inputs.slot_mapping[:N].tolist(),
-                "block_table": inputs.block_table[:R, :2].tolist(),
-                "step_counts": inputs.step_counts.tolist(),
-                "N": N})
+        records = [_step_record(pair, random_pcp_step(rng, sizes, pair.columns))
+                   for _ in range(steps)]
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": records}, f)
+
+
+def _step_record(pair, step: dict) -> dict:
+    """Run ``step`` on the rank and its single-GPU twin: the step drawn, whether the
+    restored rows are equal, and the rank's input views after it (what its builders read)
+    and, where the model has a compressor ring, every rank's ring links."""
+    pair.write(step)
+    got = pair.run(step).cpu()
+    R, N = pair.rank.pcp.max_rows, pair.rank.num_tokens
+    inputs, ring = pair.rank.inputs, pair.rank.views.ring
+    return {
+        "step": {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
+                 for k, v in step.items()},
+        "equal": torch.equal(got, pair.run_single(step).cpu()),
+        "tokens": got.shape[0],
+        "query_start_loc": inputs.query_start_loc[:R + 1].tolist(),
+        "seq_lens": inputs.seq_lens[:R].tolist(),
+        "positions": inputs.positions[:N].tolist(),
+        "slot_mapping": inputs.slot_mapping[:N].tolist(),
+        "block_table": inputs.block_table[:R, :2].tolist(),
+        "step_counts": inputs.step_counts.tolist(),
+        "prev_row_indices": None if ring is None else ring.prev_row_indices.tolist(),
+        "ring_write_slots": None if ring is None else ring.ring_write_slots.tolist(),
+        "N": N}
+
+
+def ring_example(rank: int, out: str, world: int = 4) -> None:
+    """The spec's worked example 4 on DeepSeek V4.1's ranks (gloo): fresh prefills of 37
+    and 100 tokens whose ring blocks (column 0 of their block rows) are 5 and 9,
+    ``max_num_seqs = 4``; the rank's record of that one step."""
+    from staticattn.distributed.pcp_world import PCPSizes, pcp_pair
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    sizes = PCPSizes(max_num_seqs=4, max_num_tokens=160, max_model_len=512)
+    with pcp_pair("deepseek-v4.1-flash", world, rank, None, "cpu", sizes) as pair:
+        width = pair.columns
+        # Unique blocks (never the null block 0), A's row led by 5 and B's by 9.
+        rest = iter(range(10, 10 + 2 * width))
+        table = [[first] + [next(rest) for _ in range(width - 1)] for first in (5, 9)]
+        step = dict(query_lens=[37, 100], num_computed=[0, 0], is_prefilling=[True, True],
+                    req_state_idx=[3, 7], table=torch.tensor(table, dtype=torch.int32))
+        record = _step_record(pair, step)
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"steps": [record]}, f)
 
 
 def mismatched_prefill_flags(rank: int, out: str, world: int = 2) -> None:

@@ -1,5 +1,6 @@
 """The configurations prefill context parallelism refuses (``prefill-context-parallel.md``
-§6), each a typed error naming the cause, and the DCP rank of each PCP rank (§1)."""
+§6), each a typed error naming the cause, but one served on purpose (DeepSeek V4.1's PCP
+under CUDA graphs), and the DCP rank of each PCP rank (§1)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,14 @@ from staticattn.errors import ConfigError
      "DeepSeek-V4.1 PCP currently requires PP=DP=DCP=1"),
     ({"pcp_size": 2, "architecture": "deepseek_v41", "speculation": Speculation.MTP},
      "DeepSeek-V4.1 PCP currently requires"),
-    ({"pcp_size": 2, "architecture": "deepseek_v41", "graph_mode": GraphMode.PIECEWISE},
-     "CUDA graphs only for DeepSeek-V3.2"),
+    # What the reference refuses stays refused with graphs on: V4, V4.1 under DCP, FULL.
+    ({"pcp_size": 2, "architecture": "deepseek_v4", "graph_mode": GraphMode.PIECEWISE},
+     "do not support PCP"),
+    ({"pcp_size": 2, "architecture": "deepseek_v41", "dcp_size": 2,
+      "graph_mode": GraphMode.FULL_AND_PIECEWISE}, "DeepSeek-V4.1 PCP currently requires"),
     ({"pcp_size": 2, "graph_mode": GraphMode.FULL}, "decode-only routines"),
+    ({"pcp_size": 2, "architecture": "deepseek_v41", "graph_mode": GraphMode.FULL},
+     "decode-only routines"),
     ({"pcp_size": 2, "speculation": Speculation.OTHER}, "DSpark or single-module MTP"),
     ({"pcp_size": 2, "tp_size": 2, "dcp_size": 4, "speculation": Speculation.DSPARK,
       "num_q_heads": 256}, "DCP=1 or DCP=PCP"),
@@ -46,6 +52,9 @@ def test_refused(fields, gist):
      "graph_mode": GraphMode.FULL_AND_PIECEWISE, "speculation": Speculation.MTP},
     {"pcp_size": 2, "tp_size": 4, "dcp_size": 8, "num_q_heads": 1024},
     {"pcp_size": 2, "architecture": "deepseek_v41"},
+    # Served on purpose although the reference runs V4.1's PCP eagerly only (pcp_config).
+    {"pcp_size": 2, "architecture": "deepseek_v41", "graph_mode": GraphMode.PIECEWISE},
+    {"pcp_size": 4, "architecture": "deepseek_v41", "graph_mode": GraphMode.FULL_AND_PIECEWISE},
     {"pcp_size": 2, "dcp_size": 2, "speculation": Speculation.DSPARK},
     {"pcp_size": 1, "tp_size": 4, "dcp_size": 2},
 ])

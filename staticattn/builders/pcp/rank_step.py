@@ -6,7 +6,10 @@ views, so the whole of it is captured in the rank's graph.
 2. every rank's rows and the gathered layout (:func:`~staticattn.builders.pcp.rank_rows.
    build_rows`), this rank's row fields and the gathered slot mapping of its DCP rank
    (under PCP + DCP also the prefill rows' global chunk plan, :mod:`~staticattn.builders.
-   pcp.kv_plan`);
+   pcp.kv_plan`; where the model has a ratio-2 compressor ring, DeepSeek V4.1, every
+   rank's ring links, :mod:`~staticattn.builders.pcp.ring_link`, each request's ring block
+   read from column 0 of its row of the ring's table, as the single-GPU compressed builder
+   reads it);
 3. **the rank-local batch reaches the builders through the rank arena's own input views**:
    this rank's rows are written where the staging kernels of a single-GPU step would write
    a step -- ``query_start_loc`` (``R + 1``, repeating ``N_p`` past the rows),
@@ -35,6 +38,7 @@ from staticattn.builders.pcp.kv_plan import build_prefill_extents
 from staticattn.builders.pcp.rank_fields import build_rank_fields, gathered_slots
 from staticattn.builders.pcp.rank_rows import build_rows
 from staticattn.builders.pcp.rank_views import PCPViews
+from staticattn.builders.pcp.ring_link import build_ring_links
 from staticattn.staging import StepInputs
 
 __all__ = ["build_rank_step", "input_table", "slot_group", "write_local_inputs"]
@@ -62,6 +66,10 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     gathered_slots(slot_cfg, views.rows, views.tables[table], dcp_rank, views.gathered_slots)
     if views.extents is not None:
         build_prefill_extents(cfg, views.rows, views.fields, rank, views.extents)
+    if views.ring is not None:
+        ring = views.ring
+        build_ring_links(views.rows, computed, views.tables[ring.table][:, 0],
+                         ring.prev_row_indices, ring.ring_write_slots, ring.capacity)
     write_local_inputs(views, inputs, rank)
 
 

@@ -21,6 +21,9 @@ addresses for the rank's life.
 * under PCP + DCP, ``pcp.extents.*``: the rank's prefill-row KV extents and the global
   chunk plan (:class:`~staticattn.builders.pcp.kv_plan.PrefillExtents`, a workspace of
   ``W`` entries).
+* where the model has a ratio-2 compressor ring (DeepSeek V4.1), ``pcp.ring.*``: every
+  rank's ring links (:class:`~staticattn.builders.pcp.ring_link.RingLinks`:
+  ``prev_row_indices`` int32 ``(P, R)``, ``ring_write_slots`` int64 ``(P * R,)``).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.kv_plan import PrefillExtents
 from staticattn.builders.pcp.rank_fields import RankFields
 from staticattn.builders.pcp.rank_rows import RowViews
+from staticattn.builders.pcp.ring_link import RingLinks, ring_buffers, ring_table
 
 __all__ = ["BATCH_ROWS", "PCPLayout", "PCPViews", "pcp_buffers", "table_columns"]
 
@@ -59,7 +63,8 @@ def table_columns(config) -> dict[str, int]:
 
 
 def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
-                tables: dict[str, int], workspace: int = 0) -> list[BufferDecl]:
+                tables: dict[str, int], workspace: int = 0,
+                ring: bool = False) -> list[BufferDecl]:
     """The declarations of one rank's PCP views.
 
     Parameters
@@ -75,6 +80,8 @@ def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
     workspace : int
         ``W``, the entries of the PCP + DCP prefill plan (every prefill region, ``D``
         shards each); unused under D = 1.
+    ring : bool
+        Whether the model has a ratio-2 compressor ring (the ring links' views).
     """
     S, R, P = cfg.max_num_seqs, cfg.max_rows, cfg.pcp_size
     field_decls = [BufferDecl(f"pcp.fields.{f.name}", (R,),
@@ -89,7 +96,7 @@ def pcp_buffers(cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
               for name, columns in tables.items()),
             *_decls("pcp.rows", RowViews.allocate(cfg, num_tokens, max_num_tokens,
                                                   device="meta")),
-            *field_decls, *extents,
+            *field_decls, *extents, *(ring_buffers(cfg) if ring else []),
             BufferDecl("pcp.gathered_slots", (P * num_tokens,), torch.int64, fill=-1)]
 
 
@@ -108,6 +115,8 @@ class PCPViews:
     gathered_slots : int64 device ``(P * N,)``
     extents : PrefillExtents or None
         Under PCP + DCP only.
+    ring : RingLinks or None
+        Where the model has a ratio-2 compressor ring only (DeepSeek V4.1).
     """
 
     host_batch: torch.Tensor
@@ -117,10 +126,12 @@ class PCPViews:
     fields: RankFields
     gathered_slots: torch.Tensor
     extents: PrefillExtents | None = None
+    ring: RingLinks | None = None
 
     @classmethod
-    def bind(cls, arena) -> PCPViews:
-        """The views of an arena holding :func:`pcp_buffers`."""
+    def bind(cls, arena, ring_capacity: int = 8) -> PCPViews:
+        """The views of an arena holding :func:`pcp_buffers` (``ring_capacity``: the
+        compressor ring's rows a request, where the arena holds the ring links)."""
         views = lambda kind, prefix: kind(**{f.name: arena[f"{prefix}.{f.name}"]  # noqa: E731
                                              for f in fields(kind)})
         tables = {name[len("pcp.tables."):]: arena[name] for name in arena.names()
@@ -129,7 +140,10 @@ class PCPViews:
                    views(RowViews, "pcp.rows"), views(RankFields, "pcp.fields"),
                    arena["pcp.gathered_slots"],
                    views(PrefillExtents, "pcp.extents") if "pcp.extents.ks" in arena
-                   else None)
+                   else None,
+                   RingLinks(arena["pcp.ring.prev_row_indices"],
+                             arena["pcp.ring.ring_write_slots"], ring_table(arena.config),
+                             ring_capacity) if "pcp.ring.prev_row_indices" in arena else None)
 
     def staged(self, name: str) -> torch.Tensor:
         """A row of the device copy of the global batch, int32: ``query_start_loc``
@@ -147,24 +161,31 @@ class PCPLayout:
     ----------
     cfg : PCPConfig
     num_tokens, max_num_tokens, workspace : int
-        As :func:`pcp_buffers` takes them (the tables come from the arena's config).
+        As :func:`pcp_buffers` takes them (the tables, and whether the model has a ratio-2
+        compressor ring, come from the arena's config).
+    ring_capacity : int
+        ``Cap``, the compressor ring's rows a request
+        (``staticattn.builders.compressed.ring_capacity``; 8 without speculative decoding,
+        the only case V4.1's PCP serves).
     """
 
     name = "pcp"
 
     def __init__(self, cfg: PCPConfig, num_tokens: int, max_num_tokens: int,
-                 workspace: int = 0) -> None:
+                 workspace: int = 0, ring_capacity: int = 8) -> None:
         self.cfg = cfg
         self.shape = (num_tokens, max_num_tokens, workspace)
+        self.ring_capacity = ring_capacity
         self.arena = None
         self.views: PCPViews | None = None
 
     def buffers(self, config) -> list[BufferDecl]:
         """:func:`pcp_buffers` of the PCP config, with the block tables of ``config``."""
         N, T, workspace = self.shape
-        return pcp_buffers(self.cfg, N, T, table_columns(config), workspace)
+        return pcp_buffers(self.cfg, N, T, table_columns(config), workspace,
+                           ring=ring_table(config) is not None)
 
     def bind(self, arena) -> None:
         """Take the views (:class:`PCPViews`) from the allocated ``arena``."""
         self.arena = arena
-        self.views = PCPViews.bind(arena)
+        self.views = PCPViews.bind(arena, self.ring_capacity)

@@ -8,15 +8,75 @@ key is its ring block's newest when the next key has another block; the newest r
 an even position leaves an open group, written to ``ring_block * Cap + pos % Cap``. A row
 starting at an odd position links to the row whose key is ``(block, first_pos - 1)``
 (``searchsorted``).
+
+A request's ring block is column 0 of its row in the ring's own block table (the
+``<type>.compressor_state`` group), the block the single-GPU compressed builder gives its
+ring slots (:mod:`staticattn.kernels.compressed.kv_slots`), so a rank's saved rows land where
+the single-GPU step's would. Worked example 4 of the spec (P = 4, q = (37, 100), ring blocks
+A -> 5, B -> 9, R = 8): ``prev_row_indices`` rank 0 ``[-1, 9, -1, 11]`` (A[35, 37) starts at
+odd 35; its group mate 34 ends rank 1's row 1, gathered row 9), and only gathered row 1 (A
+ends at even 36) writes the ring, at ``5 * 8 + 36 % 8 = 44``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from staticattn.arena.buffers import BufferDecl
+from staticattn.arena.groups import cache_groups
+from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_rows import RowViews
+from staticattn.model import Cache
 
-__all__ = ["build_ring_links"]
+__all__ = ["RingLinks", "build_ring_links", "ring_buffers", "ring_table"]
+
+#: The ratio whose compressor groups may straddle two ranks' chunks (two tokens a group).
+_LINKED_RATIO = 2
+
+
+@dataclass(slots=True)
+class RingLinks:
+    """The ring links of one rank's arena (views at fixed addresses) and where they come
+    from.
+
+    Attributes
+    ----------
+    prev_row_indices : int32 device ``(P, R)``
+        Every rank's rows: the gathered row (``rank * R + row``) whose last token is the
+        first half of the row's straddling group, else -1.
+    ring_write_slots : int64 device ``(P * R,)``
+        Per gathered row, the ring slot its last token is saved to (an open group), else -1.
+    table : str
+        The block table holding each request's ring block (column 0), a key of
+        ``PCPViews.tables``: ``"block_tables.c2a.compressor_state"`` for V4.1.
+    capacity : int
+        ``Cap``, ring rows a request (8 without speculative decoding).
+    """
+
+    prev_row_indices: torch.Tensor
+    ring_write_slots: torch.Tensor
+    table: str
+    capacity: int
+
+
+def ring_table(config) -> str | None:
+    """The block table of the ratio-2 compressor ring of an arena of ``config`` (an
+    ArenaConfig), by its ``PCPViews.tables`` name; None when the model has none (V3.2)."""
+    for group in cache_groups(config):
+        if group.cache is Cache.COMPRESSOR_STATE \
+                and group.layer_type.compress_ratio == _LINKED_RATIO:
+            return f"block_tables.{group.name}"
+    return None
+
+
+def ring_buffers(cfg: PCPConfig) -> list[BufferDecl]:
+    """The declarations of :class:`RingLinks`' views (``P`` ranks of ``R`` rows), -1 until
+    the first step."""
+    P, R = cfg.pcp_size, cfg.max_rows
+    return [BufferDecl("pcp.ring.prev_row_indices", (P, R), torch.int32, fill=-1),
+            BufferDecl("pcp.ring.ring_write_slots", (P * R,), torch.int64, fill=-1)]
 
 
 def build_ring_links(rows: RowViews, num_computed: torch.Tensor, ring_block: torch.Tensor,
