@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import compressor_oracle
 from helpers.op_trace import HOST_READS, OpTrace
 
 from staticattn.arena.pcp_config import GraphMode
@@ -49,6 +50,25 @@ def test_the_rank_step_equals_the_single_gpu_step(preset):
             got = pair.run(step).clone()
             assert torch.equal(got, pair.run_single(step)), step
             assert rank_mismatches(pair, step) == [], step
+
+
+def test_the_v41_compressor_column_follows_the_ring_over_continued_steps():
+    """The emulated compressor's column (the rank's, in its graph on CUDA, and the
+    single-GPU step's) equals the oracle's over a run whose steps continue their requests:
+    tokens that close a group their request's previous step left open read it back from
+    the compressor ring."""
+    rng, step, steps, got = np.random.default_rng(9), None, [], []
+    with pcp_pair("deepseek-v4.1-flash", 1, 0, None, _device(), SIZES) as pair:
+        if pair.rank.graphs:
+            pair.rank.capture()
+        for _ in range(10):
+            step = next_pcp_step(rng, SIZES, pair.columns, step)
+            pair.write(step)
+            got.append(pair.run(step)[:, -1].tolist())
+            assert pair.run_single(step)[:, -1].tolist() == got[-1]
+            steps.append({**step, "table": step["table"].tolist()})
+    assert compressor_oracle.ring_reads(steps, 1), "no step read the ring back"
+    assert got == compressor_oracle.compressed_values(steps)
 
 
 def test_the_v41_rank_body_reads_nothing_back_and_runs_the_same_ops():
