@@ -139,12 +139,17 @@ def test_gloo_ranks_link_the_ring_of_worked_example_4(tmp_path):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("dcp", [1, 2])
-def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp):
+@pytest.mark.parametrize(("dcp", "preset"), [(1, "deepseek-v3.2"), (2, "deepseek-v3.2"),
+                                             (1, "deepseek-v4.1-flash")])
+def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp, preset):
+    """V4.1: the compressor's all-gather and ring saves in each rank's graph too (seed 9's
+    steps continue requests from open groups on both ranks)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
-    target = functools.partial(pcp_workers.demo_steps, world=2, device="cuda", dcp=dcp)
-    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, dcp)
+    v41 = preset != "deepseek-v3.2"
+    target = functools.partial(pcp_workers.demo_steps, world=2, device="cuda", dcp=dcp,
+                               preset=preset, **(dict(steps=10, seed=9) if v41 else {}))
+    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, dcp, v41=v41)
 
 
 def test_ranks_handed_different_splits_fail_on_every_rank_before_the_step(tmp_path):
