@@ -1,11 +1,12 @@
 """The emulated attention step under prefill context parallelism, and its single-GPU twin
-(``prefill-context-parallel.md`` §3.3, §2.3): what a layer does with the rank's metadata,
-reduced to its data movement.
+(``prefill-context-parallel.md`` §3.3, §2.3, §4.2): what a layer does with the rank's
+metadata, reduced to its data movement.
 
 A PCP rank, per step, inside its graph:
 
-1. **new keys** of its ``N`` local tokens: ``new_keys(request state, position)`` (a
-   stand-in for the K a layer computes from each token);
+1. **new keys** of its ``N`` local tokens: ``new_keys(request state, position)``
+   (:mod:`staticattn.distributed.step_keys`; a stand-in for the K a layer computes from
+   each token);
 2. **all-gather** of the ``N`` keys over the PCP group into ``P * N`` rank-major rows
    (fixed size: every rank pads to ``N``; NCCL inside the graph, gloo eagerly on CPU);
 3. **cache write** of every gathered row at the gathered slot mapping (PAD rows -- padding,
@@ -13,12 +14,17 @@ A PCP rank, per step, inside its graph:
    then holds the step's keys of every token (§3.3);
 4. the :class:`~staticattn.consumers.emulated.gather.GatherConsumer` over the rank's rows
    (each local token's checksums through the rank's metadata);
-5. **all-gather** of the ``N`` checksum rows and the **restore** to global token order
+5. where the model has a ratio-2 compressor ring (DeepSeek V4.1), the **compressor**
+   (:class:`~staticattn.distributed.pcp_ring_layer.PCPRingCompressor`): each local token's
+   2-token group value, its first half through the ring links or the ring, in one more
+   column (``"compressor"``); the rows' last keys **all-gathered**, the open groups saved;
+6. **all-gather** of the ``N`` output rows and the **restore** to global token order
    with ``hidden_restore_idx`` (§2.3), rows past the step's tokens 0.
 
 The single-GPU twin writes ``new_keys`` at the global slot mapping and runs the same
-consumer over the global batch: its rows must equal the restored rows, token for token.
-Before a step the engine's stand-in (:func:`write_context`) writes each request's context
+consumer (and compressor twin) over the global batch: its rows must equal the restored
+rows, token for token. Before a step the engine's stand-in
+(:func:`~staticattn.distributed.step_keys.write_context`) writes each request's context
 keys, the same function of its state and position, into every cache (the rank's shard
 under DCP), so the caches hold the same keys whatever their first contents.
 """
@@ -30,46 +36,17 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
+from staticattn.builders.pcp.ring_link import ring_table
 from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.consumers.emulated.gather import GatherConsumer
-from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
+from staticattn.distributed.pcp_ring_layer import (
+    COMPRESSOR_COLUMN,
+    PCPRingCompressor,
+    SingleRingCompressor,
+)
+from staticattn.distributed.step_keys import new_keys, write_keys
 
-__all__ = ["PCPGatherStep", "SingleGatherStep", "new_keys", "write_context", "write_keys",
-           "written_cache"]
-
-#: Keys are 20-bit values, as the consumer's random caches hold.
-_KEY_MASK = (1 << 20) - 1
-
-
-def new_keys(states: torch.Tensor, positions: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """The key of each token, int32 ``out`` ``(n,)`` from its request's state index (int
-    ``states`` ``(n,)``) and its position (int ``positions`` ``(n,)``): a hash of both, so a
-    key at a wrong slot, of a wrong token or missing shows."""
-    return out.copy_((states.long() * 7919 + positions.long() * 40503 + 12345) & _KEY_MASK)
-
-
-def write_context(cache: torch.Tensor, table_row: torch.Tensor, state: int, count: int,
-                  block_size: int, world: int = 1, rank: int = 0, interleave: int = 1) -> None:
-    """Write the keys of positions ``[0, count)`` of a request (its state index ``state``,
-    its block row int32 ``table_row`` ``(W,)``) into ``cache`` (int32 ``(entries,)``): all
-    of them, or under DCP (``world > 1``) those ``rank`` holds, at their local index."""
-    pos = torch.arange(count, device=cache.device)
-    local = dcp_local_index(pos, world, interleave) if world > 1 else pos
-    slots = table_row.long()[local // block_size] * block_size + local % block_size
-    if world > 1:
-        slots = torch.where(dcp_owner(pos, world, interleave) == rank, slots, -1)
-    keys = new_keys(torch.full_like(pos, state), pos, torch.empty_like(pos, dtype=torch.int32))
-    write_keys(cache, slots, keys)
-
-
-def write_keys(cache: torch.Tensor, slots: torch.Tensor, keys: torch.Tensor) -> None:
-    """``cache[slots[i]] = keys[i]`` where ``slots[i] >= 0``; graph-safe (no boolean
-    indexing): PAD rows rewrite entry 0, a slot of the null block (block 0), with its own
-    value. int32 ``cache`` ``(entries,)`` and ``keys`` ``(n,)``, int64 ``slots`` ``(n,)``."""
-    live = slots >= 0
-    index = torch.where(live, slots, 0)
-    cache.scatter_(0, index, torch.where(live, keys, cache[0]))
-
+__all__ = ["PCPGatherStep", "SingleGatherStep", "written_cache"]
 
 def written_cache(consumer: GatherConsumer) -> torch.Tensor:
     """The cache a step's new keys go to, int32 ``(entries,)`` by the batch's slot mapping:
@@ -92,11 +69,16 @@ class PCPGatherStep:
     group : ProcessGroup or None
         The PCP group (None: the default group).
     num_kv_blocks, seed : int
-        The consumer's caches (:class:`GatherConsumer`); the single-GPU twin takes the same.
+        The consumer's caches (:class:`GatherConsumer`) and the compressor ring's blocks;
+        the single-GPU twin takes the same.
 
     Attributes
     ----------
     consumer : GatherConsumer
+    compressor : PCPRingCompressor or None
+        Where the rank's views have the ring links (DeepSeek V4.1).
+    columns : list of str
+        The consumer's columns, then ``"compressor"`` where there is a compressor.
     out : int64 ``(T, columns)``, the restored rows of the last step.
     """
 
@@ -105,8 +87,12 @@ class PCPGatherStep:
         self.views, self.rank, self.world, self.group = views, rank, world, group
         self.consumer = GatherConsumer(config, num_kv_blocks, seed, backend="torch"
                                        if config.torch_device.type == "cpu" else None)
+        self.compressor = (None if views.ring is None else
+                           PCPRingCompressor(views, rank, world, group, num_kv_blocks))
+        self.columns = self.consumer.columns + ([] if self.compressor is None
+                                                else [COMPRESSOR_COLUMN])
         N = views.rows.token_to_global.shape[1]
-        dev, cols = config.torch_device, len(self.consumer.columns)
+        dev, cols = config.torch_device, len(self.columns)
         self.keys = torch.zeros(world, N, dtype=torch.int32, device=dev)
         self.rows = torch.zeros(world, N, cols, dtype=torch.int64, device=dev)
         T = views.rows.hidden_restore_idx.numel()
@@ -120,8 +106,10 @@ class PCPGatherStep:
         return written_cache(self.consumer)
 
     def exchange(self) -> None:
-        """The step's collectives alone (the bench times them): both all-gathers."""
+        """The step's collectives alone (the bench times them): every all-gather."""
         gather_rank_major(self.keys, self.world, self.rank, self.group)
+        if self.compressor is not None:
+            self.compressor.exchange()
         gather_rank_major(self.rows, self.world, self.rank, self.group)
 
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
@@ -130,7 +118,10 @@ class PCPGatherStep:
         new_keys(states, batch.positions[:N], self.keys[self.rank])
         gather_rank_major(self.keys, self.world, self.rank, self.group)
         write_keys(self.cache, self.views.gathered_slots, self.keys.view(-1))
-        self.rows[self.rank].copy_(self.consumer(batch, metadata)[:N])
+        mine = self.rows[self.rank]
+        mine[:, :len(self.consumer.columns)].copy_(self.consumer(batch, metadata)[:N])
+        if self.compressor is not None:
+            self.compressor(batch, self.keys[self.rank], mine[:, -1])
         gather_rank_major(self.rows, self.world, self.rank, self.group)
         restore = self.views.rows.hidden_restore_idx.long()
         flat = self.rows.view(-1, self.rows.shape[-1])
@@ -143,14 +134,23 @@ class PCPGatherStep:
 class SingleGatherStep:
     """The single-GPU twin: step ``(batch, md) -> (num_tokens, columns)`` int64, the
     global batch's new keys (of ``token_states``, which the engine writes) written at its
-    slot mapping, then the consumer.
+    slot mapping, then the consumer and, where the model has a ratio-2 compressor ring, the
+    compressor twin (:class:`~staticattn.distributed.pcp_ring_layer.SingleRingCompressor`)
+    in the last column.
 
     Parameters
     ----------
     config : ArenaConfig
         The one-rank arena's config (every request, every token).
     num_kv_blocks, seed : int
-        As the ranks' (equal caches to start with).
+        As the ranks' (equal caches and rings to start with).
+
+    Attributes
+    ----------
+    consumer : GatherConsumer
+    compressor : SingleRingCompressor or None
+    columns : list of str
+        As the ranks' (:attr:`PCPGatherStep.columns`).
     """
 
     def __init__(self, config: ArenaConfig, num_kv_blocks: int, seed: int = 0) -> None:
@@ -160,6 +160,12 @@ class SingleGatherStep:
                                 device=config.torch_device)
         #: Each token's request state index, written by the engine before the step.
         self.token_states = torch.zeros_like(self.keys)
+        ring = ring_table(config) is not None
+        self.compressor = SingleRingCompressor(config, num_kv_blocks) if ring else None
+        self.columns = self.consumer.columns + ([COMPRESSOR_COLUMN] if ring else [])
+        self.out = (torch.zeros(config.max_num_batched_tokens, len(self.columns),
+                                dtype=torch.int64, device=config.torch_device)
+                    if ring else None)
 
     @property
     def cache(self) -> torch.Tensor:
@@ -170,4 +176,10 @@ class SingleGatherStep:
         n = batch.num_actual_tokens
         keys = new_keys(self.token_states[:n], batch.positions[:n], self.keys[:n])
         write_keys(self.cache, batch.slot_mapping[:n], keys)
-        return self.consumer(batch, metadata)
+        rows = self.consumer(batch, metadata)
+        if self.compressor is None:
+            return rows
+        out = self.out[:n]
+        out[:, :-1].copy_(rows)
+        self.compressor(batch, keys, out[:, -1])
+        return out

@@ -4,7 +4,7 @@ the same ranks (PCP + DCP, ``D = P``; ``prefill-context-parallel.md`` §3.3, §3
 Per step, on a rank (DCP rank ``d``), inside its graph -- every collective over the one
 group that is both the PCP and the DCP group, on fixed-size buffers:
 
-1. **new keys** of the ``N`` local tokens (:func:`~staticattn.distributed.pcp_consumer.
+1. **new keys** of the ``N`` local tokens (:func:`~staticattn.distributed.step_keys.
    new_keys`), **all-gathered** (``P * N``) and written at the gathered slot mapping of DCP
    rank ``d``: the cache holds this rank's shard of every token, at local indices;
 2. **decode rows** (first, replicated on every rank): each token's checksum -- the sum of
@@ -34,7 +34,7 @@ from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.consumers.dcp.merge import gather_rank_major
-from staticattn.distributed.pcp_consumer import new_keys, write_keys
+from staticattn.distributed.step_keys import new_keys, write_keys
 from staticattn.kernels.dcp.ownership import dcp_global_index
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES
 

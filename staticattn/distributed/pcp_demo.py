@@ -10,14 +10,16 @@ one graph holding the copy of the staged global batch, the PCP split and the ran
 (V4.1: with the compressor-ring links, although the reference runs V4.1's PCP eagerly),
 the builders' mixed builds and the layer with its NCCL all-gathers (without CUDA: gloo,
 the same body eagerly). Every rank draws the same random global steps (one seed: decodes
-and fresh or continued prefills), checks the step against the group and runs it, each wait
-bounded by the step deadline (:func:`~staticattn.distributed.fence.fenced_step`: a rank that
-dies or stalls is a typed error on every rank, which then ends with status 3, never a
-hang). Per step each rank compares
+and fresh or continued prefills, and half the time the previous step's requests continued,
+:func:`~staticattn.distributed.pcp_world.next_pcp_step`), checks the step against the
+group and runs it, each wait bounded by the step deadline
+(:func:`~staticattn.distributed.fence.fenced_step`: a rank that dies or stalls is a typed
+error on every rank, which then ends with status 3, never a hang). Per step each rank compares
 
 * its restored rows (every token's checksums, through the rank's metadata, the all-gathered
-  keys and the restore index) with the single-GPU step on a one-rank arena holding every
-  request (the reference builds), exactly;
+  keys and the restore index; V4.1: with each token's compressed 2-token group, through
+  the ring links and the compressor ring) with the single-GPU step on a one-rank arena
+  holding every request (the reference builds), exactly;
 * its metadata with the oracle (:func:`~staticattn.distributed.pcp_world.rank_mismatches`).
 
 Rank 0 prints the totals and each rank's host time per step (p50, p99), then PASS or FAIL.
@@ -39,8 +41,8 @@ from staticattn.distributed.pcp_world import (
     DEFAULT_SIZES,
     PCPFence,
     PCPSizes,
+    next_pcp_step,
     pcp_pair,
-    random_pcp_step,
     rank_mismatches,
 )
 from staticattn.distributed.world import abandon, join, leave
@@ -85,9 +87,10 @@ def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
             pair.rank.capture()  # every rank captures together
         # Line up before the first step: its deadline is not for the ranks' setup.
         dist.barrier(group=me.check_group)
+        step = None
         for _ in tqdm(range(steps), desc=f"PCP demo, rank {me.rank}", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
-            step = random_pcp_step(rng, sizes, pair.columns)
+            step = next_pcp_step(rng, sizes, pair.columns, step)
             pair.write(step)
             try:
                 with fenced_step(me, fence, *PCPFence.step_arrays(step)):
@@ -98,10 +101,13 @@ def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
                 abandon(me, exc)  # here, before the teardown waits on the device
             replays += pair.rank.graph is not None
             tokens += out.shape[0]
+            # The single-GPU step runs every step, first: its compressor ring must follow
+            # every step, and the rank's is compared with it after both ran.
+            equal = torch.equal(out.cpu(), pair.run_single(step).cpu())
             wrong = rank_mismatches(pair, step)
             for name in wrong:
                 fields[name] = fields.get(name, 0) + 1
-            mismatches += bool(wrong) or not torch.equal(out.cpu(), pair.run_single(step).cpu())
+            mismatches += bool(wrong) or not equal
     return {"mismatches": mismatches, "replayed": replays, "tokens": tokens,
             "graphs": pair.rank.graphs,
             "fields": fields, "host_us": np.percentile(host_us, [50, 99]).tolist()}

@@ -1,7 +1,8 @@
 """What every rank of a prefill-context-parallel run sets up: the configs (the PCP split, the
 rank's arena, the one-rank arena of the single-GPU step), the rank beside the single-GPU
-manager of the same steps, random global steps (the same on every rank: one seed), and the
-per-rank metadata compared with the oracle (:mod:`staticattn.reference.pcp_layout`)."""
+manager of the same steps, random global steps (the same on every rank: one seed; a run's
+steps continue its requests half the time), and the per-rank metadata compared with the
+oracle (:mod:`staticattn.reference.pcp_layout`)."""
 
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ from staticattn.arena.pcp_config import GraphMode, PCPConfig
 from staticattn.builders import default_builders, make_arena
 from staticattn.builders.pcp.rank_step import input_table, slot_group
 from staticattn.builders.pcp.rank_views import table_columns
-from staticattn.distributed.pcp_consumer import SingleGatherStep, write_context
+from staticattn.distributed.pcp_consumer import SingleGatherStep
 from staticattn.distributed.pcp_rank import PCPRank
+from staticattn.distributed.step_keys import write_context
 from staticattn.errors import ConfigError
 from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
-__all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes", "pcp_pair",
-           "random_pcp_step", "rank_mismatches", "step_slots"]
+__all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes",
+           "continued_pcp_step", "next_pcp_step", "pcp_pair", "random_pcp_step",
+           "rank_mismatches", "step_slots"]
 
 #: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
 #: by the reference (its backends do not support PCP). V4.1 runs eagerly there (no CUDA
@@ -143,6 +146,47 @@ def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, width: int,
                 table=torch.from_numpy(blocks.reshape(S, width).astype(np.int32)))
 
 
+def continued_pcp_step(rng: np.random.Generator, sizes: PCPSizes,
+                       previous: dict) -> dict | None:
+    """The next step of ``previous``'s requests (a :func:`random_pcp_step` or one of these),
+    as an engine schedules it: each request whose previous total ``L`` is below
+    ``max_model_len`` continues from ``num_computed = L`` with its state and block rows;
+    a decode stays one (one token), a prefill either finishes its prompt and decodes (one
+    time in four) or takes a new share of the token budget. Decode-first, then the one-token
+    prefills (as :func:`random_pcp_step` orders them); None when no request can continue."""
+    L = sizes.max_model_len
+    total = [c + q for c, q in zip(previous["num_computed"], previous["query_lens"])]
+    kept = [i for i in range(len(total)) if total[i] < L]
+    if not kept:
+        return None
+    pre = {i: previous["is_prefilling"][i] and bool(rng.integers(0, 4)) for i in kept}
+    prefills = [i for i in kept if pre[i]]
+    budget = sizes.max_num_tokens - (len(kept) - len(prefills))
+    q = dict.fromkeys(kept, 1)
+    for n, i in enumerate(prefills):
+        share = max(1, budget // (len(prefills) - n))
+        q[i] = int(rng.integers(1, min(share, L - total[i]) + 1))
+        budget -= q[i]
+    order = sorted(kept, key=lambda i: (pre[i], q[i] > 1))
+    return dict(query_lens=[q[i] for i in order], num_computed=[total[i] for i in order],
+                is_prefilling=[pre[i] for i in order],
+                req_state_idx=[previous["req_state_idx"][i] for i in order],
+                table=previous["table"][order])
+
+
+def next_pcp_step(rng: np.random.Generator, sizes: PCPSizes, width: int,
+                  previous: dict | None = None) -> dict:
+    """The step after ``previous`` (None: the first) of a run: half the time, where one
+    can, the continuation of its requests (:func:`continued_pcp_step`: a continued prefill
+    or decode starting at an odd position closes the group its previous step left open, in
+    the compressor ring), else a fresh :func:`random_pcp_step` of ``width`` block columns."""
+    if previous is not None and rng.integers(0, 2):
+        step = continued_pcp_step(rng, sizes, previous)
+        if step is not None:
+            return step
+    return random_pcp_step(rng, sizes, width)
+
+
 def step_slots(step: dict, block_size: int) -> np.ndarray:
     """The single-GPU slot mapping of a :func:`random_pcp_step`, int64 ``(T,)``: each
     token's block of its request's row, and its offset in it."""
@@ -239,7 +283,9 @@ def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
     lengths, request states and start positions, its tokens' positions and global indices,
     its segment of the gathered slot mapping, what its builders read (the input views) and,
     where the model has a ratio-2 compressor ring (V4.1), every rank's ring links
-    (:func:`ring_mismatches`). The names of the fields that differ."""
+    (:func:`ring_mismatches`) and the compressor's saved rows (``ring_keys``: the rank's
+    ring must equal the single-GPU step's once both have run the step). The names of the
+    fields that differ."""
     me = pair.rank
     cfg, p, N = me.pcp, me.rank, me.num_tokens
     batch = global_batch(step)
@@ -267,6 +313,9 @@ def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
     if v.ring is not None:
         mismatched += ring_mismatches(v.ring, cfg, batch, lay, step,
                                       me.config.num_speculative_tokens)
+        if not torch.equal(me.step.compressor.ring_keys.cpu(),
+                           pair.single_step.compressor.ring_keys.cpu()):
+            mismatched.append("ring_keys")
     return mismatched
 
 

@@ -12,10 +12,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers import compressor_oracle
 from helpers.op_trace import HOST_READS, OpTrace
 
 from staticattn.arena.pcp_config import GraphMode
-from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step, rank_mismatches
+from staticattn.distributed.pcp_world import (
+    PCPSizes,
+    next_pcp_step,
+    pcp_pair,
+    random_pcp_step,
+    rank_mismatches,
+)
 from staticattn.errors import CapacityError, ConfigError, InvalidBatchError
 
 SIZES = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
@@ -27,8 +34,10 @@ def _device() -> str:
 
 @pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4.1-flash"])
 def test_the_rank_step_equals_the_single_gpu_step(preset):
-    """Both in a graph on CUDA (V4.1 on purpose: the reference runs its PCP eagerly)."""
+    """Both in a graph on CUDA (V4.1 on purpose: the reference runs its PCP eagerly); the
+    steps continue their requests half the time (V4.1: the compressor ring read back)."""
     rng = np.random.default_rng(3)
+    step = None
     with pcp_pair(preset, 1, 0, None, _device(), SIZES) as pair:
         assert pair.rank.graphs == torch.cuda.is_available()
         assert (pair.rank.views.ring is not None) == (preset == "deepseek-v4.1-flash")
@@ -36,11 +45,30 @@ def test_the_rank_step_equals_the_single_gpu_step(preset):
             pair.rank.capture()
             assert pair.rank.graph is not None
         for _ in range(25 if torch.cuda.is_available() else 8):
-            step = random_pcp_step(rng, SIZES, pair.columns)
+            step = next_pcp_step(rng, SIZES, pair.columns, step)
             pair.write(step)
             got = pair.run(step).clone()
             assert torch.equal(got, pair.run_single(step)), step
             assert rank_mismatches(pair, step) == [], step
+
+
+def test_the_v41_compressor_column_follows_the_ring_over_continued_steps():
+    """The emulated compressor's column (the rank's, in its graph on CUDA, and the
+    single-GPU step's) equals the oracle's over a run whose steps continue their requests:
+    tokens that close a group their request's previous step left open read it back from
+    the compressor ring."""
+    rng, step, steps, got = np.random.default_rng(9), None, [], []
+    with pcp_pair("deepseek-v4.1-flash", 1, 0, None, _device(), SIZES) as pair:
+        if pair.rank.graphs:
+            pair.rank.capture()
+        for _ in range(10):
+            step = next_pcp_step(rng, SIZES, pair.columns, step)
+            pair.write(step)
+            got.append(pair.run(step)[:, -1].tolist())
+            assert pair.run_single(step)[:, -1].tolist() == got[-1]
+            steps.append({**step, "table": step["table"].tolist()})
+    assert compressor_oracle.ring_reads(steps, 1), "no step read the ring back"
+    assert got == compressor_oracle.compressed_values(steps)
 
 
 def test_the_v41_rank_body_reads_nothing_back_and_runs_the_same_ops():

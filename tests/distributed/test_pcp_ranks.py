@@ -15,7 +15,7 @@ import functools
 import pytest
 import torch
 import torch.distributed as dist
-from helpers import dcp_workers, pcp_workers
+from helpers import compressor_oracle, dcp_workers, pcp_workers
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.reference import pcp_layout as pcp
@@ -35,6 +35,7 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
     # The batch's slots: V4.1's are its window group's (32-token blocks).
     slot_cfg = dataclasses.replace(cfg, block_size=32) if v41 else cfg
     prefills = 0
+    compressed = compressor_oracle.compressed_values([r["step"] for r in records[0]["steps"]])
     for s, per_rank in enumerate(zip(*(r["steps"] for r in records))):
         step = per_rank[0]["step"]
         batch = pcp.GlobalBatch(step["query_lens"], step["num_computed"],
@@ -62,8 +63,11 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
             if v41:
                 assert _ring_links(cfg, batch, lay, step["table"]) == (
                     got["prev_row_indices"], got["ring_write_slots"]), (s, p)
+                assert got["compressor"] == compressed[s], (s, p)
+                assert got["ring_equal"], f"step {s} rank {p}: ring differs from one GPU's"
             else:
                 assert got["prev_row_indices"] is None, "V3.2 has no compressor ring"
+                assert got["compressor"] is None
     assert prefills >= len(records[0]["steps"]) // 2  # the steps held prefills to split
 
 
@@ -88,18 +92,27 @@ def test_gloo_ranks_build_the_oracle_rows_and_the_single_gpu_step(tmp_path, worl
     _check(dcp_workers.spawn_ranks(target, tmp_path, world), world, dcp, interleave)
 
 
-def test_gloo_ranks_serve_deepseek_v41(tmp_path):
+@pytest.mark.parametrize("world", [2, 4])
+def test_gloo_ranks_serve_deepseek_v41(tmp_path, world):
     """DeepSeek V4.1 (the KV replicated): its two indexers, compressed KV with the ratio-2
     compressor ring, and the window; the keys all-gathered into the window's cache. Every
-    rank's ring links, built in its step from the staged batch, equal the oracle's, and the
-    steps hold rows that link across the ranks and rows that save an open group."""
-    target = functools.partial(pcp_workers.demo_steps, world=2,
-                               preset="deepseek-v4.1-flash", steps=8)
-    records = dcp_workers.spawn_ranks(target, tmp_path, 2)
-    _check(records, 2, v41=True)
+    rank's ring links, built in its step from the staged batch, equal the oracle's; the
+    emulated compressor's column (each token's 2-token group, its first half through a link
+    or the ring) equals the single-GPU step's and the oracle's, and every rank's ring the
+    single-GPU step's. The steps hold rows that link across the ranks, rows that save an
+    open group, and requests continued from an open group, on rank 0 (a prefill's first
+    chunk) and on another rank (a decode it owns)."""
+    # Seed 9's ten steps continue requests from open groups on ranks 0 and 1 (and 2 of 4).
+    target = functools.partial(pcp_workers.demo_steps, world=world,
+                               preset="deepseek-v4.1-flash", steps=10, seed=9)
+    records = dcp_workers.spawn_ranks(target, tmp_path, world)
+    _check(records, world, v41=True)
     steps = records[0]["steps"]
     assert any(p >= 0 for s in steps for rank in s["prev_row_indices"] for p in rank)
     assert any(w >= 0 for s in steps for w in s["ring_write_slots"])
+    readers = {rank for _, rank in compressor_oracle.ring_reads([s["step"] for s in steps],
+                                                                world)}
+    assert 0 in readers and readers - {0}, readers
 
 
 def test_gloo_ranks_link_the_ring_of_worked_example_4(tmp_path):
@@ -108,20 +121,35 @@ def test_gloo_ranks_link_the_ring_of_worked_example_4(tmp_path):
     records = dcp_workers.spawn_ranks(pcp_workers.ring_example, tmp_path, 4)
     _check(records, 4, v41=True)
     pad = [-1] * 4
+    key = compressor_oracle.key
     for record in records:
-        (got,) = record["steps"]
+        got, after = record["steps"]
         assert got["prev_row_indices"] == [[-1, 9, -1, 11] + pad, [0, -1, 2, -1] + pad,
                                            [-1, 25, -1, 27] + pad, [16, -1, 18, -1] + pad]
         assert got["ring_write_slots"] == [-1, 44] + [-1] * 30
+        # A's token 35 opens rank 0's row A[35, 37): its first half, key 34, comes through
+        # the link to gathered row 9; B's 91 opens rank 0's B[91, 100), key 90 from row 11.
+        assert got["compressor"][35] == key(3, 34) << 20 | key(3, 35)
+        assert got["compressor"][37 + 91] == key(7, 90) << 20 | key(7, 91)
+        assert got["compressor"][36] == -1
+        # The next step: A's 37 reads key 36 from ring slot 44, where every rank saved it
+        # (and A's 44 saves there again, after the read); B starts at even 100.
+        assert after["compressor"][0] == key(3, 36) << 20 | key(3, 37)
+        assert after["ring_write_slots"].count(-1) == 30  # A ends at 44, B at 120: both open
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("dcp", [1, 2])
-def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp):
+@pytest.mark.parametrize(("dcp", "preset"), [(1, "deepseek-v3.2"), (2, "deepseek-v3.2"),
+                                             (1, "deepseek-v4.1-flash")])
+def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp, preset):
+    """V4.1: the compressor's all-gather and ring saves in each rank's graph too (seed 9's
+    steps continue requests from open groups on both ranks)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
-    target = functools.partial(pcp_workers.demo_steps, world=2, device="cuda", dcp=dcp)
-    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, dcp)
+    v41 = preset != "deepseek-v3.2"
+    target = functools.partial(pcp_workers.demo_steps, world=2, device="cuda", dcp=dcp,
+                               preset=preset, **(dict(steps=10, seed=9) if v41 else {}))
+    _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, dcp, v41=v41)
 
 
 def test_ranks_handed_different_splits_fail_on_every_rank_before_the_step(tmp_path):

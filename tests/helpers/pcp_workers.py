@@ -73,12 +73,13 @@ DEMO_STEPS = 12
 
 def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
                device: str = "cpu", dcp: int = 1, interleave: int = 1,
-               preset: str = "deepseek-v3.2") -> None:
+               preset: str = "deepseek-v3.2", seed: int = 7) -> None:
     """The demo's path on one rank (gloo on CPU, NCCL on ``device`` "cuda", the rank's
-    graph captured there; ``dcp`` 1 or ``world``): per step the global step drawn, the
-    rank's input views after it (what its builders read), and whether its restored rows
-    equal the single-GPU step's, for the parent to check against the oracle."""
-    from staticattn.distributed.pcp_world import PCPSizes, pcp_pair, random_pcp_step
+    graph captured there; ``dcp`` 1 or ``world``): per step the global step drawn (half the
+    time the previous step's requests continued), the rank's input views after it (what
+    its builders read), and whether its restored rows equal the single-GPU step's, for the
+    parent to check against the oracle (``seed``: of the steps)."""
+    from staticattn.distributed.pcp_world import PCPSizes, next_pcp_step, pcp_pair
 
     dist.init_process_group("gloo" if device == "cpu" else "nccl",
                             init_method=f"file://{out}/store", rank=rank, world_size=world,
@@ -88,12 +89,14 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
         device = f"cuda:{rank}"
     sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
                      interleave=interleave)
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     with pcp_pair(preset, world, rank, None, device, sizes, dcp=dcp) as pair:
         if pair.rank.graphs:
             pair.rank.capture()
-        records = [_step_record(pair, random_pcp_step(rng, sizes, pair.columns))
-                   for _ in range(steps)]
+        step, records = None, []
+        for _ in range(steps):
+            step = next_pcp_step(rng, sizes, pair.columns, step)
+            records.append(_step_record(pair, step))
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": records}, f)
@@ -102,11 +105,14 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
 def _step_record(pair, step: dict) -> dict:
     """Run ``step`` on the rank and its single-GPU twin: the step drawn, whether the
     restored rows are equal, and the rank's input views after it (what its builders read)
-    and, where the model has a compressor ring, every rank's ring links."""
+    and, where the model has a compressor ring, every rank's ring links, the restored
+    compressor column and whether the rank's ring equals the single-GPU step's."""
     pair.write(step)
     got = pair.run(step).cpu()
     R, N = pair.rank.pcp.max_rows, pair.rank.num_tokens
     inputs, ring = pair.rank.inputs, pair.rank.views.ring
+    # The PCP + DCP layer (DeepSeek V3.2 only) has no compressor.
+    compressor = getattr(pair.rank.step, "compressor", None)
     return {
         "step": {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
                  for k, v in step.items()},
@@ -120,13 +126,18 @@ def _step_record(pair, step: dict) -> dict:
         "step_counts": inputs.step_counts.tolist(),
         "prev_row_indices": None if ring is None else ring.prev_row_indices.tolist(),
         "ring_write_slots": None if ring is None else ring.ring_write_slots.tolist(),
+        "compressor": None if compressor is None else got[:, -1].tolist(),
+        "ring_equal": None if compressor is None else torch.equal(
+            compressor.ring_keys.cpu(), pair.single_step.compressor.ring_keys.cpu()),
         "N": N}
 
 
 def ring_example(rank: int, out: str, world: int = 4) -> None:
     """The spec's worked example 4 on DeepSeek V4.1's ranks (gloo): fresh prefills of 37
     and 100 tokens whose ring blocks (column 0 of their block rows) are 5 and 9,
-    ``max_num_seqs = 4``; the rank's record of that one step."""
+    ``max_num_seqs = 4``; then their next step, A's 8 tokens from 37 (its first closes the
+    group 36 left open in ring slot 44; its last, 44, saves there again) and B's 21 from
+    100; the rank's records of both steps."""
     from staticattn.distributed.pcp_world import PCPSizes, pcp_pair
 
     dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
@@ -137,12 +148,13 @@ def ring_example(rank: int, out: str, world: int = 4) -> None:
         # Unique blocks (never the null block 0), A's row led by 5 and B's by 9.
         rest = iter(range(10, 10 + 2 * width))
         table = [[first] + [next(rest) for _ in range(width - 1)] for first in (5, 9)]
-        step = dict(query_lens=[37, 100], num_computed=[0, 0], is_prefilling=[True, True],
-                    req_state_idx=[3, 7], table=torch.tensor(table, dtype=torch.int32))
-        record = _step_record(pair, step)
+        records = [_step_record(pair, dict(
+            query_lens=q, num_computed=computed, is_prefilling=[True, True],
+            req_state_idx=[3, 7], table=torch.tensor(table, dtype=torch.int32)))
+            for q, computed in (([37, 100], [0, 0]), ([8, 21], [37, 100]))]
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump({"steps": [record]}, f)
+        json.dump({"steps": records}, f)
 
 
 def mismatched_prefill_flags(rank: int, out: str, world: int = 2) -> None:
