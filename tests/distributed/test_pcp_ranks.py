@@ -28,8 +28,8 @@ BLOCK_SIZE = 64
 
 
 def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
-           v41: bool = False) -> None:
-    cfg = PCPConfig(pcp_size=world, dcp_size=dcp, max_num_seqs=4,
+           v41: bool = False, max_num_seqs: int = 4) -> None:
+    cfg = PCPConfig(pcp_size=world, dcp_size=dcp, max_num_seqs=max_num_seqs,
                     cp_kv_cache_interleave_size=interleave,
                     architecture="deepseek_v41" if v41 else "deepseek_v32")
     # The batch's slots: V4.1's are its window group's (32-token blocks).
@@ -136,6 +136,42 @@ def test_gloo_ranks_link_the_ring_of_worked_example_4(tmp_path):
         # (and A's 44 saves there again, after the read); B starts at even 100.
         assert after["compressor"][0] == key(3, 36) << 20 | key(3, 37)
         assert after["ring_write_slots"].count(-1) == 30  # A ends at 44, B at 120: both open
+
+
+def _r(a: int, b: int) -> list[int]:
+    """``a..b`` inclusive, as the spec writes ranges."""
+    return list(range(a, b + 1))
+
+
+#: Worked example 1 (P = 2): per rank, its rows' query starts and lengths and its segment of
+#: the gathered slot mapping (the spec's N = 70; past a rank's tokens, -1).
+EXAMPLE_1 = {0: ([0, 10, 17, 42, 67], [10, 37, 25, 100],
+                 _r(640, 649) + _r(670, 676) + _r(1280, 1304) + _r(1355, 1379)),
+             1: ([0, 10, 20, 45, 70], [20, 30, 50, 75], _r(650, 669) + _r(1305, 1354))}
+#: Its four-rank form: rank 0's rows A[0, 5) A[35, 37) B[0, 13) B[91, 100).
+EXAMPLE_1_FOUR = {0: ([0, 5, 7, 20, 29], [5, 37, 13, 100])}
+
+
+@pytest.mark.parametrize(("world", "dcp"), [(2, 1), (2, 2), (4, 1)])
+def test_gloo_ranks_build_worked_examples_1_and_2(tmp_path, world, dcp):
+    """§2.4's fresh prefills (q = (37, 100)) on gloo ranks, value for value: every rank's
+    rows (query starts, lengths) and, for P = 2 alone, its segment of the gathered slot
+    mapping; under P = 2, D = 2 (example 2) the slots of the rank's own DCP shard (rank 0's
+    first rows ``[640, -1, 641, -1]``: even positions are its own); every rank's restored
+    rows equal the single-GPU step's."""
+    target = functools.partial(pcp_workers.fresh_prefill_example, world=world, dcp=dcp)
+    records = dcp_workers.spawn_ranks(target, tmp_path, world)
+    _check(records, world, dcp, max_num_seqs=2)
+    want = EXAMPLE_1 if world == 2 else EXAMPLE_1_FOUR
+    for p, (qsl, seq_lens, *slots) in want.items():
+        (got,) = records[p]["steps"]
+        assert got["equal"]
+        assert got["query_start_loc"] == qsl and got["seq_lens"] == seq_lens, p
+        if dcp > 1:
+            if p == 0:
+                assert got["slot_mapping"][:4] == [640, -1, 641, -1]
+        elif slots:
+            assert got["slot_mapping"] == slots[0] + [-1] * (got["N"] - len(slots[0])), p
 
 
 @pytest.mark.multigpu

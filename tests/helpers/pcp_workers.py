@@ -157,6 +157,29 @@ def ring_example(rank: int, out: str, world: int = 4) -> None:
         json.dump({"steps": records}, f)
 
 
+def fresh_prefill_example(rank: int, out: str, world: int = 2, dcp: int = 1) -> None:
+    """The spec's worked examples 1 and 2 on DeepSeek V3.2's ranks (gloo): fresh prefills
+    of 37 and 100 tokens (requests A, B; states 3, 7), 64-token blocks, A's block row led
+    by 10, 11 and B's by 20, 21, ``max_num_seqs = 2`` (R = 4 rows a rank); ``dcp`` 1 or
+    ``world``. The rank's record of the step."""
+    from staticattn.distributed.pcp_world import PCPSizes, pcp_pair
+
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    sizes = PCPSizes(max_num_seqs=2, max_num_tokens=160, max_model_len=1024)
+    with pcp_pair("deepseek-v3.2", world, rank, None, "cpu", sizes, dcp=dcp) as pair:
+        # Every block of the pool (16 columns a request, the null block 0 aside) once.
+        rest = iter(b for b in range(1, 2 * pair.columns + 1) if b not in (10, 11, 20, 21))
+        table = [list(lead) + [next(rest) for _ in range(pair.columns - 2)]
+                 for lead in ((10, 11), (20, 21))]
+        record = _step_record(pair, dict(
+            query_lens=[37, 100], num_computed=[0, 0], is_prefilling=[True, True],
+            req_state_idx=[3, 7], table=torch.tensor(table, dtype=torch.int32)))
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"steps": [record]}, f)
+
+
 def mismatched_prefill_flags(rank: int, out: str, world: int = 2) -> None:
     """Every rank is handed the same lengths, but rank 1 sees one request's prefilling flag
     flipped (it would split the step differently): the fenced step must raise the same
