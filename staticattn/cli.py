@@ -12,7 +12,6 @@ from typing import Any
 
 from staticattn.errors import StepSpecError
 from staticattn.model import PRESETS as MODEL_PRESETS
-from staticattn.model import architecture, layer_type
 
 __all__ = ["ExitCode", "build_parser", "config_overrides", "load_step", "validate"]
 
@@ -26,20 +25,10 @@ class ExitCode(enum.IntEnum):
     SKIPPED = 3  #: nothing could run here (bench without CUDA), said why
 
 
-
-def _dcp_served(name: str) -> bool:
-    """Whether decode context parallelism serves preset ``name``: every layer type, and no
-    image spans."""
-    fields = MODEL_PRESETS[name].fields
-    arch = architecture(fields["architecture"])
-    return not fields.get("max_image_tokens") and all(
-        layer_type(arch.layer_type_name(ratio, i)).dcp_served
-        for i, ratio in enumerate(fields["compress_ratios"]))
-
-
-#: The presets every command takes (``staticattn.model.PRESETS``), and those ``--dcp`` serves.
+#: The presets every command takes (``staticattn.model.PRESETS``), and those ``--dcp`` serves
+#: (every one without image spans).
 PRESETS = tuple(MODEL_PRESETS)
-DCP_PRESETS = tuple(name for name in PRESETS if _dcp_served(name))
+DCP_PRESETS = tuple(n for n in PRESETS if not MODEL_PRESETS[n].fields.get("max_image_tokens"))
 MAX_SEED = 2**32 - 1
 
 DESCRIPTION = """\

@@ -6,7 +6,6 @@ With ``dcp_world_size = W > 1`` a sequence's tokens are dealt to the ranks in gr
 ``I = cp_kv_cache_interleave_size`` (:mod:`staticattn.kernels.dcp.ownership`), and a sharded
 cache's compressed entries follow their tokens, ``I // R`` entries at a time:
 
-* every layer type is one DCP serves (:attr:`~staticattn.model.LayerType.dcp_served`);
 * ``I`` divides ``block_size``: a rank's local block holds whole interleave groups, so the
   ``I // R`` entries of a group never straddle two of its pages (a c2a page of
   ``block_size // 2`` entries takes whole groups of ``I // 2``);
@@ -52,12 +51,6 @@ def check_dcp(config: DCPFields) -> None:
         raise ConfigError(f"dcp_rank={rank!r} is outside [0, dcp_world_size={world})")
     if world == 1:
         return
-    unserved = [t.name for t in config.layer_types if not t.dcp_served]
-    if unserved:
-        raise ConfigError(
-            f"decode context parallelism (dcp_world_size={world}) does not serve layer "
-            f"types {unserved}; use dcp_world_size=1"
-        )
     interleave = config.cp_kv_cache_interleave_size
     if config.block_size % interleave:
         raise ConfigError(

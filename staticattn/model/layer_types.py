@@ -113,9 +113,6 @@ class LayerType:
     dcp_sharded : bool
         Under decode context parallelism its compressed caches are dealt over the ranks (the
         indexer's and the top-k types'); otherwise every rank holds all of them.
-    dcp_served : bool
-        Decode context parallelism serves the type at all (every row of the table today; a
-        config with an unserved type and ``dcp_world_size > 1`` is a ConfigError).
     addressing : Addressing
         Whether the owned caches are addressed through the main block table or through a
         block table of their own each (:meth:`group`).
@@ -131,7 +128,6 @@ class LayerType:
     reads: Reads
     owns: frozenset[Cache]
     dcp_sharded: bool
-    dcp_served: bool = True
     addressing: Addressing = Addressing.MAIN_TABLE
     own_slot_gate: bool = False
 

@@ -19,7 +19,7 @@ from staticattn.reference import indexer as single
 from staticattn.reference import mixed as single_mixed
 from staticattn.reference.assertions import holds, same
 
-__all__ = ["assert_matches", "assert_mixed_matches", "indexer_metadata", "local_count",
+__all__ = ["assert_matches", "assert_mixed_matches", "indexer_metadata", "local_counter",
            "local_index", "mixed_indexer", "owner_of_entry", "slot_mapping"]
 
 
@@ -28,20 +28,10 @@ def owner_of_entry(c: int, ratio: int, world: int, interleave: int) -> int:
     return (c * ratio // interleave) % world
 
 
-def local_count(g: int, ratio: int, world: int, rank: int, interleave: int) -> int:
-    """How many of entries ``0 .. g - 1`` the rank holds."""
-    return sum(1 for c in range(g) if owner_of_entry(c, ratio, world, interleave) == rank)
-
-
-def local_index(c: int, ratio: int, world: int, interleave: int) -> int:
-    """Entry ``c``'s index among the entries its owner holds."""
-    owner = owner_of_entry(c, ratio, world, interleave)
-    return sum(1 for e in range(c) if owner_of_entry(e, ratio, world, interleave) == owner)
-
-
-def _counter(ratio: int, world: int, rank: int, interleave: int):
-    """``count(g)`` = :func:`local_count`, by one running table (the loops above, shared
-    between the many tokens of a step)."""
+def local_counter(ratio: int, world: int, rank: int, interleave: int):
+    """``count(g)``: how many of entries ``0 .. g - 1`` the rank holds, by one running table
+    shared between the many tokens of a step. Of an entry ``c`` the rank holds, ``count(c)``
+    is its local index (the entries before it that the rank holds)."""
     table = [0]
 
     def count(g: int) -> int:
@@ -53,14 +43,19 @@ def _counter(ratio: int, world: int, rank: int, interleave: int):
     return count
 
 
+def local_index(c: int, ratio: int, world: int, interleave: int) -> int:
+    """Entry ``c``'s index among the entries its owner holds."""
+    owner = owner_of_entry(c, ratio, world, interleave)
+    return local_counter(ratio, world, owner, interleave)(c)
+
+
 def slot_mapping(config, step, rank: int, num_tokens: int | None = None) -> list[int]:
     """§4.5 per rank: the token completing entry ``c`` writes it only on ``c``'s owner, at
     the slot of its local index in that rank's block table."""
     ratio, world = config.index_compress_ratio, config.dcp_world_size
     interleave, s = config.cp_kv_cache_interleave_size, config.storage_block_size
     qsl, seq_lens = step.query_start_loc, step.padded_seq_lens()
-    # local_index(c) = the entries before c its owner holds: that owner's local count of c.
-    counts = [_counter(ratio, world, r, interleave) for r in range(world)]
+    count = local_counter(ratio, world, rank, interleave)
     out = [-1] * (step.num_tokens_padded if num_tokens is None else num_tokens)
     for b in range(step.num_reqs):
         q = qsl[b + 1] - qsl[b]
@@ -71,7 +66,7 @@ def slot_mapping(config, step, rank: int, num_tokens: int | None = None) -> list
             c = p // ratio
             if owner_of_entry(c, ratio, world, interleave) != rank:
                 continue
-            li = counts[rank](c)
+            li = count(c)
             out[qsl[b] + j] = int(step.block_table[b][li // s]) * s + li % s
     return out
 
@@ -82,7 +77,7 @@ def indexer_metadata(config, step, rank: int, *, graph: bool = False, legacy: bo
     ratio, world = config.index_compress_ratio, config.dcp_world_size
     interleave = config.cp_kv_cache_interleave_size
     glob = single.indexer_metadata(config, step, graph=graph, legacy=legacy)
-    count = _counter(ratio, world, rank, interleave)
+    count = local_counter(ratio, world, rank, interleave)
     expected = dict(glob, slot_mapping=slot_mapping(config, step, rank))
     if glob["decode"] is not None:
         decode = dict(glob["decode"])
@@ -103,9 +98,9 @@ def _local_chunk(chunk, step, ratio, world, rank, interleave):
     start, end = chunk["requests"]
     per_rank = []
     for r in range(world):
-        count = _counter(ratio, world, r, interleave)
+        count = local_counter(ratio, world, r, interleave)
         per_rank.append([count(seq_lens[b] // ratio) for b in range(start, end)])
-    count = _counter(ratio, world, rank, interleave)
+    count = local_counter(ratio, world, rank, interleave)
     cu = [0]
     for k in per_rank[rank]:
         cu.append(cu[-1] + k)
@@ -142,13 +137,13 @@ def mixed_indexer(config, step, rank: int, num_reqs: int, num_tokens: int, chunk
     ratio, world = config.index_compress_ratio, config.dcp_world_size
     interleave = config.cp_kv_cache_interleave_size
     exp = single_mixed.indexer(config, step, num_reqs, num_tokens, chunk_rows)
-    count = _counter(ratio, world, rank, interleave)
+    count = local_counter(ratio, world, rank, interleave)
     exp["slot_mapping"] = slot_mapping(config, step, rank, num_tokens)
     exp["global_seq_lens"] = exp["seq_lens"]
     exp["seq_lens"] = [[count(g) for g in row] for row in exp["seq_lens"]]
     exp["schedule"] = single.mqa_schedule(exp["seq_lens"], config.num_sms, legacy=False)
     seq = step.padded_seq_lens() + [0] * (num_reqs - step.num_reqs_padded)
-    keys = [[_counter(ratio, world, r, interleave)(s // ratio) for s in seq]
+    keys = [[local_counter(ratio, world, r, interleave)(s // ratio) for s in seq]
             for r in range(world)]
     k, nt, d, td = single_mixed.counts(config, step)
     query_lens = [int(x) for x in step.query_lens]

@@ -252,52 +252,58 @@ def indexer_metadata(config, step, *, graph=False, legacy=False):
 
 def assert_matches(meta, expected, step, arena) -> None:
     """Every field of ``meta`` (an ``IndexerMetadata``) equals ``expected`` in its valid
-    region, every tensor is a view of the arena, and the decode lengths are contiguous."""
+    region, every tensor is a view of the arena, and the decode lengths are contiguous.
+
+    Fields are compared in the order the metadata dataclasses declare them
+    (``IndexerMetadata``, its prefill chunks and its decode part each where they stand), so
+    the first mismatch named is the first field that differs."""
     device_block = arena.block("device").untyped_storage().data_ptr()
-    for name in ("num_decodes", "num_prefills", "num_decode_tokens", "num_prefill_tokens"):
-        same(name, getattr(meta, name), expected[name])
     same("slot_mapping", meta.slot_mapping, expected["slot_mapping"])
     holds(meta.slot_mapping.untyped_storage().data_ptr() == device_block,
           "slot_mapping a view of the arena")
-    same("positions", meta.positions, expected["positions"])
-    rows = meta.block_table[: step.num_reqs].tolist()
-    same("block_table", rows, expected["block_table"][: step.num_reqs])
+    for name in ("num_decodes", "num_decode_tokens", "num_prefills", "num_prefill_tokens"):
+        same(name, getattr(meta, name), expected[name])
+    want_chunks = expected["prefill"]
+    if want_chunks is None:
+        holds(meta.prefill is None, "no prefill metadata")
+    else:
+        same("len(prefill.chunks)", len(meta.prefill.chunks), len(want_chunks))
+        for chunk, w in zip(meta.prefill.chunks, want_chunks):
+            s, e = w["requests"]
+            rows = chunk.block_table[: max(0, min(e, step.num_reqs) - s)].tolist()
+            same("prefill chunk block_table", rows,
+                 [list(map(int, r)) for r in step.block_table[s : s + len(rows)]])
+            for name in ("cu_seqlen_ks", "cu_seqlen_ke", "cu_seq_lens"):
+                same(f"prefill chunk {name}", getattr(chunk, name), w[name])
+                holds(getattr(chunk, name).untyped_storage().data_ptr() == device_block,
+                      f"prefill chunk {name} a view of the arena")
+            for name in ("total_seq_lens", "token_start", "token_end", "num_reqs",
+                         "skip_kv_gather"):
+                same(f"prefill chunk {name}", getattr(chunk, name), w[name])
     want = expected["decode"]
     if want is None:
         holds(meta.decode is None, "no decode metadata")
     else:
         got = meta.decode
-        same("decode.seq_lens", got.seq_lens, want["seq_lens"])
-        holds(got.seq_lens.is_contiguous(), "decode.seq_lens contiguous")
-        same("decode.schedule_metadata", got.schedule_metadata, want["schedule"])
-        for name in ("decode_lens", "requires_padding", "per_req_decode_lens",
-                     "decode_is_uniform", "write_max_decode_len"):
-            same(f"decode.{name}", getattr(got, name), want[name])
         if want["flatten"]:
             same("decode.block_table", got.block_table, want["block_table"])
         else:
             rows = got.block_table[: step.num_reqs].tolist()
             same("decode.block_table", rows,
                  [list(map(int, r)) for r in step.block_table[: len(rows)]])
+        same("decode.seq_lens", got.seq_lens, want["seq_lens"])
+        holds(got.seq_lens.is_contiguous(), "decode.seq_lens contiguous")
+        for name in ("decode_lens", "requires_padding"):
+            same(f"decode.{name}", getattr(got, name), want[name])
+        same("decode.schedule_metadata", got.schedule_metadata, want["schedule"])
+        for name in ("per_req_decode_lens", "decode_is_uniform", "write_max_decode_len"):
+            same(f"decode.{name}", getattr(got, name), want[name])
         for t in (got.seq_lens, got.decode_lens, got.block_table, got.schedule_metadata):
             holds(t.untyped_storage().data_ptr() == device_block,
                   "every decode tensor a view of the arena")
-    want_chunks = expected["prefill"]
-    if want_chunks is None:
-        holds(meta.prefill is None, "no prefill metadata")
-        return
-    same("len(prefill.chunks)", len(meta.prefill.chunks), len(want_chunks))
-    for chunk, w in zip(meta.prefill.chunks, want_chunks):
-        for name in ("cu_seq_lens", "cu_seqlen_ks", "cu_seqlen_ke"):
-            same(f"prefill chunk {name}", getattr(chunk, name), w[name])
-            holds(getattr(chunk, name).untyped_storage().data_ptr() == device_block,
-                  f"prefill chunk {name} a view of the arena")
-        for name in ("total_seq_lens", "token_start", "token_end", "num_reqs", "skip_kv_gather"):
-            same(f"prefill chunk {name}", getattr(chunk, name), w[name])
-        s, e = w["requests"]
-        rows = chunk.block_table[: max(0, min(e, step.num_reqs) - s)].tolist()
-        same("prefill chunk block_table", rows,
-             [list(map(int, r)) for r in step.block_table[s : s + len(rows)]])
+    same("positions", meta.positions, expected["positions"])
+    rows = meta.block_table[: step.num_reqs].tolist()
+    same("block_table", rows, expected["block_table"][: step.num_reqs])
 
 
 def decode_values(meta) -> tuple:

@@ -151,27 +151,31 @@ def swa(cfg: ArenaConfig, step, num_reqs: int, num_tokens: int) -> dict:
 
 
 def assert_indexer_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:
-    """A mixed indexer build equals the oracle everywhere in the bucket's views."""
+    """A mixed indexer build equals the oracle everywhere in the bucket's views, compared
+    in the order the metadata dataclasses declare the fields (``IndexerMetadata``, its
+    prefill plan and its decode part each where they stand), so the first mismatch named is
+    the first field that differs."""
     same("slot_mapping", meta.slot_mapping, exp["slot_mapping"])
+    plan = meta.prefill.plan
+    same("prefill.chunks", meta.prefill.chunks, [])
+    same("plan.chunk_bounds", plan.chunk_bounds, exp["chunk_bounds"])
+    same("plan.num_chunks", plan.num_chunks, [exp["num_chunks"]])
+    for name in ("cu_seq_lens", "req_key_start", "cu_seqlen_ks", "cu_seqlen_ke"):
+        same(f"plan.{name}", getattr(plan, name), exp[name])
     d = meta.decode
+    if exp["block_table"] is not None:
+        same("decode.block_table", d.block_table, exp["block_table"])
     same("decode.seq_lens", d.seq_lens, exp["seq_lens"])
     same("decode.decode_lens", d.decode_lens, exp["decode_lens"])
-    same("decode.schedule_metadata", d.schedule_metadata, exp["schedule"])
     holds(not d.requires_padding, "decode.requires_padding False")
+    same("decode.schedule_metadata", d.schedule_metadata, exp["schedule"])
     same("decode.per_req_decode_lens", d.per_req_decode_lens, exp["per_req_decode_lens"])
     same("(decode.decode_is_uniform, decode.write_max_decode_len)",
          (d.decode_is_uniform, d.write_max_decode_len), (False, cfg.next_n))
+    same("step_counts", meta.step_counts, counts(cfg, step))
     same("positions", meta.positions, exp["positions"])
     k = step.num_reqs
     same("block_table[:k]", meta.block_table[:k], exp["batch_table"][:k])
-    if exp["block_table"] is not None:
-        same("decode.block_table", d.block_table, exp["block_table"])
-    plan = meta.prefill.plan
-    same("prefill.chunks", meta.prefill.chunks, [])
-    same("plan.num_chunks", plan.num_chunks, [exp["num_chunks"]])
-    for name in ("chunk_bounds", "cu_seq_lens", "req_key_start", "cu_seqlen_ks", "cu_seqlen_ke"):
-        same(f"plan.{name}", getattr(plan, name), exp[name])
-    same("step_counts", meta.step_counts, counts(cfg, step))
 
 
 def assert_swa_matches(meta, exp: dict, cfg: ArenaConfig, step) -> None:

@@ -35,23 +35,19 @@ __all__ = ["compressed", "global_topk", "index_k_slots", "indexer_metadata", "mi
 
 def rank_slots(cfg, v41: V41Step, group: str, ratio: int, rank: int, num_reqs: int,
                num_tokens: int) -> list[int]:
-    """§5.1-§5.2 on ``rank``: the token completing entry ``k`` writes it iff its own slot is
-    not -1 and ``k`` is this rank's, at its local index through ``group``'s table."""
+    """§5.1-§5.2 on ``rank``: the single-GPU rule (:func:`single.compressed_slots`) through
+    ``group``'s table, with the token completing entry ``k = p // R`` gated off (own slot -1)
+    unless ``k`` is this rank's, and its position localised to ``j R + p % R``, ``j`` being
+    ``k``'s local index."""
     world, interleave = cfg.dcp_world_size, cfg.cp_kv_cache_interleave_size
-    entries = cfg.block_size // ratio
-    table = v41.rows(group, num_reqs)
     owner, position, _ = single.tokens(v41.step)
     own = single.group_own_slots(v41, cfg.sliding_window)
-    out = [-1] * num_tokens
-    for t, (b, p) in enumerate(zip(owner, position)):
-        if (p + 1) % ratio or own[t] == -1:
-            continue
-        k = p // ratio
-        if dcp_indexer.owner_of_entry(k, ratio, world, interleave) != rank:
-            continue
-        j = dcp_indexer.local_index(k, ratio, world, interleave)
-        out[t] = table[b][j // entries] * entries + j % entries
-    return out
+    own = [s if dcp_indexer.owner_of_entry(p // ratio, ratio, world, interleave) == rank else -1
+           for s, p in zip(own, position)]
+    local = dcp_indexer.local_counter(ratio, world, rank, interleave)
+    localised = [local(p // ratio) * ratio + p % ratio for p in position]
+    return single.compressed_slots(ratio, cfg.block_size // ratio, v41.rows(group, num_reqs),
+                                   owner, localised, own, num_tokens)
 
 
 def compressed(cfg, v41: V41Step, rank: int, num_reqs: int, num_tokens: int) -> dict:
@@ -80,23 +76,16 @@ def index_k_slots(cfg, v41: V41Step, name: str, rank: int, num_reqs: int,
 
 
 def global_topk(cfg, name: str, rank: int, topk_rows, owner, valid, table):
-    """§7.1 on ``rank``: of each row's global entry ids ``k >= 0``, those this rank holds at
-    ``bt[b, j // S] * S + j % S`` (``j`` the local index), every other one -1; the length
-    counts the rank's; an invalid token: a row of -1, length 0."""
+    """§7.1 on ``rank``: the single-GPU operand (:func:`single.global_topk`) of each row's
+    global entry ids ``k >= 0`` this rank holds, as their local indices ``j`` (at
+    ``bt[b, j // S] * S + j % S``); every other one -1, not counted; an invalid token: a row
+    of -1, length 0."""
     ratio = RATIOS[name]
     world, interleave = cfg.dcp_world_size, cfg.cp_kv_cache_interleave_size
-    entries = cfg.block_size // ratio
-    rows, lens = [], []
-    for t, row in enumerate(topk_rows):
-        out = [-1] * len(row)
-        if valid[t]:
-            for i, k in enumerate(row):
-                if k >= 0 and dcp_indexer.owner_of_entry(k, ratio, world, interleave) == rank:
-                    j = dcp_indexer.local_index(k, ratio, world, interleave)
-                    out[i] = table[owner[t]][j // entries] * entries + j % entries
-        rows.append(out)
-        lens.append(sum(1 for x in out if x >= 0))
-    return rows, lens
+    local = dcp_indexer.local_counter(ratio, world, rank, interleave)
+    held = [[local(k) if k >= 0 and dcp_indexer.owner_of_entry(k, ratio, world, interleave)
+             == rank else -1 for k in row] for row in topk_rows]
+    return single.global_topk(held, owner, valid, table, cfg.block_size // ratio)
 
 
 def indexer_metadata(cfg, v41: V41Step, name: str, rank: int, *, graph: bool = False) -> dict:

@@ -72,6 +72,16 @@ def test_reference_mismatch_passes_a_true_build_and_names_a_wrong_one(monkeypatc
         assert reference_mismatch(gm, q, s, slots) == (
             "indexer: positions[1]: got 300, expected 299")
 
+        def two_wrong(self, batch):
+            meta = off_by_one(self, batch)
+            meta.prefill.chunks[0].cu_seqlen_ke[0] += 1
+            return meta
+
+        # Fields are compared in IndexerMetadata's order: its prefill before its positions.
+        monkeypatch.setattr(IndexerMetadataBuilder, "build", two_wrong)
+        assert reference_mismatch(gm, q, s, slots).startswith(
+            "indexer: prefill chunk cu_seqlen_ke[0]: ")
+
 
 def test_check_eagerly_counts_every_step_and_catches_differing_outputs():
     with _manager() as gm:

@@ -65,16 +65,11 @@ def kv_source_types(config: ArenaConfig) -> tuple[LayerType, ...]:
     return tuple(t for t in config.layer_types if Cache.COMPRESSED_KV in t.owns)
 
 
-def _main_table_types(config: ArenaConfig) -> list[str]:
-    return [t.name for t in kv_source_types(config) if t.addressing is Addressing.MAIN_TABLE]
-
-
 def compressed_served(config: ArenaConfig) -> bool:
     """Whether :class:`CompressedMetadataBuilder` serves ``config``: some type owns a
     compressed KV cache and, under decode context parallelism, every such type's cache has a
     table of its own (DeepSeek V4.1, not V4)."""
-    return bool(kv_source_types(config)) and (
-        config.dcp_world_size == 1 or not _main_table_types(config))
+    return _unserved(config) is None
 
 
 def ring_capacity(num_speculative_tokens: int) -> int:
@@ -285,19 +280,23 @@ class CompressedMetadataBuilder:
         check_capacity(batch.num_reqs, batch.num_actual_tokens, self.config)
 
 
-def _served_types(config: ArenaConfig) -> tuple[LayerType, ...]:
+def _unserved(config: ArenaConfig) -> str | None:
+    """Why the builder does not serve ``config`` (:func:`compressed_served`); None if it does."""
     types = kv_source_types(config)
     if not types:
-        raise ConfigError(
-            f"no layer type of {[t.name for t in config.layer_types]} owns a compressed KV "
-            "cache: the compressed builder serves DeepSeek V4 and V4.1 models"
-        )
-    main = _main_table_types(config)
+        return (f"no layer type of {[t.name for t in config.layer_types]} owns a compressed "
+                "KV cache: the compressed builder serves DeepSeek V4 and V4.1 models")
+    main = [t.name for t in types if t.addressing is Addressing.MAIN_TABLE]
     if config.dcp_world_size > 1 and main:
-        raise ConfigError(
-            f"the compressed builder does not serve decode context parallelism "
-            f"(dcp_world_size={config.dcp_world_size}) for layer types {main}, addressed "
-            "through the main block table; the indexer builder holds their sharded "
-            "compressed slots"
-        )
-    return types
+        return ("the compressed builder does not serve decode context parallelism "
+                f"(dcp_world_size={config.dcp_world_size}) for layer types {main}, addressed "
+                "through the main block table; the indexer builder holds their sharded "
+                "compressed slots")
+    return None
+
+
+def _served_types(config: ArenaConfig) -> tuple[LayerType, ...]:
+    why = _unserved(config)
+    if why is not None:
+        raise ConfigError(why)
+    return kv_source_types(config)

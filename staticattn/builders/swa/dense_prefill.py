@@ -88,9 +88,9 @@ class DensePrefillChunks:
         return cdiv(self.num_prefill_tokens, self.rows_per_chunk)
 
     def first_row(self, chunk: int) -> int:
-        """The prefill row held by workspace row 0 of ``chunk``: ``chunk * Rc`` (the token
-        ``Td + chunk * Rc``)."""
-        return self._checked(chunk) * self.rows_per_chunk
+        """The prefill row held by workspace row 0 of ``chunk`` (one :meth:`write` took):
+        ``chunk * Rc`` (the token ``Td + chunk * Rc``)."""
+        return chunk * self.rows_per_chunk
 
     def write(self, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Write ``chunk`` into the workspace and return its rows.
@@ -108,14 +108,6 @@ class DensePrefillChunks:
         InvalidBatchError
             ``chunk`` is not an int in ``[0, num_chunks)``; nothing is written.
         """
-        first = self.first_row(chunk)
-        rows = min(self.rows_per_chunk, self.num_prefill_tokens - first)
-        build_dense_prefill_chunk(self.backend, self.indices, self.lens, self.positions,
-                                  self.ratio, first, rows, self.num_tokens,
-                                  self.num_decode_tokens, self.step_counts)
-        return self.indices[:rows], self.lens[:rows]
-
-    def _checked(self, chunk: int) -> int:
         if (not isinstance(chunk, int) or isinstance(chunk, bool)
                 or not 0 <= chunk < self.num_chunks):
             raise InvalidBatchError(
@@ -123,4 +115,9 @@ class DensePrefillChunks:
                 f"{self.num_chunks} chunks of {self.rows_per_chunk} rows "
                 f"({self.num_prefill_tokens} prefill rows); iterate range(num_chunks)"
             )
-        return chunk
+        first = self.first_row(chunk)
+        rows = min(self.rows_per_chunk, self.num_prefill_tokens - first)
+        build_dense_prefill_chunk(self.backend, self.indices, self.lens, self.positions,
+                                  self.ratio, first, rows, self.num_tokens,
+                                  self.num_decode_tokens, self.step_counts)
+        return self.indices[:rows], self.lens[:rows]

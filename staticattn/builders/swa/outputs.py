@@ -69,8 +69,9 @@ class BoundViews:
                                   cfg.max_num_batched_tokens, row_scratch_width(cfg))
         self.layer_types = tuple(t.name for t in cfg.layer_types)
         # Views cut once per split and kept, per binding: a builder bound to another arena
-        # must never hand out views of the previous one.
+        # must never hand out views of the previous one. The dense prefill chunks likewise.
         self._views = functools.lru_cache(maxsize=4096)(self._cut_views)
+        self._dense = functools.lru_cache(maxsize=4096)(self._new_dense_chunks)
 
     def host_plans(self, batch: Batch, num_decodes: int) -> dict[str, list]:
         """Every windowed type's chunk plan from the batch's host lengths (eager only)."""
@@ -127,11 +128,14 @@ class BoundViews:
         _, num_prefills, num_decode_tokens, num_prefill_tokens = split
         if self.dense_workspace is None or not num_prefills:
             return None
+        return self._dense(batch.positions, num_prefill_tokens, num_decode_tokens,
+                           batch.num_actual_tokens, batch.step_counts if split_on_device else None)
+
+    def _new_dense_chunks(self, positions: torch.Tensor, *extents) -> DensePrefillChunks:
+        """The chunks of one split (kept by ``positions``, the same view step after step, and
+        the extents)."""
         indices, lens, ratio = self.dense_workspace
-        return DensePrefillChunks(
-            self.backend, indices, lens, batch.positions, ratio, num_prefill_tokens,
-            num_decode_tokens, batch.num_actual_tokens,
-            batch.step_counts if split_on_device else None)
+        return DensePrefillChunks(self.backend, indices, lens, positions, ratio, *extents)
 
     def _cut_views(self, num_tokens: int, num_decode_tokens: int, num_prefills: int,
                    num_prefill_tokens: int) -> dict[str, torch.Tensor | None]:

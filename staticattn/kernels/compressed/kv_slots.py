@@ -54,7 +54,12 @@ from typing import NamedTuple
 import torch
 
 from staticattn.kernels.compressed.slot_gate import SlotGate, slot_gate_jit
-from staticattn.kernels.dcp.ownership import DCPShard
+from staticattn.kernels.dcp.ownership import (
+    DCPShard,
+    dcp_local_index,
+    dcp_owner,
+    triton_dcp_helpers,
+)
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch
 from staticattn.kernels.runtime.deferred import lazy_jit, publish
 
@@ -148,9 +153,8 @@ def compressed_kv_slots(
             valid = valid & own_ok
         local = pos
         if ty.dcp_sharded and world > 1:
-            valid = valid & (torch.div(pos, interleave, rounding_mode="floor") % world == rank)
-            local = (torch.div(pos, interleave * world, rounding_mode="floor") * interleave
-                     + pos % interleave)
+            valid = valid & (dcp_owner(pos, world, interleave) == rank)
+            local = dcp_local_index(pos, world, interleave)
         k = torch.where(valid, local, 0) // r
         block = ty.block_table[req, k // s].long()
         ty.slots_out[:num_tokens].copy_(torch.where(valid, block * s + k % s, -1))
@@ -183,8 +187,8 @@ def _launch(qsl, positions, token_to_req, gate: SlotGate, types, num_reqs,
            HAS_REPLAY=gate.replay_start is not None, **constexprs, BLOCK=_BLOCK)
 
 
-@lazy_jit(slot_gate_jit)
-def _kernel(triton, tl, gate_allows):
+@lazy_jit(slot_gate_jit, triton_dcp_helpers)
+def _kernel(triton, tl, gate_allows, dcp_owner_tl, dcp_local_index_tl, **_):
     @triton.jit
     def compressed_kv_type(i, in_range, real, pos, req, own_ok, world, rank, interleave,
                            table, table_stride, ratio, entries, slots_out, counts_out,
@@ -196,8 +200,8 @@ def _kernel(triton, tl, gate_allows):
             valid = valid & own_ok
         local = pos
         if SHARD:
-            valid = valid & ((pos // interleave) % world == rank)
-            local = (pos // (interleave * world)) * interleave + pos % interleave
+            valid = valid & (dcp_owner_tl(pos, world, interleave) == rank)
+            local = dcp_local_index_tl(pos, world, interleave)
         k = tl.where(valid, local, 0) // ratio
         block = tl.load(table + req * table_stride + k // entries, mask=valid, other=0)
         slot = block.to(tl.int64) * entries + k % entries

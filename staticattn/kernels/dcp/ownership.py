@@ -74,8 +74,8 @@ def dcp_global_index(j: torch.Tensor, world: int, rank: int, interleave: int) ->
 
 @lazy_jit()
 def triton_dcp_helpers(triton, tl):
-    """``(local_count, owner, local_index)``: the same formulas as ``@triton.jit`` helpers
-    (a kernel takes them by naming this function in its
+    """``(local_count, owner, local_index, global_index)``: the same formulas as
+    ``@triton.jit`` helpers (a kernel takes them by naming this function in its
     :func:`~staticattn.kernels.runtime.deferred.lazy_jit`)."""
 
     @triton.jit
@@ -92,4 +92,8 @@ def triton_dcp_helpers(triton, tl):
     def dcp_local_index_tl(e, world, interleave):
         return (e // (interleave * world)) * interleave + e % interleave
 
-    return dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl
+    @triton.jit
+    def dcp_global_index_tl(j, world, rank, interleave):
+        return (j // interleave) * (interleave * world) + rank * interleave + j % interleave
+
+    return dcp_local_count_tl, dcp_owner_tl, dcp_local_index_tl, dcp_global_index_tl

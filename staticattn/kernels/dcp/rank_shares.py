@@ -106,7 +106,7 @@ def dense_rank_share(backend: str, lens: torch.Tensor, token_to_req: torch.Tenso
 
 
 @lazy_jit(triton_dcp_helpers)
-def _swa_kernel(triton, tl, dcp_local_count_tl, **_):
+def _swa_kernel(triton, tl, dcp_local_count_tl, dcp_global_index_tl, **_):
     @triton.jit
     def swa_rank_share_kernel(rows, rows_stride, lens, positions, out, out_stride, lens_out,
                               num_rows, width, world, rank, interleave,
@@ -122,9 +122,7 @@ def _swa_kernel(triton, tl, dcp_local_count_tl, **_):
         for c0 in range(0, width, COLS):
             j = c0 + tl.arange(0, COLS)
             cells = in_rows[:, None] & (j < width)[None, :]
-            local = before[:, None] + j[None, :]
-            x = ((local // interleave) * (interleave * world) + rank * interleave
-                 + local % interleave)
+            x = dcp_global_index_tl(before[:, None] + j[None, :], world, rank, interleave)
             keep = cells & (j[None, :] < held[:, None])
             value = tl.load(rows + t64[:, None] * rows_stride + (x - start[:, None]),
                             mask=keep, other=-1)

@@ -140,9 +140,14 @@ def test_a_bad_chunk_is_refused_before_anything_is_written():
     for bad in (-1, chunks.num_chunks, 7, True, 1.0, None):
         with pytest.raises(InvalidBatchError, match=r"not a chunk of this step.*3 chunks"):
             chunks.write(bad)
-        with pytest.raises(InvalidBatchError):
-            chunks.first_row(bad)
     assert chunks.indices.equal(before[0]) and chunks.lens.equal(before[1])
+
+
+def test_the_chunks_are_made_once_per_split():
+    cfg, builder, inputs = world(5, "torch")
+    step = make_step(cfg, [2, 13], [300, 262], rng=np.random.default_rng(0))
+    chunks = builder.build(stage(inputs, step)).dense_prefill
+    assert builder.build(stage(inputs, step)).dense_prefill is chunks
 
 
 @pytest.mark.parametrize("bad", [0, -4096, True, 1.5, "16MiB", None])
