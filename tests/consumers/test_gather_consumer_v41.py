@@ -53,7 +53,9 @@ def test_the_columns_name_the_v41_outputs():
 def test_v41_checksums_match_the_oracle_through_every_build(backend, name):
     cfg, builders, inputs, consumer, caches = world(name, backend)
 
-    @settings(max_examples=fuzz_examples(backend, 20, 2))
+    # Interpreted Triton: one step a config on CPU (each costs about 8 s); the torch backend
+    # draws 20 over the same strategy, and the GPU suite 20 on both.
+    @settings(max_examples=fuzz_examples(backend, 20, 1))
     @given(v41_steps(cfg, max_seq_len=4096))
     def check(v41):
         step = v41.step
