@@ -48,6 +48,7 @@ from staticattn.distributed.step_keys import new_keys, write_keys
 
 __all__ = ["PCPGatherStep", "SingleGatherStep", "written_cache"]
 
+
 def written_cache(consumer: GatherConsumer) -> torch.Tensor:
     """The cache a step's new keys go to, int32 ``(entries,)`` by the batch's slot mapping:
     the window's (``swa``, its group's slots) where the model has one (DeepSeek V4.1), else
