@@ -10,6 +10,8 @@ small (at most 400 lines).
 from __future__ import annotations
 
 import ast
+import functools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -129,11 +131,17 @@ def _imports(path: Path) -> set[str]:
                 found.add(node.module)
                 # ``from staticattn.kernels import swa_decode`` imports a module too.
                 found |= {f"{node.module}.{a.name}" for a in node.names}
-    modules = {_module_name(p) for p in PACKAGE.rglob("*.py")}
-    return {m for m in found if m in modules}
+    return {m for m in found if m in _modules()}
 
 
+@functools.cache
+def _modules() -> frozenset[str]:
+    return frozenset(_module_name(p) for p in PACKAGE.rglob("*.py"))
+
+
+@functools.cache
 def _graph() -> dict[str, set[str]]:
+    """Each module's staticattn imports, read once per session (no test changes it)."""
     return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
 
 
@@ -262,19 +270,49 @@ def test_no_import_cycle():
     assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
 
 
+#: One interpreter imports torch and ``staticattn`` (which loads ``ROOT_LOADS`` alone), then
+#: forks a child per room: each child imports its room's modules and reports the rooms
+#: loaded, as a fresh interpreter would, without importing torch a dozen times.
+_ROOM_LOADS = """
+import importlib, json, os, sys
+import torch, staticattn
+rooms = json.loads(sys.argv[1])
+out = {}
+for room, modules in rooms.items():
+    read, write = os.pipe()
+    if os.fork() == 0:
+        os.close(read)
+        try:
+            for m in modules:
+                importlib.import_module(m)
+            msg = sorted({m.split('.')[1] for m in sys.modules if m.startswith('staticattn.')})
+        except BaseException as e:
+            msg = f"{type(e).__name__}: {e}"
+        os.write(write, json.dumps(msg).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        out[room] = json.loads(f.read())
+    os.wait()
+print(json.dumps(out))
+"""
+
+
+@functools.cache
+def _room_loads() -> dict[str, list[str] | str]:
+    """Per room, the rooms importing all its modules loads (or the import's error)."""
+    rooms = {room: sorted(m for m in _graph() if _room(m) == room) for room in ALLOWED}
+    done = subprocess.run([sys.executable, "-c", _ROOM_LOADS, json.dumps(rooms)],
+                          capture_output=True, text=True, cwd=PACKAGE.parent, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
 @pytest.mark.parametrize("room", sorted(ALLOWED))
 def test_importing_a_room_loads_nothing_above_it(room):
-    modules = sorted(m for m in _graph() if _room(m) == room)
-    script = (
-        "import importlib, sys\n"
-        f"for m in {modules!r}: importlib.import_module(m)\n"
-        "print(' '.join(sorted({m.split('.')[1] for m in sys.modules "
-        "if m.startswith('staticattn.')})))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          cwd=PACKAGE.parent, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    loaded = set(done.stdout.split()) - {room} - ROOT_LOADS
+    loads = _room_loads()[room]
+    assert isinstance(loads, list), f"importing {room}: {loads}"
+    loaded = set(loads) - {room} - ROOT_LOADS
     assert loaded <= _beneath(room), f"importing {room} loaded {sorted(loaded - _beneath(room))}"
 
 
