@@ -24,6 +24,7 @@ from hypothesis import given, settings
 from staticattn.builders import Batch, default_builders, make_arena
 from staticattn.consumers import GatherConsumer
 from staticattn.reference import checksums
+from staticattn.reference.v41_compressed import V41Step
 
 COLUMNS = ["swa", "dense", "indexer.c1a", "indexer.c2a", "c1a.read", "c1a.write", "c2a.read",
            "c2a.write"]
@@ -73,6 +74,20 @@ def test_v41_checksums_match_the_oracle_through_every_build(backend, name):
             assert consume(consumer, builders, batch, "build_decode") == want
 
     check()
+
+
+def test_a_replayed_window_past_the_table_reads_nothing_outside_it(backend):
+    """A prefill's window starts at its replay start, so near max_model_len it reaches
+    positions past the SWA table's last column (4096 here: 3969 + 127). Those positions are masked out,
+    and neither backend may index the table with them (on CUDA the torch backend's gather
+    would be a device-side assert, not an IndexError)."""
+    cfg, builders, inputs, consumer, caches = world("flash-bs128-n4", backend)
+    assert cfg.max_swa_blocks_per_req * cfg.swa_block_size == 4096
+    v41 = make_v41_step(cfg, [5, 5, 5], [6, 6, 3974])
+    v41 = V41Step(v41.step, v41.tables, replay_start=[0, 0, 3969])
+    want = checksums.expected_v41(cfg, v41, caches, v41.step.num_tokens_padded)
+    assert any(row[0] for row in want[10:])
+    assert consume(consumer, builders, stage_v41(inputs, v41), "build") == want
 
 
 def test_a_missing_compressed_build_leaves_its_columns_zero():

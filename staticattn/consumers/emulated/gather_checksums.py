@@ -105,7 +105,10 @@ def _sum_rows(cache, index, keep):
 
 def torch_paged_sum(cache, table, rows, pos, block_size, keep):
     """Row sums of ``cache`` over the slots of positions ``pos`` (``>= 0``) of requests
-    ``rows`` through their block-table rows, where ``keep``."""
+    ``rows`` through their block-table rows, where ``keep``. A position not kept may lie past
+    the table (a window reaching beyond its token), so it reads column 0 instead, as the
+    Triton twin's masked load does."""
+    pos = torch.where(keep, pos, 0)
     blocks = table[rows[:, None], pos // block_size].long()
     return _sum_rows(cache, blocks * block_size + pos % block_size, keep)
 
