@@ -26,8 +26,8 @@ from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes",
-           "continued_pcp_step", "next_pcp_step", "pcp_pair", "random_pcp_step",
-           "rank_mismatches", "step_slots"]
+           "continued_pcp_step", "expected_ring_links", "next_pcp_step", "pcp_pair",
+           "random_pcp_step", "rank_mismatches", "step_slots"]
 
 #: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
 #: by the reference (its backends do not support PCP). V4.1 runs eagerly there (no CUDA
@@ -319,18 +319,25 @@ def rank_mismatches(pair: PCPPair, step: dict) -> list[str]:
     return mismatched
 
 
+def expected_ring_links(cfg: PCPConfig, batch: pcp_layout.GlobalBatch, lay: pcp_layout.Layout,
+                        table: list[list[int]], num_speculative_tokens: int
+                        ) -> tuple[list[list[int]], list[int]]:
+    """The oracle's ring links of a step (:func:`staticattn.reference.pcp_ring.ring_links`,
+    with the oracle's ring capacity for ``num_speculative_tokens``), each request's ring
+    block being column 0 of its row of ``table`` (what :meth:`PCPPair.write` puts in the
+    ring's table): ``prev_row_indices`` of every rank, padded to ``cfg.max_rows`` rows with
+    -1, and ``ring_write_slots``."""
+    R = cfg.max_rows
+    want = pcp_ring.ring_links(batch, lay, [row[0] for row in table], R,
+                               v41_compressed.ring_capacity(num_speculative_tokens))
+    return ([links + [-1] * (R - len(links)) for links in want["prev_row_indices"]],
+            want["ring_write_slots"])
+
+
 def ring_mismatches(ring, cfg: PCPConfig, batch: pcp_layout.GlobalBatch,
                     lay: pcp_layout.Layout, step: dict, num_speculative_tokens: int) -> list[str]:
-    """The ring links of the last step (a rank's ``RingLinks``) against the oracle
-    (:func:`staticattn.reference.pcp_ring.ring_links`, with the oracle's ring capacity for
-    ``num_speculative_tokens``), each request's ring block being column 0 of its step row
-    (what :meth:`PCPPair.write` puts in the ring's table): the names of the fields that
-    differ, ``prev_row_indices`` (every rank's rows, -1 past them) and
-    ``ring_write_slots``."""
-    R = cfg.max_rows
-    want = pcp_ring.ring_links(batch, lay, [row[0] for row in step["table"].tolist()], R,
-                               v41_compressed.ring_capacity(num_speculative_tokens))
-    prev = [links + [-1] * (R - len(links)) for links in want["prev_row_indices"]]
-    return [name for name, value in (("prev_row_indices", prev),
-                                     ("ring_write_slots", want["ring_write_slots"]))
+    """The names of the fields of a rank's ``RingLinks`` after the last step that differ
+    from :func:`expected_ring_links`: ``prev_row_indices``, ``ring_write_slots``."""
+    want = expected_ring_links(cfg, batch, lay, step["table"].tolist(), num_speculative_tokens)
+    return [name for name, value in zip(("prev_row_indices", "ring_write_slots"), want)
             if getattr(ring, name).tolist() != value]

@@ -21,7 +21,7 @@ from staticattn.builders import CompressedMetadataBuilder, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
 from staticattn.consumers.dcp.dcp_decode import DCPDecodeAttention, DCPDecodeLayers
 from staticattn.errors import RankFailureError
-from staticattn.model import Addressing, Cache
+from staticattn.model import Addressing, Cache, layer_type
 from staticattn.validation.dcp_step import DEFAULT_DEADLINE, StepVerdicts
 
 __all__ = ["Rank", "abandon", "dcp_config", "dcp_world", "graph_pool_blocks", "join",
@@ -194,9 +194,11 @@ def write_decode_step(inputs, consumer, step: dict) -> None:
         rows = step["table"].flip(0) if name.endswith(Cache.COMPRESSED_KV.value) else step["table"]
         view[: rows.shape[0]].copy_(rows[:, : view.shape[1]])
     for layer in getattr(consumer, "layers", (consumer,)):
-        index, kv_table = (tables[f"{layer.layer_type}.index_k"],
-                           tables[f"{layer.layer_type}.compressed_kv"]) if layer.own_kv else (
-            tables["block_table"], tables["block_table"])
+        index = kv_table = tables["block_table"]
+        if layer.own_kv:
+            row = layer_type(layer.layer_type)
+            index = tables[row.group(Cache.INDEX_K)]
+            kv_table = tables[row.group(Cache.COMPRESSED_KV)]
         for b, (keys, kv) in enumerate(zip(step["keys"], step["kv"])):
             entries = int(step["seq_lens"][b]) // layer.ratio
             layer.write_keys(index[b], keys[:entries], kv[:entries], kv_table[b])

@@ -78,9 +78,9 @@ def test_v41_checksums_match_the_oracle_through_every_build(backend, name):
 
 def test_a_replayed_window_past_the_table_reads_nothing_outside_it(backend):
     """A prefill's window starts at its replay start, so near max_model_len it reaches
-    positions past the SWA table's last column (4096 here: 3969 + 127). Those positions are masked out,
-    and neither backend may index the table with them (on CUDA the torch backend's gather
-    would be a device-side assert, not an IndexError)."""
+    positions past the SWA table's last column (4096 here: 3969 + 127). Those positions are
+    masked out, and neither backend may index the table with them (on CUDA the torch
+    backend's gather would be a device-side assert, not an IndexError)."""
     cfg, builders, inputs, consumer, caches = world("flash-bs128-n4", backend)
     assert cfg.max_swa_blocks_per_req * cfg.swa_block_size == 4096
     v41 = make_v41_step(cfg, [5, 5, 5], [6, 6, 3974])

@@ -18,8 +18,8 @@ import torch.distributed as dist
 from helpers import compressor_oracle, dcp_workers, pcp_workers
 
 from staticattn.arena.pcp_config import PCPConfig
+from staticattn.distributed import pcp_world
 from staticattn.reference import pcp_layout as pcp
-from staticattn.reference import pcp_ring
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
                                 reason="needs torch.distributed with gloo")
@@ -61,7 +61,8 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
             assert got["step_counts"] == [n, lay.num_tokens[p], decodes,
                                           meta["query_start_loc"][decodes]], (s, p)
             if v41:
-                assert _ring_links(cfg, batch, lay, step["table"]) == (
+                # The demo's V4.1 takes no speculative tokens (§4.2).
+                assert pcp_world.expected_ring_links(cfg, batch, lay, step["table"], 0) == (
                     got["prev_row_indices"], got["ring_write_slots"]), (s, p)
                 assert got["compressor"] == compressed[s], (s, p)
                 assert got["ring_equal"], f"step {s} rank {p}: ring differs from one GPU's"
@@ -69,16 +70,6 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
                 assert got["prev_row_indices"] is None, "V3.2 has no compressor ring"
                 assert got["compressor"] is None
     assert prefills >= len(records[0]["steps"]) // 2  # the steps held prefills to split
-
-
-def _ring_links(cfg: PCPConfig, batch: pcp.GlobalBatch, lay: pcp.Layout,
-                table: list[list[int]]) -> tuple[list[list[int]], list[int]]:
-    """The oracle's ring links of every rank, ``prev_row_indices`` padded to ``R`` rows
-    with -1; each request's ring block is column 0 of its block row."""
-    R = cfg.max_rows
-    want = pcp_ring.ring_links(batch, lay, [row[0] for row in table], R)
-    return ([links + [-1] * (R - len(links)) for links in want["prev_row_indices"]],
-            want["ring_write_slots"])
 
 
 @pytest.mark.parametrize(("world", "dcp", "interleave"), [(2, 1, 1), (4, 1, 1), (2, 2, 8)])
