@@ -8,7 +8,6 @@ through one).
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from staticattn.graphs.graph_launch import draws_random_numbers, make_launcher
 from staticattn.graphs.introspect import new_graph, node_census
 from staticattn.graphs.options import GraphOptions, StagingGuard
 from staticattn.graphs.pool import GraphPool
+from staticattn.graphs.python_gc import frozen_gc, gc_paused
 from staticattn.graphs.sizes import (
     bucket_requests,
     default_capture_sizes,
@@ -38,7 +38,7 @@ from staticattn.graphs.sizes import (
 from staticattn.staging import StepInputs
 
 __all__ = ["CaptureHook", "Capturer", "GraphSpec", "arena_contents_kept", "capture",
-           "capture_failed", "frozen_gc", "warm_up"]
+           "capture_failed", "warm_up"]
 
 DECODE, MIXED = GraphKind.DECODE, GraphKind.MIXED
 
@@ -254,12 +254,14 @@ def capture(
     error_mode: str = "global",
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Record ``fn`` on ``stream`` into a new graph (sharing ``pool`` when given) and
-    instantiate it now rather than at its first replay. Returns ``(graph, fn's result)``;
-    an exception from ``fn`` ends the capture and propagates."""
+    instantiate it now rather than at its first replay, with Python's gc paused
+    (:mod:`staticattn.graphs.python_gc`). Returns ``(graph, fn's result)``; an exception
+    from ``fn`` ends the capture and propagates."""
     graph = new_graph()
     current = torch.cuda.current_stream(stream.device)
     try:
-        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode=error_mode):
+        with gc_paused(), torch.cuda.graph(graph, pool=pool, stream=stream,
+                                           capture_error_mode=error_mode):
             result = fn()
     except BaseException:
         # When the capture fails, torch's graph context raises from capture_end before it
@@ -301,19 +303,3 @@ def arena_contents_kept(arena: Arena):
         for w, block in saved.items():
             arena.block(w).copy_(block)
         torch.cuda.synchronize(arena.device)
-
-
-@contextmanager
-def frozen_gc():
-    """Capture with Python's gc frozen and off: a collection in the middle of a capture
-    can free tensors whose memory the graph already baked in, and it costs time per size."""
-    gc.collect()
-    gc.freeze()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-        gc.unfreeze()

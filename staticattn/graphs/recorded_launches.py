@@ -35,6 +35,7 @@ import torch
 from staticattn.builders.swa.tile_scheduler import renew_tile_scheduler_metas
 from staticattn.graphs.captured import GraphKind
 from staticattn.graphs.introspect import cudart_or_none, raw_node_census
+from staticattn.graphs.python_gc import gc_paused
 from staticattn.kernels.runtime.compiled_launch import recording
 from staticattn.kernels.runtime.frozen_launch import FrozenLaunch, driver_or_none, freeze
 
@@ -211,7 +212,9 @@ class RecordedLaunches:
         side = self._side
         recorder = _Recorder()
         relaxed = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeRelaxed
-        with torch.cuda.stream(side):
+        # No collection mid-capture (python_gc says why); no full one before it either: this
+        # capture runs the first time a step meets its extents, on the serving path.
+        with gc_paused(), torch.cuda.stream(side):
             err, = cudart.cudaStreamBeginCapture(side.cuda_stream, relaxed)
             if err != success:
                 return recorder, None, None

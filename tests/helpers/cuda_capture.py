@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from staticattn.graphs.python_gc import gc_paused
+
 
 def capture(body):
     """``(graph, out)``: ``body()`` run once on a side stream (every kernel compiled outside
@@ -16,7 +18,7 @@ def capture(body):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):  # why: staticattn.graphs.python_gc
         out = body()
     torch.cuda.synchronize()
     return graph, out

@@ -73,9 +73,9 @@ SUB_ROOMS = {
 #: manager's parts (pool, table, capturer, eager, in-place and array steps) sit beneath it
 #: and never import it; context buckets and device-length steps build on the manager.
 GRAPH_MODULES = [
-    "introspect", "graph_launch", "sizes", "captured", "options", "branches", "pool", "dispatch",
-    "recorded_launches", "capturer", "eager", "in_place", "runner", "manager", "contexts",
-    "device_steps",
+    "python_gc", "introspect", "graph_launch", "sizes", "captured", "options", "branches",
+    "pool", "dispatch", "recorded_launches", "capturer", "eager", "in_place", "runner",
+    "manager", "contexts", "device_steps",
 ]
 #: Private names read off another object, each with its reason: ``torch`` keeps an op's
 #: schema on ``_schema`` (no public spelling).

@@ -10,6 +10,7 @@ from helpers.staging_graph import S, staged_sums
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders import make_arena
+from staticattn.graphs.python_gc import gc_paused
 
 pytestmark = pytest.mark.gpu
 
@@ -32,7 +33,7 @@ def _capture(inputs, consumer_out):
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         body()
     return graph
 

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from staticattn.arena import ArenaConfig
 from staticattn.builders import Batch, make_arena
 from staticattn.builders.indexer.builder import IndexerMetadataBuilder
+from staticattn.graphs.python_gc import gc_paused
 from staticattn.kernels.indexer.mqa_schedule import paged_mqa_schedule
 from staticattn.reference import indexer as oracle
 
@@ -71,7 +72,7 @@ def _capture(inputs, builder):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):  # ends the capture even if body() raises
+    with gc_paused(), torch.cuda.graph(graph):  # ends the capture even if body() raises
         body()
     torch.cuda.synchronize()
     return graph, captured["meta"]
@@ -130,7 +131,7 @@ def _graph_kernel_nodes(fn) -> int | None:
         return None
     if not hasattr(graph, "raw_cuda_graph"):
         return None
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         fn()
     torch.cuda.synchronize()
     as_int = lambda v: int(getattr(v, "value", v))

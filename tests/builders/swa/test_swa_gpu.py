@@ -19,6 +19,7 @@ from staticattn.checks.guarded_capture import sync_guard
 from staticattn.checks.watch import CaptureWatch
 from staticattn.consumers.emulated.gather import GatherConsumer
 from staticattn.graphs.introspect import new_graph, node_census
+from staticattn.graphs.python_gc import gc_paused
 from staticattn.reference.swa import assert_matches, expected_for_step
 
 pytestmark = pytest.mark.gpu
@@ -76,7 +77,7 @@ def _capture(builder, inputs, size):
 
     _warm_up(body)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         meta = body()
     return graph, meta
 
@@ -135,7 +136,7 @@ def test_decode_build_is_one_kernel_node():
     batch = Batch.for_decode_capture(inputs, size)
     _warm_up(lambda: builder.build_decode(batch))
     graph = new_graph()
-    with torch.cuda.graph(graph):
+    with gc_paused(), torch.cuda.graph(graph):
         builder.build_decode(batch)
     census = node_census(graph)
     if census is None:
@@ -153,7 +154,7 @@ def test_capture_creates_no_tensor_and_never_syncs():
     _warm_up(lambda: builder.build_decode(batch))
     watch = CaptureWatch()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), sync_guard(), watch:
+    with gc_paused(), torch.cuda.graph(graph), sync_guard(), watch:
         builder.build_decode(batch)
     assert watch.fresh == {}
     # Views only: no aten op that could launch a kernel besides the one Triton launch.
