@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -70,9 +71,10 @@ DEFAULT_SIZES = PCPSizes()
 class PCPFence:
     """What the step check of :func:`~staticattn.distributed.fence.fenced_step` compares
     across the PCP group (its fields, the rank's excepted, must agree): the group's size
-    and this rank (under the check's DCP names: the check knows one kind of group), the
-    split and the capacities."""
+    and this rank (under the check's field names, ``dcp_*``), the split and the
+    capacities. ``group_kind`` makes the check's messages name them as PCP's."""
 
+    group_kind: ClassVar[str] = "PCP"
     dcp_world_size: int
     dcp_rank: int
     cp_kv_cache_interleave_size: int

@@ -150,7 +150,9 @@ def check_dcp_step(
     Parameters
     ----------
     config : ArenaConfig
-        This rank's config; nothing to check when ``dcp_world_size == 1``.
+        This rank's config; nothing to check when ``dcp_world_size == 1``. A stand-in with
+        the same fields may add ``group_kind`` (default ``"DCP"``): the messages name the
+        group and its ranks by it (``"pcp_rank=1"``).
     query_lens, seq_lens : int host arrays ``(num_reqs,)``
         The step's real requests (host memory: reading device values would sync).
     group : ProcessGroup, optional
@@ -201,39 +203,41 @@ def check_dcp_step(
         mine = mine.cuda()
     gathered = [torch.empty_like(mine) for _ in range(world)]
     work = dist.all_gather(gathered, mine, group=group, async_op=True)
-    failure = _wait(work, timeout, config.dcp_rank)
+    group_kind = getattr(config, "group_kind", "DCP")
+    me = f"{group_kind.lower()}_rank={config.dcp_rank}"
+    failure = _wait(work, timeout, me)
     if verdicts is not None:
         verdict = verdicts.settle(failure)
         if verdict is None and failure is not None:
             # The others had every fingerprint, so this rank's all-gather is finishing.
-            verdict = _wait(work, timeout, config.dcp_rank)
+            verdict = _wait(work, timeout, me)
         failure = verdict
     if failure is not None:
         error = RankTimeoutError if failure.startswith(_LATE) else RankFailureError
-        raise error(f"dcp_rank={config.dcp_rank}: the DCP group failed at the step check: "
-                    f"{failure}")
-    _compare([g.cpu().numpy() for g in gathered], config.dcp_rank)
+        raise error(f"{me}: the {group_kind} group failed at the step check: {failure}")
+    _compare([g.cpu().numpy() for g in gathered], me, group_kind)
 
 
-def _wait(work, timeout: timedelta, me: int) -> str | None:
-    """None once every rank's fingerprint is here, else why not (a verdict)."""
+def _wait(work, timeout: timedelta, me: str) -> str | None:
+    """None once every rank's fingerprint is here, else why not (a verdict); ``me`` names
+    this rank (``"dcp_rank=1"``)."""
     start = time.monotonic()
     try:
         work.wait(timeout)
         return None
     except RuntimeError as exc:
         if time.monotonic() - start < timeout.total_seconds():
-            return f"dcp_rank={me} lost a rank during the step check (it failed): {exc}"
-        return (f"{_LATE} dcp_rank={me} waited {timeout.total_seconds():g} s for every rank "
+            return f"{me} lost a rank during the step check (it failed): {exc}"
+        return (f"{_LATE} {me} waited {timeout.total_seconds():g} s for every rank "
                 f"to reach the step check (a rank failed or stalls): {exc}")
 
 
-def _compare(prints: list[np.ndarray], me: int) -> None:
+def _compare(prints: list[np.ndarray], me: str, group_kind: str) -> None:
     """The same verdict on every rank: every rank's fingerprint is in ``prints``."""
     problems = []
     for i, fp in enumerate(prints):
         if fp[1] != i:
-            problems.append(f"group rank {i} holds dcp_rank={int(fp[1])}")
+            problems.append(f"group rank {i} holds {group_kind.lower()}_rank={int(fp[1])}")
     for field, name in enumerate(FINGERPRINT_FIELDS):
         if name == "dcp_rank":
             continue
@@ -242,6 +246,6 @@ def _compare(prints: list[np.ndarray], me: int) -> None:
             problems.append(f"{name} differs across ranks: {values}")
     if problems:
         raise RankMismatchError(
-            f"dcp_rank={me}: the DCP ranks were not handed the same step: "
+            f"{me}: the {group_kind} ranks were not handed the same step: "
             + "; ".join(problems)
         )

@@ -12,14 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.fault_launch import launch_faulty_ranks
+from helpers.fault_launch import DEADLINE_S, SLACK_S, launch_faulty_ranks
 
 from staticattn.validation.dcp_step import StepVerdicts
 
-#: Long enough for two CPU ranks on a loaded machine to stay within it of each other.
-DEADLINE_S = 5.0
-#: A typed error comes within the deadline of its cause; this much more is scheduling.
-SLACK_S = 5.0
 RANK = Path(__file__).with_name("dcp_fault_rank.py")
 
 

@@ -9,12 +9,8 @@ import signal
 from pathlib import Path
 
 import pytest
-from helpers.fault_launch import launch_faulty_ranks
+from helpers.fault_launch import DEADLINE_S, SLACK_S, launch_faulty_ranks
 
-#: Long enough for two CPU ranks on a loaded machine to stay within it of each other.
-DEADLINE_S = 5.0
-#: A typed error comes within the deadline of its cause; this much more is scheduling.
-SLACK_S = 5.0
 RANK = Path(__file__).with_name("pcp_fault_rank.py")
 
 

@@ -179,7 +179,10 @@ def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp
 def test_ranks_handed_different_splits_fail_on_every_rank_before_the_step(tmp_path):
     """One request's prefilling flag differs on rank 1 (same lengths): the split would
     differ, so the fenced step raises the same typed error on every rank, nothing run."""
-    for record in dcp_workers.spawn_ranks(pcp_workers.mismatched_prefill_flags, tmp_path, 2):
+    records = dcp_workers.spawn_ranks(pcp_workers.mismatched_prefill_flags, tmp_path, 2)
+    for rank, record in enumerate(records):
         assert record["error"] == "RankMismatchError", record
         assert "seq_lens_checksum differs" in record["message"]
+        assert "the PCP ranks were not handed the same step" in record["message"]
+        assert record["message"].startswith(f"pcp_rank={rank}: "), record
         assert record["ran"] is False

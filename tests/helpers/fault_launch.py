@@ -18,6 +18,11 @@ from helpers.paths import ROOT
 #: No launch of two ranks takes this long (start-up included): past it the ranks are hung,
 #: and the test fails instead of hanging the suite.
 LAUNCH_TIMEOUT_S = 300
+#: The step deadline the ranks run under: long enough for two CPU ranks on a loaded machine to
+#: stay within it of each other.
+DEADLINE_S = 5.0
+#: A typed error comes within the deadline of its cause; this much more is scheduling.
+SLACK_S = 5.0
 
 
 def launch_faulty_ranks(script: Path, scenario: str, deadline_s: float
