@@ -33,6 +33,7 @@ from staticattn.arena import ArenaConfig
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
+from staticattn.builders.pcp.segments import segment_of
 from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.distributed.step_keys import new_keys, write_keys
 from staticattn.kernels.dcp.ownership import dcp_global_index
@@ -147,8 +148,7 @@ class PCPDCPLayer:
         w = torch.arange(W, device=dev)
         local_cu = ext.local_cu_seq_lens.long()
         local_total = ext.totals[1].long()
-        region = torch.searchsorted(local_cu[1:].contiguous(), w, right=True).clamp(
-            max=local_cu.numel() - 2)
+        region = segment_of(local_cu, w)
         # Region k's first prefill row is the rank row nd + k: its block row gives the slots.
         keys = self.cache[self._slots(batch.block_table, nd_rows + region,
                                       w - local_cu[region])]

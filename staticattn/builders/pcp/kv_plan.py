@@ -23,6 +23,7 @@ import torch
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import RankFields
 from staticattn.builders.pcp.rank_rows import RowViews
+from staticattn.builders.pcp.segments import segment_of
 from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
 
 __all__ = ["PrefillExtents", "build_prefill_extents", "prefill_rows"]
@@ -107,7 +108,7 @@ def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, ra
     qsl = rows.query_start_loc[rank].long()
     u = torch.arange(out.ks.numel(), device=dev)
     j = qsl[nd] + u
-    token_row = torch.searchsorted(qsl[1:].contiguous(), j, right=True).clamp(max=R - 1)
+    token_row = segment_of(qsl, j)
     real = j < qsl[-1]
     pos = fields.start_pos.long()[token_row] + j - qsl[token_row]
     ks = torch.where(real, row_start[(token_row - nd).clamp(0, R - 1)], 0)
@@ -115,7 +116,7 @@ def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, ra
     # FlashMLA entries: one per region, numbered by a running count of first rows.
     entry = torch.cumsum(request_first.long(), 0) - 1
     local_token = torch.arange(out.request_ids.numel(), device=dev)
-    own_row = torch.searchsorted(qsl[1:].contiguous(), local_token, right=True).clamp(max=R - 1)
+    own_row = segment_of(qsl, local_token)
     request_ids = torch.where((local_token >= qsl[nd]) & (local_token < qsl[-1]),
                               entry[(own_row - nd).clamp(0, R - 1)], -1)
     entry_first = torch.searchsorted(entry.contiguous(), r)  # the first row of entry r
@@ -135,8 +136,7 @@ def _deinterleave(global_cu, local_cu, extent, total, local_total, world: int,
     owner ``(t // I) % D`` holds it at local index ``(t // (I D)) I + t % I``, clamped into
     the request's shard (the tail past the request's length is never read)."""
     t_abs = torch.arange(out.deinterleave_idx.numel(), device=global_cu.device)
-    region = torch.searchsorted(global_cu[1:].contiguous(), t_abs, right=True).clamp(
-        max=extent.numel() - 1)
+    region = segment_of(global_cu, t_abs)
     t = t_abs - global_cu[region]
     local = torch.minimum(dcp_local_index(t, world, interleave), extent[region] - 1)
     index = dcp_owner(t, world, interleave) * local_total + local_cu[region] + local

@@ -26,6 +26,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.pcp.segments import segment_of
 
 __all__ = ["RowViews", "build_rows"]
 
@@ -139,7 +140,7 @@ def build_rows(cfg: PCPConfig, query_start_loc: torch.Tensor, is_prefilling: tor
     n_p = row_qsl[:, -1]
     # Local token j of rank p: its row and place in the row.
     j = torch.arange(N, device=dev).expand(P, N).contiguous()
-    row = torch.searchsorted(row_qsl[:, 1:].contiguous(), j, right=True).clamp(max=R - 1)
+    row = segment_of(row_qsl, j)
     real = j < n_p[:, None]
     t_req = _gather(req, row)
     within = j - _gather(row_qsl, row) + _gather(offset, row)
@@ -166,7 +167,7 @@ def _restore(cfg: PCPConfig, qsl, pre, c, replicated, ordinal, first_row, row_qs
     (the second for a chunk past ``P``)."""
     P, K, S = cfg.pcp_size, cfg.num_chunks, qsl.numel() - 1
     g = torch.arange(out.numel(), device=qsl.device)
-    i = torch.searchsorted(qsl[1:].contiguous(), g, right=True).clamp(max=S - 1)
+    i = segment_of(qsl, g)
     o = g - qsl[i]
     chunk = torch.div(o, c[i].clamp(min=1), rounding_mode="floor")
     owner = (ordinal[i] % P) if cfg.dcp_size == 1 else torch.zeros_like(i)

@@ -39,6 +39,7 @@ from staticattn.builders.pcp.rank_fields import build_rank_fields, gathered_slot
 from staticattn.builders.pcp.rank_rows import build_rows
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.builders.pcp.ring_link import build_ring_links
+from staticattn.builders.pcp.segments import segment_of
 from staticattn.staging import StepInputs
 
 __all__ = ["build_rank_step", "input_table", "slot_group", "write_local_inputs"]
@@ -91,7 +92,7 @@ def write_local_inputs(views: PCPViews, inputs: StepInputs, rank: int) -> None:
     inputs.query_lens[:R].copy_(rows.row_len[rank])
     inputs.positions[:N].copy_(rows.positions[rank])
     j = torch.arange(N, device=qsl.device, dtype=qsl.dtype)
-    row = torch.searchsorted(qsl[1:].contiguous(), j, right=True).clamp(max=R - 1)
+    row = segment_of(qsl, j)
     inputs.token_to_req[:N].copy_(torch.where(j < n_p, row, 0))
     inputs.slot_mapping[:N].copy_(views.gathered_slots.view(-1, N)[rank])
     for name, table in views.tables.items():
