@@ -37,8 +37,8 @@ from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.builders.pcp.ring_link import ring_table
-from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.consumers.emulated.gather import GatherConsumer
+from staticattn.distributed.pcp_exchange import RankExchange
 from staticattn.distributed.pcp_ring_layer import (
     COMPRESSOR_COLUMN,
     PCPRingCompressor,
@@ -92,13 +92,13 @@ class PCPGatherStep:
                            PCPRingCompressor(views, rank, world, group, num_kv_blocks))
         self.columns = self.consumer.columns + ([] if self.compressor is None
                                                 else [COMPRESSOR_COLUMN])
-        N = views.rows.token_to_global.shape[1]
-        dev, cols = config.torch_device, len(self.columns)
-        self.keys = torch.zeros(world, N, dtype=torch.int32, device=dev)
-        self.rows = torch.zeros(world, N, cols, dtype=torch.int64, device=dev)
-        T = views.rows.hidden_restore_idx.numel()
-        self.out = torch.zeros(T, cols, dtype=torch.int64, device=dev)
-        self._token = torch.arange(T, device=dev)
+        self.exchanged = RankExchange(views, rank, world, group, len(self.columns),
+                                      config.torch_device)
+
+    @property
+    def out(self) -> torch.Tensor:
+        """The restored rows of the last step, int64 ``(T, columns)``."""
+        return self.exchanged.out
 
     @property
     def cache(self) -> torch.Tensor:
@@ -108,28 +108,19 @@ class PCPGatherStep:
 
     def exchange(self) -> None:
         """The step's collectives alone (the bench times them): every all-gather."""
-        gather_rank_major(self.keys, self.world, self.rank, self.group)
+        self.exchanged.gather_keys()
         if self.compressor is not None:
             self.compressor.exchange()
-        gather_rank_major(self.rows, self.world, self.rank, self.group)
+        self.exchanged.gather_rows()
 
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
-        N = self.keys.shape[1]
-        states = self.views.fields.req_idx.index_select(0, batch.token_to_req[:N].long())
-        new_keys(states, batch.positions[:N], self.keys[self.rank])
-        gather_rank_major(self.keys, self.world, self.rank, self.group)
-        write_keys(self.cache, self.views.gathered_slots, self.keys.view(-1))
-        mine = self.rows[self.rank]
+        x = self.exchanged
+        x.share_keys(batch, self.cache)
+        mine, N = x.mine, x.keys.shape[1]
         mine[:, :len(self.consumer.columns)].copy_(self.consumer(batch, metadata)[:N])
         if self.compressor is not None:
-            self.compressor(batch, self.keys[self.rank], mine[:, -1])
-        gather_rank_major(self.rows, self.world, self.rank, self.group)
-        restore = self.views.rows.hidden_restore_idx.long()
-        flat = self.rows.view(-1, self.rows.shape[-1])
-        tokens = self.views.staged("query_start_loc")[-1]
-        self.out.copy_(torch.where((self._token < tokens)[:, None],
-                                   flat.index_select(0, restore), 0))
-        return self.out
+            self.compressor(batch, x.keys[self.rank], mine[:, -1])
+        return x.restore()
 
 
 class SingleGatherStep:

@@ -35,7 +35,7 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.builders.pcp.segments import segment_of
 from staticattn.consumers.dcp.merge import gather_rank_major
-from staticattn.distributed.step_keys import new_keys, write_keys
+from staticattn.distributed.pcp_exchange import RankExchange
 from staticattn.kernels.dcp.ownership import dcp_global_index
 from staticattn.kernels.staging.stage_inputs import COUNT_DECODE_TOKENS, COUNT_DECODES
 
@@ -76,20 +76,22 @@ class PCPDCPLayer:
                                    generator=gen, dtype=torch.int32).to(dev)
         N = views.rows.token_to_global.shape[1]
         W = views.extents.deinterleave_idx.numel()
-        self.keys = torch.zeros(self.world, N, dtype=torch.int32, device=dev)
+        self.exchanged = RankExchange(views, self.rank, self.world, group, COLUMNS, dev)
         self.workspace = torch.zeros(self.world, W, dtype=torch.int64, device=dev)
         self.decode_part = torch.zeros(N, dtype=torch.int64, device=dev)
-        self.rows = torch.zeros(self.world, N, COLUMNS, dtype=torch.int64, device=dev)
-        T = views.rows.hidden_restore_idx.numel()
-        self.out = torch.zeros(T, COLUMNS, dtype=torch.int64, device=dev)
         self._window = torch.arange(WINDOW, device=dev)
+
+    @property
+    def out(self) -> torch.Tensor:
+        """The restored rows of the last step, int64 ``(T, 3)``."""
+        return self.exchanged.out
 
     def exchange(self) -> None:
         """The step's collectives alone (the bench times them)."""
-        gather_rank_major(self.keys, self.world, self.rank, self.group)
+        self.exchanged.gather_keys()
         dist.all_reduce(self.decode_part, group=self.group)
         gather_rank_major(self.workspace, self.world, self.rank, self.group)
-        gather_rank_major(self.rows, self.world, self.rank, self.group)
+        self.exchanged.gather_rows()
 
     def _slots(self, table: torch.Tensor, rows: torch.Tensor, local: torch.Tensor):
         """The local slot of local index ``local`` of block-table row ``rows`` (int64, any
@@ -100,11 +102,9 @@ class PCPDCPLayer:
         return table.long()[rows, local // bs] * bs + local % bs
 
     def __call__(self, batch: Batch, metadata: dict) -> torch.Tensor:
-        v, N = self.views, self.keys.shape[1]
-        states = v.fields.req_idx.index_select(0, batch.token_to_req[:N].long())
-        new_keys(states, batch.positions[:N], self.keys[self.rank])
-        gather_rank_major(self.keys, self.world, self.rank, self.group)
-        write_keys(self.cache, v.gathered_slots, self.keys.view(-1))
+        x = self.exchanged
+        x.share_keys(batch, self.cache)
+        N = x.keys.shape[1]
         qsl = batch.query_start_loc.long()
         # The rank's decode rows and their tokens, as write_local_inputs staged them.
         nd_rows = batch.step_counts[COUNT_DECODES].long()
@@ -112,22 +112,16 @@ class PCPDCPLayer:
         self._decodes(batch, metadata["indexer"].decode.seq_lens[:, 0], nd_tokens)
         prefill = self._prefills(batch, nd_rows, nd_tokens)
         t = torch.arange(N, device=qsl.device)
-        row = self.rows[self.rank]
+        row = x.mine
         row.zero_()
         row[:, INDEX_COLUMN].copy_(torch.where(t < nd_tokens, self.decode_part, prefill))
-        gather_rank_major(self.rows, self.world, self.rank, self.group)
-        restore = v.rows.hidden_restore_idx.long()
-        flat = self.rows.view(-1, COLUMNS)
-        tokens = v.staged("query_start_loc")[-1]
-        g = torch.arange(restore.numel(), device=qsl.device)
-        self.out.copy_(torch.where((g < tokens)[:, None], flat.index_select(0, restore), 0))
-        return self.out
+        return x.restore()
 
     def _decodes(self, batch: Batch, local_lens: torch.Tensor, nd_tokens) -> None:
         """Step 2: decode token ``t`` (one a decode row: ``next_n = 1``) of global length
         ``L = position + 1`` holds ``local_lens[t]`` keys here; the last ``WINDOW`` of them
         cover every key of this rank among the global last ``WINDOW``."""
-        N = self.keys.shape[1]
+        N = self.decode_part.numel()
         t = torch.arange(N, device=local_lens.device)
         lens = torch.where(t < local_lens.numel(), local_lens.long()[t.clamp(
             max=local_lens.numel() - 1)], 0)

@@ -47,6 +47,7 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
             slots = pcp.gathered_slots(slot_cfg, batch, lay, cfg.dcp_rank(p))
             assert got["step"] == step, "every rank draws the same step"
             assert got["equal"], f"step {s} rank {p}: restored rows differ from one GPU's"
+            assert got["tail_zero"], f"step {s} rank {p}: rows past the step's tokens"
             meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
             rows = lay.rows[p]
             n, R = len(rows), cfg.max_rows

@@ -117,6 +117,8 @@ def _step_record(pair, step: dict) -> dict:
         "step": {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
                  for k, v in step.items()},
         "equal": torch.equal(got, pair.run_single(step).cpu()),
+        # The restored rows past the step's tokens: 0, not another step's.
+        "tail_zero": not pair.rank.step.out[got.shape[0]:].any().item(),
         "tokens": got.shape[0],
         "query_start_loc": inputs.query_start_loc[:R + 1].tolist(),
         "seq_lens": inputs.seq_lens[:R].tolist(),
