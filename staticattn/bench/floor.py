@@ -17,20 +17,20 @@ from staticattn.bench.bench_report import Stat
 from staticattn.graphs.capturer import capture, warm_up
 from staticattn.graphs.graph_launch import make_launcher
 
-__all__ = ["host_times_us", "launch_floor", "launch_host_us", "replay_gpu_times_us",
-           "replay_gpu_us"]
+__all__ = ["gpu_times_us", "host_times_us", "launch_floor", "launch_host_us",
+           "replay_gpu_times_us", "replay_gpu_us"]
 
 
-def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
-                        before: Callable[[], None] | None = None,
-                        inner: int = 1) -> list[float]:
-    """GPU time of each of ``reps`` replays (CUDA events around it, us), each on an idle
-    device, after 20 replays of warm-up; ``before()``, untimed, ahead of each. With
-    ``inner`` > 1 a sample is the mean of that many back-to-back replays between one pair
-    of events: a delay at the start (a peer rank arriving late at a collective) is then
-    spread over them."""
-    for _ in range(20):
-        graph.replay()
+def gpu_times_us(fn: Callable[[], None], reps: int = 500,
+                 before: Callable[[], None] | None = None, inner: int = 1,
+                 warmup: int = 20) -> list[float]:
+    """GPU time of each of ``reps`` calls of ``fn`` (CUDA events around it, us), each on an
+    idle device, after ``warmup`` calls; ``before()``, untimed, ahead of each. With
+    ``inner`` > 1 a sample is the mean of that many back-to-back calls between one pair of
+    events: a delay at the start (a peer rank arriving late at a collective) is then spread
+    over them."""
+    for _ in range(warmup):
+        fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     gpu = []
     for _ in range(reps):
@@ -39,11 +39,18 @@ def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
         torch.cuda.synchronize()
         start.record()
         for _ in range(inner):
-            graph.replay()
+            fn()
         end.record()
         end.synchronize()
         gpu.append(start.elapsed_time(end) * 1e3 / inner)
     return gpu
+
+
+def replay_gpu_times_us(graph: torch.cuda.CUDAGraph, reps: int = 500,
+                        before: Callable[[], None] | None = None,
+                        inner: int = 1) -> list[float]:
+    """:func:`gpu_times_us` of the graph's replays (20 of warm-up)."""
+    return gpu_times_us(graph.replay, reps, before, inner)
 
 
 def replay_gpu_us(graph: torch.cuda.CUDAGraph, reps: int = 500) -> Stat:

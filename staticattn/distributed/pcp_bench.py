@@ -26,11 +26,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from staticattn.bench.floor import host_times_us
+from staticattn.bench.floor import gpu_times_us, host_times_us
 from staticattn.bench.replay import step_times_us
 from staticattn.distributed.dcp_bench import WARMUP, aligner, report_head, time_exchange
 from staticattn.distributed.paired import emit
@@ -46,20 +45,6 @@ __all__ = ["run_pcp_bench"]
 
 #: Requests of the timed steps.
 STEP_REQUESTS = (1, 4, 8)
-
-
-def _gpu_times_us(fn, reps: int, align) -> list[float]:
-    """GPU µs of each call of ``fn`` (CUDA events around it), each from an idle device."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    out = []
-    for _ in range(reps):
-        align()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) * 1e3)
-    return out
 
 
 def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
@@ -82,7 +67,9 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             for _ in range(WARMUP):
                 run()
             host = host_times_us(run, reps, before=align)
-            gpu = _gpu_times_us(run, reps, align) if me.cuda else [float("nan")] * reps
+            # Warmed up above; the host times' calls ran it as well.
+            gpu = (gpu_times_us(run, reps, before=align, warmup=0) if me.cuda
+                   else [float("nan")] * reps)
             coll = time_exchange(pair.rank.step.exchange, reps, me.cuda, align)
             single_args = pair.single_args(step)
             host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
