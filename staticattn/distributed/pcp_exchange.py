@@ -60,7 +60,8 @@ class RankExchange:
 
     def share_keys(self, batch: Batch, cache: torch.Tensor) -> None:
         """Compute the rank's ``N`` new keys (each token's request state and position),
-        all-gather them and write every rank's at the gathered slots of ``cache``."""
+        all-gather them and write every rank's at the gathered slots of ``cache`` (int32
+        ``(entries,)``, by slot)."""
         N = self.keys.shape[1]
         states = self.views.fields.req_idx.index_select(0, batch.token_to_req[:N].long())
         new_keys(states, batch.positions[:N], self.keys[self.rank])
@@ -76,7 +77,8 @@ class RankExchange:
         gather_rank_major(self.rows, self.world, self.rank, self.group)
 
     def restore(self) -> torch.Tensor:
-        """All-gather the rows and put them in global token order: :attr:`out`."""
+        """All-gather the rows and put them in global token order: :attr:`out`, int64
+        ``(T, columns)``."""
         self.gather_rows()
         restore = self.views.rows.hidden_restore_idx.long()
         flat = self.rows.view(-1, self.rows.shape[-1])
