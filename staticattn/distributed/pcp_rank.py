@@ -110,12 +110,19 @@ class PCPRank:
     def body(self) -> torch.Tensor:
         """What the graph holds (see the module); the restored step rows, int64
         ``(T, columns)``."""
+        return self.step(*self.metadata())
+
+    def metadata(self) -> tuple[Batch, dict]:
+        """The graph's work before the layer: the rank's rows of the staged global batch
+        written into its input views, and every builder's mixed build over them. Returns
+        the rank's batch (``R`` rows, ``N`` tokens) and its metadata by builder name; a
+        layer of one's own runs on them (the rank's token ``i`` is the global token
+        ``views.rows.token_to_global[rank, i]``)."""
         build_rank_step(self.pcp, self.views, self.inputs, self.rank)
         if self._staged is not None:
             self._staged.record()  # the pinned staging has been read: the host may rewrite it
         batch = Batch.for_mixed_capture(self.inputs, self.pcp.max_rows, self.num_tokens)
-        metadata = {b.name: b.build_mixed(batch) for b in self.builders}
-        return self.step(batch, metadata)
+        return batch, {b.name: b.build_mixed(batch) for b in self.builders}
 
     @property
     def graphs(self) -> bool:

@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from helpers.support import quiet
 
 from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, import_error
@@ -23,6 +24,7 @@ from helpers.dsa_reference import (  # noqa: E402
     indexer_problems,
     new_indexer_inputs,
     replay_sizes,
+    topk_problems,
 )
 
 from staticattn.arena import ArenaConfig  # noqa: E402
@@ -74,3 +76,52 @@ def test_indexer_topk_replays(name):
               f"{step.max_context_len} keys; replays per size {counts}")
     assert not failures, "\n".join(failures)
     assert all(c >= REPLAYS for c in counts.values()), counts
+
+
+def test_indexer_prefill_topk_replays_in_mixed_graphs():
+    """Decode and prefill tokens alike through DeepGEMM (paged logits for the decodes,
+    ``fp8_mqa_logits`` over each prefill chunk's gathered keys), the prefill chunks planned
+    on the device inside token-bucket graphs (steps whose keys overflow one chunk included):
+    every real token's top-k against the reference, and the same rows as the eager build's."""
+    from helpers.support import host_steps
+    from hypothesis import HealthCheck, given, settings
+
+    from staticattn.graphs import GraphKind
+
+    cfg = ArenaConfig.preset("deepseek-v3.2", device="cuda", max_model_len=8192,
+                             max_num_seqs=16, max_num_batched_tokens=256,
+                             max_prefill_workspace=12_000, max_logits_bytes=4 << 20,
+                             index_topk=512)
+    builders = [IndexerMetadataBuilder()]
+    arena, inputs = make_arena(cfg, builders)
+    step = IndexerTopKStep(cfg, num_kv_blocks=BLOCKS, prefill=True)
+    keys = fill_indexer_cache(step)
+    counts = {GraphKind.MIXED: 0, GraphKind.DECODE: 0}
+    with GraphManager(arena, inputs, builders, step, quiet()) as gm:
+        gm.capture([16], buckets=[64, 256])
+
+        @settings(max_examples=40, deadline=None, derandomize=True,
+                  suppress_health_check=[HealthCheck.filter_too_much])
+        @given(host_steps(cfg, kinds=("mixed",), max_seq_len=cfg.max_model_len))
+        def check(s):
+            new_indexer_inputs(step, s.num_tokens)
+            table = s.block_table % (BLOCKS - 1) + 1
+            inputs.block_table[: s.num_reqs].copy_(torch.as_tensor(table))
+            slots = _slots(table, s.query_lens, s.seq_lens, cfg.block_size)
+            res = gm.run(s.query_lens, s.seq_lens, slots)
+            assert res.mode == "graph", res.reason
+            counts[res.graph_kind] += 1
+            got = res.outputs.clone()
+            assert topk_problems(step, keys, s.query_lens, s.seq_lens, table, got) == []
+            eager = gm.run_eager(s.query_lens, s.seq_lens, slots)
+            assert topk_problems(step, keys, s.query_lens, s.seq_lens, table, eager) == []
+
+        check()
+    assert counts[GraphKind.MIXED] >= 30, counts
+
+
+def _slots(table, query_lens, seq_lens, block_size: int) -> np.ndarray:
+    q = np.asarray(query_lens, dtype=np.int64)
+    pos = np.concatenate([np.arange(s - n, s) for n, s in zip(q, seq_lens)])
+    req = np.repeat(np.arange(q.size), q)
+    return table[req, pos // block_size].astype(np.int64) * block_size + pos % block_size

@@ -310,6 +310,19 @@ def indexer_problems(step, inputs, s, out: torch.Tensor, keys: torch.Tensor) -> 
     return check_topk(out[:t], ref, tok_len)
 
 
+def topk_problems(step, keys: torch.Tensor, query_lens, seq_lens, table,
+                  out: torch.Tensor) -> list[str]:
+    """Check the top-k rows of every real token of a step (decode and prefill; host ints
+    ``query_lens``, ``seq_lens`` ``(num_reqs,)``, the engine's block rows ``table``) of an
+    ``IndexerTopKStep`` of ratio 1 (DeepSeek V3.2) against the reference logits."""
+    tok_req, _, tok_len = decode_token_table(np.asarray(query_lens), np.asarray(seq_lens), 1)
+    t = tok_req.shape[0]
+    ref = ref_indexer_logits(step.q[:t], step.weights[:t], keys,
+                             torch.as_tensor(table, device=keys.device), tok_req, tok_len,
+                             step.max_context_len)
+    return check_topk(out[:t], ref, tok_len)
+
+
 def replay_sizes(gm, sizes, replays: int, rng: np.random.Generator, num_kv_blocks: int,
                  before, check, max_failures: int = 10) -> tuple[list[str], dict[int, int]]:
     """Drive ``gm`` (sizes captured) with ``replays`` random uniform decode steps per size,
@@ -340,3 +353,22 @@ def replay_sizes(gm, sizes, replays: int, rng: np.random.Generator, num_kv_block
                 return failures, counts
         lo = hi + 1
     return failures, counts
+
+
+def emulated_mqa_logits(q, kv, weights, ks, ke, *, max_seqlen_k):
+    """``deep_gemm.fp8_mqa_logits`` (``clean_logits=False``, ``max_seqlen_k`` given) in
+    torch: row ``t``, column ``j`` is key ``ks[t] + j`` of ``kv = (e4m3 (N, D), fp32 scales
+    (N,))``, ``sum_h relu(q[t, h] . k) * w[t, h]``, for ``j < ke[t] - ks[t]``; like the
+    kernel, garbage past it (NaN and huge values, to prove the caller masks)."""
+    values, scales = kv
+    keys = values.float() * scales.view(-1, 1)
+    n = q.shape[0]
+    out = torch.full((n, max_seqlen_k), float("nan"), device=q.device)
+    out[:, ::3] = 1e30
+    qf, wf = q.float(), weights.float()
+    for t, (a, b) in enumerate(zip(ks.tolist(), ke.tolist())):
+        if b > a:
+            assert b - a <= max_seqlen_k, "a key range wider than max_seqlen_k"
+            scores = torch.einsum("hd,ld->hl", qf[t], keys[a:b]).relu()
+            out[t, : b - a] = (scores * wf[t].view(-1, 1)).sum(0)
+    return out

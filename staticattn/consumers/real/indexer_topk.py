@@ -24,8 +24,10 @@ token):
 
 Everything has a fixed shape per captured size and no host read, so the whole consumer is
 recorded in the graph. DeepGEMM's logits tensor is allocated per call (inside a capture: from
-the graph's pool); it never leaves the step. Prefill tokens (eager mixed steps) get rows of -1:
-their logits come from ``fp8_mqa_logits``, which this consumer does not run.
+the graph's pool); it never leaves the step. Prefill tokens get rows of -1 unless the step is
+made with ``prefill=True``: their rows then come from DeepGEMM's ``fp8_mqa_logits`` over each
+prefill chunk's gathered keys (:class:`~staticattn.consumers.real.indexer_prefill.
+IndexerPrefillTopK`), eagerly or inside a mixed graph.
 
 On sm90 DeepGEMM takes ``next_n`` in (1, 2) natively and 64-entry pages only, so the
 index type's pages must hold 64 entries (V3.2: block 64, R = 1; V4: block 256, R = 4;
@@ -51,6 +53,7 @@ from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
 from staticattn.builders.indexer.index_type import indexer_name
 from staticattn.consumers.real.caches import INDEXER_BLOCK, alloc_indexer_cache
+from staticattn.consumers.real.indexer_prefill import IndexerPrefillTopK, MQALogitsFn
 from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.indexer.short_topk_fill import fill_short_context_topk
 from staticattn.kernels.runtime.backend import resolve_backend
@@ -96,11 +99,19 @@ class IndexerTopKStep:
         tests run this step); default DeepGEMM's, which needs CUDA.
     short_context_fill : bool
         Fill the rows whose keys fit the top-k (step 5); default True.
+    prefill : bool
+        Also score the prefill tokens (:attr:`prefill_topk`); default False (their rows -1).
+    mqa_logits_fn : callable, optional
+        Stand-in for ``deep_gemm.fp8_mqa_logits`` (the prefill part's); default DeepGEMM's.
 
     Attributes
     ----------
-    q : e4m3 ``(max_decode_tokens, num_heads, head_dim)``; entry ``e`` = decode token ``e``.
-    weights : fp32 ``(max_decode_tokens, num_heads)``.
+    q : e4m3 ``(rows, num_heads, head_dim)``; row ``t`` = token ``t`` of the step (decode
+        tokens first); ``rows`` = ``max_decode_tokens``, with ``prefill``
+        ``max_num_batched_tokens``.
+    weights : fp32 ``(rows, num_heads)``.
+    prefill_topk : IndexerPrefillTopK or None
+        The prefill part, with ``prefill``.
     kv_cache : uint8 ``(num_kv_blocks, 64, 1, head_dim + 4)``.
     out : int32 ``(max_num_batched_tokens, topk)``: the step's result, -1 padded.
     """
@@ -116,6 +127,8 @@ class IndexerTopKStep:
         topk: int | None = None,
         logits_fn: LogitsFn | None = None,
         short_context_fill: bool = True,
+        prefill: bool = False,
+        mqa_logits_fn: MQALogitsFn | None = None,
     ) -> None:
         row = (config.index_layer_type if index_type is None
                else _index_row(config, index_type))
@@ -151,10 +164,15 @@ class IndexerTopKStep:
         dev = config.torch_device
         self.backend = resolve_backend(config.kernel_backend, dev)
         rows, ctx, k = config.max_decode_tokens, self.max_context_len, self.topk
-        self.q = torch.zeros(rows, num_heads, head_dim, dtype=torch.uint8,
+        q_rows = config.max_num_batched_tokens if prefill else rows
+        self.q = torch.zeros(q_rows, num_heads, head_dim, dtype=torch.uint8,
                              device=dev).view(torch.float8_e4m3fn)
-        self.weights = torch.zeros(rows, num_heads, dtype=torch.float32, device=dev)
+        self.weights = torch.zeros(q_rows, num_heads, dtype=torch.float32, device=dev)
         self.kv_cache = alloc_indexer_cache(num_kv_blocks, head_dim, dev)
+        self.prefill_topk = (IndexerPrefillTopK(
+            config, kv_cache=self.kv_cache, q=self.q, weights=self.weights,
+            compress_ratio=self.compress_ratio, topk=self.topk, logits_fn=mqa_logits_fn)
+            if prefill else None)
         self.out = torch.full((config.max_num_batched_tokens, k), -1, dtype=torch.int32,
                               device=dev)
         # Work buffers: fixed addresses, so no op of the step allocates a result; flat, so
@@ -174,7 +192,8 @@ class IndexerTopKStep:
 
     def topk_into(self, idx_md, out: torch.Tensor) -> None:
         """Write the top-k of every decode token of ``idx_md`` (an ``IndexerMetadata``) into
-        ``out`` (``(num_tokens, K)`` int32); rows past the decode tokens get -1."""
+        ``out`` (``(num_tokens, K)`` int32); rows past the decode tokens get -1, then, with
+        :attr:`prefill_topk`, the prefill tokens' top-k."""
         td = idx_md.num_decode_tokens
         dec = idx_md.decode
         if dec is not None and td and dec.requires_padding:
@@ -191,8 +210,15 @@ class IndexerTopKStep:
         # Checked first, written after: a rejected batch leaves the output as it was.
         if td < out.shape[0]:
             out[td:].fill_(-1)
-        if dec is None or td == 0:
-            return
+        if dec is not None and td:
+            self._decode_topk(idx_md, out)
+        if self.prefill_topk is not None:
+            self.prefill_topk.topk_into(idx_md, out)
+
+    def _decode_topk(self, idx_md, out: torch.Tensor) -> None:
+        dec = idx_md.decode
+        rows, width = dec.seq_lens.shape
+        entries = rows * width
         ctx = self.context_width(idx_md.max_seq_len)
         k = min(self.topk, ctx)
         q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)

@@ -1,0 +1,259 @@
+"""The sparse-attention indexer's prefill consumer: each prefill chunk's keys gathered from
+the paged K cache into a workspace the step owns, DeepGEMM's MQA logits of the chunk's
+queries over them, and a top-k masked to each token's visible keys (spec §4.6-§4.7, §5
+step 5; ``prefill-context-parallel.md`` §3.4).
+
+Per chunk of ``md["indexer"].prefill`` (requests ``[s, e)``, tokens ``[ts, te)``):
+
+1. **gather**: workspace row ``w`` holds key ``j = w - start[r]`` of the chunk's request
+   ``r`` (``start`` = its first key in the chunk's gathered K), read from the cache at
+   ``block_table[r, j // 64]``, offset ``j % 64``: its 128 e4m3 values and its fp32 scale;
+2. ``logits = deep_gemm.fp8_mqa_logits(q, (k, scales), weights, ks, ke, clean_logits=False,
+   max_seqlen_k=width)``: fp32 ``(tokens, width)``, ``logits[t, j] = sum_h relu(q[t, h] .
+   k[ks + j]) * w[t, h] * scale[ks + j]`` for ``j < ke - ks`` (the chunk-relative columns
+   of the reference's prefill path), garbage past it;
+3. ``masked = where(j < ke - ks, logits, -inf)``; ``torch.topk(masked, K)``; indices at or
+   past ``ke - ks`` become -1. The indices are request-relative compressed positions, the
+   reference's prefill top-k.
+
+Two forms of the same loop. An eager build plans the chunks on the host (``prefill.chunks``):
+each chunk runs at its own sizes. A mixed build plans them on the device (``prefill.plan``,
+inside a graph): the loop runs over the plan's ``C`` chunk rows at fixed shapes, every row
+over all ``T`` token rows with ``ks = ke = 0`` outside its tokens and over the whole
+workspace; a row past ``num_chunks`` (zeros) writes nothing. No host read, no branch on data,
+every buffer but DeepGEMM's logits (from the graph's pool) owned: the loop is recorded in
+the graph. Its cost is ``C`` logits launches over ``T x width``; the eager form's is the
+chunks' own.
+
+Under prefill context parallelism without DCP a rank's prefill rows are ordinary chunked-
+prefill rows (each row its own sequence reading its request's prefix, §3.4), so the same
+consumer serves a PCP rank: its tokens' top-k equal the single-GPU step's. Under decode
+context parallelism a chunk's keys are spread over the ranks (the global chunk plan, §3.5):
+not served here (:class:`~staticattn.errors.ConfigError`).
+
+Memory: the workspace holds ``max(config.max_prefill_workspace, cdiv(max_model_len, R))``
+keys (``D + 4`` bytes and an int64 index each); DeepGEMM's logits ``T x width`` fp32 per
+chunk, ``width = min(workspace, cdiv(max_model_len, R))``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.builders.indexer.metadata import IndexerMetadata, IndexerPrefillChunkMetadata
+from staticattn.consumers.real.caches import INDEXER_BLOCK
+from staticattn.errors import ConfigError
+from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, require
+
+__all__ = ["IndexerPrefillTopK", "MQALogitsFn"]
+
+#: ``(q, (k, scales), weights, ks, ke, max_seqlen_k=...) -> logits``: DeepGEMM's
+#: ``fp8_mqa_logits`` with ``clean_logits=False`` bound.
+MQALogitsFn = Callable[..., torch.Tensor]
+
+#: Scale bytes per key in the cache (one fp32).
+_SCALE_BYTES = 4
+
+
+class IndexerPrefillTopK:
+    """Writes the top-k of every prefill token of an ``IndexerMetadata`` into a step's output.
+
+    Parameters
+    ----------
+    config : ArenaConfig
+        Without decode context parallelism.
+    kv_cache : uint8 ``(num_blocks, 64, 1, D + 4)``
+        The index type's K cache (:func:`~staticattn.consumers.real.caches.alloc_indexer_cache`).
+    q : e4m3 ``(max_num_batched_tokens, H, D)``; weights : fp32 ``(max_num_batched_tokens, H)``
+        By token of the step (the decode step's own buffers).
+    compress_ratio : int
+        ``R`` of the index type: a token at position ``p`` sees ``(p + 1) // R`` keys.
+    topk : int
+        ``K``, the output's width.
+    logits_fn : callable, optional
+        Stand-in for ``deep_gemm.fp8_mqa_logits`` (a torch emulation for the CPU tests);
+        default DeepGEMM's.
+
+    Attributes
+    ----------
+    workspace : int
+        Keys one chunk may gather.
+    k_values : e4m3 ``(workspace, D)``; k_scales : fp32 ``(workspace,)``
+        The last chunk's gathered keys.
+    """
+
+    def __init__(self, config: ArenaConfig, *, kv_cache: torch.Tensor, q: torch.Tensor,
+                 weights: torch.Tensor, compress_ratio: int, topk: int,
+                 logits_fn: MQALogitsFn | None = None) -> None:
+        if config.dcp_world_size > 1:
+            raise ConfigError(
+                "the real prefill indexer runs without decode context parallelism: under "
+                "DCP a chunk's keys are spread over the ranks (the global chunk plan, "
+                "prefill-context-parallel.md §3.5), which this consumer does not gather")
+        if q.shape[0] < config.max_num_batched_tokens:
+            raise ConfigError(f"the prefill indexer reads a query row per token: q holds "
+                              f"{q.shape[0]} rows, the step up to "
+                              f"{config.max_num_batched_tokens} tokens")
+        if logits_fn is None:
+            logits_fn = functools.partial(require(DEEP_GEMM).fp8_mqa_logits,
+                                          clean_logits=False)
+        self.logits_fn = logits_fn
+        self.q, self.weights, self.topk = q, weights, topk
+        self.head_dim = kv_cache.shape[-1] - _SCALE_BYTES
+        if (INDEXER_BLOCK * _SCALE_BYTES) % self.head_dim:
+            raise ConfigError(f"head_dim={self.head_dim}: a block's scales must fill whole "
+                              "rows of the cache's value rows")
+        self.max_keys = cdiv(config.max_model_len, compress_ratio)
+        self.workspace = max(config.max_prefill_workspace, self.max_keys)
+        self.width = min(self.workspace, self.max_keys)
+        dev = config.torch_device
+        # The cache as rows of D bytes: each block is 64 value rows, then its 64 scales
+        # (256 bytes) in 256 / D more rows; and as fp32 words, for the scales.
+        self._rows_per_block = INDEXER_BLOCK + INDEXER_BLOCK * _SCALE_BYTES // self.head_dim
+        self._value_rows = kv_cache.view(-1, self.head_dim)
+        self._scale_words = kv_cache.view(torch.float32).view(-1)
+        self._words_per_block = self._rows_per_block * self.head_dim // _SCALE_BYTES
+        w, t = self.workspace, config.max_num_batched_tokens
+        self.k_values = torch.zeros(w, self.head_dim, dtype=torch.uint8,
+                                    device=dev).view(torch.float8_e4m3fn)
+        self.k_scales = torch.zeros(w, dtype=torch.float32, device=dev)
+        # Work buffers, fixed addresses (the graph form reads and writes only these).
+        r = config.max_num_seqs
+        self._w = torch.arange(w, dtype=torch.int64, device=dev)
+        self._req, self._key, self._blk, self._at = (
+            torch.empty(w, dtype=torch.int64, device=dev) for _ in range(4))
+        self._blk32 = torch.empty(w, dtype=torch.int32, device=dev)
+        self._live = torch.empty(w, dtype=torch.bool, device=dev)
+        self._req_ids = torch.arange(r, dtype=torch.int32, device=dev)
+        self._in_range, self._chosen = (torch.empty(r, dtype=torch.bool, device=dev)
+                                        for _ in range(2))
+        self._starts = torch.empty(r, dtype=torch.int64, device=dev)
+        self._tok = torch.arange(t, dtype=torch.int32, device=dev)
+        self._in_chunk, self._before_end = (torch.empty(t, dtype=torch.bool, device=dev)
+                                            for _ in range(2))
+        self._ks, self._ke, self._lens = (torch.empty(t, dtype=torch.int32, device=dev)
+                                          for _ in range(3))
+        self._cols = torch.arange(self.width, dtype=torch.int32, device=dev).view(1, -1)
+        k = min(topk, self.width)
+        self._mask = torch.empty(t * self.width, dtype=torch.bool, device=dev)
+        self._masked = torch.empty(t * self.width, dtype=torch.float32, device=dev)
+        self._values = torch.empty(t * k, dtype=torch.float32, device=dev)
+        self._indices = torch.empty(t * k, dtype=torch.int64, device=dev)
+        self._invalid = torch.empty(t * k, dtype=torch.bool, device=dev)
+        self._rows = torch.empty(t * topk, dtype=torch.int32, device=dev)
+        self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
+        self._no_req = torch.tensor(torch.iinfo(torch.int64).max, dtype=torch.int64,
+                                    device=dev)
+        self._before = torch.tensor(-1, dtype=torch.int64, device=dev)
+        self._zero = torch.tensor(0, dtype=torch.int32, device=dev)
+
+    def topk_into(self, idx_md: IndexerMetadata, out: torch.Tensor) -> None:
+        """Write the top-k of every prefill token of ``idx_md`` into ``out`` (int32 ``(T,
+        K)``, ``T`` the step's tokens); the other rows are left as they are."""
+        pre = idx_md.prefill
+        if pre is None:
+            return
+        if pre.plan is not None:
+            self._planned(pre.plan, out)
+        for chunk in pre.chunks:
+            self._eager_chunk(chunk, out)
+
+    # ------------------------------------------------------------------ eager chunks
+    def _eager_chunk(self, chunk: IndexerPrefillChunkMetadata, out: torch.Tensor) -> None:
+        n, ts, te = chunk.total_seq_lens, chunk.token_start, chunk.token_end
+        if n == 0 or te == ts:
+            return
+        # Request r's keys start at cu_seq_lens[r]; the chunk's keys end at its last entry.
+        r = chunk.num_reqs
+        self._starts[:r].copy_(chunk.cu_seq_lens[:r])
+        self._gather(r, chunk.cu_seq_lens[r:], chunk.block_table, n)
+        lens = self._lens[: te - ts]
+        torch.sub(chunk.cu_seqlen_ke, chunk.cu_seqlen_ks, out=lens)
+        logits = self.logits_fn(self.q[ts:te], self._keys(n), self.weights[ts:te],
+                                chunk.cu_seqlen_ks, chunk.cu_seqlen_ke,
+                                max_seqlen_k=self.width)
+        self._topk_rows(logits, lens, out[ts:te])
+
+    # --------------------------------------------------------------- device plan
+    def _planned(self, plan, out: torch.Tensor) -> None:
+        t, r = out.shape[0], plan.req_key_start.shape[0]
+        reqs, tok = self._req_ids[:r], self._tok[:t]
+        at_or_after, chosen, starts = self._in_range[:r], self._chosen[:r], self._starts[:r]
+        in_chunk, before_end = self._in_chunk[:t], self._before_end[:t]
+        ks, ke, lens = self._ks[:t], self._ke[:t], self._lens[:t]
+        rows = self._rows[: t * self.topk].view(t, self.topk)
+        for c in range(plan.chunk_bounds.shape[0]):
+            s, e, ts, te = (plan.chunk_bounds[c, i] for i in range(4))
+            # Each request's first key in the chunk's K: its plan entry inside [s, e), -1
+            # before (never the last <= w: the first request in range starts at 0), "none"
+            # after (above every row).
+            torch.ge(reqs, s, out=at_or_after)
+            torch.where(at_or_after, self._no_req, self._before, out=starts)
+            torch.lt(reqs, e, out=chosen).logical_and_(at_or_after)
+            torch.where(chosen, plan.req_key_start, starts, out=starts)
+            self._gather(r, plan.chunk_bounds[c, 4:5], plan.block_table, self.workspace)
+            torch.lt(tok, te, out=before_end)
+            torch.ge(tok, ts, out=in_chunk).logical_and_(before_end)
+            torch.where(in_chunk, plan.cu_seqlen_ks, self._zero, out=ks)
+            torch.where(in_chunk, plan.cu_seqlen_ke, self._zero, out=ke)
+            torch.sub(ke, ks, out=lens)
+            logits = self.logits_fn(self.q[:t], self._keys(self.workspace), self.weights[:t],
+                                    ks, ke, max_seqlen_k=self.width)
+            self._topk_rows(logits, lens, rows)
+            torch.where(in_chunk.view(t, 1), rows, out, out=out)
+
+    # -------------------------------------------------------------------- shared
+    def _gather(self, num_reqs: int, num_keys: torch.Tensor, block_table: torch.Tensor,
+                rows: int) -> None:
+        """Workspace rows ``[0, rows)``: key ``w - starts[r]`` of block-table row ``r``, the
+        last with ``starts[r] <= w`` (``self._starts[:num_reqs]``, nondecreasing); rows at
+        or past ``num_keys`` (int32 ``(1,)``) read block 0, entry 0 (never scored)."""
+        starts = self._starts[:num_reqs]
+        w, req, key = self._w[:rows], self._req[:rows], self._key[:rows]
+        blk, live, at = self._blk[:rows], self._live[:rows], self._at[:rows]
+        torch.searchsorted(starts, w, right=True, out=req)
+        req.sub_(1).clamp_(0, num_reqs - 1)
+        torch.lt(w, num_keys, out=live)
+        torch.index_select(starts, 0, req, out=key)
+        torch.sub(w, key, out=key)
+        key.mul_(live)                        # dead rows: key 0 of their request
+        # block_table[req, key // 64], through the table's own strides (an arena view).
+        torch.mul(req, block_table.stride(0), out=at)
+        at.add_(torch.div(key, INDEXER_BLOCK, rounding_mode="floor", out=blk))
+        span = (block_table.shape[0] - 1) * block_table.stride(0) + block_table.shape[1]
+        torch.index_select(block_table.as_strided((span,), (1,)), 0, at, out=self._blk32[:rows])
+        blk.copy_(self._blk32[:rows]).mul_(live)   # dead rows: block 0
+        torch.remainder(key, INDEXER_BLOCK, out=key)
+        torch.mul(blk, self._rows_per_block, out=at)
+        at.add_(key)
+        torch.index_select(self._value_rows, 0, at, out=self.k_values[:rows].view(torch.uint8))
+        torch.mul(blk, self._words_per_block, out=at)
+        at.add_(key).add_(INDEXER_BLOCK * self.head_dim // _SCALE_BYTES)
+        torch.index_select(self._scale_words, 0, at, out=self.k_scales[:rows])
+
+    def _keys(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_values[:rows], self.k_scales[:rows]
+
+    def _topk_rows(self, logits: torch.Tensor, lens: torch.Tensor, rows: torch.Tensor) -> None:
+        """``rows`` (int32 ``(n, K)``): the top-k columns of ``logits`` (fp32 ``(n,
+        width)``) below each row's ``lens`` (int32 ``(n,)``), -1 past them."""
+        n, width = logits.shape[0], self.width
+        k = min(self.topk, width)
+        lens = lens.view(n, 1)
+        mask = self._mask[: n * width].view(n, width)
+        masked = self._masked[: n * width].view(n, width)
+        torch.lt(self._cols, lens, out=mask)
+        torch.where(mask, logits[:, :width], self._neg_inf, out=masked)
+        values = self._values[: n * k].view(n, k)
+        indices = self._indices[: n * k].view(n, k)
+        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(values, indices))
+        invalid = self._invalid[: n * k].view(n, k)
+        torch.ge(indices, lens, out=invalid)
+        rows[:, :k].copy_(indices)
+        rows[:, :k].masked_fill_(invalid, -1)
+        if k < rows.shape[1]:
+            rows[:, k:].fill_(-1)

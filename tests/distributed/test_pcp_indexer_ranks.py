@@ -1,0 +1,107 @@
+"""The indexer's real consumer on the rows of prefill-context-parallel ranks (DeepSeek V3.2,
+``prefill-context-parallel.md`` §3.4: without DCP a rank's prefill rows are ordinary
+chunked-prefill rows, each reading its request's prefix from the replicated cache): each
+rank's metadata, built on the device from the staged global batch as in its graph, through
+the decode and prefill top-k (DeepGEMM's kernels on CUDA, their torch emulations on CPU),
+gives every token the top-k of the single-GPU step's oracle. The ranks run in one process:
+the metadata need no collective, and the cache holds every key of the step, as it does on
+every rank after the gathered writes."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+from helpers.dsa_reference import (
+    check_topk,
+    decode_token_table,
+    emulated_mqa_logits,
+    emulated_paged_mqa_logits,
+    fill_indexer_cache,
+    new_indexer_inputs,
+    ref_indexer_logits,
+)
+from helpers.support import stage
+
+from staticattn.distributed.pcp_rank import PCPRank
+from staticattn.distributed.pcp_world import PCPSizes, configs, random_pcp_step, step_slots
+from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, import_error
+
+SIZES = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512)
+#: Top-k below most tokens' key counts, so that scoring decides.
+TOPK = 64
+HEADS = dict(num_heads=32, head_dim=32)
+
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(bool(import_error(DEEP_GEMM)), reason=str(import_error(DEEP_GEMM))),
+])]
+
+
+def _step(cfg, blocks: int, emulated: bool):
+    from staticattn.consumers.real.indexer_topk import IndexerTopKStep
+
+    fns = (dict(logits_fn=emulated_paged_mqa_logits, mqa_logits_fn=emulated_mqa_logits)
+           if emulated else {})
+    step = IndexerTopKStep(cfg, num_kv_blocks=blocks, prefill=True, topk=TOPK, **HEADS, **fns)
+    return step, fill_indexer_cache(step)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_rank_token_gets_the_single_gpu_topk(device, world):
+    from staticattn.builders import IndexerMetadataBuilder, make_arena
+    from staticattn.reference.step import HostStep
+
+    pcp, rank_cfg, single_cfg = configs("deepseek-v3.2", world, device, SIZES, eager=True)
+    rank_cfg = dataclasses.replace(rank_cfg, index_topk=TOPK)
+    single_cfg = dataclasses.replace(single_cfg, index_topk=TOPK)
+    emulated = device == "cpu"
+    width = -(-SIZES.max_model_len // single_cfg.block_size)
+    blocks = SIZES.kv_blocks(width)
+    ranks = [PCPRank(pcp, rank_cfg, SIZES.num_tokens(world), SIZES.max_num_tokens, None, p,
+                     blocks) for p in range(world)]
+    rank_steps = [_step(rank_cfg, blocks, emulated)[0] for _ in ranks]
+    single, keys = _step(single_cfg, blocks, emulated)
+    builders = [IndexerMetadataBuilder()]
+    _, inputs = make_arena(single_cfg, builders)
+    rng = np.random.default_rng(world)
+    prefill_rows = 0
+    for i in range(6 if emulated else 20):
+        s = random_pcp_step(rng, SIZES, width)
+        q = np.asarray(s["query_lens"])
+        seq = np.asarray(s["num_computed"]) + q
+        new_indexer_inputs(single, i)
+        host = HostStep(q.astype(np.int32), seq.astype(np.int32),
+                        step_slots(s, single_cfg.block_size), s["table"].numpy(), None,
+                        q.size, int(q.sum()))
+        batch = stage(inputs, host)
+        want = single(batch, {b.name: b.build(batch) for b in builders}).clone()
+        tok_req, _, tok_len = decode_token_table(q, seq, 1)
+        t = tok_req.shape[0]
+        ref = ref_indexer_logits(single.q[:t], single.weights[:t], keys,
+                                 s["table"].to(single.q.device), tok_req, tok_len,
+                                 single.max_context_len)
+        assert check_topk(want[:t], ref, tok_len) == []
+        seen = torch.zeros(t, dtype=torch.int64)
+        for p, (rank, step) in enumerate(zip(ranks, rank_steps)):
+            for view in rank.views.tables.values():
+                view[: q.size].copy_(s["table"][:, : view.shape[1]].to(view.device))
+            rank.check(q, s["is_prefilling"], s["num_computed"])
+            rank.stage(q, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
+            rb, md = rank.metadata()
+            n = int(rank.views.rows.num_tokens[p])
+            glob = rank.views.rows.token_to_global[p, :n].long()
+            step.q[:n].copy_(single.q[glob])
+            step.weights[:n].copy_(single.weights[glob])
+            got = step(rb, md)[:n].cpu()
+            g = glob.cpu().numpy()
+            problems = check_topk(got, ref[g], tok_len[g])
+            assert problems == [], (p, s, problems)
+            seen[g] += 1
+            prefill_rows += int((tok_len[g] > TOPK).sum())
+        assert (seen >= 1).all(), "a global token no rank computed"
+    assert prefill_rows > 0, "no token had more keys than the top-k"
