@@ -117,7 +117,7 @@ def test_indexer_prefill_topk_replays_in_mixed_graphs():
             assert topk_problems(step, keys, s.query_lens, s.seq_lens, table, eager) == []
 
         check()
-    assert counts[GraphKind.MIXED] >= 30, counts
+    assert counts[GraphKind.MIXED] >= 10 and counts[GraphKind.DECODE], counts
 
 
 def _slots(table, query_lens, seq_lens, block_size: int) -> np.ndarray:
