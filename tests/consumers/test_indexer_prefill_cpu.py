@@ -21,7 +21,7 @@ from helpers.dsa_reference import (
     topk_problems,
 )
 from helpers.mixed_steps import bucket_for, stage_mixed
-from helpers.support import fuzz_examples, host_steps, make_step, stage
+from helpers.support import host_steps, make_step, stage
 from hypothesis import given, settings
 
 from staticattn.arena import ArenaConfig
@@ -41,6 +41,14 @@ def _config(**kw) -> ArenaConfig:
     return ArenaConfig.deepseek_v32(**{**base, **kw})
 
 
+def _v4_config() -> ArenaConfig:
+    """R = 4: a token at position p sees (p + 1) // 4 keys, 64 to a 256-token block."""
+    return ArenaConfig.deepseek_v4(max_model_len=8192, max_num_seqs=8, max_num_batched_tokens=128,
+                                   max_prefill_workspace=1500, max_logits_bytes=120_000,
+                                   index_topk=64, num_speculative_tokens=0, device="cpu",
+                                   kernel_backend="torch")
+
+
 def _world(cfg: ArenaConfig, blocks: int = BLOCKS):
     builders = [IndexerMetadataBuilder()]
     _, inputs = make_arena(cfg, builders)
@@ -55,12 +63,14 @@ def _run(step, builders, batch, build: str) -> torch.Tensor:
     return step(batch, md).clone()
 
 
-def test_every_token_of_mixed_steps_gets_the_oracle_topk():
-    cfg = _config()
+@pytest.mark.parametrize("make_config", [_config, _v4_config], ids=["v3.2", "v4"])
+def test_every_token_of_mixed_steps_gets_the_oracle_topk(make_config):
+    cfg = make_config()
     builders, inputs, step, keys = _world(cfg)
+    scored = []  # prefill tokens with more keys than the top-k, per step
 
-    @settings(max_examples=fuzz_examples("torch", 12, 12), deadline=None)
-    @given(host_steps(cfg, kinds=("mixed",), max_seq_len=2048))
+    @settings(max_examples=12, deadline=None)
+    @given(host_steps(cfg, kinds=("mixed",), max_seq_len=cfg.max_model_len))
     def check(s):
         new_indexer_inputs(step, s.num_tokens)
         s = dataclasses.replace(s, block_table=s.block_table % (BLOCKS - 1) + 1)
@@ -71,8 +81,11 @@ def test_every_token_of_mixed_steps_gets_the_oracle_topk():
                        "build_mixed")
         assert (planned[s.num_tokens:] == -1).all()
         assert topk_problems(step, keys, s.query_lens, s.seq_lens, s.block_table, planned) == []
+        scored.append(sum(int(((np.arange(n - q, n) + 1) // step.compress_ratio > step.topk)
+                              .sum()) for q, n in zip(s.query_lens, s.seq_lens) if q > 1))
 
     check()
+    assert sum(scored) > 0, "no prefill token had more keys than the top-k"
 
 
 @pytest.mark.parametrize("build", ["build", "build_mixed"])

@@ -313,9 +313,10 @@ def indexer_problems(step, inputs, s, out: torch.Tensor, keys: torch.Tensor) -> 
 def topk_problems(step, keys: torch.Tensor, query_lens, seq_lens, table,
                   out: torch.Tensor) -> list[str]:
     """Check the top-k rows of every real token of a step (decode and prefill; host ints
-    ``query_lens``, ``seq_lens`` ``(num_reqs,)``, the engine's block rows ``table``) of an
-    ``IndexerTopKStep`` of ratio 1 (DeepSeek V3.2) against the reference logits."""
-    tok_req, _, tok_len = decode_token_table(np.asarray(query_lens), np.asarray(seq_lens), 1)
+    ``query_lens``, ``seq_lens`` ``(num_reqs,)``, the engine's block rows ``table`` of the
+    index K) of an ``IndexerTopKStep`` against the reference logits."""
+    tok_req, _, tok_len = decode_token_table(np.asarray(query_lens), np.asarray(seq_lens),
+                                             step.compress_ratio)
     t = tok_req.shape[0]
     ref = ref_indexer_logits(step.q[:t], step.weights[:t], keys,
                              torch.as_tensor(table, device=keys.device), tok_req, tok_len,
