@@ -88,20 +88,28 @@ def test_every_token_of_mixed_steps_gets_the_oracle_topk(make_config):
     assert sum(scored) > 0, "no prefill token had more keys than the top-k"
 
 
+#: Steps whose keys overflow the workspace: (query lengths, sequence lengths, the bucket's
+#: requests). Two long prefills after a decode (the second's queries past the logits budget:
+#: query sub-chunks); six short prefills, then a long one in a chunk of its own, cut into
+#: query sub-chunks (the later range's requests must not see the earlier range's keys).
+OVERFLOWS = {"two-long": ([1, 70, 50], [900, 1400, 1300], 4),
+             "short-then-long": ([5] * 6 + [40], [100] * 6 + [1400], 8)}
+
+
 @pytest.mark.parametrize("build", ["build", "build_mixed"])
-def test_keys_past_one_chunk_split_into_chunks_and_query_sub_chunks(build):
-    """Two long prefills whose keys overflow the workspace (two chunks), the second's
-    queries past the logits budget (query sub-chunks), after a decode: every chunk's keys
-    land where its tokens' key ranges point."""
+@pytest.mark.parametrize("case", list(OVERFLOWS))
+def test_keys_past_one_chunk_split_into_chunks_and_query_sub_chunks(build, case):
+    """Every chunk's keys land where its tokens' key ranges point."""
+    query_lens, seq_lens, bucket_reqs = OVERFLOWS[case]
     cfg = _config()
     builders, inputs, step, keys = _world(cfg)
-    s = make_step(cfg, [1, 70, 50], [900, 1400, 1300], rng=np.random.default_rng(1),
-                  num_blocks=BLOCKS)
+    s = make_step(cfg, query_lens, seq_lens, rng=np.random.default_rng(1), num_blocks=BLOCKS)
     new_indexer_inputs(step, 5)
-    batch = stage(inputs, s) if build == "build" else stage_mixed(inputs, s, 4, 128)
+    batch = (stage(inputs, s) if build == "build"
+             else stage_mixed(inputs, s, bucket_reqs, 128))
     md = builders[0].build(batch) if build == "build" else builders[0].build_mixed(batch)
-    chunks = md.prefill.chunks if build == "build" else None
-    if chunks is not None:
+    if build == "build":
+        chunks = md.prefill.chunks
         assert len({c.req_start for c in chunks}) == 2 and len(chunks) > 2
     out = _run(step, builders, batch, build)
     assert topk_problems(step, keys, s.query_lens, s.seq_lens, s.block_table, out) == []
