@@ -38,10 +38,10 @@ def _host_step(cfg, s) -> SimpleNamespace:
     )
 
 
-@pytest.mark.parametrize(("world", "steps"), [(2, 400), (4, 150)])
+@pytest.mark.parametrize(("world", "steps"), [(2, 200), (4, 80)])
 def test_ranks_build_consistent_metadata(tmp_path, world, steps):
-    """550 random steps over both worlds (400 on 2 ranks, 150 on 4), each rank's metadata of
-    each (1,400 in all) against the per-rank oracle."""
+    """280 random steps over both worlds (200 on 2 ranks, 80 on 4), each rank's metadata of
+    each (720 in all) against the per-rank oracle."""
     target = functools.partial(workers.consistent_steps, world=world, steps=steps)
     records = workers.spawn_ranks(target, tmp_path, world)
     assert all(r == records[0] for r in records)  # every rank gathered the same outputs

@@ -25,12 +25,16 @@ from staticattn.validation.host_arrays import (
 from staticattn.validation.in_place_views import ViewChecks
 from staticattn.validation.values import slot_bound
 
+#: Examples per property: host-only checks, drawn in the hundreds (the strategies are
+#: small: these counts cover their corners).
+EXAMPLES = 600
+
 # Short sequences and small blocks (a V4 block is 256 tokens, longer than the whole range).
 CFG = ArenaConfig.deepseek_v32(max_num_seqs=8, max_num_batched_tokens=16, max_model_len=64,
                                block_size=16, num_speculative_tokens=1, device="cpu")
 
 
-@settings(max_examples=2000)
+@settings(max_examples=EXAMPLES)
 @given(
     k=st.integers(0, 10),
     seq=st.lists(st.integers(-3, 70), min_size=0, max_size=10),
@@ -64,7 +68,7 @@ def test_unsigned_slots_past_int64_never_pass_a_screen(slot):
 INT32 = (-(2**31), 2**31 - 1)
 
 
-@settings(max_examples=2000)
+@settings(max_examples=EXAMPLES)
 @given(
     q=st.lists(st.integers(1, 6), min_size=1, max_size=8),
     extra=st.lists(st.integers(0, 60), min_size=8, max_size=8),
@@ -119,7 +123,7 @@ def _views_valid(qsl, seq, slots, k, t, bound) -> bool:
 FIELDS = ("starts", "seq", "slots")
 
 
-@settings(max_examples=2000)
+@settings(max_examples=EXAMPLES)
 @given(
     k=st.integers(1, 8),
     steps=st.lists(st.integers(0, 4), min_size=8, max_size=8),
@@ -200,7 +204,7 @@ _INT_DTYPES = [np.dtype(t).newbyteorder(order) for t in
                 np.uint64) for order in ("<", ">")]
 
 
-@settings(max_examples=2000)
+@settings(max_examples=EXAMPLES)
 @given(
     k=st.integers(1, 8),
     plants=st.lists(st.tuples(st.integers(0, 7), st.integers(-(2**63), 2**64 - 1)),
