@@ -24,7 +24,6 @@ from helpers.dsa_reference import (  # noqa: E402
     indexer_problems,
     new_indexer_inputs,
     replay_sizes,
-    topk_problems,
 )
 
 from staticattn.arena import ArenaConfig  # noqa: E402
@@ -86,6 +85,7 @@ def test_indexer_prefill_topk_replays_in_mixed_graphs():
     from helpers.support import host_steps
     from hypothesis import HealthCheck, given, settings
 
+    from staticattn.distributed.pcp_world import step_slots
     from staticattn.graphs import GraphKind
 
     cfg = ArenaConfig.preset("deepseek-v3.2", device="cuda", max_model_len=8192,
@@ -107,21 +107,16 @@ def test_indexer_prefill_topk_replays_in_mixed_graphs():
             new_indexer_inputs(step, s.num_tokens)
             table = s.block_table % (BLOCKS - 1) + 1
             inputs.block_table[: s.num_reqs].copy_(torch.as_tensor(table))
-            slots = _slots(table, s.query_lens, s.seq_lens, cfg.block_size)
+            slots = step_slots(dict(query_lens=s.query_lens, table=torch.as_tensor(table),
+                                    num_computed=s.seq_lens - s.query_lens), cfg.block_size)
             res = gm.run(s.query_lens, s.seq_lens, slots)
             assert res.mode == "graph", res.reason
             counts[res.graph_kind] += 1
             got = res.outputs.clone()
-            assert topk_problems(step, keys, s.query_lens, s.seq_lens, table, got) == []
+            assert indexer_problems(step, inputs, s, got, keys) == []
             eager = gm.run_eager(s.query_lens, s.seq_lens, slots)
-            assert topk_problems(step, keys, s.query_lens, s.seq_lens, table, eager) == []
+            assert indexer_problems(step, inputs, s, eager, keys) == []
 
         check()
     assert counts[GraphKind.MIXED] >= 10 and counts[GraphKind.DECODE], counts
 
-
-def _slots(table, query_lens, seq_lens, block_size: int) -> np.ndarray:
-    q = np.asarray(query_lens, dtype=np.int64)
-    pos = np.concatenate([np.arange(s - n, s) for n, s in zip(q, seq_lens)])
-    req = np.repeat(np.arange(q.size), q)
-    return table[req, pos // block_size].astype(np.int64) * block_size + pos % block_size

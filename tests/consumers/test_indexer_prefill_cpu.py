@@ -17,8 +17,8 @@ from helpers.dsa_reference import (
     emulated_mqa_logits,
     emulated_paged_mqa_logits,
     fill_indexer_cache,
+    indexer_problems,
     new_indexer_inputs,
-    topk_problems,
 )
 from helpers.mixed_steps import bucket_for, stage_mixed
 from helpers.support import host_steps, make_step, stage
@@ -75,12 +75,12 @@ def test_every_token_of_mixed_steps_gets_the_oracle_topk(make_config):
         new_indexer_inputs(step, s.num_tokens)
         s = dataclasses.replace(s, block_table=s.block_table % (BLOCKS - 1) + 1)
         eager = _run(step, builders, stage(inputs, s), "build")
-        assert topk_problems(step, keys, s.query_lens, s.seq_lens, s.block_table, eager) == []
+        assert indexer_problems(step, inputs, s, eager, keys) == []
         num_reqs, num_tokens = bucket_for(cfg, s.num_tokens, np.random.default_rng(s.num_tokens))
         planned = _run(step, builders, stage_mixed(inputs, s, num_reqs, num_tokens),
                        "build_mixed")
         assert (planned[s.num_tokens:] == -1).all()
-        assert topk_problems(step, keys, s.query_lens, s.seq_lens, s.block_table, planned) == []
+        assert indexer_problems(step, inputs, s, planned, keys) == []
         scored.append(sum(int(((np.arange(n - q, n) + 1) // step.compress_ratio > step.topk)
                               .sum()) for q, n in zip(s.query_lens, s.seq_lens) if q > 1))
 
@@ -112,7 +112,7 @@ def test_keys_past_one_chunk_split_into_chunks_and_query_sub_chunks(build, case)
         chunks = md.prefill.chunks
         assert len({c.req_start for c in chunks}) == 2 and len(chunks) > 2
     out = _run(step, builders, batch, build)
-    assert topk_problems(step, keys, s.query_lens, s.seq_lens, s.block_table, out) == []
+    assert indexer_problems(step, inputs, s, out, keys) == []
 
 
 def test_without_prefill_the_prefill_rows_say_no_key_and_dcp_is_refused():

@@ -310,20 +310,6 @@ def indexer_problems(step, inputs, s, out: torch.Tensor, keys: torch.Tensor) -> 
     return check_topk(out[:t], ref, tok_len)
 
 
-def topk_problems(step, keys: torch.Tensor, query_lens, seq_lens, table,
-                  out: torch.Tensor) -> list[str]:
-    """Check the top-k rows of every real token of a step (decode and prefill; host ints
-    ``query_lens``, ``seq_lens`` ``(num_reqs,)``, the engine's block rows ``table`` of the
-    index K) of an ``IndexerTopKStep`` against the reference logits."""
-    tok_req, _, tok_len = decode_token_table(np.asarray(query_lens), np.asarray(seq_lens),
-                                             step.compress_ratio)
-    t = tok_req.shape[0]
-    ref = ref_indexer_logits(step.q[:t], step.weights[:t], keys,
-                             torch.as_tensor(table, device=keys.device), tok_req, tok_len,
-                             step.max_context_len)
-    return check_topk(out[:t], ref, tok_len)
-
-
 def replay_sizes(gm, sizes, replays: int, rng: np.random.Generator, num_kv_blocks: int,
                  before, check, max_failures: int = 10) -> tuple[list[str], dict[int, int]]:
     """Drive ``gm`` (sizes captured) with ``replays`` random uniform decode steps per size,
