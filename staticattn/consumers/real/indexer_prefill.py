@@ -46,6 +46,7 @@ import torch
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.indexer.metadata import IndexerMetadata, IndexerPrefillChunkMetadata
 from staticattn.consumers.real.caches import INDEXER_BLOCK
+from staticattn.consumers.real.key_rows import CacheKeyReader, MaskedTopK
 from staticattn.errors import ConfigError
 from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, require
 
@@ -54,10 +55,6 @@ __all__ = ["IndexerPrefillTopK", "MQALogitsFn"]
 #: ``(q, (k, scales), weights, ks, ke, max_seqlen_k=...) -> logits``: DeepGEMM's
 #: ``fp8_mqa_logits`` with ``clean_logits=False`` bound.
 MQALogitsFn = Callable[..., torch.Tensor]
-
-#: Scale bytes per key in the cache (one fp32).
-_SCALE_BYTES = 4
-
 
 class IndexerPrefillTopK:
     """Writes the top-k of every prefill token of an ``IndexerMetadata`` into a step's output.
@@ -103,20 +100,12 @@ class IndexerPrefillTopK:
                                           clean_logits=False)
         self.logits_fn = logits_fn
         self.q, self.weights, self.topk = q, weights, topk
-        self.head_dim = kv_cache.shape[-1] - _SCALE_BYTES
-        if (INDEXER_BLOCK * _SCALE_BYTES) % self.head_dim:
-            raise ConfigError(f"head_dim={self.head_dim}: a block's scales must fill whole "
-                              "rows of the cache's value rows")
+        self.keys = CacheKeyReader(kv_cache)
+        self.head_dim = self.keys.head_dim
         self.max_keys = cdiv(config.max_model_len, compress_ratio)
         self.workspace = max(config.max_prefill_workspace, self.max_keys)
         self.width = min(self.workspace, self.max_keys)
         dev = config.torch_device
-        # The cache as rows of D bytes: each block is 64 value rows, then its 64 scales
-        # (256 bytes) in 256 / D more rows; and as fp32 words, for the scales.
-        self._rows_per_block = INDEXER_BLOCK + INDEXER_BLOCK * _SCALE_BYTES // self.head_dim
-        self._value_rows = kv_cache.view(-1, self.head_dim)
-        self._scale_words = kv_cache.view(torch.float32).view(-1)
-        self._words_per_block = self._rows_per_block * self.head_dim // _SCALE_BYTES
         w, t = self.workspace, config.max_num_batched_tokens
         self.k_values = torch.zeros(w, self.head_dim, dtype=torch.uint8,
                                     device=dev).view(torch.float8_e4m3fn)
@@ -137,15 +126,8 @@ class IndexerPrefillTopK:
                                             for _ in range(2))
         self._ks, self._ke, self._lens = (torch.empty(t, dtype=torch.int32, device=dev)
                                           for _ in range(3))
-        self._cols = torch.arange(self.width, dtype=torch.int32, device=dev).view(1, -1)
-        k = min(topk, self.width)
-        self._mask = torch.empty(t * self.width, dtype=torch.bool, device=dev)
-        self._masked = torch.empty(t * self.width, dtype=torch.float32, device=dev)
-        self._values = torch.empty(t * k, dtype=torch.float32, device=dev)
-        self._indices = torch.empty(t * k, dtype=torch.int64, device=dev)
-        self._invalid = torch.empty(t * k, dtype=torch.bool, device=dev)
+        self.masked_topk = MaskedTopK(t, self.width, topk, dev)
         self._rows = torch.empty(t * topk, dtype=torch.int32, device=dev)
-        self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
         self._no_req = torch.tensor(torch.iinfo(torch.int64).max, dtype=torch.int64,
                                     device=dev)
         self._before = torch.tensor(-1, dtype=torch.int64, device=dev)
@@ -176,7 +158,7 @@ class IndexerPrefillTopK:
         logits = self.logits_fn(self.q[ts:te], self._keys(n), self.weights[ts:te],
                                 chunk.cu_seqlen_ks, chunk.cu_seqlen_ke,
                                 max_seqlen_k=self.width)
-        self._topk_rows(logits, lens, out[ts:te])
+        self.masked_topk(logits, lens, out[ts:te])
 
     # --------------------------------------------------------------- device plan
     def _planned(self, plan, out: torch.Tensor) -> None:
@@ -203,7 +185,7 @@ class IndexerPrefillTopK:
             torch.sub(ke, ks, out=lens)
             logits = self.logits_fn(self.q[:t], self._keys(self.workspace), self.weights[:t],
                                     ks, ke, max_seqlen_k=self.width)
-            self._topk_rows(logits, lens, rows)
+            self.masked_topk(logits, lens, rows)
             torch.where(in_chunk.view(t, 1), rows, out, out=out)
 
     # -------------------------------------------------------------------- shared
@@ -228,32 +210,8 @@ class IndexerPrefillTopK:
         torch.index_select(block_table.as_strided((span,), (1,)), 0, at, out=self._blk32[:rows])
         blk.copy_(self._blk32[:rows]).mul_(live)   # dead rows: block 0
         torch.remainder(key, INDEXER_BLOCK, out=key)
-        torch.mul(blk, self._rows_per_block, out=at)
-        at.add_(key)
-        torch.index_select(self._value_rows, 0, at, out=self.k_values[:rows].view(torch.uint8))
-        torch.mul(blk, self._words_per_block, out=at)
-        at.add_(key).add_(INDEXER_BLOCK * self.head_dim // _SCALE_BYTES)
-        torch.index_select(self._scale_words, 0, at, out=self.k_scales[:rows])
+        self.keys.read(blk, key, self.k_values[:rows].view(torch.uint8), self.k_scales[:rows],
+                       at)
 
     def _keys(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_values[:rows], self.k_scales[:rows]
-
-    def _topk_rows(self, logits: torch.Tensor, lens: torch.Tensor, rows: torch.Tensor) -> None:
-        """``rows`` (int32 ``(n, K)``): the top-k columns of ``logits`` (fp32 ``(n,
-        width)``) below each row's ``lens`` (int32 ``(n,)``), -1 past them."""
-        n, width = logits.shape[0], self.width
-        k = min(self.topk, width)
-        lens = lens.view(n, 1)
-        mask = self._mask[: n * width].view(n, width)
-        masked = self._masked[: n * width].view(n, width)
-        torch.lt(self._cols, lens, out=mask)
-        torch.where(mask, logits[:, :width], self._neg_inf, out=masked)
-        values = self._values[: n * k].view(n, k)
-        indices = self._indices[: n * k].view(n, k)
-        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(values, indices))
-        invalid = self._invalid[: n * k].view(n, k)
-        torch.ge(indices, lens, out=invalid)
-        rows[:, :k].copy_(indices)
-        rows[:, :k].masked_fill_(invalid, -1)
-        if k < rows.shape[1]:
-            rows[:, k:].fill_(-1)
