@@ -54,6 +54,7 @@ from staticattn.builders.batch import Batch
 from staticattn.builders.indexer.index_type import indexer_name
 from staticattn.consumers.real.caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.consumers.real.indexer_prefill import IndexerPrefillTopK, MQALogitsFn
+from staticattn.consumers.real.key_rows import MaskedTopK
 from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.indexer.short_topk_fill import fill_short_context_topk
 from staticattn.kernels.runtime.backend import resolve_backend
@@ -175,15 +176,9 @@ class IndexerTopKStep:
             if prefill else None)
         self.out = torch.full((config.max_num_batched_tokens, k), -1, dtype=torch.int32,
                               device=dev)
-        # Work buffers: fixed addresses, so no op of the step allocates a result; flat, so
+        # Work buffers at fixed addresses, so no op of the step allocates a result; flat, so
         # that a narrower step (a context bucket's graph) takes contiguous views of them.
-        self._cols = torch.arange(ctx, dtype=torch.int32, device=dev).view(1, ctx)
-        self._mask = torch.empty(rows * ctx, dtype=torch.bool, device=dev)
-        self._masked = torch.empty(rows * ctx, dtype=torch.float32, device=dev)
-        self._values = torch.empty(rows * k, dtype=torch.float32, device=dev)
-        self._indices = torch.empty(rows * k, dtype=torch.int64, device=dev)
-        self._invalid = torch.empty(rows * k, dtype=torch.bool, device=dev)
-        self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=dev)
+        self.masked_topk = MaskedTopK(rows, ctx, k, dev)
 
     def __call__(self, batch: Batch, md: dict[str, Any]) -> torch.Tensor:
         out = self.out[: batch.num_actual_tokens]
@@ -220,25 +215,11 @@ class IndexerTopKStep:
         rows, width = dec.seq_lens.shape
         entries = rows * width
         ctx = self.context_width(idx_md.max_seq_len)
-        k = min(self.topk, ctx)
         q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)
         logits = self.logits_fn(q, self.kv_cache, self.weights[:entries], dec.seq_lens,
                                 dec.block_table, dec.schedule_metadata, ctx)
-        lens = dec.seq_lens.view(entries, 1)
-        mask = self._mask[: entries * ctx].view(entries, ctx)
-        masked = self._masked[: entries * ctx].view(entries, ctx)
-        torch.lt(self._cols[:, :ctx], lens, out=mask)
-        torch.where(mask, logits, self._neg_inf, out=masked)
-        values = self._values[: entries * k].view(entries, k)
-        indices = self._indices[: entries * k].view(entries, k)
-        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(values, indices))
-        invalid = self._invalid[: entries * k].view(entries, k)
-        torch.ge(indices, lens, out=invalid)
+        self.masked_topk(logits, dec.seq_lens.view(entries), out[:entries], width=ctx)
         dst = out[:entries]
-        dst[:, :k].copy_(indices)
-        dst[:, :k].masked_fill_(invalid, -1)
-        if k < dst.shape[1]:
-            dst[:, k:].fill_(-1)  # a step no wider than k keys: the rest is "no key"
         if self.short_context_fill:
             fill_short_context_topk(self.backend, dst, dec.seq_lens.view(entries),
                                     num_rows=entries)

@@ -72,16 +72,18 @@ class MaskedTopK:
         self._invalid = torch.empty(rows * k, dtype=torch.bool, device=device)
         self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=device)
 
-    def __call__(self, logits: torch.Tensor, lens: torch.Tensor, out: torch.Tensor) -> None:
-        """``out`` (int32 ``(n, K)``): the columns of the ``K`` largest ``logits`` (fp32
-        ``(n, >= width)``; columns past a row's ``lens`` (int32 ``(n,)``) never chosen), by
-        logit; -1 where a row has fewer than ``K`` columns."""
-        n, width = logits.shape[0], self.width
+    def __call__(self, logits: torch.Tensor, lens: torch.Tensor, out: torch.Tensor,
+                 width: int | None = None) -> None:
+        """``out`` (int32 ``(n, K)``): the columns of the ``K`` largest of the first
+        ``width`` (default the capacity's) ``logits`` (fp32 ``(n, >= width)``; columns past
+        a row's ``lens`` (int32 ``(n,)``) never chosen), by logit; -1 where a row has fewer
+        than ``K`` columns."""
+        n, width = logits.shape[0], self.width if width is None else width
         k = min(self.topk, width)
         lens = lens.view(n, 1)
         mask = self._mask[: n * width].view(n, width)
         masked = self._masked[: n * width].view(n, width)
-        torch.lt(self._cols, lens, out=mask)
+        torch.lt(self._cols[:, :width], lens, out=mask)
         torch.where(mask, logits[:, :width], self._neg_inf, out=masked)
         values = self._values[: n * k].view(n, k)
         indices = self._indices[: n * k].view(n, k)
