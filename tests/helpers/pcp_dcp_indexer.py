@@ -1,0 +1,189 @@
+"""The setting of the PCP + DCP prefill-indexer tests (``distributed/test_pcp_dcp_indexer.py``):
+each rank's pieces (its rank, its sharded cache, its indexer), the single GPU's keys, drawn
+steps with their oracle, and the check of a rank's rows. The in-process test builds every
+rank and plays the all-gather itself; the gloo worker (:func:`gloo_steps`) builds its own
+rank and runs the indexer whole, collectives included. Every rank draws the same steps (one
+seed), so both see the same global batches, queries and oracle."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from helpers.dsa_reference import (
+    check_topk,
+    decode_token_table,
+    dequant_indexer_cache,
+    emulated_mqa_logits,
+    ref_indexer_logits,
+)
+from staticattn.builders.pcp.rank_views import table_columns
+from staticattn.consumers.real.caches import (
+    INDEXER_BLOCK,
+    alloc_indexer_cache,
+    write_indexer_cache,
+)
+from staticattn.distributed.pcp_dcp_indexer import PCPDCPPrefillTopK
+from staticattn.distributed.pcp_rank import PCPRank
+from staticattn.distributed.pcp_world import PCPSizes, configs, random_pcp_step
+
+TOPK = 64
+HEADS, HEAD_DIM = 32, 32
+STEPS = 5
+
+
+def sizes(interleave: int) -> PCPSizes:
+    return PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
+                    interleave=interleave)
+
+
+def _copy_entry(src: torch.Tensor, src_block: int, src_off: int, dst: torch.Tensor,
+                dst_block: int, dst_off: int) -> None:
+    """One entry's values (``D`` bytes at ``off * D``) and scale (4 bytes after the block's
+    ``64 * D`` value bytes) from one indexer cache to another."""
+    d = src.shape[-1] - 4
+    s, t = src.view(src.shape[0], -1), dst.view(dst.shape[0], -1)
+    t[dst_block, dst_off * d:(dst_off + 1) * d] = s[src_block, src_off * d:(src_off + 1) * d]
+    base = INDEXER_BLOCK * d
+    t[dst_block, base + 4 * dst_off:base + 4 * dst_off + 4] = (
+        s[src_block, base + 4 * src_off:base + 4 * src_off + 4])
+
+
+def shard(single: torch.Tensor, table: np.ndarray, lengths, world: int, interleave: int,
+          rank: int) -> torch.Tensor:
+    """Rank ``rank``'s cache: every key ``e < lengths[b]`` of request ``b`` that it owns --
+    rank ``(e // I) % D`` holds it at local index ``(e // (D I)) I + e % I``, through the
+    request's block row (the single GPU keeps it at ``e``)."""
+    out = torch.zeros_like(single)
+    for b, length in enumerate(lengths):
+        for e in range(int(length)):
+            if (e // interleave) % world != rank:
+                continue
+            local = (e // (world * interleave)) * interleave + e % interleave
+            _copy_entry(single, int(table[b, e // INDEXER_BLOCK]), e % INDEXER_BLOCK,
+                        out, int(table[b, local // INDEXER_BLOCK]), local % INDEXER_BLOCK)
+    return out
+
+
+@dataclasses.dataclass
+class RankPieces:
+    rank: PCPRank
+    indexer: PCPDCPPrefillTopK
+    cache: torch.Tensor
+
+
+def rank_pieces(world: int, interleave: int, device: str, p: int, group=None) -> RankPieces:
+    """Rank ``p``'s PCP rank (its views and builders), sharded cache and indexer (DeepGEMM's
+    kernel on CUDA, its emulation on CPU)."""
+    sz = sizes(interleave)
+    pcp, rank_cfg, _ = configs("deepseek-v3.2", world, device, sz, dcp=world, rank=p,
+                               eager=True)
+    rank_cfg = dataclasses.replace(rank_cfg, index_topk=TOPK)
+    N = sz.num_tokens(world, world)
+    rank = PCPRank(pcp, rank_cfg, N, sz.max_num_tokens, group, p, num_blocks(interleave))
+    cache = alloc_indexer_cache(num_blocks(interleave), HEAD_DIM, device)
+    q = torch.zeros(N, HEADS, HEAD_DIM, dtype=torch.float8_e4m3fn, device=device)
+    indexer = PCPDCPPrefillTopK(
+        rank_cfg, rank.views, kv_cache=cache, q=q,
+        weights=torch.zeros(N, HEADS, device=device), topk=TOPK, group=group,
+        logits_fn=emulated_mqa_logits if device == "cpu" else None)
+    return RankPieces(rank, indexer, cache)
+
+
+def table_width(interleave: int) -> int:
+    _, _, single_cfg = configs("deepseek-v3.2", 2, "cpu", sizes(interleave))
+    return max(table_columns(single_cfg).values())
+
+
+def num_blocks(interleave: int) -> int:
+    return sizes(interleave).kv_blocks(table_width(interleave))
+
+
+def single_keys(interleave: int, seed: int) -> torch.Tensor:
+    """The single GPU's cache (CPU), random keys."""
+    single = alloc_indexer_cache(num_blocks(interleave), HEAD_DIM, "cpu")
+    gen = torch.Generator().manual_seed(seed)
+    write_indexer_cache(single, torch.randn(single.shape[0], INDEXER_BLOCK, HEAD_DIM,
+                                            generator=gen))
+    return single
+
+
+def draw_steps(world: int, interleave: int, seed: int):
+    """``STEPS`` steps: each a dict of the global step ``s``, the queries and weights of its
+    tokens (CPU), the oracle's logits ``ref``, each token's key count and prefilling flag;
+    and the single GPU's cache."""
+    single = single_keys(interleave, seed)
+    keys = dequant_indexer_cache(single)
+    sz, width = sizes(interleave), table_width(interleave)
+    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed + 1)
+    steps = []
+    for _ in range(STEPS):
+        s = random_pcp_step(rng, sz, width)
+        q_lens = np.asarray(s["query_lens"])
+        seq = np.asarray(s["num_computed"]) + q_lens
+        tok_req, _, tok_len = decode_token_table(q_lens, seq, 1)
+        t = tok_req.shape[0]
+        q = torch.randn(t, HEADS, HEAD_DIM, generator=gen).to(torch.float8_e4m3fn)
+        weights = torch.randn(t, HEADS, generator=gen)
+        index_table = s["table"][:, : sz.max_model_len // INDEXER_BLOCK]
+        ref = ref_indexer_logits(q, weights, keys, index_table, tok_req, tok_len,
+                                 sz.max_model_len)
+        steps.append(dict(s=s, seq=seq, q=q, weights=weights, ref=ref, tok_len=tok_len,
+                          prefilling=np.asarray(s["is_prefilling"])[tok_req]))
+    return steps, single
+
+
+def stage_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
+               interleave: int):
+    """Write the step into rank ``p`` (tables, its cache shard, the staged batch, its
+    tokens' queries) and build its metadata; returns its batch and its tokens' global
+    indices (int64 ``(n,)``, CPU)."""
+    s, rank, indexer = step["s"], pieces.rank, pieces.indexer
+    q_lens = np.asarray(s["query_lens"])
+    for view in rank.views.tables.values():
+        view[: q_lens.size].copy_(s["table"][:, : view.shape[1]])
+    pieces.cache.copy_(shard(single, s["table"].numpy(), step["seq"], world, interleave, p))
+    rank.check(q_lens, s["is_prefilling"], s["num_computed"])
+    rank.stage(q_lens, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
+    batch, _ = rank.metadata()
+    n = int(rank.views.rows.num_tokens[p])
+    glob = rank.views.rows.token_to_global[p, :n].long().cpu()
+    indexer.q[:n].copy_(step["q"][glob])
+    indexer.weights[:n].copy_(step["weights"][glob])
+    return batch, glob
+
+
+def rank_problems(out: torch.Tensor, glob: torch.Tensor, step: dict) -> tuple[list[str], int]:
+    """A rank's rows (int32 ``(>= n, K)``) against the oracle: prefill tokens' top-k, decode
+    tokens' rows -1; and how many of its prefill tokens had more keys than the top-k."""
+    g = glob.numpy()
+    out = out[: g.size].cpu()
+    pre = step["prefilling"][g]
+    problems = [] if (out[~torch.from_numpy(pre)] == -1).all() else ["a decode row scored"]
+    problems += check_topk(out[torch.from_numpy(pre)], step["ref"][g[pre]],
+                           step["tok_len"][g[pre]])
+    return problems, int((step["tok_len"][g[pre]] > TOPK).sum())
+
+
+def gloo_steps(rank: int, out: str, world: int, interleave: int, seed: int) -> None:
+    """The gloo worker: this rank's pieces, and per drawn step the indexer run whole (its
+    all-gather over the group); records each step's problems and scored tokens."""
+    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60))
+    pieces = rank_pieces(world, interleave, "cpu", rank)
+    steps, single = draw_steps(world, interleave, seed)
+    record = {"problems": [], "scored": 0}
+    for step in steps:
+        batch, glob = stage_rank(pieces, rank, step, single, world, interleave)
+        problems, scored = rank_problems(pieces.indexer(batch), glob, step)
+        record["problems"] += problems
+        record["scored"] += scored
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(record, f)
