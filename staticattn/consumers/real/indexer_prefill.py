@@ -22,8 +22,8 @@ inside a graph): the loop runs over the plan's ``C`` chunk rows at fixed shapes,
 over all ``T`` token rows with ``ks = ke = 0`` outside its tokens and over the whole
 workspace; a row past ``num_chunks`` (zeros) writes nothing. No host read, no branch on data,
 every buffer but DeepGEMM's logits (from the graph's pool) owned: the loop is recorded in
-the graph. Its cost is ``C`` logits launches over ``T x width``; the eager form's is the
-chunks' own.
+the graph. Its cost is ``C`` logits launches over ``T x width`` and one top-k; the eager
+form's is the chunks' own (a chunk's logits no wider than its keys).
 
 Under prefill context parallelism without DCP a rank's prefill rows are ordinary chunked-
 prefill rows (each row its own sequence reading its request's prefix, §3.4), so the same
@@ -32,8 +32,9 @@ context parallelism a chunk's keys are spread over the ranks (the global chunk p
 not served here (:class:`~staticattn.errors.ConfigError`).
 
 Memory: the workspace holds ``max(config.max_prefill_workspace, cdiv(max_model_len, R))``
-keys (``D + 4`` bytes and an int64 index each); DeepGEMM's logits ``T x width`` fp32 per
-chunk, ``width = min(workspace, cdiv(max_model_len, R))``.
+keys (``D + 4`` bytes and an int64 index each); ``width = min(workspace, cdiv(max_model_len,
+R))``; the graph form's score block and the top-k's masked copy, ``T x width`` fp32 each, and
+DeepGEMM's logits of each chunk as large (an eager chunk's: its tokens x its keys at most).
 """
 
 from __future__ import annotations
@@ -127,6 +128,9 @@ class IndexerPrefillTopK:
         self._ks, self._ke, self._lens = (torch.empty(t, dtype=torch.int32, device=dev)
                                           for _ in range(3))
         self.masked_topk = MaskedTopK(t, self.width, topk, dev)
+        self._scores = torch.empty(t * self.width, dtype=torch.float32, device=dev)
+        self._score_lens = torch.empty(t, dtype=torch.int32, device=dev)
+        self._seen = torch.empty(t, dtype=torch.bool, device=dev)
         self._rows = torch.empty(t * topk, dtype=torch.int32, device=dev)
         self._no_req = torch.tensor(torch.iinfo(torch.int64).max, dtype=torch.int64,
                                     device=dev)
@@ -155,10 +159,11 @@ class IndexerPrefillTopK:
         self._gather(r, chunk.cu_seq_lens[r:], chunk.block_table, n)
         lens = self._lens[: te - ts]
         torch.sub(chunk.cu_seqlen_ke, chunk.cu_seqlen_ks, out=lens)
+        # A token's keys are a part of the chunk's: its logits need no more columns.
+        width = min(self.width, n)
         logits = self.logits_fn(self.q[ts:te], self._keys(n), self.weights[ts:te],
-                                chunk.cu_seqlen_ks, chunk.cu_seqlen_ke,
-                                max_seqlen_k=self.width)
-        self.masked_topk(logits, lens, out[ts:te])
+                                chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, max_seqlen_k=width)
+        self.masked_topk(logits, lens, out[ts:te], width=width)
 
     # --------------------------------------------------------------- device plan
     def _planned(self, plan, out: torch.Tensor) -> None:
@@ -168,6 +173,11 @@ class IndexerPrefillTopK:
         in_chunk, before_end = self._in_chunk[:t], self._before_end[:t]
         ks, ke, lens = self._ks[:t], self._ke[:t], self._lens[:t]
         rows = self._rows[: t * self.topk].view(t, self.topk)
+        # Each chunk's logits go to its tokens' rows of one score block; one top-k follows.
+        scores = self._scores[: t * self.width].view(t, self.width)
+        score_lens, seen = self._score_lens[:t], self._seen[:t]
+        score_lens.zero_()
+        seen.zero_()
         for c in range(plan.chunk_bounds.shape[0]):
             s, e, ts, te = (plan.chunk_bounds[c, i] for i in range(4))
             # Each request's first key in the chunk's K: its plan entry inside [s, e), -1
@@ -185,8 +195,11 @@ class IndexerPrefillTopK:
             torch.sub(ke, ks, out=lens)
             logits = self.logits_fn(self.q[:t], self._keys(self.workspace), self.weights[:t],
                                     ks, ke, max_seqlen_k=self.width)
-            self.masked_topk(logits, lens, rows)
-            torch.where(in_chunk.view(t, 1), rows, out, out=out)
+            torch.where(in_chunk.view(t, 1), logits[:, : self.width], scores, out=scores)
+            torch.where(in_chunk, lens, score_lens, out=score_lens)
+            seen.logical_or_(in_chunk)
+        self.masked_topk(scores, score_lens, rows)
+        torch.where(seen.view(t, 1), rows, out, out=out)
 
     # -------------------------------------------------------------------- shared
     def _gather(self, num_reqs: int, num_keys: torch.Tensor, block_table: torch.Tensor,
