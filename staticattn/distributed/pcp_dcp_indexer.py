@@ -5,16 +5,17 @@ request's whole context, gathered in global order from the shards of every rank.
 Per step, on DCP rank ``d``, over the rank's global chunk plan (``views.extents``, one chunk;
 :mod:`~staticattn.builders.pcp.kv_plan`), in three phases:
 
-1. :meth:`~PCPDCPPrefillTopK.share` -- **local gather**: workspace row ``w < W`` of region
+1. :meth:`~PCPDCPPrefillTopK.share` -- **local gather**: shard row ``w < W / D`` of region
    ``k`` (``local_cu_seq_lens[k] <= w < local_cu_seq_lens[k + 1]``, the rank's prefill row
    ``nd + k``) holds this rank's local key ``w - local_cu_seq_lens[k]`` of that request (its
    e4m3 values and fp32 scale, read from the rank's sharded cache through its block-table
    row); rows at or past the padded local total read block 0, entry 0 (never scored);
-2. :meth:`~PCPDCPPrefillTopK.exchange` -- **all-gather** of the ``W`` rows (values and
-   scales) over the DCP group, rank-major: ``D * W`` rows;
+2. :meth:`~PCPDCPPrefillTopK.exchange` -- **all-gather** of the ``W / D`` rows (values and
+   scales) over the DCP group, rank-major: ``W`` rows;
 3. :meth:`~PCPDCPPrefillTopK.score` -- **deinterleave**: global row ``i`` is gathered row
-   ``owner * W + idx - owner * S`` (``idx = deinterleave_idx[i]``, ``S`` the padded local
-   total, ``owner = idx // S``: the plan strides ranks by ``S``, the buffer by ``W``); then
+   ``owner * W / D + idx - owner * S`` (``idx = deinterleave_idx[i]``, ``S`` the padded
+   local total, ``owner = idx // S``: the plan strides ranks by ``S``, the buffer by
+   ``W / D``); then
    each prefill token ``u`` (the rank's local token ``nd_tokens + u``) scores the keys
    ``[ks[u], ke[u])`` of that order with ``fp8_mqa_logits`` and keeps the top ``K``. The
    indices are request-relative global positions (the reference's prefill top-k under
@@ -71,8 +72,9 @@ class PCPDCPPrefillTopK:
 
     Attributes
     ----------
-    values : uint8 ``(D, W, head_dim)``; scales : fp32 ``(D, W)``
-        The gathered rows, rank-major (``[dcp_rank]`` this rank's).
+    values : uint8 ``(D, cdiv(W, D), head_dim)``; scales : fp32 ``(D, cdiv(W, D))``
+        The gathered rows, rank-major (``[dcp_rank]`` this rank's), ``W`` the plan's
+        workspace.
     out : int32 ``(N, K)``
     """
 
@@ -99,16 +101,23 @@ class PCPDCPPrefillTopK:
         d, dev = self.keys.head_dim, config.torch_device
         W = views.extents.deinterleave_idx.numel()
         N = views.extents.ks.numel()
+        if q.shape[0] < N or weights.shape[0] < N:
+            raise ConfigError(f"q and weights need a row per local token ({N}); they hold "
+                              f"{q.shape[0]} and {weights.shape[0]}")
         self.width = min(W, config.max_model_len)
-        self.values = torch.zeros(self.world, W, d, dtype=torch.uint8, device=dev)
-        self.scales = torch.zeros(self.world, W, dtype=torch.float32, device=dev)
+        # A rank's shard rows: the plan's global extent D * S (S the padded local total)
+        # fits the workspace W (the step check), so S <= W / D.
+        slab = -(-W // self.world)
+        self.values = torch.zeros(self.world, slab, d, dtype=torch.uint8, device=dev)
+        self.scales = torch.zeros(self.world, slab, dtype=torch.float32, device=dev)
         self.ordered = torch.zeros(W, d, dtype=torch.uint8, device=dev)
         self.ordered_scales = torch.zeros(W, dtype=torch.float32, device=dev)
         self.out = torch.full((N, topk), -1, dtype=torch.int32, device=dev)
         self.masked_topk = MaskedTopK(N, self.width, topk, dev)
-        self._w = torch.arange(W, dtype=torch.int64, device=dev)
-        self._blk, self._off, self._at, self._src = (
-            torch.empty(W, dtype=torch.int64, device=dev) for _ in range(4))
+        self._w = torch.arange(slab, dtype=torch.int64, device=dev)
+        self._blk, self._off, self._at = (
+            torch.empty(slab, dtype=torch.int64, device=dev) for _ in range(3))
+        self._src = torch.empty(W, dtype=torch.int64, device=dev)
         self._tok = torch.arange(N, dtype=torch.int64, device=dev)
         self._pre = torch.empty(N, dtype=torch.int64, device=dev)
         self._q = torch.empty_like(q[:N])
@@ -148,11 +157,11 @@ class PCPDCPPrefillTopK:
     def score(self, batch: Batch) -> torch.Tensor:
         """Phase 3: the rows in global order, the prefill tokens' top-k; returns
         :attr:`out`, int32 ``(N, K)`` by local token (-1 rows for decode tokens)."""
-        ext, W = self.views.extents, self.values.shape[1]
+        ext, slab = self.views.extents, self.values.shape[1]
         idx = ext.deinterleave_idx.long()
         stride = ext.totals[1].long().clamp(min=1)
         owner = torch.div(idx, stride, rounding_mode="floor")
-        torch.mul(owner, W - stride, out=self._src).add_(idx)
+        torch.mul(owner, slab - stride, out=self._src).add_(idx)
         torch.index_select(self.values.view(-1, self.values.shape[2]), 0, self._src,
                            out=self.ordered)
         torch.index_select(self.scales.view(-1), 0, self._src, out=self.ordered_scales)
@@ -160,7 +169,9 @@ class PCPDCPPrefillTopK:
         n = self._tok.numel()
         nd_tokens = batch.step_counts[COUNT_DECODE_TOKENS].long()
         torch.add(self._tok, nd_tokens, out=self._pre).clamp_(max=n - 1)
-        torch.index_select(self.q[:n], 0, self._pre, out=self._q)
+        # e4m3 rows moved as bytes (index_select of float8 is not on every build).
+        torch.index_select(self.q[:n].view(torch.uint8), 0, self._pre,
+                           out=self._q.view(torch.uint8))
         torch.index_select(self.weights[:n], 0, self._pre, out=self._weights)
         torch.sub(ext.ke, ext.ks, out=self._lens)
         logits = self.logits_fn(self._q, (self.ordered.view(torch.float8_e4m3fn),
