@@ -7,7 +7,7 @@ Per chunk of ``md["indexer"].prefill`` (requests ``[s, e)``, tokens ``[ts, te)``
 
 1. **gather**: workspace row ``w`` holds key ``j = w - start[r]`` of the chunk's request
    ``r`` (``start`` = its first key in the chunk's gathered K), read from the cache at
-   ``block_table[r, j // 64]``, offset ``j % 64``: its 128 e4m3 values and its fp32 scale;
+   ``block_table[r, j // 64]``, offset ``j % 64``: its ``D`` e4m3 values and its fp32 scale;
 2. ``logits = deep_gemm.fp8_mqa_logits(q, (k, scales), weights, ks, ke, clean_logits=False,
    max_seqlen_k=width)``: fp32 ``(tokens, width)``, ``logits[t, j] = sum_h relu(q[t, h] .
    k[ks + j]) * w[t, h] * scale[ks + j]`` for ``j < ke - ks`` (the chunk-relative columns
