@@ -11,7 +11,15 @@ import json
 import sys
 from datetime import timedelta
 
-from staticattn.cli import ExitCode, build_parser, config_of, config_overrides, load_step, validate
+from staticattn.cli import (
+    ExitCode,
+    build_parser,
+    config_of,
+    config_overrides,
+    load_step,
+    pcp_sizes,
+    validate,
+)
 from staticattn.errors import StepSpecError
 
 __all__ = ["main", "print_check_report"]
@@ -40,7 +48,7 @@ def cmd_demo(args) -> int:
         return run_pcp_demo(args.pcp, seed=args.seed, preset=args.pcp_preset,
                             json_path=args.json, progress=not args.no_progress,
                             deadline=timedelta(seconds=args.dcp_deadline), dcp=args.dcp or 1,
-                            **kwargs)
+                            sizes=pcp_sizes(args), **kwargs)
     if args.dcp:
         from staticattn.distributed.dcp_demo import run_dcp_demo
 
@@ -134,7 +142,7 @@ def cmd_bench(args, cuda: bool) -> int:
 
         return run_pcp_bench(args.pcp, reps=args.reps, seed=args.seed, preset=args.pcp_preset,
                              json_path=args.json, progress=not args.no_progress,
-                             dcp=args.dcp or 1)
+                             dcp=args.dcp or 1, sizes=pcp_sizes(args))
     if args.dcp:
         from staticattn.distributed.dcp_bench import run_dcp_bench
 

@@ -4,6 +4,7 @@ command says or does anything else (an invalid argument exits 2 with one line na
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import importlib
 import importlib.util
@@ -157,6 +158,10 @@ def _pcp_flags(c: argparse.ArgumentParser) -> None:
                    help="the model of the --pcp run's arena (default: deepseek-v3.2, in "
                    "graphs; deepseek-v4.1-*: eager, as the reference runs it; deepseek-v4*: a "
                    "typed error saying why)")
+    c.add_argument("--pcp-next-n", type=int_in(1, 8), default=1, metavar="N",
+                   help="tokens a decode row of the --pcp run verifies at most: 1 + single-"
+                   "module MTP's draft tokens (default: 1; deepseek-v3.2 only: V4.1's PCP "
+                   "takes no speculative decoding, a typed error)")
 
 
 def _config_flags(c: argparse.ArgumentParser) -> None:
@@ -255,6 +260,8 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
     error = args.cmd_parser.error
     if getattr(args, "pcp", None) is not None:
         _validate_pcp(args, error)
+    elif getattr(args, "pcp_next_n", 1) != 1:
+        error("--pcp-next-n: only a --pcp run reads it (a single-GPU bench takes --next-n)")
     if args.cmd == "demo":
         return
     if args.cmd == "bench":
@@ -323,12 +330,20 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
 def _validate_pcp(args: argparse.Namespace, error: Callable[[str], Any]) -> None:
     """``--pcp``: the configuration the run would build, refused here as the typed error
     it raises (the reference's refusals, then what is not served yet)."""
-    from staticattn.distributed.pcp_world import PCPSizes, configs
+    from staticattn.distributed.pcp_world import configs
     from staticattn.errors import ConfigError
 
     dcp = getattr(args, "dcp", None) or 1
     try:
-        configs(args.pcp_preset, args.pcp, "cpu", PCPSizes(), dcp)
+        configs(args.pcp_preset, args.pcp, "cpu", pcp_sizes(args), dcp)
     except ConfigError as exc:
-        error(f"--pcp {args.pcp} --dcp {dcp} --pcp-preset {args.pcp_preset}: ConfigError: "
-              f"{exc}")
+        error(f"--pcp {args.pcp} --dcp {dcp} --pcp-preset {args.pcp_preset} --pcp-next-n "
+              f"{args.pcp_next_n}: ConfigError: {exc}")
+
+
+def pcp_sizes(args: argparse.Namespace):
+    """The ``--pcp`` run's capacities (:data:`~staticattn.distributed.pcp_world.
+    DEFAULT_SIZES`, decode rows of ``--pcp-next-n`` tokens at most)."""
+    from staticattn.distributed.pcp_world import DEFAULT_SIZES
+
+    return dataclasses.replace(DEFAULT_SIZES, num_speculative_tokens=args.pcp_next_n - 1)

@@ -92,7 +92,7 @@ def run_pcp_bench(world: int, reps: int = 200, seed: int = 0, preset: str = "dee
     dist.all_gather_object(every, rows, group=me.check_group)
     leave(me)
     if me.rank == 0:
-        text, data = _report(every, preset, world, reps, me.cuda, dcp)
+        text, data = _report(every, preset, world, reps, me.cuda, dcp, sizes.decode_threshold)
         emit(text, data, json_path)
     return 0
 
@@ -103,13 +103,14 @@ def _p(values, q: float) -> float | None:
 
 
 def _report(every: list[list[dict]], preset: str, world: int, reps: int,
-            cuda: bool, dcp: int) -> tuple[str, dict]:
+            cuda: bool, dcp: int, next_n: int) -> tuple[str, dict]:
     # Every preset --pcp serves replays graphs on CUDA (V4.1 on purpose; the reference runs
     # its PCP eagerly), so the mode is the DCP bench's.
     mode, out = report_head(preset, world, reps, cuda)
-    out["dcp"] = dcp
+    out["dcp"], out["next_n"] = dcp, next_n
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-    lines = [f"PCP bench ({preset}, DCP {dcp}): {world} ranks, {reps} steps per step shape, {mode}",
+    lines = [f"PCP bench ({preset}, DCP {dcp}, next-n {next_n}): {world} ranks, {reps} steps "
+             f"per step shape, {mode}",
              f"{'reqs':>4} {'tokens':>6} {'rank':>4} | {'host p50':>8} {'p99':>7} | "
              f"{'GPU p50':>7} {'p99':>7} | {'collectives':>11} {'share':>6} | "
              f"{'1 GPU host':>10} {'GPU':>7}"]

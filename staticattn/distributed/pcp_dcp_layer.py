@@ -118,18 +118,20 @@ class PCPDCPLayer:
         return x.restore()
 
     def _decodes(self, batch: Batch, local_lens: torch.Tensor, nd_tokens) -> None:
-        """Step 2: decode token ``t`` (one a decode row: ``next_n = 1``) of global length
-        ``L = position + 1`` holds ``local_lens[t]`` keys here; the last ``WINDOW`` of them
-        cover every key of this rank among the global last ``WINDOW``."""
+        """Step 2: decode token ``t`` of global length ``L = position + 1`` holds
+        ``local_lens[t]`` keys here (the builder flattens MTP's decode rows into a row a
+        token); the last ``WINDOW`` of them cover every key of this rank among the global
+        last ``WINDOW``. Its keys are at its request row's slots (``token_to_req``)."""
         N = self.decode_part.numel()
         t = torch.arange(N, device=local_lens.device)
+        row = batch.token_to_req[:N].long()
         lens = torch.where(t < local_lens.numel(), local_lens.long()[t.clamp(
             max=local_lens.numel() - 1)], 0)
         local = lens[:, None] - WINDOW + self._window                       # (N, WINDOW)
         first = batch.positions[:N].long()[:, None] + 1 - WINDOW
         mine = (local >= 0) & (dcp_global_index(local.clamp(min=0), self.world, self.rank,
                                                 self.interleave) >= first)
-        keys = self.cache[self._slots(batch.block_table, t[:, None].expand_as(local),
+        keys = self.cache[self._slots(batch.block_table, row[:, None].expand_as(local),
                                       local)].long()
         part = torch.where(mine & (t < nd_tokens)[:, None], keys, 0).sum(1)
         self.decode_part.copy_(part)

@@ -68,7 +68,7 @@ def run_pcp_demo(world: int, steps: int = 100, seed: int = 0, preset: str = "dee
     totals = [None] * world
     dist.all_gather_object(totals, mine, group=me.check_group)
     if me.rank == 0:
-        _report(totals, preset, steps, json_path, dcp)
+        _report(totals, preset, steps, json_path, dcp, sizes.decode_threshold)
     leave(me)
     return 0 if all(t["mismatches"] == 0 for t in totals) else 1
 
@@ -114,15 +114,15 @@ def _run_steps(me, preset: str, steps: int, seed: int, progress: bool,
 
 
 def _report(totals: list[dict], preset: str, steps: int, json_path: str | None,
-            dcp: int) -> None:
+            dcp: int, next_n: int) -> None:
     """Rank 0's lines (per rank, then the verdict) or JSON."""
     # Every preset --pcp serves captures on CUDA (V4.1 too, on purpose: the reference runs
     # its PCP eagerly only); only a run without CUDA is eager.
     mode = "graphs (NCCL)" if totals[0]["graphs"] else "eager (gloo, no CUDA)"
     bad = sum(t["mismatches"] for t in totals)
     verdict = "PASS" if bad == 0 else "FAIL"
-    lines = [f"PCP demo ({preset}, DCP {dcp}): {len(totals)} ranks, {steps} steps each "
-             f"(decodes and prefills split over the ranks), {mode}"]
+    lines = [f"PCP demo ({preset}, DCP {dcp}, next-n {next_n}): {len(totals)} ranks, "
+             f"{steps} steps each (decodes and prefills split over the ranks), {mode}"]
     for r, t in enumerate(totals):
         p50, p99 = t["host_us"]
         wrong = ", ".join(f"{k} {v}" for k, v in sorted(t["fields"].items())) or "none"
@@ -131,6 +131,7 @@ def _report(totals: list[dict], preset: str, steps: int, json_path: str | None,
                      f"{t['mismatches']} (metadata fields against the oracle: {wrong})")
     lines.append(f"{verdict}: {len(totals)} ranks x {steps} steps checked against the "
                  f"single-GPU step and the oracle, {bad} mismatches")
-    data = {"verdict": verdict, "preset": preset, "dcp": dcp, "mode": mode, "steps": steps,
-            "mismatches": bad, "ranks": [{"rank": r, **t} for r, t in enumerate(totals)]}
+    data = {"verdict": verdict, "preset": preset, "dcp": dcp, "next_n": next_n, "mode": mode,
+            "steps": steps, "mismatches": bad,
+            "ranks": [{"rank": r, **t} for r, t in enumerate(totals)]}
     emit("\n".join(lines), data, json_path)

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig
-from staticattn.arena.pcp_config import GraphMode, PCPConfig
+from staticattn.arena.pcp_config import GraphMode, PCPConfig, Speculation
 from staticattn.builders import default_builders, make_arena
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed import ring_capacity
@@ -87,6 +87,14 @@ class PCPRank:
                 f"a PCP rank serves dcp_size 1 or pcp_size={pcp.pcp_size} (the DCP group is "
                 f"the PCP group) with an arena of the same dcp_world_size; got dcp_size="
                 f"{pcp.dcp_size}, dcp_world_size={config.dcp_world_size}")
+        # The PCP config's refusals (V4.1 takes no speculation, §5.2) judge what it says of
+        # speculation: the arena, which sizes the decode rows, must say the same.
+        if (config.num_speculative_tokens > 0) != (pcp.speculation is not Speculation.NONE):
+            raise ConfigError(
+                f"the rank's arena has num_speculative_tokens={config.num_speculative_tokens} "
+                f"but the PCP config's speculation is {pcp.speculation.value!r}: decode rows "
+                "of more than one token need speculation MTP (or DSpark), and no speculation "
+                "needs num_speculative_tokens=0")
         self.pcp, self.config, self.rank = pcp, config, rank
         self.num_tokens, self.max_num_tokens = num_tokens, max_num_tokens
         self.builders = default_builders(config)

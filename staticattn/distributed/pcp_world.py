@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from staticattn.arena import ArenaConfig, cdiv
-from staticattn.arena.pcp_config import GraphMode, PCPConfig
+from staticattn.arena.pcp_config import GraphMode, PCPConfig, Speculation
 from staticattn.builders import default_builders, make_arena
 from staticattn.builders.pcp.rank_step import input_table, slot_group
 from staticattn.builders.pcp.rank_views import table_columns
@@ -39,23 +39,32 @@ PCP_PRESETS = ("deepseek-v3.2", "deepseek-v4.1-flash", "deepseek-v4.1-large")
 @dataclass(frozen=True)
 class PCPSizes:
     """A run's capacities: ``max_num_seqs`` global requests, ``max_num_tokens`` global
-    tokens, ``max_model_len``; ``num_tokens`` (N), a rank's padded tokens, holds any step
-    of those (two chunks of at most ``cdiv(q, 2P)`` tokens a prefill, a decode on one
-    rank: at most ``T / P + 3 S``; under DCP every decode, and a prefill too short for
-    ``2P`` chunks, whole on every rank: ``N = T``)."""
+    tokens, ``max_model_len``, decode rows of at most ``1 + num_speculative_tokens``
+    tokens; ``num_tokens`` (N), a rank's padded tokens, holds any step of those (two chunks
+    of at most ``cdiv(q, 2P)`` tokens a prefill, every ``P``-th decode row whole on one
+    rank: at most ``T / P + (3 + k) S``; under DCP every decode, and a prefill too short
+    for ``2P`` chunks, whole on every rank: ``N = T``)."""
 
     max_num_seqs: int = 8
     max_num_tokens: int = 256
     max_model_len: int = 2048
     #: ``cp_kv_cache_interleave_size`` under DCP.
     interleave: int = 1
+    #: ``k``, single-module MTP's draft tokens a decode row verifies (DeepSeek V3.2; V4.1's
+    #: PCP takes none, §5.2); 0: no speculative decoding.
+    num_speculative_tokens: int = 0
 
     def num_tokens(self, world: int, dcp: int = 1) -> int:
         """``N`` of ``world`` ranks (``dcp``: the DCP ranks)."""
         if dcp > 1:
             return self.max_num_tokens
         return min(self.max_num_tokens, cdiv(self.max_num_tokens, world)
-                   + 3 * self.max_num_seqs)
+                   + (3 + self.num_speculative_tokens) * self.max_num_seqs)
+
+    @property
+    def decode_threshold(self) -> int:
+        """The most tokens of a decode row, ``1 + k``."""
+        return 1 + self.num_speculative_tokens
 
     def kv_blocks(self, columns: int) -> int:
         """Blocks of the caches: ``columns`` for every request (the widest table's), and
@@ -95,21 +104,22 @@ def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
             rank: int = 0, eager: bool = False) -> tuple[PCPConfig, ArenaConfig, ArenaConfig]:
     """``(pcp, rank ``rank``'s arena, one-rank arena)`` of a run of ``world`` PCP ranks and
     ``dcp`` DCP ranks; :class:`ConfigError` for what ``--pcp`` does not serve (the
-    reference's refusals, §6, first). On CUDA the ranks capture (V3.2 and V4.1) unless
-    ``eager`` (``GraphMode.NONE``)."""
+    reference's refusals, §6, first: V4.1 with speculative tokens among them). On CUDA the
+    ranks capture (V3.2 and V4.1) unless ``eager`` (``GraphMode.NONE``)."""
     arch = ArenaConfig.preset(preset, device="cpu").architecture
     graphs = device.startswith("cuda") and not eager
+    k = sizes.num_speculative_tokens
     pcp = PCPConfig(pcp_size=world, dcp_size=dcp, architecture=arch,
                     max_num_seqs=sizes.max_num_seqs,
                     cp_kv_cache_interleave_size=sizes.interleave,
-                    graph_mode=GraphMode.FULL_AND_PIECEWISE if graphs else GraphMode.NONE)
+                    graph_mode=GraphMode.FULL_AND_PIECEWISE if graphs else GraphMode.NONE,
+                    speculation=Speculation.MTP if k else Speculation.NONE)
     if preset not in PCP_PRESETS:
         raise ConfigError(f"--pcp serves {', '.join(PCP_PRESETS)}; {preset} is not served "
                           "under prefill context parallelism yet")
     backend = "torch" if device == "cpu" else "auto"
-    # Decode rows of one token: V4.1's PCP takes no speculative decoding (§4.2).
     common = dict(max_model_len=sizes.max_model_len, device=device, kernel_backend=backend,
-                  num_speculative_tokens=0)
+                  num_speculative_tokens=k)
     mine = ArenaConfig.preset(preset, max_num_seqs=pcp.max_rows,
                               max_num_batched_tokens=sizes.num_tokens(world, dcp),
                               dcp_world_size=dcp,
@@ -122,24 +132,28 @@ def configs(preset: str, world: int, device: str, sizes: PCPSizes, dcp: int = 1,
 
 def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, width: int,
                     num_reqs: int | None = None) -> dict:
-    """A decode-first global step: decodes of one token, then prefills (fresh or continued)
-    sharing what is left of the token budget. Host lists ``query_lens``, ``num_computed``,
-    ``is_prefilling``, ``req_state_idx`` ``(S,)``; ``table`` int32 ``(S, width)`` unique
-    random blocks (never the null block 0), every block table's rows (each its first
-    columns)."""
+    """A decode-first global step: decodes (one token; with speculative tokens ``1`` to
+    ``1 + k``, a verified draft or a shorter row of adaptive verification), then prefills
+    (fresh or continued) sharing what is left of the token budget. Host lists
+    ``query_lens``, ``num_computed``, ``is_prefilling``, ``req_state_idx`` ``(S,)``;
+    ``table`` int32 ``(S, width)`` unique random blocks (never the null block 0), every
+    block table's rows (each its first columns)."""
     S = int(rng.integers(1, sizes.max_num_seqs + 1)) if num_reqs is None else num_reqs
     decodes = int(rng.integers(0, S + 1))
-    L = sizes.max_model_len
-    budget = sizes.max_num_tokens - decodes
-    q, computed = [1] * decodes, [int(c) for c in rng.integers(0, L, decodes)]
+    L, top = sizes.max_model_len, sizes.decode_threshold
+    q = [int(n) for n in rng.integers(1, top + 1, decodes)] if top > 1 else [1] * decodes
+    computed = [int(rng.integers(0, L - n + 1)) for n in q] if top > 1 else [
+        int(c) for c in rng.integers(0, L, decodes)]
+    budget = sizes.max_num_tokens - sum(q)
     for i in range(S - decodes):
         share = max(1, budget // (S - decodes - i))
         qi = int(rng.integers(1, share + 1))
         budget -= qi
         q.append(qi)
         computed.append(int(rng.integers(0, L - qi + 1)) if rng.integers(0, 2) else 0)
-    # The single-GPU step wants its one-token requests first (decode-first by length).
-    order = sorted(range(decodes, S), key=lambda i: q[i] > 1)
+    # The single-GPU step wants the requests it builds as decodes first (by length: at most
+    # 1 + k tokens).
+    order = sorted(range(decodes, S), key=lambda i: q[i] > top)
     q[decodes:], computed[decodes:] = [q[i] for i in order], [computed[i] for i in order]
     blocks = 1 + rng.permutation(sizes.max_num_seqs * width)[: S * width]
     return dict(query_lens=q, num_computed=computed,
@@ -153,23 +167,29 @@ def continued_pcp_step(rng: np.random.Generator, sizes: PCPSizes,
     """The next step of ``previous``'s requests (a :func:`random_pcp_step` or one of these),
     as an engine schedules it: each request whose previous total ``L`` is below
     ``max_model_len`` continues from ``num_computed = L`` with its state and block rows;
-    a decode stays one (one token), a prefill either finishes its prompt and decodes (one
-    time in four) or takes a new share of the token budget. Decode-first, then the one-token
-    prefills (as :func:`random_pcp_step` orders them); None when no request can continue."""
-    L = sizes.max_model_len
+    a decode stays one (one token; with speculative tokens ``1`` to ``1 + k``, within
+    ``max_model_len``), a prefill either finishes its prompt and decodes (one time in four)
+    or takes a new share of the token budget. Decode-first, then the prefills the single
+    GPU builds as decodes (as :func:`random_pcp_step` orders them); None when no request
+    can continue."""
+    L, top = sizes.max_model_len, sizes.decode_threshold
     total = [c + q for c, q in zip(previous["num_computed"], previous["query_lens"])]
     kept = [i for i in range(len(total)) if total[i] < L]
     if not kept:
         return None
     pre = {i: previous["is_prefilling"][i] and bool(rng.integers(0, 4)) for i in kept}
     prefills = [i for i in kept if pre[i]]
-    budget = sizes.max_num_tokens - (len(kept) - len(prefills))
     q = dict.fromkeys(kept, 1)
+    if top > 1:
+        for i in kept:
+            if not pre[i]:
+                q[i] = int(rng.integers(1, min(top, L - total[i]) + 1))
+    budget = sizes.max_num_tokens - sum(q[i] for i in kept if not pre[i])
     for n, i in enumerate(prefills):
         share = max(1, budget // (len(prefills) - n))
         q[i] = int(rng.integers(1, min(share, L - total[i]) + 1))
         budget -= q[i]
-    order = sorted(kept, key=lambda i: (pre[i], q[i] > 1))
+    order = sorted(kept, key=lambda i: (pre[i], q[i] > top))
     return dict(query_lens=[q[i] for i in order], num_computed=[total[i] for i in order],
                 is_prefilling=[pre[i] for i in order],
                 req_state_idx=[previous["req_state_idx"][i] for i in order],

@@ -28,15 +28,25 @@ from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, import_error
 CUDA = [pytest.mark.gpu,
         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
         pytest.mark.skipif(bool(import_error(DEEP_GEMM)), reason=str(import_error(DEEP_GEMM)))]
-CASES = [(2, 1, "cpu"), (2, 16, "cpu"), (4, 1, "cpu"),
-         pytest.param(2, 16, "cuda", marks=CUDA), pytest.param(4, 1, "cuda", marks=CUDA)]
+#: (world, interleave, device, speculative tokens): single-module MTP's decode rows of 1 or
+#: 2 tokens put more decode tokens than decode rows before the prefill tokens.
+CASES = [(2, 1, "cpu", 0), (2, 16, "cpu", 0), (4, 1, "cpu", 0), (2, 1, "cpu", 1),
+         pytest.param(2, 16, "cuda", 0, marks=CUDA), pytest.param(4, 1, "cuda", 0, marks=CUDA),
+         pytest.param(2, 1, "cuda", 1, marks=CUDA)]
 
 
-@pytest.mark.parametrize("world,interleave,device", CASES)
-def test_every_rank_prefill_token_gets_the_single_gpu_topk(world, interleave, device):
+@pytest.mark.parametrize("world,interleave,device,speculative", CASES)
+def test_every_rank_prefill_token_gets_the_single_gpu_topk(world, interleave, device,
+                                                           speculative):
     """One process plays every rank (on CUDA: one GPU, DeepGEMM's kernel)."""
-    ranks = [world_of.rank_pieces(world, interleave, device, p) for p in range(world)]
-    steps, single = world_of.draw_steps(world, interleave, seed=world * 100 + interleave)
+    ranks = [world_of.rank_pieces(world, interleave, device, p, speculative=speculative)
+             for p in range(world)]
+    steps, single = world_of.draw_steps(world, interleave,
+                                        seed=world * 100 + interleave + 7 * speculative,
+                                        speculative=speculative)
+    drafts = sum(n > 1 and not pre for step in steps
+                 for n, pre in zip(step["s"]["query_lens"], step["s"]["is_prefilling"]))
+    assert drafts > 0 or not speculative, "no decode row of more than one token"
     scored = 0
     for step in steps:
         staged = [world_of.stage_rank(r, p, step, single, world, interleave)

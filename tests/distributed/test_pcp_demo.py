@@ -58,10 +58,12 @@ def test_two_ranks_under_torchrun_equal_the_single_gpu_step():
 
 @pytest.mark.multigpu
 def test_two_ranks_sharding_the_kv_equal_the_single_gpu_step():
+    """With single-module MTP's decode rows of up to 2 tokens."""
     _needs_gpus_or_none(2)
-    code, out = _torchrun(2, "demo", "--pcp", "2", "--dcp", "2", "--steps", str(STEPS))
+    code, out = _torchrun(2, "demo", "--pcp", "2", "--dcp", "2", "--pcp-next-n", "2",
+                          "--steps", str(STEPS))
     _check_demo(2, code, out)
-    assert "PCP demo (deepseek-v3.2, DCP 2)" in out
+    assert "PCP demo (deepseek-v3.2, DCP 2, next-n 2)" in out
 
 
 @pytest.mark.multigpu
@@ -115,6 +117,8 @@ def _refused(argv: list[str], capsys) -> str:
      "ConfigError: PCP requires attention backend support"),
     (["--pcp-preset", "deepseek-v4.1-flash", "--dcp", "2"],
      "ConfigError: DeepSeek-V4.1 PCP currently requires PP=DP=DCP=1"),
+    (["--pcp-preset", "deepseek-v4.1-flash", "--pcp-next-n", "2"],
+     "speculation=mtp"),
 ])
 @pytest.mark.parametrize("cmd", ["demo", "bench"])
 def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, args, says,
@@ -127,6 +131,12 @@ def test_a_refused_configuration_is_a_typed_error_before_any_rank_starts(cmd, ar
 def test_a_dcp_group_neither_empty_nor_the_pcp_group_is_refused(cmd, capsys):
     err = _refused([cmd, "--pcp", "2", "--dcp", "3"], capsys)
     assert "ConfigError: When PCP is enabled, DCP must be disabled, span the PCP axis" in err
+
+
+@pytest.mark.parametrize("cmd", ["demo", "bench"])
+def test_pcp_next_n_without_pcp_is_refused(cmd, capsys):
+    err = _refused([cmd, "--pcp-next-n", "2"], capsys)
+    assert "--pcp-next-n: only a --pcp run reads it" in err
 
 
 def test_the_demo_says_how_to_launch_it_without_torchrun():

@@ -9,6 +9,8 @@ traced instead: none reads the device back, and two different steps run the same
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -32,20 +34,23 @@ def _device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4.1-flash"])
-def test_the_rank_step_equals_the_single_gpu_step(preset):
+@pytest.mark.parametrize(("preset", "speculative"),
+                         [("deepseek-v3.2", 0), ("deepseek-v3.2", 1), ("deepseek-v4.1-flash", 0)])
+def test_the_rank_step_equals_the_single_gpu_step(preset, speculative):
     """Both in a graph on CUDA (V4.1 on purpose: the reference runs its PCP eagerly); the
-    steps continue their requests half the time (V4.1: the compressor ring read back)."""
+    steps continue their requests half the time (V4.1: the compressor ring read back). V3.2
+    also with single-module MTP: decode rows of 1 or 2 tokens."""
     rng = np.random.default_rng(3)
     step = None
-    with pcp_pair(preset, 1, 0, None, _device(), SIZES) as pair:
+    sizes = dataclasses.replace(SIZES, num_speculative_tokens=speculative)
+    with pcp_pair(preset, 1, 0, None, _device(), sizes) as pair:
         assert pair.rank.graphs == torch.cuda.is_available()
         assert (pair.rank.views.ring is not None) == (preset == "deepseek-v4.1-flash")
         if pair.rank.graphs:
             pair.rank.capture()
             assert pair.rank.graph is not None
         for _ in range(25 if torch.cuda.is_available() else 8):
-            step = next_pcp_step(rng, SIZES, pair.columns, step)
+            step = next_pcp_step(rng, sizes, pair.columns, step)
             pair.write(step)
             got = pair.run(step).clone()
             assert torch.equal(got, pair.run_single(step)), step
@@ -122,6 +127,7 @@ def test_a_bad_step_is_a_typed_error_before_anything_is_written(change, error, s
     (dict(max_num_seqs=4), "must hold 8 rows and 60 tokens"),
     (dict(max_num_batched_tokens=32), "must hold 8 rows and 60 tokens"),
     (dict(dcp_world_size=2, dcp_rank=0), "with an arena of the same dcp_world_size"),
+    (dict(num_speculative_tokens=1), "need speculation MTP"),
 ])
 def test_a_rank_arena_that_cannot_hold_the_split_is_refused(rank_arena, says):
     from staticattn.arena import ArenaConfig

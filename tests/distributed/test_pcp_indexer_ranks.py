@@ -40,10 +40,14 @@ HEADS = dict(num_heads=32, head_dim=32)
 CUDA = [pytest.mark.gpu,
         pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
         pytest.mark.skipif(bool(import_error(DEEP_GEMM)), reason=str(import_error(DEEP_GEMM)))]
-#: (preset, the index type scored, device): V4.1's c1a (R = 1, pages of 64 entries, its own
-#: group's table) is the type DeepGEMM's sm90 logits serve on its block size.
-CASES = [("deepseek-v3.2", None, "cpu"), pytest.param("deepseek-v3.2", None, "cuda", marks=CUDA),
-         ("deepseek-v4.1-flash", "c1a", "cpu")]
+#: (preset, the index type scored, device, speculative tokens): V4.1's c1a (R = 1, pages of
+#: 64 entries, its own group's table) is the type DeepGEMM's sm90 logits serve on its block
+#: size; V3.2 also with single-module MTP (decode rows of 1 or 2 tokens; V4.1's PCP takes
+#: none).
+CASES = [("deepseek-v3.2", None, "cpu", 0), ("deepseek-v3.2", None, "cpu", 1),
+         pytest.param("deepseek-v3.2", None, "cuda", 0, marks=CUDA),
+         pytest.param("deepseek-v3.2", None, "cuda", 1, marks=CUDA),
+         ("deepseek-v4.1-flash", "c1a", "cpu", 0)]
 
 
 def _step(cfg, blocks: int, emulated: bool, index_type: str | None):
@@ -69,24 +73,27 @@ def _single_step_rows(cfg, single, s, q, seq) -> torch.Tensor:
     return single(batch, {b.name: b.build(batch) for b in builders}).clone()
 
 
-@pytest.mark.parametrize("preset,index_type,device", CASES)
+@pytest.mark.parametrize("preset,index_type,device,speculative", CASES)
 @pytest.mark.parametrize("world", [2, 4])
-def test_every_rank_token_gets_the_single_gpu_topk(preset, index_type, device, world):
-    pcp, rank_cfg, single_cfg = configs(preset, world, device, SIZES, eager=True)
+def test_every_rank_token_gets_the_single_gpu_topk(preset, index_type, device, speculative,
+                                                   world):
+    sizes = dataclasses.replace(SIZES, num_speculative_tokens=speculative)
+    pcp, rank_cfg, single_cfg = configs(preset, world, device, sizes, eager=True)
     rank_cfg = dataclasses.replace(rank_cfg, index_topk=TOPK)
     single_cfg = dataclasses.replace(single_cfg, index_topk=TOPK)
     emulated = device == "cpu"
     width = max(table_columns(single_cfg).values())
-    blocks = SIZES.kv_blocks(width)
-    ranks = [PCPRank(pcp, rank_cfg, SIZES.num_tokens(world), SIZES.max_num_tokens, None, p,
+    blocks = sizes.kv_blocks(width)
+    ranks = [PCPRank(pcp, rank_cfg, sizes.num_tokens(world), sizes.max_num_tokens, None, p,
                      blocks) for p in range(world)]
     rank_steps = [_step(rank_cfg, blocks, emulated, index_type)[0] for _ in ranks]
     # The single-GPU step's queries and cache (the same keys as every rank's).
     single, keys = _step(single_cfg, blocks, emulated, index_type)
     rng = np.random.default_rng(world)
-    prefill_rows = 0
+    prefill_rows = drafts = 0
     for i in range(6 if emulated else 20):
-        s = random_pcp_step(rng, SIZES, width)
+        s = random_pcp_step(rng, sizes, width)
+        drafts += sum(n > 1 and not pre for n, pre in zip(s["query_lens"], s["is_prefilling"]))
         q = np.asarray(s["query_lens"])
         seq = np.asarray(s["num_computed"]) + q
         new_indexer_inputs(single, i)
@@ -118,3 +125,4 @@ def test_every_rank_token_gets_the_single_gpu_topk(preset, index_type, device, w
             prefill_rows += int((tok_len[g] > TOPK).sum())
         assert (seen >= 1).all(), "a global token no rank computed"
     assert prefill_rows > 0, "no token had more keys than the top-k"
+    assert drafts > 0 or not speculative, "no decode row of more than one token"

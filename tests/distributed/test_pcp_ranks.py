@@ -73,15 +73,24 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
     assert prefills >= len(records[0]["steps"]) // 2  # the steps held prefills to split
 
 
-@pytest.mark.parametrize(("world", "dcp", "interleave"), [(2, 1, 1), (4, 1, 1), (2, 2, 8)])
+@pytest.mark.parametrize(("world", "dcp", "interleave", "speculative"),
+                         [(2, 1, 1, 1), (4, 1, 1, 0), (2, 2, 8, 1)])
 def test_gloo_ranks_build_the_oracle_rows_and_the_single_gpu_step(tmp_path, world, dcp,
-                                                                  interleave):
+                                                                  interleave, speculative):
     """PCP alone on 2 and 4 ranks; PCP + DCP (the KV sharded over the same 2 ranks, 8
     tokens dealt at a time), where a rank's slots are those of its DCP shard and its
-    restored rows come through the global prefill plan and the decode rows' reduction."""
+    restored rows come through the global prefill plan and the decode rows' reduction.
+    On 2 ranks with single-module MTP: decode rows of 1 or 2 tokens, whole on the rank that
+    owns them (every rank under DCP), beside prefills of 1 or 2 tokens that the single GPU
+    builds as decodes."""
     target = functools.partial(pcp_workers.demo_steps, world=world, dcp=dcp,
-                               interleave=interleave)
-    _check(dcp_workers.spawn_ranks(target, tmp_path, world), world, dcp, interleave)
+                               interleave=interleave, speculative=speculative)
+    records = dcp_workers.spawn_ranks(target, tmp_path, world)
+    _check(records, world, dcp, interleave)
+    if speculative:
+        steps = [r["step"] for r in records[0]["steps"]]
+        assert any(q == 2 and not pre for s in steps
+                   for q, pre in zip(s["query_lens"], s["is_prefilling"])), "no 2-token decode"
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -164,16 +173,20 @@ def test_gloo_ranks_build_worked_examples_1_and_2(tmp_path, world, dcp):
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize(("dcp", "preset"), [(1, "deepseek-v3.2"), (2, "deepseek-v3.2"),
-                                             (1, "deepseek-v4.1-flash")])
-def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp, preset):
+@pytest.mark.parametrize(("dcp", "preset", "speculative"),
+                         [(1, "deepseek-v3.2", 0), (2, "deepseek-v3.2", 0),
+                          (2, "deepseek-v3.2", 1), (1, "deepseek-v4.1-flash", 0)])
+def test_nccl_ranks_replay_the_oracle_rows_and_the_single_gpu_step(tmp_path, dcp, preset,
+                                                                   speculative):
     """V4.1: the compressor's all-gather and ring saves in each rank's graph too (seed 9's
-    steps continue requests from open groups on both ranks)."""
+    steps continue requests from open groups on both ranks). V3.2 under DCP also with
+    single-module MTP's decode rows."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
     v41 = preset != "deepseek-v3.2"
     target = functools.partial(pcp_workers.demo_steps, world=2, device="cuda", dcp=dcp,
-                               preset=preset, **(dict(steps=10, seed=9) if v41 else {}))
+                               preset=preset, speculative=speculative,
+                               **(dict(steps=10, seed=9) if v41 else {}))
     _check(dcp_workers.spawn_ranks(target, tmp_path, 2), 2, dcp, v41=v41)
 
 

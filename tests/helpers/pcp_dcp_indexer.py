@@ -38,9 +38,11 @@ HEADS, HEAD_DIM = 32, 32
 STEPS = 5
 
 
-def sizes(interleave: int) -> PCPSizes:
+def sizes(interleave: int, speculative: int = 0) -> PCPSizes:
+    """The capacities (``speculative``: single-module MTP's decode rows of up to
+    ``1 + speculative`` tokens)."""
     return PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
-                    interleave=interleave)
+                    interleave=interleave, num_speculative_tokens=speculative)
 
 
 def _copy_entry(src: torch.Tensor, src_block: int, src_off: int, dst: torch.Tensor,
@@ -78,10 +80,11 @@ class RankPieces:
     cache: torch.Tensor
 
 
-def rank_pieces(world: int, interleave: int, device: str, p: int, group=None) -> RankPieces:
+def rank_pieces(world: int, interleave: int, device: str, p: int, group=None,
+                speculative: int = 0) -> RankPieces:
     """Rank ``p``'s PCP rank (its views and builders), sharded cache and indexer (DeepGEMM's
     kernel on CUDA, its emulation on CPU)."""
-    sz = sizes(interleave)
+    sz = sizes(interleave, speculative)
     pcp, rank_cfg, _ = configs("deepseek-v3.2", world, device, sz, dcp=world, rank=p,
                                eager=True)
     rank_cfg = dataclasses.replace(rank_cfg, index_topk=TOPK)
@@ -114,13 +117,13 @@ def single_keys(interleave: int, seed: int) -> torch.Tensor:
     return single
 
 
-def draw_steps(world: int, interleave: int, seed: int):
+def draw_steps(world: int, interleave: int, seed: int, speculative: int = 0):
     """``STEPS`` steps: each a dict of the global step ``s``, the queries and weights of its
     tokens (CPU), the oracle's logits ``ref``, each token's key count and prefilling flag;
     and the single GPU's cache."""
     single = single_keys(interleave, seed)
     keys = dequant_indexer_cache(single)
-    sz, width = sizes(interleave), table_width(interleave)
+    sz, width = sizes(interleave, speculative), table_width(interleave)
     rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed + 1)
     steps = []
     for _ in range(STEPS):

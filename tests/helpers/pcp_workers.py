@@ -73,12 +73,13 @@ DEMO_STEPS = 12
 
 def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
                device: str = "cpu", dcp: int = 1, interleave: int = 1,
-               preset: str = "deepseek-v3.2", seed: int = 7) -> None:
+               preset: str = "deepseek-v3.2", seed: int = 7, speculative: int = 0) -> None:
     """The demo's path on one rank (gloo on CPU, NCCL on ``device`` "cuda", the rank's
     graph captured there; ``dcp`` 1 or ``world``): per step the global step drawn (half the
     time the previous step's requests continued), the rank's input views after it (what
     its builders read), and whether its restored rows equal the single-GPU step's, for the
-    parent to check against the oracle (``seed``: of the steps)."""
+    parent to check against the oracle (``seed``: of the steps; ``speculative``: decode
+    rows of up to ``1 + speculative`` tokens)."""
     from staticattn.distributed.pcp_world import PCPSizes, next_pcp_step, pcp_pair
 
     dist.init_process_group("gloo" if device == "cpu" else "nccl",
@@ -88,7 +89,7 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
         torch.cuda.set_device(rank)
         device = f"cuda:{rank}"
     sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
-                     interleave=interleave)
+                     interleave=interleave, num_speculative_tokens=speculative)
     rng = np.random.default_rng(seed)
     with pcp_pair(preset, world, rank, None, device, sizes, dcp=dcp) as pair:
         if pair.rank.graphs:
