@@ -23,8 +23,10 @@ Per step, on DCP rank ``d``, over the rank's global chunk plan (``views.extents`
    path's, merged across the ranks).
 
 Every shape is fixed by the capacities (``W``, ``N``) and nothing reads the device back, so
-the three phases go into the rank's graph as they are; :meth:`__call__` runs them in order
-(the all-gather over NCCL inside a graph, gloo on CPU). Split, they let one process play
+the three phases go into the rank's graph as they are: made as the rank's layer
+(``PCPRank(..., layer=lambda rank: PCPDCPPrefillTopK(rank.config, rank.views, ...))``),
+:meth:`__call__` runs them in order after the builds (the all-gather over NCCL inside the
+graph, gloo on CPU). Split, they let one process play
 every rank (each rank's :meth:`share`, then each reads the others' rows, then :meth:`score`).
 """
 

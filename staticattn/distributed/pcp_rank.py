@@ -26,6 +26,9 @@ Workflow (every rank of the PCP group, the same calls in the same order):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -66,6 +69,12 @@ class PCPRank:
         This rank's PCP rank.
     num_kv_blocks, seed : int
         The step's caches (:class:`~staticattn.distributed.pcp_consumer.PCPGatherStep`).
+    layer : callable, optional
+        ``layer(rank) -> step``: a step of one's own for the graph to hold after the builds
+        instead of the emulated layer, made once the rank's arena and views exist
+        (``rank.config``, ``rank.views``); ``step(batch, md)`` returns ``step.out``, the
+        same tensor every call, and runs the collectives it needs itself (the PCP + DCP
+        prefill indexer, :mod:`~staticattn.distributed.pcp_dcp_indexer`, is one).
 
     Attributes
     ----------
@@ -76,7 +85,7 @@ class PCPRank:
 
     def __init__(self, pcp: PCPConfig, config: ArenaConfig, num_tokens: int,
                  max_num_tokens: int, group, rank: int, num_kv_blocks: int,
-                 seed: int = 0) -> None:
+                 seed: int = 0, layer: Callable[[PCPRank], Any] | None = None) -> None:
         if config.max_num_seqs < pcp.max_rows or config.max_num_batched_tokens < num_tokens:
             raise ConfigError(
                 f"a PCP rank's arena must hold {pcp.max_rows} rows and {num_tokens} tokens; "
@@ -105,9 +114,13 @@ class PCPRank:
                            ring_capacity(config.num_speculative_tokens))
         self.arena, self.inputs = make_arena(config, [layout, *self.builders])
         self.views: PCPViews = layout.views
-        self.step = (PCPGatherStep(config, self.views, rank, pcp.pcp_size, group,
-                                   num_kv_blocks, seed) if pcp.dcp_size == 1 else
-                     PCPDCPLayer(pcp, config, self.views, group, num_kv_blocks, seed))
+        if layer is not None:
+            self.step = layer(self)
+        elif pcp.dcp_size == 1:
+            self.step = PCPGatherStep(config, self.views, rank, pcp.pcp_size, group,
+                                      num_kv_blocks, seed)
+        else:
+            self.step = PCPDCPLayer(pcp, config, self.views, group, num_kv_blocks, seed)
         self.num_kv_blocks = num_kv_blocks
         self.graph = None
         # Recorded inside the graph (an event-record node: ``external``), waited for by the
@@ -166,8 +179,8 @@ class PCPRank:
 
     def run(self, query_lens, is_prefilling, num_computed, req_state_idx) -> torch.Tensor:
         """Check, stage and run one step of ``S`` global requests (host arrays ``(S,)``;
-        their block rows are in ``views.tables``). Returns the restored rows, int64
-        ``(T, columns)``, valid until the next step."""
+        their block rows are in ``views.tables``). Returns the step's output (the emulated
+        layers: the restored rows, int64 ``(T, columns)``), valid until the next step."""
         self.check(query_lens, is_prefilling, num_computed)
         self.stage(query_lens, is_prefilling, num_computed, req_state_idx)
         if self.graph is not None:

@@ -27,7 +27,8 @@ from staticattn.graphs import EagerBuild, GraphManager, GraphOptions
 from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes",
-           "continued_pcp_step", "expected_ring_links", "next_pcp_step", "pcp_pair",
+           "continued_pcp_step", "expected_ring_links", "global_batch", "next_pcp_step",
+           "pcp_pair",
            "random_pcp_step", "rank_mismatches", "step_slots"]
 
 #: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
@@ -220,6 +221,7 @@ def step_slots(step: dict, block_size: int) -> np.ndarray:
 
 
 def global_batch(step: dict) -> pcp_layout.GlobalBatch:
+    """A drawn step (:func:`random_pcp_step`) as the oracle's global batch."""
     return pcp_layout.GlobalBatch(step["query_lens"], step["num_computed"],
                                   step["is_prefilling"], step["req_state_idx"],
                                   step["table"].tolist())

@@ -64,15 +64,34 @@ def test_every_rank_prefill_token_gets_the_single_gpu_topk(world, interleave, de
     assert scored > 0, "no prefill token had more keys than the top-k"
 
 
-@pytest.mark.parametrize("world,interleave", [(2, 4)])
-def test_gloo_ranks_run_the_indexer_whole(tmp_path, world, interleave):
-    """Each rank a process: share, the all-gather over gloo, score."""
-    target = functools.partial(world_of.gloo_steps, world=world, interleave=interleave,
-                               seed=11)
-    records = dcp_workers.spawn_ranks(target, tmp_path, world)
+def _check_ranks(records: list[dict]) -> None:
     for p, record in enumerate(records):
         assert record["problems"] == [], (p, record["problems"])
     assert sum(r["scored"] for r in records) > 0
+
+
+def test_gloo_ranks_run_the_indexer_in_their_step(tmp_path):
+    """Each rank a process, the indexer its ``PCPRank``'s layer: the rank's rows built from
+    the staged global batch, then share, the all-gather over gloo, score."""
+    target = functools.partial(world_of.rank_steps, world=2, interleave=4, seed=11)
+    _check_ranks(dcp_workers.spawn_ranks(target, tmp_path, 2))
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("speculative", [0, 1])
+def test_nccl_ranks_replay_the_indexer_in_their_graph(tmp_path, speculative):
+    """One GPU a rank: the rank's graph holds the split, the builds and the indexer
+    (DeepGEMM's ``fp8_mqa_logits``, the all-gather over NCCL)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
+    if import_error(DEEP_GEMM):
+        pytest.skip(str(import_error(DEEP_GEMM)))
+    target = functools.partial(world_of.rank_steps, world=2, interleave=4,
+                               seed=208 if speculative else 11, device="cuda",
+                               speculative=speculative)
+    records = dcp_workers.spawn_ranks(target, tmp_path, 2)
+    _check_ranks(records)
+    assert all(r["graph"] for r in records)
 
 
 def test_a_rank_without_dcp_is_refused():

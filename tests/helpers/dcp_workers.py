@@ -63,6 +63,16 @@ def _join(rank: int, out: str, world: int = WORLD, backend: str = "gloo") -> Non
                             world_size=world, timeout=timedelta(seconds=60))
 
 
+def join_group(rank: int, out: str, world: int, device: str = "cpu") -> str:
+    """Join the run's group over ``out``'s file store: gloo on ``device`` "cpu", NCCL on
+    "cuda" (one GPU a rank, set current); returns the rank's device."""
+    _join(rank, out, world, "gloo" if device == "cpu" else "nccl")
+    if device == "cpu":
+        return device
+    torch.cuda.set_device(rank)
+    return f"cuda:{rank}"
+
+
 def _write(out: str, rank: int, record: dict) -> None:
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)

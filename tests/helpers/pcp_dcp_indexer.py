@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from helpers.dcp_workers import join_group
 from helpers.dsa_reference import (
     check_topk,
     decode_token_table,
@@ -31,7 +31,8 @@ from staticattn.consumers.real.caches import (
 )
 from staticattn.distributed.pcp_dcp_indexer import PCPDCPPrefillTopK
 from staticattn.distributed.pcp_rank import PCPRank
-from staticattn.distributed.pcp_world import PCPSizes, configs, random_pcp_step
+from staticattn.distributed.pcp_world import PCPSizes, configs, global_batch, random_pcp_step
+from staticattn.reference import pcp_layout
 
 TOPK = 64
 HEADS, HEAD_DIM = 32, 32
@@ -81,22 +82,27 @@ class RankPieces:
 
 
 def rank_pieces(world: int, interleave: int, device: str, p: int, group=None,
-                speculative: int = 0) -> RankPieces:
-    """Rank ``p``'s PCP rank (its views and builders), sharded cache and indexer (DeepGEMM's
-    kernel on CUDA, its emulation on CPU)."""
+                speculative: int = 0, graphs: bool = False) -> RankPieces:
+    """Rank ``p``'s PCP rank (its views and builders; on CUDA with ``graphs`` a graph mode:
+    its step captured), sharded cache and indexer, the rank's layer (DeepGEMM's kernel on
+    CUDA, its emulation on CPU)."""
     sz = sizes(interleave, speculative)
     pcp, rank_cfg, _ = configs("deepseek-v3.2", world, device, sz, dcp=world, rank=p,
-                               eager=True)
+                               eager=not graphs)
     rank_cfg = dataclasses.replace(rank_cfg, index_topk=TOPK)
     N = sz.num_tokens(world, world)
-    rank = PCPRank(pcp, rank_cfg, N, sz.max_num_tokens, group, p, num_blocks(interleave))
     cache = alloc_indexer_cache(num_blocks(interleave), HEAD_DIM, device)
     q = torch.zeros(N, HEADS, HEAD_DIM, dtype=torch.float8_e4m3fn, device=device)
-    indexer = PCPDCPPrefillTopK(
-        rank_cfg, rank.views, kv_cache=cache, q=q,
-        weights=torch.zeros(N, HEADS, device=device), topk=TOPK, group=group,
-        logits_fn=emulated_mqa_logits if device == "cpu" else None)
-    return RankPieces(rank, indexer, cache)
+
+    def indexer(rank: PCPRank) -> PCPDCPPrefillTopK:  # the rank's layer: in its graph
+        return PCPDCPPrefillTopK(
+            rank.config, rank.views, kv_cache=cache, q=q,
+            weights=torch.zeros(N, HEADS, device=device), topk=TOPK, group=group,
+            logits_fn=emulated_mqa_logits if device == "cpu" else None)
+
+    rank = PCPRank(pcp, rank_cfg, N, sz.max_num_tokens, group, p, num_blocks(interleave),
+                   layer=indexer)
+    return RankPieces(rank, rank.step, cache)
 
 
 def table_width(interleave: int) -> int:
@@ -142,23 +148,40 @@ def draw_steps(world: int, interleave: int, seed: int, speculative: int = 0):
     return steps, single
 
 
-def stage_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
-               interleave: int):
-    """Write the step into rank ``p`` (tables, its cache shard, the staged batch, its
-    tokens' queries) and build its metadata; returns its batch and its tokens' global
+def write_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
+               interleave: int) -> torch.Tensor:
+    """The engine's work before rank ``p``'s step: the block rows, its cache shard, and its
+    tokens' queries and weights (the split is the oracle's, :mod:`staticattn.reference.
+    pcp_layout`: the rank's own comes only with its step); returns its tokens' global
     indices (int64 ``(n,)``, CPU)."""
     s, rank, indexer = step["s"], pieces.rank, pieces.indexer
     q_lens = np.asarray(s["query_lens"])
     for view in rank.views.tables.values():
-        view[: q_lens.size].copy_(s["table"][:, : view.shape[1]])
+        view[: q_lens.size].copy_(s["table"][:, : view.shape[1]].to(view.device))
     pieces.cache.copy_(shard(single, s["table"].numpy(), step["seq"], world, interleave, p))
+    cfg = rank.pcp
+    lay = pcp_layout.layout(cfg, global_batch(s), rank.num_tokens)
+    glob = torch.tensor(pcp_layout.rank_metadata(cfg, global_batch(s), lay, p,
+                                                 cfg.dcp_rank(p))["token_to_global"],
+                        dtype=torch.int64)[: lay.num_tokens[p]]
+    n = glob.numel()
+    indexer.q[:n].copy_(step["q"][glob].to(indexer.q.device))
+    indexer.weights[:n].copy_(step["weights"][glob].to(indexer.weights.device))
+    return glob
+
+
+def stage_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
+               interleave: int):
+    """:func:`write_rank`, then the staged batch and the rank's metadata (its graph's work
+    before the layer); returns its batch and its tokens' global indices (int64 ``(n,)``,
+    CPU), which the rank's own split must equal."""
+    s, rank = step["s"], pieces.rank
+    glob = write_rank(pieces, p, step, single, world, interleave)
+    q_lens = np.asarray(s["query_lens"])
     rank.check(q_lens, s["is_prefilling"], s["num_computed"])
     rank.stage(q_lens, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
     batch, _ = rank.metadata()
-    n = int(rank.views.rows.num_tokens[p])
-    glob = rank.views.rows.token_to_global[p, :n].long().cpu()
-    indexer.q[:n].copy_(step["q"][glob])
-    indexer.weights[:n].copy_(step["weights"][glob])
+    assert torch.equal(rank.views.rows.token_to_global[p, :glob.numel()].long().cpu(), glob)
     return batch, glob
 
 
@@ -174,17 +197,26 @@ def rank_problems(out: torch.Tensor, glob: torch.Tensor, step: dict) -> tuple[li
     return problems, int((step["tok_len"][g[pre]] > TOPK).sum())
 
 
-def gloo_steps(rank: int, out: str, world: int, interleave: int, seed: int) -> None:
-    """The gloo worker: this rank's pieces, and per drawn step the indexer run whole (its
-    all-gather over the group); records each step's problems and scored tokens."""
-    dist.init_process_group("gloo", init_method=f"file://{out}/store", rank=rank,
-                            world_size=world, timeout=timedelta(seconds=60))
-    pieces = rank_pieces(world, interleave, "cpu", rank)
-    steps, single = draw_steps(world, interleave, seed)
-    record = {"problems": [], "scored": 0}
+def rank_steps(rank: int, out: str, world: int, interleave: int, seed: int,
+               device: str = "cpu", speculative: int = 0) -> None:
+    """A rank's process (gloo on CPU; on ``device`` "cuda" NCCL, one GPU a rank, the
+    rank's step captured in its graph): this rank's pieces, and per drawn step the rank's
+    whole step (``PCPRank.run``: its rows built from the staged global batch, then the
+    indexer with its all-gather over the group); records each step's problems and scored
+    tokens."""
+    device = join_group(rank, out, world, device)
+    pieces = rank_pieces(world, interleave, device, rank, speculative=speculative,
+                         graphs=device != "cpu")
+    steps, single = draw_steps(world, interleave, seed, speculative)
+    record = {"problems": [], "scored": 0, "graph": pieces.rank.graphs}
+    if pieces.rank.graphs:
+        pieces.rank.capture()
     for step in steps:
-        batch, glob = stage_rank(pieces, rank, step, single, world, interleave)
-        problems, scored = rank_problems(pieces.indexer(batch), glob, step)
+        glob = write_rank(pieces, rank, step, single, world, interleave)
+        s = step["s"]
+        rows = pieces.rank.run(s["query_lens"], s["is_prefilling"], s["num_computed"],
+                               s["req_state_idx"])
+        problems, scored = rank_problems(rows, glob, step)
         record["problems"] += problems
         record["scored"] += scored
     dist.destroy_process_group()

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from helpers.dcp_workers import join_group
 from helpers.pcp_batches import staged
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import gathered_slots
@@ -82,12 +83,7 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
     rows of up to ``1 + speculative`` tokens)."""
     from staticattn.distributed.pcp_world import PCPSizes, next_pcp_step, pcp_pair
 
-    dist.init_process_group("gloo" if device == "cpu" else "nccl",
-                            init_method=f"file://{out}/store", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=60))
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
+    device = join_group(rank, out, world, device)
     sizes = PCPSizes(max_num_seqs=4, max_num_tokens=96, max_model_len=512,
                      interleave=interleave, num_speculative_tokens=speculative)
     rng = np.random.default_rng(seed)
