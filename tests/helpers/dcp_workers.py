@@ -314,10 +314,27 @@ def run(rank: int, target, out: str) -> None:
         raise
 
 
+def _start_method() -> str:
+    """Without CUDA the ranks start from a fork server that has imported torch and the
+    package once (it has run nothing: no thread pool to inherit), so a rank does not pay
+    the imports, seconds on a small machine, every time. With CUDA they are spawned: a
+    preloaded module may touch the CUDA runtime, which a forked child cannot use."""
+    if torch.cuda.is_available():
+        return "spawn"
+    import multiprocessing
+
+    multiprocessing.set_forkserver_preload([
+        "torch", "torch.distributed", "numpy", "triton", "staticattn.builders",
+        "staticattn.graphs", "staticattn.distributed.pcp_world", "helpers.dcp_workers",
+        "helpers.pcp_workers"])
+    return "forkserver"
+
+
 def spawn_ranks(target, tmp_path: Path, world: int = WORLD) -> list[dict]:
     """Run ``target(rank, out)`` on ``world`` spawned ranks (through :func:`run`); each
     rank's record, after checking none crashed. A run past :data:`SPAWN_TIMEOUT_S` fails."""
-    context = mp.spawn(run, args=(target, str(tmp_path)), nprocs=world, join=False)
+    context = mp.start_processes(run, args=(target, str(tmp_path)), nprocs=world, join=False,
+                                 start_method=_start_method())
     deadline = time.monotonic() + SPAWN_TIMEOUT_S
     while not context.join(timeout=1):
         if time.monotonic() > deadline:
