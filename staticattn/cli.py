@@ -155,9 +155,9 @@ def _pcp_flags(c: argparse.ArgumentParser) -> None:
                    f"torchrun --nproc-per-node WORLD -m staticattn {c.prog.split()[-1]} "
                    "--pcp WORLD; with --dcp WORLD too, the KV sharded over the same ranks")
     c.add_argument("--pcp-preset", choices=PRESETS, default="deepseek-v3.2",
-                   help="the model of the --pcp run's arena (default: deepseek-v3.2, in "
-                   "graphs; deepseek-v4.1-*: eager, as the reference runs it; deepseek-v4*: a "
-                   "typed error saying why)")
+                   help="the model of the --pcp run's arena (default: deepseek-v3.2; "
+                   "deepseek-v4.1-*: in graphs too, although the reference runs its PCP "
+                   "eagerly; deepseek-v4*: a typed error saying why)")
     c.add_argument("--pcp-next-n", type=int_in(1, 8), default=1, metavar="N",
                    help="tokens a decode row of the --pcp run verifies at most: 1 + single-"
                    "module MTP's draft tokens (default: 1; deepseek-v3.2 only: V4.1's PCP "

@@ -28,8 +28,7 @@ from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes",
            "continued_pcp_step", "expected_ring_links", "global_batch", "next_pcp_step",
-           "pcp_pair",
-           "random_pcp_step", "rank_mismatches", "step_slots"]
+           "pcp_pair", "random_pcp_step", "rank_mismatches", "step_slots"]
 
 #: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
 #: by the reference (its backends do not support PCP). V4.1 runs eagerly there (no CUDA
