@@ -39,7 +39,6 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
-from staticattn.builders.pcp.segments import segment_of
 from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.consumers.real.caches import INDEXER_BLOCK
 from staticattn.consumers.real.indexer_prefill import MQALogitsFn
@@ -117,9 +116,8 @@ class PCPDCPPrefillTopK:
         self.out = torch.full((N, topk), -1, dtype=torch.int32, device=dev)
         self.masked_topk = MaskedTopK(N, self.width, topk, dev)
         self._w = torch.arange(slab, dtype=torch.int64, device=dev)
-        self._blk, self._off, self._at = (
-            torch.empty(slab, dtype=torch.int64, device=dev) for _ in range(3))
-        self._src = torch.empty(W, dtype=torch.int64, device=dev)
+        self._blk, self._at = (torch.empty(slab, dtype=torch.int64, device=dev)
+                               for _ in range(2))
         self._tok = torch.arange(N, dtype=torch.int64, device=dev)
         self._pre = torch.empty(N, dtype=torch.int64, device=dev)
         self._q = torch.empty_like(q[:N])
@@ -135,15 +133,11 @@ class PCPDCPPrefillTopK:
     def share(self, batch: Batch) -> None:
         """Phase 1: this rank's shard rows of every prefill request into
         ``values[dcp_rank]``, ``scales[dcp_rank]``."""
-        ext = self.views.extents
-        local_cu = ext.local_cu_seq_lens.long()
         table = batch.block_table
-        w, blk, off, at = self._w, self._blk, self._off, self._at
-        region = segment_of(local_cu, w)
+        blk, at = self._blk, self._at
+        region, off, live = self.views.extents.shard_rows(self._w)
         nd_rows = batch.step_counts[COUNT_DECODES].long()
         row = (nd_rows + region).clamp_(0, table.shape[0] - 1)
-        torch.sub(w, local_cu[region], out=off)
-        live = w < ext.totals[1].long()
         off.mul_(live)                                      # dead rows: entry 0 of block 0
         column = torch.div(off, INDEXER_BLOCK, rounding_mode="floor").clamp_(
             max=table.shape[1] - 1)
@@ -159,14 +153,11 @@ class PCPDCPPrefillTopK:
     def score(self, batch: Batch) -> torch.Tensor:
         """Phase 3: the rows in global order, the prefill tokens' top-k; returns
         :attr:`out`, int32 ``(N, K)`` by local token (-1 rows for decode tokens)."""
-        ext, slab = self.views.extents, self.values.shape[1]
-        idx = ext.deinterleave_idx.long()
-        stride = ext.totals[1].long().clamp(min=1)
-        owner = torch.div(idx, stride, rounding_mode="floor")
-        torch.mul(owner, slab - stride, out=self._src).add_(idx)
-        torch.index_select(self.values.view(-1, self.values.shape[2]), 0, self._src,
+        ext = self.views.extents
+        src = ext.gathered_rows(self.values.shape[1])
+        torch.index_select(self.values.view(-1, self.values.shape[2]), 0, src,
                            out=self.ordered)
-        torch.index_select(self.scales.view(-1), 0, self._src, out=self.ordered_scales)
+        torch.index_select(self.scales.view(-1), 0, src, out=self.ordered_scales)
         # Prefill token u is the rank's local token nd_tokens + u.
         n = self._tok.numel()
         nd_tokens = batch.step_counts[COUNT_DECODE_TOKENS].long()

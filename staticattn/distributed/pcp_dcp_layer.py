@@ -33,7 +33,6 @@ from staticattn.arena import ArenaConfig
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.rank_views import PCPViews
-from staticattn.builders.pcp.segments import segment_of
 from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.distributed.pcp_exchange import RankExchange
 from staticattn.kernels.dcp.ownership import dcp_global_index
@@ -141,20 +140,12 @@ class PCPDCPLayer:
         """Step 3: each local token's prefill checksum (0 for decode tokens), int64 ``(N,)``."""
         ext, W = self.views.extents, self.workspace.shape[1]
         dev = ext.ks.device
-        w = torch.arange(W, device=dev)
-        local_cu = ext.local_cu_seq_lens.long()
-        local_total = ext.totals[1].long()
-        region = segment_of(local_cu, w)
+        region, key, live = ext.shard_rows(torch.arange(W, device=dev))
         # Region k's first prefill row is the rank row nd + k: its block row gives the slots.
-        keys = self.cache[self._slots(batch.block_table, nd_rows + region,
-                                      w - local_cu[region])]
-        self.workspace[self.rank].copy_(torch.where(w < local_total, keys, 0))
+        keys = self.cache[self._slots(batch.block_table, nd_rows + region, key)]
+        self.workspace[self.rank].copy_(torch.where(live, keys, 0))
         gather_rank_major(self.workspace, self.world, self.rank, self.group)
-        # deinterleave_idx strides the ranks by the padded local total; the workspace by W.
-        idx = ext.deinterleave_idx.long()
-        owner = torch.div(idx, local_total.clamp(min=1), rounding_mode="floor")
-        ordered = self.workspace.view(-1).index_select(
-            0, owner * W + idx - owner * local_total)
+        ordered = self.workspace.view(-1).index_select(0, ext.gathered_rows(W))
         prefix = torch.cat([ordered.new_zeros(1), torch.cumsum(ordered, 0)])
         ks, ke = ext.ks.long(), ext.ke.long()
         sums = prefix[ke] - prefix[torch.maximum(ks, ke - WINDOW)]

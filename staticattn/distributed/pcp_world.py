@@ -141,6 +141,7 @@ def random_pcp_step(rng: np.random.Generator, sizes: PCPSizes, width: int,
     S = int(rng.integers(1, sizes.max_num_seqs + 1)) if num_reqs is None else num_reqs
     decodes = int(rng.integers(0, S + 1))
     L, top = sizes.max_model_len, sizes.decode_threshold
+    # Without speculative tokens nothing more is drawn: a seed gives the steps it always gave.
     q = [int(n) for n in rng.integers(1, top + 1, decodes)] if top > 1 else [1] * decodes
     computed = [int(rng.integers(0, L - n + 1)) for n in q] if top > 1 else [
         int(c) for c in rng.integers(0, L, decodes)]

@@ -65,6 +65,26 @@ class PrefillExtents:
         return cls(z(R + 1), z(R + 1), z(R + 1), z(N), z(N), z(workspace), z(workspace), z(N),
                    z(R), z(2))
 
+    def shard_rows(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where row ``w`` (int64 ``(n,)``) of this rank's shard of the plan comes from:
+        ``(region, key, live)`` -- its region (int64: the prefill row ``region``, rank row
+        ``nd + region``, whose block-table row holds the request's keys), its local key in
+        that request's shard (int64), and whether it lies below the padded local total
+        (bool; past it the row is no key)."""
+        local_cu = self.local_cu_seq_lens.long()
+        region = segment_of(local_cu, w)
+        return region, w - local_cu[region], w < self.totals[1].long()
+
+    def gathered_rows(self, slab: int) -> torch.Tensor:
+        """int64 ``(W,)``: where global entry ``i`` lies in the rank-major all-gather of every
+        rank's shard rows, each rank's in a slab of ``slab`` rows -- ``deinterleave_idx``
+        strides the ranks by the padded local total ``S``, the buffer by ``slab``:
+        ``owner * slab + idx - owner * S`` with ``owner = idx // S``."""
+        idx = self.deinterleave_idx.long()
+        stride = self.totals[1].long().clamp(min=1)
+        owner = torch.div(idx, stride, rounding_mode="floor")
+        return owner * (slab - stride) + idx
+
 
 def prefill_rows(rows: RowViews, fields: RankFields, rank: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
