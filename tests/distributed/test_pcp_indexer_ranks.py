@@ -24,6 +24,7 @@ from helpers.dsa_reference import (
     new_indexer_inputs,
     ref_indexer_logits,
 )
+from helpers.pcp_views import rank_metadata
 from helpers.support import stage
 
 from staticattn.builders.pcp.rank_views import table_columns
@@ -108,13 +109,8 @@ def test_every_rank_token_gets_the_single_gpu_topk(preset, index_type, device, s
             assert check_topk(want[:t], ref, tok_len) == []
         seen = torch.zeros(t, dtype=torch.int64)
         for p, (rank, step) in enumerate(zip(ranks, rank_steps)):
-            for view in rank.views.tables.values():
-                view[: q.size].copy_(s["table"][:, : view.shape[1]].to(view.device))
-            rank.check(q, s["is_prefilling"], s["num_computed"])
-            rank.stage(q, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
-            rb, md = rank.metadata()
-            n = int(rank.views.rows.num_tokens[p])
-            glob = rank.views.rows.token_to_global[p, :n].long()
+            rb, md, glob = rank_metadata(rank, p, s)
+            n = glob.shape[0]
             step.q[:n].copy_(single.q[glob])
             step.weights[:n].copy_(single.weights[glob])
             got = step(rb, md)[:n].cpu()

@@ -23,6 +23,7 @@ from helpers.dsa_reference import (
     emulated_mqa_logits,
     ref_indexer_logits,
 )
+from helpers.pcp_views import rank_metadata, write_block_rows
 from staticattn.builders.pcp.rank_views import table_columns
 from staticattn.consumers.real.caches import (
     INDEXER_BLOCK,
@@ -150,14 +151,12 @@ def draw_steps(world: int, interleave: int, seed: int, speculative: int = 0):
 
 def write_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
                interleave: int) -> torch.Tensor:
-    """The engine's work before rank ``p``'s step: the block rows, its cache shard, and its
-    tokens' queries and weights (the split is the oracle's, :mod:`staticattn.reference.
-    pcp_layout`: the rank's own comes only with its step); returns its tokens' global
-    indices (int64 ``(n,)``, CPU)."""
+    """The engine's work before rank ``p``'s step but the block rows
+    (:func:`~helpers.pcp_views.write_block_rows`): its cache shard, and its tokens' queries
+    and weights (the split is the oracle's, :mod:`staticattn.reference.pcp_layout`: the
+    rank's own comes only with its step); returns its tokens' global indices (int64
+    ``(n,)``, CPU)."""
     s, rank, indexer = step["s"], pieces.rank, pieces.indexer
-    q_lens = np.asarray(s["query_lens"])
-    for view in rank.views.tables.values():
-        view[: q_lens.size].copy_(s["table"][:, : view.shape[1]].to(view.device))
     pieces.cache.copy_(shard(single, s["table"].numpy(), step["seq"], world, interleave, p))
     cfg = rank.pcp
     lay = pcp_layout.layout(cfg, global_batch(s), rank.num_tokens)
@@ -172,16 +171,12 @@ def write_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, wor
 
 def stage_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
                interleave: int):
-    """:func:`write_rank`, then the staged batch and the rank's metadata (its graph's work
-    before the layer); returns its batch and its tokens' global indices (int64 ``(n,)``,
-    CPU), which the rank's own split must equal."""
-    s, rank = step["s"], pieces.rank
+    """:func:`write_rank`, then the rank's metadata (its graph's work before the layer,
+    :func:`~helpers.pcp_views.rank_metadata`); returns its batch and its tokens' global
+    indices (int64 ``(n,)``, CPU), which the rank's own split must equal."""
     glob = write_rank(pieces, p, step, single, world, interleave)
-    q_lens = np.asarray(s["query_lens"])
-    rank.check(q_lens, s["is_prefilling"], s["num_computed"])
-    rank.stage(q_lens, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
-    batch, _ = rank.metadata()
-    assert torch.equal(rank.views.rows.token_to_global[p, :glob.numel()].long().cpu(), glob)
+    batch, _, own = rank_metadata(pieces.rank, p, step["s"])
+    assert torch.equal(own.cpu(), glob)
     return batch, glob
 
 
@@ -212,8 +207,9 @@ def rank_steps(rank: int, out: str, world: int, interleave: int, seed: int,
     if pieces.rank.graphs:
         pieces.rank.capture()
     for step in steps:
-        glob = write_rank(pieces, rank, step, single, world, interleave)
         s = step["s"]
+        write_block_rows(pieces.rank, s)
+        glob = write_rank(pieces, rank, step, single, world, interleave)
         rows = pieces.rank.run(s["query_lens"], s["is_prefilling"], s["num_computed"],
                                s["req_state_idx"])
         problems, scored = rank_problems(rows, glob, step)

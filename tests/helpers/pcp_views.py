@@ -1,14 +1,17 @@
 """Device views of a prefill-context-parallel batch for the builder tests: every rank's rows
 (:class:`RowViews`) and one rank's fields (:class:`RankFields`), built from a staged batch,
-and the oracle's prefill rows of one rank."""
+the oracle's prefill rows of one rank, and a rank's metadata for a drawn global step (the
+rank tests of the real consumers)."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import RankFields, build_rank_fields
 from staticattn.builders.pcp.rank_rows import RowViews, build_rows
+from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.reference import pcp_layout as pcp
 
 #: Global token capacity of the drawn steps (6 requests x 40 tokens at most).
@@ -50,3 +53,23 @@ def prefill_meta(cfg: PCPConfig, batch: pcp.GlobalBatch, lay: pcp.Layout, p: int
             "lens": [qsl[r + 1] - qsl[r] for r in pre],
             "seq_lens": pick("seq_lens"), "start_pos": pick("start_pos"),
             "shard": pick("dcp_local_seq_lens_upper"), "nd_tokens": [qsl[pre[0]] if pre else 0]}
+
+
+def write_block_rows(rank: PCPRank, s: dict) -> None:
+    """The global step ``s``'s block rows (:func:`~staticattn.distributed.pcp_world.
+    random_pcp_step`'s ``table``, each table its first columns) into the rank's tables."""
+    for view in rank.views.tables.values():
+        view[: len(s["query_lens"])].copy_(s["table"][:, : view.shape[1]].to(view.device))
+
+
+def rank_metadata(rank: PCPRank, p: int, s: dict) -> tuple[object, dict, torch.Tensor]:
+    """Rank ``p``'s batch and metadata for the global step ``s``, and the global index of
+    each of its real tokens, int64 ``(n,)``: the step's block rows written, the step
+    checked and staged, the rank's rows and every builder's mixed build made."""
+    q = np.asarray(s["query_lens"])
+    write_block_rows(rank, s)
+    rank.check(q, s["is_prefilling"], s["num_computed"])
+    rank.stage(q, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
+    batch, md = rank.metadata()
+    n = int(rank.views.rows.num_tokens[p])
+    return batch, md, rank.views.rows.token_to_global[p, :n].long()
