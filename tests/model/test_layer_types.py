@@ -119,6 +119,7 @@ def _fake_flash_mla(get_mla_metadata) -> types.ModuleType:
     module = types.ModuleType("flash_mla")
     module.get_mla_metadata = get_mla_metadata
     module.flash_mla_with_kvcache = lambda *a, **k: None
+    module.flash_mla_sparse_fwd = lambda *a, **k: None
     return module
 
 

@@ -1,6 +1,6 @@
 """KV-cache layouts the real DeepSeek consumers read, and writers that fill them.
 
-Two layouts, both uint8, both paged (a flat slot is ``block * page + offset``):
+Three layouts, all uint8, all paged (a flat slot is ``block * page + offset``):
 
 * **Indexer K cache** (DeepGEMM paged MQA logits, deepgemm-flashmla.md §1.3):
   ``(num_blocks, 64, 1, D + 4)``. Inside each block the first ``64 * D`` bytes are the
@@ -13,6 +13,12 @@ Two layouts, both uint8, both paged (a flat slot is ``block * page + offset``):
   The block stride is ``page * 584`` rounded up to 576 bytes. The second dimension's stride is
   584 (FlashMLA checks it) although the tokens' data are 576 bytes apart: the kernel computes
   the addresses itself.
+* **FlashMLA V3.2 ``fp8_ds_mla`` cache** (DeepSeek V3.2, ``d_qk = 576``, §2.4-§2.5):
+  ``(num_blocks, 64, 1, 656)``, contiguous, token-major: per token 512 e4m3 NoPE bytes in 4
+  tiles of 128, the 4 tiles' fp32 scales (16 bytes; powers of two, ``2 ** ceil(log2(amax /
+  448))``), then the 64 RoPE values as bf16 (128 bytes). The sparse decode kernel reads it
+  as is; the sparse prefill kernel takes bf16 keys, so its consumer dequantises the rows it
+  needs (:class:`DsMlaRows`).
 
 The writers quantise whole caches from float values (the tests' data, a demo's random
 keys); a real engine writes tokens at its slot mapping with its own kernels.
@@ -25,9 +31,10 @@ import torch
 from staticattn.arena import round_up
 
 __all__ = [
+    "DS_MLA_BLOCK", "DS_MLA_BYTES_PER_TOKEN", "DS_MLA_DIM", "DS_MLA_NOPE", "DsMlaRows",
     "INDEXER_BLOCK", "MODEL1_BYTES_PER_TOKEN", "MODEL1_DIM", "MODEL1_NOPE", "MODEL1_ROPE",
-    "MODEL1_TILE", "alloc_indexer_cache", "alloc_model1_cache", "model1_block_bytes",
-    "write_indexer_cache", "write_model1_cache",
+    "MODEL1_TILE", "alloc_ds_mla_cache", "alloc_indexer_cache", "alloc_model1_cache",
+    "model1_block_bytes", "write_ds_mla_cache", "write_indexer_cache", "write_model1_cache",
 ]
 
 #: Tokens per indexer-cache block (DeepGEMM's ``block_kv`` on sm90).
@@ -45,6 +52,18 @@ MODEL1_TOKEN_DATA = MODEL1_NOPE + 2 * MODEL1_ROPE
 MODEL1_SCALE_BYTES = 8
 MODEL1_BYTES_PER_TOKEN = MODEL1_TOKEN_DATA + MODEL1_SCALE_BYTES
 _MODEL1_BLOCK_ALIGN = 576
+
+#: Tokens per ``fp8_ds_mla`` block (the V3.2 KV cache's page).
+DS_MLA_BLOCK = 64
+DS_MLA_NOPE = 512
+DS_MLA_ROPE = 64
+DS_MLA_DIM = DS_MLA_NOPE + DS_MLA_ROPE
+DS_MLA_TILE = 128
+DS_MLA_TILES = DS_MLA_NOPE // DS_MLA_TILE
+#: Byte offsets in a token's entry: the scales after the NoPE bytes, the RoPE after them.
+_DS_MLA_SCALES_AT = DS_MLA_NOPE
+_DS_MLA_ROPE_AT = DS_MLA_NOPE + 4 * DS_MLA_TILES
+DS_MLA_BYTES_PER_TOKEN = _DS_MLA_ROPE_AT + 2 * DS_MLA_ROPE  # 512 + 16 + 128 = 656
 
 
 # ------------------------------------------------------------------------- indexer
@@ -113,3 +132,79 @@ def write_model1_cache(cache: torch.Tensor, kv: torch.Tensor) -> None:
     data[..., MODEL1_NOPE:].copy_(rope)
     scales[..., :MODEL1_TILES].copy_((exponent + 127).to(torch.uint8))
     scales[..., MODEL1_TILES:].zero_()
+
+
+# ------------------------------------------------------------------------ fp8_ds_mla
+def alloc_ds_mla_cache(num_blocks: int, device) -> torch.Tensor:
+    """A zeroed V3.2 ``fp8_ds_mla`` cache, uint8 ``(num_blocks, 64, 1, 656)``, contiguous."""
+    return torch.zeros(num_blocks, DS_MLA_BLOCK, 1, DS_MLA_BYTES_PER_TOKEN, dtype=torch.uint8,
+                       device=device)
+
+
+def write_ds_mla_cache(cache: torch.Tensor, kv: torch.Tensor) -> None:
+    """Quantise ``kv`` ``(num_blocks, 64, 576)`` (any float dtype) into ``cache`` in place.
+
+    NoPE ``kv[..., :512]`` in 4 tiles of 128: ``scale = 2 ** ceil(log2(max(amax, 1e-4) /
+    448))`` (fp32), values ``e4m3(x / scale)``; RoPE ``kv[..., 512:]`` stored as bf16.
+    """
+    nb, page = cache.shape[:2]
+    if (kv.shape != (nb, page, DS_MLA_DIM) or page != DS_MLA_BLOCK
+            or cache.shape[2:] != (1, DS_MLA_BYTES_PER_TOKEN) or not cache.is_contiguous()):
+        raise ValueError(f"kv must be {(nb, DS_MLA_BLOCK, DS_MLA_DIM)} for a contiguous cache "
+                         f"of shape {(nb, DS_MLA_BLOCK, 1, DS_MLA_BYTES_PER_TOKEN)}; got kv "
+                         f"{tuple(kv.shape)}, cache {tuple(cache.shape)}")
+    entries = cache.view(nb, page, DS_MLA_BYTES_PER_TOKEN)
+    nope = kv[..., :DS_MLA_NOPE].float().reshape(nb, page, DS_MLA_TILES, DS_MLA_TILE)
+    amax = nope.abs().amax(dim=-1).clamp(min=1e-4)  # (nb, page, 4)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / FP8_MAX)))
+    values = (nope / scale.unsqueeze(-1)).to(torch.float8_e4m3fn)
+    entries[..., :DS_MLA_NOPE].copy_(values.view(torch.uint8).view(nb, page, DS_MLA_NOPE))
+    entries[..., _DS_MLA_SCALES_AT:_DS_MLA_ROPE_AT].copy_(
+        scale.contiguous().view(torch.uint8).view(nb, page, 4 * DS_MLA_TILES))
+    rope = kv[..., DS_MLA_NOPE:].to(torch.bfloat16).contiguous().view(torch.uint8)
+    entries[..., _DS_MLA_ROPE_AT:].copy_(rope)
+
+
+class DsMlaRows:
+    """Reads ``fp8_ds_mla`` entries by flat slot into bf16 ``(n, 576)`` rows, through one
+    owned byte buffer (graph-safe: fixed shapes, no host read, no allocation).
+
+    A NoPE value is ``e4m3 * scale``; the scale is a power of two, so the product is exact
+    in bf16 (its 8 mantissa bits hold e4m3's 4) and the dequantisation multiplies in bf16.
+
+    Parameters
+    ----------
+    kv_cache : uint8 ``(num_blocks, 64, 1, 656)``, contiguous
+    rows : int
+        Capacity: the most entries one :meth:`read` takes.
+    """
+
+    def __init__(self, kv_cache: torch.Tensor, rows: int) -> None:
+        nb = kv_cache.shape[0]
+        if (kv_cache.dtype != torch.uint8 or not kv_cache.is_contiguous()
+                or kv_cache.shape[1:] != (DS_MLA_BLOCK, 1, DS_MLA_BYTES_PER_TOKEN)):
+            raise ValueError(f"an fp8_ds_mla cache is uint8 (num_blocks, {DS_MLA_BLOCK}, 1, "
+                             f"{DS_MLA_BYTES_PER_TOKEN}), contiguous; got {kv_cache.dtype} "
+                             f"{tuple(kv_cache.shape)}")
+        self._entries = kv_cache.view(nb * DS_MLA_BLOCK, DS_MLA_BYTES_PER_TOKEN)
+        dev = kv_cache.device
+        self._bytes = torch.empty(rows, DS_MLA_BYTES_PER_TOKEN, dtype=torch.uint8, device=dev)
+        self._scales = torch.empty(rows, DS_MLA_TILES, 1, dtype=torch.bfloat16, device=dev)
+
+    def read(self, slots: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i]`` = the entry at flat slot ``slots[i]`` (``block * 64 + offset``),
+        dequantised: NoPE in ``[:512]``, RoPE in ``[512:]``.
+
+        slots : int64 ``(n,)``, in range; out : bf16 ``(n, 576)``, its last dim contiguous.
+        """
+        n = slots.shape[0]
+        raw = self._bytes[:n]
+        torch.index_select(self._entries, 0, slots, out=raw)
+        nope = out[:, :DS_MLA_NOPE].view(n, DS_MLA_TILES, DS_MLA_TILE)
+        nope.copy_(raw[:, :DS_MLA_NOPE].view(torch.float8_e4m3fn)
+                   .view(n, DS_MLA_TILES, DS_MLA_TILE))
+        scales = self._scales[:n]
+        scales.copy_(raw[:, _DS_MLA_SCALES_AT:_DS_MLA_ROPE_AT].view(torch.float32)
+                     .view(n, DS_MLA_TILES, 1))
+        nope.mul_(scales)
+        out[:, DS_MLA_NOPE:].copy_(raw[:, _DS_MLA_ROPE_AT:].view(torch.bfloat16))

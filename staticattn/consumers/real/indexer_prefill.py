@@ -47,7 +47,7 @@ import torch
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.indexer.metadata import IndexerMetadata, IndexerPrefillChunkMetadata
 from staticattn.consumers.real.caches import INDEXER_BLOCK
-from staticattn.consumers.real.key_rows import CacheKeyReader, MaskedTopK
+from staticattn.consumers.real.key_rows import CacheKeyReader, ChunkKeyRows, MaskedTopK
 from staticattn.errors import ConfigError
 from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM, require
 
@@ -107,35 +107,19 @@ class IndexerPrefillTopK:
         self.workspace = max(config.max_prefill_workspace, self.max_keys)
         self.width = min(self.workspace, self.max_keys)
         dev = config.torch_device
-        w, t = self.workspace, config.max_num_batched_tokens
+        w = self.workspace
         self.k_values = torch.zeros(w, self.head_dim, dtype=torch.uint8,
                                     device=dev).view(torch.float8_e4m3fn)
         self.k_scales = torch.zeros(w, dtype=torch.float32, device=dev)
         # Work buffers, fixed addresses (the graph form reads and writes only these).
-        r = config.max_num_seqs
-        self._w = torch.arange(w, dtype=torch.int64, device=dev)
-        self._req, self._key, self._blk, self._at = (
-            torch.empty(w, dtype=torch.int64, device=dev) for _ in range(4))
-        self._blk32 = torch.empty(w, dtype=torch.int32, device=dev)
-        self._live = torch.empty(w, dtype=torch.bool, device=dev)
-        self._req_ids = torch.arange(r, dtype=torch.int32, device=dev)
-        self._in_range, self._chosen = (torch.empty(r, dtype=torch.bool, device=dev)
-                                        for _ in range(2))
-        self._starts = torch.empty(r, dtype=torch.int64, device=dev)
-        self._tok = torch.arange(t, dtype=torch.int32, device=dev)
-        self._in_chunk, self._before_end = (torch.empty(t, dtype=torch.bool, device=dev)
-                                            for _ in range(2))
-        self._ks, self._ke, self._lens = (torch.empty(t, dtype=torch.int32, device=dev)
-                                          for _ in range(3))
+        t = config.max_num_batched_tokens
+        self.chunk_rows = ChunkKeyRows(w, config.max_num_seqs, t, INDEXER_BLOCK, dev)
+        self._lens = torch.empty(t, dtype=torch.int32, device=dev)
         self.masked_topk = MaskedTopK(t, self.width, topk, dev)
         self._scores = torch.empty(t * self.width, dtype=torch.float32, device=dev)
         self._score_lens = torch.empty(t, dtype=torch.int32, device=dev)
         self._seen = torch.empty(t, dtype=torch.bool, device=dev)
         self._rows = torch.empty(t * topk, dtype=torch.int32, device=dev)
-        self._no_req = torch.tensor(torch.iinfo(torch.int64).max, dtype=torch.int64,
-                                    device=dev)
-        self._before = torch.tensor(-1, dtype=torch.int64, device=dev)
-        self._zero = torch.tensor(0, dtype=torch.int32, device=dev)
 
     def topk_into(self, idx_md: IndexerMetadata, out: torch.Tensor) -> None:
         """Write the top-k of every prefill token of ``idx_md`` into ``out`` (int32 ``(T,
@@ -155,7 +139,7 @@ class IndexerPrefillTopK:
             return
         # Request r's keys start at cu_seq_lens[r]; the chunk's keys end at its last entry.
         r = chunk.num_reqs
-        self._starts[:r].copy_(chunk.cu_seq_lens[:r])
+        self.chunk_rows.eager_starts(chunk)
         self._gather(r, chunk.cu_seq_lens[r:], chunk.block_table, n)
         lens = self._lens[: te - ts]
         torch.sub(chunk.cu_seqlen_ke, chunk.cu_seqlen_ks, out=lens)
@@ -168,10 +152,7 @@ class IndexerPrefillTopK:
     # --------------------------------------------------------------- device plan
     def _planned(self, plan, out: torch.Tensor) -> None:
         t, r = out.shape[0], plan.req_key_start.shape[0]
-        reqs, tok = self._req_ids[:r], self._tok[:t]
-        at_or_after, chosen, starts = self._in_range[:r], self._chosen[:r], self._starts[:r]
-        in_chunk, before_end = self._in_chunk[:t], self._before_end[:t]
-        ks, ke, lens = self._ks[:t], self._ke[:t], self._lens[:t]
+        lens = self._lens[:t]
         rows = self._rows[: t * self.topk].view(t, self.topk)
         # Each chunk's logits go to its tokens' rows of one score block; one top-k follows.
         scores = self._scores[: t * self.width].view(t, self.width)
@@ -179,19 +160,9 @@ class IndexerPrefillTopK:
         score_lens.zero_()
         seen.zero_()
         for c in range(plan.chunk_bounds.shape[0]):
-            s, e, ts, te = (plan.chunk_bounds[c, i] for i in range(4))
-            # Each request's first key in the chunk's K: its plan entry inside [s, e), -1
-            # before (never the last <= w: the first request in range starts at 0), "none"
-            # after (above every row).
-            torch.ge(reqs, s, out=at_or_after)
-            torch.where(at_or_after, self._no_req, self._before, out=starts)
-            torch.lt(reqs, e, out=chosen).logical_and_(at_or_after)
-            torch.where(chosen, plan.req_key_start, starts, out=starts)
+            self.chunk_rows.planned_starts(plan, c)
             self._gather(r, plan.chunk_bounds[c, 4:5], plan.block_table, self.workspace)
-            torch.lt(tok, te, out=before_end)
-            torch.ge(tok, ts, out=in_chunk).logical_and_(before_end)
-            torch.where(in_chunk, plan.cu_seqlen_ks, self._zero, out=ks)
-            torch.where(in_chunk, plan.cu_seqlen_ke, self._zero, out=ke)
+            in_chunk, ks, ke = self.chunk_rows.planned_tokens(plan, c, t)
             torch.sub(ke, ks, out=lens)
             logits = self.logits_fn(self.q[:t], self._keys(self.workspace), self.weights[:t],
                                     ks, ke, max_seqlen_k=self.width)
@@ -204,27 +175,11 @@ class IndexerPrefillTopK:
     # -------------------------------------------------------------------- shared
     def _gather(self, num_reqs: int, num_keys: torch.Tensor, block_table: torch.Tensor,
                 rows: int) -> None:
-        """Workspace rows ``[0, rows)``: key ``w - starts[r]`` of block-table row ``r``, the
-        last with ``starts[r] <= w`` (``self._starts[:num_reqs]``, nondecreasing); rows at
-        or past ``num_keys`` (int32 ``(1,)``) read block 0, entry 0 (never scored)."""
-        starts = self._starts[:num_reqs]
-        w, req, key = self._w[:rows], self._req[:rows], self._key[:rows]
-        blk, live, at = self._blk[:rows], self._live[:rows], self._at[:rows]
-        torch.searchsorted(starts, w, right=True, out=req)
-        req.sub_(1).clamp_(0, num_reqs - 1)
-        torch.lt(w, num_keys, out=live)
-        torch.index_select(starts, 0, req, out=key)
-        torch.sub(w, key, out=key)
-        key.mul_(live)                        # dead rows: key 0 of their request
-        # block_table[req, key // 64], through the table's own strides (an arena view).
-        torch.mul(req, block_table.stride(0), out=at)
-        at.add_(torch.div(key, INDEXER_BLOCK, rounding_mode="floor", out=blk))
-        span = (block_table.shape[0] - 1) * block_table.stride(0) + block_table.shape[1]
-        torch.index_select(block_table.as_strided((span,), (1,)), 0, at, out=self._blk32[:rows])
-        blk.copy_(self._blk32[:rows]).mul_(live)   # dead rows: block 0
-        torch.remainder(key, INDEXER_BLOCK, out=key)
-        self.keys.read(blk, key, self.k_values[:rows].view(torch.uint8), self.k_scales[:rows],
-                       at)
+        """Workspace rows ``[0, rows)``: the chunk's gathered keys
+        (:meth:`ChunkKeyRows.locate`), values and scales read from the K cache."""
+        blk, offset, scratch = self.chunk_rows.locate(num_reqs, num_keys, block_table, rows)
+        self.keys.read(blk, offset, self.k_values[:rows].view(torch.uint8),
+                       self.k_scales[:rows], scratch)
 
     def _keys(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_values[:rows], self.k_scales[:rows]

@@ -1,17 +1,23 @@
-"""Two pieces the prefill indexers share (:mod:`~staticattn.consumers.real.indexer_prefill`,
-:mod:`~staticattn.distributed.pcp_dcp_indexer`): reading indexer-cache entries into the key
-rows DeepGEMM's ``fp8_mqa_logits`` takes, and the masked top-k of its logits. Both write
-into buffers they own or are handed (fixed addresses: graph-safe).
+"""Pieces the prefill consumers share: reading indexer-cache entries into the key rows
+DeepGEMM's ``fp8_mqa_logits`` takes and the masked top-k of its logits (both prefill
+indexers, :mod:`~staticattn.consumers.real.indexer_prefill`,
+:mod:`~staticattn.distributed.pcp_dcp_indexer`), and where each row of a prefill chunk's
+gathered keys lives in a paged cache, and which tokens a device-planned chunk holds (the
+indexer's prefill and the sparse-MLA prefill,
+:mod:`~staticattn.consumers.real.sparse_mla_prefill`, which gather the same chunks from
+their own caches). All write into buffers they own or are handed (fixed addresses:
+graph-safe).
 """
 
 from __future__ import annotations
 
 import torch
 
+from staticattn.builders.indexer.metadata import IndexerPrefillChunkMetadata, IndexerPrefillPlan
 from staticattn.consumers.real.caches import INDEXER_BLOCK
 from staticattn.errors import ConfigError
 
-__all__ = ["CacheKeyReader", "MaskedTopK"]
+__all__ = ["CacheKeyReader", "ChunkKeyRows", "MaskedTopK"]
 
 #: Scale bytes per key in the cache (one fp32).
 SCALE_BYTES = 4
@@ -94,3 +100,111 @@ class MaskedTopK:
         out[:, :k].masked_fill_(invalid, -1)
         if k < out.shape[1]:
             out[:, k:].fill_(-1)
+
+
+class ChunkKeyRows:
+    """The cache entries behind the rows of one prefill chunk's gathered keys, and the
+    tokens of a device-planned chunk, in owned buffers.
+
+    A chunk's gathered keys are its requests' keys back to back: request ``r``'s key ``j``
+    is row ``starts[r] + j`` (``starts`` = the chunk's ``cu_seq_lens``), read from block
+    ``block_table[r, j // page]``, entry ``j % page``. A consumer sets the starts
+    (:meth:`eager_starts` or :meth:`planned_starts`), asks :meth:`locate` where its rows
+    live, and reads them from its own cache.
+
+    Parameters
+    ----------
+    workspace : int
+        Rows of the largest chunk.
+    max_reqs, max_tokens : int
+        Requests and tokens of the largest step.
+    page : int
+        Entries per cache block.
+    device : torch.device
+    """
+
+    def __init__(self, workspace: int, max_reqs: int, max_tokens: int, page: int,
+                 device) -> None:
+        self.page = page
+        w, r, t = workspace, max_reqs, max_tokens
+        self._w = torch.arange(w, dtype=torch.int64, device=device)
+        self._req, self._key, self._blk, self._at = (
+            torch.empty(w, dtype=torch.int64, device=device) for _ in range(4))
+        self._blk32 = torch.empty(w, dtype=torch.int32, device=device)
+        self._live = torch.empty(w, dtype=torch.bool, device=device)
+        self._req_ids = torch.arange(r, dtype=torch.int32, device=device)
+        self._in_range, self._chosen = (torch.empty(r, dtype=torch.bool, device=device)
+                                        for _ in range(2))
+        self._starts = torch.empty(r, dtype=torch.int64, device=device)
+        self._tok = torch.arange(t, dtype=torch.int32, device=device)
+        self._in_chunk, self._before_end = (torch.empty(t, dtype=torch.bool, device=device)
+                                            for _ in range(2))
+        self._ks, self._ke = (torch.empty(t, dtype=torch.int32, device=device)
+                              for _ in range(2))
+        self._no_req = torch.tensor(torch.iinfo(torch.int64).max, dtype=torch.int64,
+                                    device=device)
+        self._before = torch.tensor(-1, dtype=torch.int64, device=device)
+        self._zero = torch.tensor(0, dtype=torch.int32, device=device)
+
+    def eager_starts(self, chunk: IndexerPrefillChunkMetadata) -> None:
+        """The starts of a host-planned chunk's requests: its ``cu_seq_lens[:num_reqs]``."""
+        r = chunk.num_reqs
+        self._starts[:r].copy_(chunk.cu_seq_lens[:r])
+
+    def planned_starts(self, plan: IndexerPrefillPlan, c: int) -> None:
+        """The starts of chunk row ``c`` of a device plan, over all ``R`` requests of the
+        plan: a request's plan entry inside the chunk's ``[s, e)``, -1 before (never the
+        last <= a row: the first request in range starts at 0), "none" after (above every
+        row)."""
+        r = plan.req_key_start.shape[0]
+        s, e = plan.chunk_bounds[c, 0], plan.chunk_bounds[c, 1]
+        reqs, starts = self._req_ids[:r], self._starts[:r]
+        at_or_after, chosen = self._in_range[:r], self._chosen[:r]
+        torch.ge(reqs, s, out=at_or_after)
+        torch.where(at_or_after, self._no_req, self._before, out=starts)
+        torch.lt(reqs, e, out=chosen).logical_and_(at_or_after)
+        torch.where(chosen, plan.req_key_start, starts, out=starts)
+
+    def locate(self, num_reqs: int, num_keys: torch.Tensor, block_table: torch.Tensor,
+               rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(block, offset, scratch)``, int64 ``(rows,)`` each: where rows ``[0, rows)`` of
+        the chunk's gathered keys live; ``scratch`` is free for the caller's reads.
+
+        Row ``w`` is key ``w - starts[r]`` of block-table row ``r``, the last with
+        ``starts[r] <= w`` (the starts of the first ``num_reqs`` requests, nondecreasing);
+        rows at or past ``num_keys`` (int32 ``(1,)``) read block 0, entry 0 (a row no token
+        points at). ``block_table`` : int32 ``(>= num_reqs, max_blocks)``, any strides.
+        """
+        starts = self._starts[:num_reqs]
+        w, req, key = self._w[:rows], self._req[:rows], self._key[:rows]
+        blk, live, at = self._blk[:rows], self._live[:rows], self._at[:rows]
+        torch.searchsorted(starts, w, right=True, out=req)
+        req.sub_(1).clamp_(0, num_reqs - 1)
+        torch.lt(w, num_keys, out=live)
+        torch.index_select(starts, 0, req, out=key)
+        torch.sub(w, key, out=key)
+        key.mul_(live)                        # dead rows: key 0 of their request
+        # block_table[req, key // page], through the table's own strides (an arena view).
+        torch.mul(req, block_table.stride(0), out=at)
+        at.add_(torch.div(key, self.page, rounding_mode="floor", out=blk))
+        span = (block_table.shape[0] - 1) * block_table.stride(0) + block_table.shape[1]
+        torch.index_select(block_table.as_strided((span,), (1,)), 0, at, out=self._blk32[:rows])
+        blk.copy_(self._blk32[:rows]).mul_(live)   # dead rows: block 0
+        torch.remainder(key, self.page, out=key)
+        return blk, key, at
+
+    def planned_tokens(self, plan: IndexerPrefillPlan, c: int,
+                       num_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(in_chunk, ks, ke)`` over the step's first ``num_tokens`` tokens for chunk row
+        ``c`` of a device plan: bool ``(num_tokens,)``, whether the token is one of the
+        chunk's; int32 ``(num_tokens,)`` each, its keys' rows ``[ks, ke)`` in the chunk's
+        gathered keys, 0 and 0 outside the chunk."""
+        ts, te = plan.chunk_bounds[c, 2], plan.chunk_bounds[c, 3]
+        t = num_tokens
+        tok, in_chunk, before_end = self._tok[:t], self._in_chunk[:t], self._before_end[:t]
+        ks, ke = self._ks[:t], self._ke[:t]
+        torch.lt(tok, te, out=before_end)
+        torch.ge(tok, ts, out=in_chunk).logical_and_(before_end)
+        torch.where(in_chunk, plan.cu_seqlen_ks[:t], self._zero, out=ks)
+        torch.where(in_chunk, plan.cu_seqlen_ke[:t], self._zero, out=ke)
+        return in_chunk, ks, ke

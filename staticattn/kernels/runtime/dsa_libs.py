@@ -6,8 +6,9 @@ packages there predate every API used here); both are built from source:
 * DeepGEMM v2.6.1 (``deep_gemm``): ``get_paged_mqa_logits_metadata`` and
   ``fp8_paged_mqa_logits`` (the indexer's decode logits);
 * FlashMLA at a commit that still has the sm90 sparse kernels (``9241ae3`` or earlier):
-  ``flash_mla_with_kvcache`` with ``indices=`` (sparse FP8 decode) and the lazy-planning
-  ``get_mla_metadata()``.
+  ``flash_mla_with_kvcache`` with ``indices=`` (sparse FP8 decode), the lazy-planning
+  ``get_mla_metadata()`` and ``flash_mla_sparse_fwd`` (sparse bf16 prefill; it came with the
+  sparse decode, so every build with the lazy planning has it).
 
 Everything else in staticattn works without them. Each import is attempted once per process
 and its failure remembered (a failing import walks ``sys.path``, and importing
@@ -44,7 +45,7 @@ FLASH_MLA = "flash_mla"
 #: What each library must offer here; an older build that lacks one is "not available".
 _NEEDED = {
     DEEP_GEMM: ("get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits", "get_num_sms"),
-    FLASH_MLA: ("flash_mla_with_kvcache", "get_mla_metadata"),
+    FLASH_MLA: ("flash_mla_with_kvcache", "get_mla_metadata", "flash_mla_sparse_fwd"),
 }
 
 _HINT = {
