@@ -15,7 +15,12 @@ import pytest
 import torch
 from helpers.dsa_reference import attention_problems
 from helpers.mixed_steps import bucket_for, stage_mixed
-from helpers.sparse_mla_reference import draw_topk, emulated_sparse_fwd, oracle_prefill_attention
+from helpers.sparse_mla_reference import (
+    dequant_ds_mla_cache,
+    draw_topk,
+    emulated_sparse_fwd,
+    oracle_prefill_attention,
+)
 from helpers.support import host_steps, make_step, stage
 from hypothesis import given, settings
 
@@ -174,3 +179,23 @@ def _make(cfg: ArenaConfig, *, heads: int = HEADS, topk: int = TOPK, dim: int = 
 def test_what_the_sm90_kernel_does_not_serve_is_refused(make, match):
     with pytest.raises(ConfigError, match=match):
         make()
+
+
+def test_the_ds_mla_cache_holds_the_keys_in_656_bytes_a_token():
+    """Written from float keys, read back by the layout (not the package's reader): NoPE
+    within e4m3's precision, each 128-tile's scale a power of two that fits its amax in
+    e4m3, RoPE exactly the bf16 keys."""
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(2, 64, 576, generator=g) * 5
+    kv[0, 0, 128:256] = 0  # a tile of zeros: the floored amax keeps its scale finite
+    cache = alloc_ds_mla_cache(2, "cpu")
+    write_ds_mla_cache(cache, kv)
+    back = dequant_ds_mla_cache(cache).view(2, 64, 576).float()
+    scales = cache.view(-1, 656)[:, 512:528].contiguous().view(torch.float32)
+    assert torch.equal(torch.exp2(torch.log2(scales).round()), scales)
+    amax = kv[..., :512].reshape(-1, 4, 128).abs().amax(-1)
+    assert ((amax / scales <= 448) & ((amax == 0) | (amax / scales > 224))).all()
+    err = (back[..., :512] - kv[..., :512]).abs()
+    assert (err <= scales.view(2, 64, 4, 1).repeat_interleave(128, -1).view(2, 64, 512)
+            * 16).all()
+    assert torch.equal(back[..., 512:], kv[..., 512:].to(torch.bfloat16).float())
