@@ -1,10 +1,11 @@
-"""The sparse-MLA prefill consumer (DeepSeek V3.2, FlashMLA's ``flash_mla_sparse_fwd``
-emulated in torch): every prefill token of a mixed step gets the oracle's attention (per
-token, its top-k key positions read from the ``fp8_ds_mla`` cache through the block table),
-whichever build made the indexer metadata -- the eager build's host-planned chunks, or a
-token bucket's device plan run at fixed shapes -- including steps whose keys overflow one
-chunk; the decode tokens' rows are left alone; what the sm90 kernel does not serve is a
-``ConfigError`` before anything is made."""
+"""The sparse-MLA prefill consumer (DeepSeek V3.2, FlashMLA's ``flash_mla_sparse_fwd``:
+emulated in torch on CPU, the real kernel on CUDA where FlashMLA is built): every prefill
+token of a mixed step gets the oracle's attention (per token, its top-k key positions read
+from the ``fp8_ds_mla`` cache through the block table), whichever build made the indexer
+metadata -- the eager build's host-planned chunks, or a token bucket's device plan run at
+fixed shapes -- including steps whose keys overflow one chunk; the decode tokens' rows are
+left alone; what the sm90 kernel does not serve is a ``ConfigError`` before anything is
+made."""
 
 from __future__ import annotations
 
@@ -29,18 +30,24 @@ from staticattn.builders import IndexerMetadataBuilder, make_arena
 from staticattn.consumers.real.caches import alloc_ds_mla_cache, write_ds_mla_cache
 from staticattn.consumers.real.sparse_mla_prefill import SparseMLAPrefill
 from staticattn.errors import ConfigError
+from staticattn.kernels.runtime.dsa_libs import FLASH_MLA, import_error
 
 BLOCKS = 64
 HEADS = 64
 TOPK = 128
 #: What the consumer must not touch: the decode tokens' rows.
 UNTOUCHED = 7.0
+#: CPU: the kernel's torch emulation; CUDA: FlashMLA's sm90 kernel.
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+    pytest.mark.skipif(bool(import_error(FLASH_MLA)), reason=str(import_error(FLASH_MLA)))])]
 
 
-def _config(**kw) -> ArenaConfig:
+def _config(device: str = "cpu", **kw) -> ArenaConfig:
     base = dict(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=128,
                 max_prefill_workspace=1100, max_logits_bytes=120_000, index_topk=TOPK,
-                device="cpu", kernel_backend="torch")
+                device=device, kernel_backend="torch" if device == "cpu" else "auto")
     return ArenaConfig.deepseek_v32(**{**base, **kw})
 
 
@@ -57,16 +64,18 @@ class World:
 def _world(cfg: ArenaConfig) -> World:
     builders = [IndexerMetadataBuilder()]
     _, inputs = make_arena(cfg, builders)
-    cache = alloc_ds_mla_cache(BLOCKS, "cpu")
+    dev = cfg.torch_device
+    cache = alloc_ds_mla_cache(BLOCKS, dev)
     g = torch.Generator().manual_seed(0)
     kv = torch.randn(BLOCKS, 64, 576, generator=g)
     # Tiles of unlike magnitudes: a scale read for the wrong tile shows.
     tiles = kv[..., :512].view(BLOCKS, 64, 4, 128)
     tiles.mul_(torch.exp2(torch.randint(-3, 4, (BLOCKS, 64, 4, 1), generator=g).float()))
-    write_ds_mla_cache(cache, kv)
-    q = torch.zeros(cfg.max_num_batched_tokens, HEADS, 576, dtype=torch.bfloat16)
+    write_ds_mla_cache(cache, kv.to(dev))
+    q = torch.zeros(cfg.max_num_batched_tokens, HEADS, 576, dtype=torch.bfloat16, device=dev)
     consumer = SparseMLAPrefill(cfg, kv_cache=cache, q=q, topk=TOPK,
-                                sparse_fwd_fn=emulated_sparse_fwd)
+                                sparse_fwd_fn=emulated_sparse_fwd if dev.type == "cpu"
+                                else None)
     return World(builders, inputs, cache, q, consumer, cfg)
 
 
@@ -75,9 +84,10 @@ def _attend(w: World, batch, build: str, topk: np.ndarray) -> tuple[torch.Tensor
     and its indexer metadata."""
     md = {b.name: getattr(b, build)(batch) for b in w.builders}
     t = batch.num_actual_tokens
-    rows = torch.full((t, TOPK), -1, dtype=torch.int32)
-    rows[: topk.shape[0]] = torch.from_numpy(topk)
-    out = torch.full((t, HEADS, 512), UNTOUCHED, dtype=torch.bfloat16)
+    dev = w.q.device
+    rows = torch.full((t, TOPK), -1, dtype=torch.int32, device=dev)
+    rows[: topk.shape[0]] = torch.from_numpy(topk).to(dev)
+    out = torch.full((t, HEADS, 512), UNTOUCHED, dtype=torch.bfloat16, device=dev)
     w.consumer.attend_into(md["indexer"], rows, out)
     return out, md["indexer"]
 
@@ -91,9 +101,10 @@ def _decode_tokens(cfg: ArenaConfig, s) -> int:
 
 def _problems(w: World, s, out: torch.Tensor, topk: np.ndarray) -> list[str]:
     """The prefill tokens' rows against the oracle; the decode tokens' rows untouched."""
-    ref = oracle_prefill_attention(w.q, w.cache, s.block_table, s.query_lens, s.seq_lens,
-                                   topk, w.consumer.scale)
+    ref = oracle_prefill_attention(w.q.cpu(), w.cache.cpu(), s.block_table, s.query_lens,
+                                   s.seq_lens, topk, w.consumer.scale)
     td, t = _decode_tokens(w.consumer_config, s), ref.shape[0]
+    out = out.cpu()
     problems = attention_problems(out[td:t], ref[td:])
     if not (out[:td] == UNTOUCHED).all():
         problems.append("a decode token's row was written")
@@ -103,12 +114,13 @@ def _problems(w: World, s, out: torch.Tensor, topk: np.ndarray) -> list[str]:
 def _new_inputs(w: World, s, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     w.q.copy_(torch.from_numpy(rng.standard_normal(w.q.shape, dtype=np.float32))
-              .to(torch.bfloat16))
+              .to(torch.bfloat16).to(w.q.device))
     return draw_topk(rng, s.query_lens, s.seq_lens, TOPK, s.num_tokens)
 
 
-def test_every_prefill_token_of_mixed_steps_gets_the_oracle_attention():
-    cfg = _config()
+@pytest.mark.parametrize("device", DEVICES)
+def test_every_prefill_token_of_mixed_steps_gets_the_oracle_attention(device):
+    cfg = _config(device)
     w = _world(cfg)
     shapes = {"padded": 0, "short": 0}  # top-k rows with -1 padding; tokens with < K keys
 
@@ -123,7 +135,7 @@ def test_every_prefill_token_of_mixed_steps_gets_the_oracle_attention():
         out, idx_md = _attend(w, stage_mixed(w.inputs, s, num_reqs, num_tokens), "build_mixed",
                               topk)
         assert _problems(w, s, out, topk) == []
-        assert (out[s.num_tokens:] == UNTOUCHED).all()
+        assert (out[s.num_tokens:].cpu() == UNTOUCHED).all()
         td = _decode_tokens(cfg, s)
         pre = topk[td : s.num_tokens]
         shapes["padded"] += int(((pre < 0).any(1) & (pre >= 0).any(1)).sum())
@@ -141,11 +153,12 @@ OVERFLOWS = {"two-long": ([1, 70, 50], [700, 1000, 900], 4),
              "short-then-long": ([5] * 6 + [40], [100] * 6 + [1000], 8)}
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("build", ["build", "build_mixed"])
 @pytest.mark.parametrize("case", list(OVERFLOWS))
-def test_keys_past_one_chunk_attend_chunk_by_chunk(build, case):
+def test_keys_past_one_chunk_attend_chunk_by_chunk(build, case, device):
     query_lens, seq_lens, bucket_reqs = OVERFLOWS[case]
-    cfg = _config()
+    cfg = _config(device)
     w = _world(cfg)
     s = make_step(cfg, query_lens, seq_lens, rng=np.random.default_rng(1), num_blocks=BLOCKS)
     topk = _new_inputs(w, s, 5)
