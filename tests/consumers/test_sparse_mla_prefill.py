@@ -18,10 +18,11 @@ from helpers.dsa_reference import attention_problems
 from helpers.mixed_steps import bucket_for, stage_mixed
 from helpers.sparse_mla_reference import (
     dequant_ds_mla_cache,
-    draw_topk,
     emulated_sparse_fwd,
-    oracle_prefill_attention,
+    kernel_abs_tol,
+    oracle_attention,
 )
+from helpers.sparse_mla_steps import DEVICES, new_inputs, tiled_cache
 from helpers.support import host_steps, make_step, stage
 from hypothesis import given, settings
 
@@ -30,18 +31,12 @@ from staticattn.builders import IndexerMetadataBuilder, make_arena
 from staticattn.consumers.real.caches import alloc_ds_mla_cache, write_ds_mla_cache
 from staticattn.consumers.real.sparse_mla_prefill import SparseMLAPrefill
 from staticattn.errors import ConfigError
-from staticattn.kernels.runtime.dsa_libs import FLASH_MLA, import_error
 
 BLOCKS = 64
 HEADS = 64
 TOPK = 128
 #: What the consumer must not touch: the decode tokens' rows.
 UNTOUCHED = 7.0
-#: CPU: the kernel's torch emulation; CUDA: FlashMLA's sm90 kernel.
-DEVICES = ["cpu", pytest.param("cuda", marks=[
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-    pytest.mark.skipif(bool(import_error(FLASH_MLA)), reason=str(import_error(FLASH_MLA)))])]
 
 
 def _config(device: str = "cpu", **kw) -> ArenaConfig:
@@ -65,13 +60,7 @@ def _world(cfg: ArenaConfig) -> World:
     builders = [IndexerMetadataBuilder()]
     _, inputs = make_arena(cfg, builders)
     dev = cfg.torch_device
-    cache = alloc_ds_mla_cache(BLOCKS, dev)
-    g = torch.Generator().manual_seed(0)
-    kv = torch.randn(BLOCKS, 64, 576, generator=g)
-    # Tiles of unlike magnitudes: a scale read for the wrong tile shows.
-    tiles = kv[..., :512].view(BLOCKS, 64, 4, 128)
-    tiles.mul_(torch.exp2(torch.randint(-3, 4, (BLOCKS, 64, 4, 1), generator=g).float()))
-    write_ds_mla_cache(cache, kv.to(dev))
+    cache = tiled_cache(BLOCKS, dev)
     q = torch.zeros(cfg.max_num_batched_tokens, HEADS, 576, dtype=torch.bfloat16, device=dev)
     consumer = SparseMLAPrefill(cfg, kv_cache=cache, q=q, topk=TOPK,
                                 sparse_fwd_fn=emulated_sparse_fwd if dev.type == "cpu"
@@ -101,21 +90,15 @@ def _decode_tokens(cfg: ArenaConfig, s) -> int:
 
 def _problems(w: World, s, out: torch.Tensor, topk: np.ndarray) -> list[str]:
     """The prefill tokens' rows against the oracle; the decode tokens' rows untouched."""
-    ref = oracle_prefill_attention(w.q.cpu(), w.cache.cpu(), s.block_table, s.query_lens,
-                                   s.seq_lens, topk, w.consumer.scale)
+    ref = oracle_attention(w.q.cpu(), w.cache.cpu(), s.block_table, s.query_lens,
+                           s.seq_lens, topk, w.consumer.scale)
+    tol = kernel_abs_tol(w.q.device, w.cache, s.block_table, s.query_lens, s.seq_lens, topk)
     td, t = _decode_tokens(w.consumer_config, s), ref.shape[0]
     out = out.cpu()
-    problems = attention_problems(out[td:t], ref[td:])
+    problems = attention_problems(out[td:t], ref[td:], abs_tol=tol[td:])
     if not (out[:td] == UNTOUCHED).all():
         problems.append("a decode token's row was written")
     return problems
-
-
-def _new_inputs(w: World, s, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    w.q.copy_(torch.from_numpy(rng.standard_normal(w.q.shape, dtype=np.float32))
-              .to(torch.bfloat16).to(w.q.device))
-    return draw_topk(rng, s.query_lens, s.seq_lens, TOPK, s.num_tokens)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -128,7 +111,7 @@ def test_every_prefill_token_of_mixed_steps_gets_the_oracle_attention(device):
     @given(host_steps(cfg, kinds=("mixed",), max_seq_len=cfg.max_model_len))
     def check(s):
         s = dataclasses.replace(s, block_table=s.block_table % (BLOCKS - 1) + 1)
-        topk = _new_inputs(w, s, s.num_tokens)
+        topk = new_inputs(w.q, s, TOPK, s.num_tokens)
         out, idx_md = _attend(w, stage(w.inputs, s), "build", topk)
         assert _problems(w, s, out, topk) == []
         num_reqs, num_tokens = bucket_for(cfg, s.num_tokens, np.random.default_rng(s.num_tokens))
@@ -161,7 +144,7 @@ def test_keys_past_one_chunk_attend_chunk_by_chunk(build, case, device):
     cfg = _config(device)
     w = _world(cfg)
     s = make_step(cfg, query_lens, seq_lens, rng=np.random.default_rng(1), num_blocks=BLOCKS)
-    topk = _new_inputs(w, s, 5)
+    topk = new_inputs(w.q, s, TOPK, 5)
     batch = (stage(w.inputs, s) if build == "build"
              else stage_mixed(w.inputs, s, bucket_reqs, 128))
     out, idx_md = _attend(w, batch, build, topk)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from helpers.dsa_reference import attention_problems, decode_token_table
 from helpers.pcp_views import rank_metadata
-from helpers.sparse_mla_reference import draw_topk, emulated_sparse_fwd, oracle_prefill_attention
+from helpers.sparse_mla_reference import draw_topk, emulated_sparse_fwd, oracle_attention
 from helpers.support import stage
 
 from staticattn.builders import IndexerMetadataBuilder, make_arena
@@ -72,8 +72,7 @@ def test_every_rank_prefill_token_gets_the_single_gpu_attention():
         single.q[:t].copy_(torch.randn(t, HEADS, 576).to(torch.bfloat16))
         topk = torch.from_numpy(draw_topk(rng, q, seq, TOPK, single_cfg.max_num_batched_tokens))
         table = s["table"].numpy()
-        ref = oracle_prefill_attention(single.q, cache, table, q, seq, topk.numpy(),
-                                       single.scale)
+        ref = oracle_attention(single.q, cache, table, q, seq, topk.numpy(), single.scale)
         host = HostStep(q.astype(np.int32), seq.astype(np.int32),
                         step_slots(s, single_cfg.block_size), table, None, q.size, t)
         batch = stage(inputs, host)

@@ -3,9 +3,10 @@
 
 * :func:`dequant_ds_mla_cache`: the ``fp8_ds_mla`` layout read back (656 bytes a token);
 * :func:`emulated_sparse_fwd`: ``flash_mla.flash_mla_sparse_fwd`` in torch, its signature;
-* :func:`oracle_prefill_attention`: per token, in a plain Python loop, the attention over its
+* :func:`oracle_attention`: per token, in a plain Python loop, the attention over its
   request's key positions named by its top-k row, read from the cache through the engine's
-  block table -- no chunk, no workspace.
+  block table -- no chunk, no workspace, no flat slot handed in;
+* :func:`kernel_abs_tol`: the absolute tolerance a token's output is held to, per device.
 """
 
 from __future__ import annotations
@@ -60,26 +61,62 @@ def emulated_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_
     return out.to(torch.bfloat16), None, None
 
 
-def oracle_prefill_attention(q: torch.Tensor, cache: torch.Tensor, block_table: np.ndarray,
-                             query_lens: np.ndarray, seq_lens: np.ndarray, topk: np.ndarray,
-                             scale: float) -> torch.Tensor:
-    """fp32 ``(T, H, 512)`` by token of the step (request-major): the attention over the key
-    positions ``j`` of its top-k row with ``0 <= j <= p`` (``p`` its position), key ``j`` at
-    slot ``block_table[b, j // 64] * 64 + j % 64``; zeros for a token with none."""
-    deq = dequant_ds_mla_cache(cache)
-    out = torch.zeros(int(query_lens.sum()), q.shape[1], NOPE)
+def _token_slots(block_table: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
+                 topk: np.ndarray):
+    """Per token of the step (request-major), the cache slots of the key positions ``j``
+    of its top-k row with ``0 <= j <= p`` (``p`` its position): ``block_table[b, j // 64]
+    * 64 + j % 64``, as int64 tensors (maybe empty)."""
     t = 0
     for b, (n, length) in enumerate(zip(query_lens.tolist(), seq_lens.tolist())):
         for i in range(n):
             p = length - n + i
-            slots = [int(block_table[b, j // PAGE]) * PAGE + j % PAGE
-                     for j in topk[t].tolist() if 0 <= j <= p]
-            if slots:
-                keys = deq[torch.tensor(slots, dtype=torch.int64)].view(1, len(slots), DIM)
-                valid = torch.ones(1, len(slots), dtype=torch.bool)
-                out[t] = _attend(q[t : t + 1], keys, valid, scale, NOPE)[0]
+            yield torch.tensor([int(block_table[b, j // PAGE]) * PAGE + j % PAGE
+                                for j in topk[t].tolist() if 0 <= j <= p], dtype=torch.int64)
             t += 1
-    return out
+
+
+def oracle_attention(q: torch.Tensor, cache: torch.Tensor, block_table: np.ndarray,
+                     query_lens: np.ndarray, seq_lens: np.ndarray, topk: np.ndarray,
+                     scale: float, tokens: int | None = None) -> torch.Tensor:
+    """fp32 ``(tokens, H, 512)`` for the first ``tokens`` of the step (default all;
+    request-major, decode or prefill alike): the attention over the keys of
+    :func:`_token_slots`; zeros for a token with none."""
+    deq = dequant_ds_mla_cache(cache)
+    slots = list(_token_slots(block_table, query_lens, seq_lens, topk))[:tokens]
+    n = max([len(s) for s in slots] + [1])
+    # The slots padded to one width, so that one batched softmax serves every token.
+    index = torch.zeros(len(slots), n, dtype=torch.int64)
+    valid = torch.zeros(len(slots), n, dtype=torch.bool)
+    for t, s in enumerate(slots):
+        index[t, : len(s)], valid[t, : len(s)] = s, True
+    return _attend(q[: len(slots)], deq[index], valid, scale, NOPE)
+
+
+#: The absolute tolerance of ``attention_problems`` on the emulations (fp32 softmax).
+ABS_TOL = 1e-2
+#: FlashMLA's sm90 sparse kernels round the softmax probabilities to bf16 (unit roundoff
+#: ``u = 2 ** -8``) for the P.V product, and divide by a sum of fp32 or of rounded
+#: probabilities: the normalised weights ``w_i (1 + d_i) / (1 + d)`` with ``|d_i|, |d| <=
+#: u`` move the output by at most ``2 u max_i |v_i|`` (``sum_i w_i (d_i - d) = 0``).
+#: Keys whose 128-value tiles are scaled up to ``2 ** 3`` reach ``|v| ~ 30``: ~0.25 in the
+#: worst case, far beyond ``ABS_TOL``; the emulations keep fp32 weights, so CPU stays at
+#: ``ABS_TOL``.
+P_ROUNDING = 2.0 ** -7
+
+
+def kernel_abs_tol(device: torch.device, cache: torch.Tensor, block_table: np.ndarray,
+                   query_lens: np.ndarray, seq_lens: np.ndarray,
+                   topk: np.ndarray) -> torch.Tensor:
+    """fp32 ``(T, 1, 1)`` by token: :data:`ABS_TOL`, and on CUDA at least
+    :data:`P_ROUNDING` times the largest ``|v|`` (NoPE value) of the token's keys."""
+    tol = torch.full((int(query_lens.sum()), 1, 1), ABS_TOL)
+    if device.type != "cuda":
+        return tol
+    nope = dequant_ds_mla_cache(cache.cpu())[:, :NOPE].float().abs().amax(-1)
+    for t, slots in enumerate(_token_slots(block_table, query_lens, seq_lens, topk)):
+        if slots.numel():
+            tol[t] = max(ABS_TOL, P_ROUNDING * float(nope[slots].max()))
+    return tol
 
 
 def draw_topk(rng: np.random.Generator, query_lens: np.ndarray, seq_lens: np.ndarray,
