@@ -167,7 +167,7 @@ def _make(cfg: ArenaConfig, *, heads: int = HEADS, topk: int = TOPK, dim: int = 
      "V3.2's layout"),
     (lambda: _make(_config(block_size=128)), "V3.2's layout"),
     (lambda: _make(_config(), heads=32), "multiple of 64"),
-    (lambda: _make(_config(), dim=512), "multiple of 64"),
+    (lambda: _make(_config(), dim=512), "d_qk = 576"),
     (lambda: _make(_config(), topk=64), "multiple of 128"),
     (lambda: _make(_config(), cache=torch.zeros(2, 64, 1, 584, dtype=torch.uint8)),
      "fp8_ds_mla"),

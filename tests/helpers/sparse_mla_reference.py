@@ -1,8 +1,10 @@
-"""References for the sparse-MLA prefill consumer (DeepSeek V3.2), written from
-``shared/spec/deepgemm-flashmla.md`` §2.4-§2.5, independent of the package:
+"""References for the sparse-MLA consumers (DeepSeek V3.2's prefill and decode), written
+from ``shared/spec/deepgemm-flashmla.md`` §2.2-§2.5, independent of the package:
 
 * :func:`dequant_ds_mla_cache`: the ``fp8_ds_mla`` layout read back (656 bytes a token);
 * :func:`emulated_sparse_fwd`: ``flash_mla.flash_mla_sparse_fwd`` in torch, its signature;
+* :func:`emulated_sparse_decode`: ``flash_mla.flash_mla_with_kvcache`` with ``indices=``
+  for V3.2 in torch, its signature and its tile-scheduler holder's rule;
 * :func:`oracle_attention`: per token, in a plain Python loop, the attention over its
   request's key positions named by its top-k row, read from the cache through the engine's
   block table -- no chunk, no workspace, no flat slot handed in;
@@ -59,6 +61,43 @@ def emulated_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_
     keys = kv[:, 0][idx.clamp(0, kv.shape[0] - 1)]
     out = _attend(q, keys, valid, sm_scale, d_v)
     return out.to(torch.bfloat16), None, None
+
+
+def emulated_sparse_decode(q, k_cache, block_table, cache_seqlens, head_dim_v,
+                           tile_scheduler_metadata, num_splits=None, softmax_scale=None,
+                           causal=False, is_fp8_kvcache=False, indices=None, attn_sink=None,
+                           extra_k_cache=None, extra_indices_in_kvcache=None, topk_length=None,
+                           extra_topk_length=None):
+    """``flash_mla_with_kvcache`` for V3.2's sparse FP8 decode in torch: ``q`` bf16 ``(b,
+    s_q, h, 576)``, ``k_cache`` uint8 ``(num_blocks, 64, 1, 656)``, ``indices`` int32 ``(b,
+    s_q, K)`` of flat slots (-1: none) -> ``(out bf16 (b, s_q, h, 512), lse)``, per row the
+    softmax over its valid slots' dequantised keys of ``softmax_scale * q . k`` times
+    ``k[:512]``, zeros for a row without one (lse not computed: the consumer drops it).
+
+    The holder (``tile_scheduler_metadata``) is planned by the first call and must match on
+    later ones, as FlashMLA asserts; what the sm90 V3.2 path rejects is asserted."""
+    assert indices is not None and is_fp8_kvcache and not causal and num_splits is None
+    assert topk_length is None and attn_sink is None and extra_k_cache is None
+    assert extra_indices_in_kvcache is None and extra_topk_length is None
+    assert q.dtype == torch.bfloat16 and q.dim() == 4 and q.shape[3] == DIM
+    assert q.shape[2] in (64, 128) and head_dim_v == NOPE
+    assert k_cache.dtype == torch.uint8 and k_cache.shape[1:] == (PAGE, 1, TOKEN_BYTES)
+    b, s_q, h, _ = q.shape
+    assert indices.dtype == torch.int32 and indices.shape[:2] == (b, s_q)
+    assert indices.shape[2] % 64 == 0, "the sm90 kernel's top-k block"
+    shape = (b, s_q, h, indices.shape[2])
+    sched = tile_scheduler_metadata
+    if sched.have_initialized:
+        assert sched.config == shape, "FlashMLA asserts a reused holder's shapes"
+    else:
+        sched.have_initialized, sched.config = True, shape
+    entries = k_cache.reshape(-1, TOKEN_BYTES)
+    idx = indices.reshape(b * s_q, -1).long()
+    valid = (idx >= 0) & (idx < entries.shape[0])
+    keys = dequant_ds_mla_cache(entries[idx.clamp(0, entries.shape[0] - 1)]).view(*idx.shape,
+                                                                                   DIM)
+    out = _attend(q.reshape(b * s_q, h, DIM), keys, valid, softmax_scale, NOPE)
+    return out.to(torch.bfloat16).view(b, s_q, h, NOPE), None
 
 
 def _token_slots(block_table: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,

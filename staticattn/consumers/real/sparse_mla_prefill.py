@@ -36,7 +36,8 @@ Under prefill context parallelism without DCP a rank's prefill rows are ordinary
 prefill rows reading their prefix from the replicated cache (§3.6, "PCP only"), so the same
 consumer serves a PCP rank. Not served: DCP (the workspace all-gathered over the DCP group,
 §3.6), FlashMLA's ``topk_length`` and ``attn_sink`` (V3.2 takes neither), the decode tokens
-(FlashMLA's sparse FP8 decode reads the cache itself), and models other than V3.2's layout.
+(:mod:`~staticattn.consumers.real.sparse_mla_decode`: FlashMLA's sparse FP8 decode reads
+the cache itself), and models other than V3.2's layout.
 
 Memory: the workspace holds ``max(config.max_prefill_workspace, max_model_len)`` keys (the
 largest chunk the indexer plans), ``576 * 2 + 656`` bytes and 32 bytes of row bookkeeping
@@ -66,7 +67,8 @@ from staticattn.consumers.real.key_rows import ChunkKeyRows
 from staticattn.errors import ConfigError
 from staticattn.kernels.runtime.dsa_libs import FLASH_MLA, require
 
-__all__ = ["SparseFwdFn", "SparseMLAPrefill", "V32_SOFTMAX_SCALE"]
+__all__ = ["SparseFwdFn", "SparseMLAPrefill", "V32_SOFTMAX_SCALE", "check_prefill_config",
+           "check_v32_inputs"]
 
 #: ``(q, kv, indices, sm_scale, d_v=512) -> (out, max_logits, lse)``: FlashMLA's
 #: ``flash_mla_sparse_fwd``.
@@ -212,26 +214,38 @@ def check_prefill_config(config: ArenaConfig, kv_cache: torch.Tensor, q: torch.T
             "the sparse-MLA prefill runs without decode context parallelism: under DCP a "
             "chunk's keys are spread over the ranks and the workspace must be all-gathered "
             "(prefill-context-parallel.md §3.6), which this consumer does not do")
+    check_v32_inputs(config, kv_cache, q, q_rows=config.max_num_batched_tokens,
+                     what="the sparse-MLA prefill")
+    if topk <= 0 or topk % _TOPK_BLOCK:
+        raise ConfigError(f"topk={topk}: FlashMLA's sm90 sparse prefill takes a top-k that is "
+                          f"a positive multiple of {_TOPK_BLOCK}")
+    if q.shape[1] % _HEAD_GROUP or q.shape[1] == 0:
+        raise ConfigError(f"{q.shape[1]} query heads: the sm90 sparse prefill takes a "
+                          f"multiple of {_HEAD_GROUP} (the kernel's head group)")
+
+
+def check_v32_inputs(config: ArenaConfig, kv_cache: torch.Tensor, q: torch.Tensor, *,
+                     q_rows: int, what: str) -> None:
+    """:class:`ConfigError` unless ``config`` has DeepSeek V3.2's layout (one index type of
+    ratio 1, no sliding window, pages of 64), ``kv_cache`` is an ``fp8_ds_mla`` cache (uint8
+    ``(num_blocks, 64, 1, 656)``, contiguous) and ``q`` bf16 ``(>= q_rows, H, 576)``: what
+    FlashMLA's V3.2 kernels read (``d_qk = 576`` selects them), prefill and decode alike.
+    ``what`` names the consumer in the message."""
     owners = config.index_layer_types
     if (len(owners) != 1 or max(owners[0].compress_ratio, 1) != 1 or config.has_swa
             or config.block_size != DS_MLA_BLOCK):
         raise ConfigError(
-            f"the sparse-MLA prefill serves DeepSeek V3.2's layout: one index type of ratio 1 "
+            f"{what} serves DeepSeek V3.2's layout: one index type of ratio 1 "
             f"(a top-k entry is a token's KV entry), no sliding window, pages of "
             f"{DS_MLA_BLOCK} tokens; this config has index types "
             f"{[(t.name, t.compress_ratio) for t in owners]}, sliding_window="
             f"{config.sliding_window}, block_size={config.block_size}")
-    if topk <= 0 or topk % _TOPK_BLOCK:
-        raise ConfigError(f"topk={topk}: FlashMLA's sm90 sparse prefill takes a top-k that is "
-                          f"a positive multiple of {_TOPK_BLOCK}")
-    if (q.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[2] != DS_MLA_DIM
-            or q.shape[1] % _HEAD_GROUP or q.shape[1] == 0):
-        raise ConfigError(f"q must be bf16 (tokens, H, {DS_MLA_DIM}) with H a multiple of "
-                          f"{_HEAD_GROUP} (the sm90 kernel's head group); got {q.dtype} "
-                          f"{tuple(q.shape)}")
-    if q.shape[0] < config.max_num_batched_tokens:
-        raise ConfigError(f"the sparse-MLA prefill reads a query row per token: q holds "
-                          f"{q.shape[0]} rows, the step up to {config.max_num_batched_tokens}")
+    if q.dtype != torch.bfloat16 or q.dim() != 3 or q.shape[2] != DS_MLA_DIM:
+        raise ConfigError(f"q must be bf16 (tokens, H, {DS_MLA_DIM}) (d_qk = {DS_MLA_DIM} "
+                          f"selects FlashMLA's V3.2 kernels); got {q.dtype} {tuple(q.shape)}")
+    if q.shape[0] < q_rows:
+        raise ConfigError(f"{what} reads a query row per token: q holds {q.shape[0]} rows, "
+                          f"the step up to {q_rows}")
     if (kv_cache.dtype != torch.uint8 or kv_cache.dim() != 4
             or kv_cache.shape[1:] != (DS_MLA_BLOCK, 1, DS_MLA_BYTES_PER_TOKEN)
             or not kv_cache.is_contiguous()):
