@@ -107,7 +107,8 @@ def test_every_prefill_token_of_mixed_steps_gets_the_oracle_attention(device):
     w = _world(cfg)
     shapes = {"padded": 0, "short": 0}  # top-k rows with -1 padding; tokens with < K keys
 
-    @settings(max_examples=8, deadline=None)
+    # The oracle is a loop per token: fewer steps where the emulation runs too.
+    @settings(max_examples=4 if device == "cpu" else 10, deadline=None)
     @given(host_steps(cfg, kinds=("mixed",), max_seq_len=cfg.max_model_len))
     def check(s):
         s = dataclasses.replace(s, block_table=s.block_table % (BLOCKS - 1) + 1)
