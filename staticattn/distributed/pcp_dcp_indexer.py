@@ -133,17 +133,10 @@ class PCPDCPPrefillTopK:
     def share(self, batch: Batch) -> None:
         """Phase 1: this rank's shard rows of every prefill request into
         ``values[dcp_rank]``, ``scales[dcp_rank]``."""
-        table = batch.block_table
-        blk, at = self._blk, self._at
-        region, off, live = self.views.extents.shard_rows(self._w)
-        nd_rows = batch.step_counts[COUNT_DECODES].long()
-        row = (nd_rows + region).clamp_(0, table.shape[0] - 1)
-        off.mul_(live)                                      # dead rows: entry 0 of block 0
-        column = torch.div(off, INDEXER_BLOCK, rounding_mode="floor").clamp_(
-            max=table.shape[1] - 1)
-        blk.copy_(table[row, column]).mul_(live)
-        torch.remainder(off, INDEXER_BLOCK, out=off)
-        self.keys.read(blk, off, self.values[self.rank], self.scales[self.rank], at)
+        blk, off = self.views.extents.shard_pages(
+            self._w, batch.block_table, batch.step_counts[COUNT_DECODES].long(),
+            INDEXER_BLOCK, self._blk)
+        self.keys.read(blk, off, self.values[self.rank], self.scales[self.rank], self._at)
 
     def exchange(self) -> None:
         """Phase 2: the all-gather of every rank's rows (rank-major)."""

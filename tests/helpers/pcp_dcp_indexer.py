@@ -1,21 +1,15 @@
-"""The setting of the PCP + DCP prefill-indexer tests (``distributed/test_pcp_dcp_indexer.py``):
-each rank's pieces (its rank, its sharded cache, its indexer), the single GPU's keys, drawn
-steps with their oracle, and the check of a rank's rows. The in-process test builds every
-rank and plays the all-gather itself; the gloo worker (:func:`gloo_steps`) builds its own
-rank and runs the indexer whole, collectives included. Every rank draws the same steps (one
-seed), so both see the same global batches, queries and oracle."""
+"""The setting of the PCP + DCP prefill-indexer tests (``distributed/test_pcp_dcp_layers.py``,
+played by :mod:`helpers.pcp_dcp_ranks`): each rank's pieces (its rank, its sharded cache, its
+indexer), the single GPU's keys, drawn steps with their oracle, and the check of a rank's
+rows."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
-from helpers.dcp_workers import join_group
 from helpers.dsa_reference import (
     check_topk,
     decode_token_table,
@@ -23,7 +17,7 @@ from helpers.dsa_reference import (
     emulated_mqa_logits,
     ref_indexer_logits,
 )
-from helpers.pcp_views import rank_metadata, write_block_rows
+from helpers.pcp_dcp_ranks import owned_entries, rank_tokens
 from staticattn.builders.pcp.rank_views import table_columns
 from staticattn.consumers.real.caches import (
     INDEXER_BLOCK,
@@ -32,9 +26,11 @@ from staticattn.consumers.real.caches import (
 )
 from staticattn.distributed.pcp_dcp_indexer import PCPDCPPrefillTopK
 from staticattn.distributed.pcp_rank import PCPRank
-from staticattn.distributed.pcp_world import PCPSizes, configs, global_batch, random_pcp_step
-from staticattn.reference import pcp_layout
+from staticattn.distributed.pcp_world import PCPSizes, configs, random_pcp_step
+from staticattn.kernels.runtime.dsa_libs import DEEP_GEMM
 
+#: The library of the layer's real kernel (its torch emulation on CPU).
+LIBRARY = DEEP_GEMM
 TOPK = 64
 HEADS, HEAD_DIM = 32, 32
 STEPS = 5
@@ -61,25 +57,31 @@ def _copy_entry(src: torch.Tensor, src_block: int, src_off: int, dst: torch.Tens
 
 def shard(single: torch.Tensor, table: np.ndarray, lengths, world: int, interleave: int,
           rank: int) -> torch.Tensor:
-    """Rank ``rank``'s cache: every key ``e < lengths[b]`` of request ``b`` that it owns --
-    rank ``(e // I) % D`` holds it at local index ``(e // (D I)) I + e % I``, through the
-    request's block row (the single GPU keeps it at ``e``)."""
+    """Rank ``rank``'s cache: every key it owns (:func:`~helpers.pcp_dcp_ranks.
+    owned_entries`) copied from the single GPU's; zeros elsewhere."""
     out = torch.zeros_like(single)
-    for b, length in enumerate(lengths):
-        for e in range(int(length)):
-            if (e // interleave) % world != rank:
-                continue
-            local = (e // (world * interleave)) * interleave + e % interleave
-            _copy_entry(single, int(table[b, e // INDEXER_BLOCK]), e % INDEXER_BLOCK,
-                        out, int(table[b, local // INDEXER_BLOCK]), local % INDEXER_BLOCK)
+    for entry in owned_entries(table, lengths, world, interleave, rank):
+        _copy_entry(single, entry[0], entry[1], out, entry[2], entry[3])
     return out
 
 
 @dataclasses.dataclass
 class RankPieces:
+    """A :class:`helpers.pcp_dcp_ranks.Pieces`: the indexer's phases."""
+
     rank: PCPRank
     indexer: PCPDCPPrefillTopK
     cache: torch.Tensor
+
+    @property
+    def gathered(self) -> tuple[torch.Tensor, ...]:
+        return self.indexer.values, self.indexer.scales
+
+    def share(self, batch) -> None:
+        self.indexer.share(batch)
+
+    def finish(self, batch) -> torch.Tensor:
+        return self.indexer.score(batch)
 
 
 def rank_pieces(world: int, interleave: int, device: str, p: int, group=None,
@@ -156,28 +158,13 @@ def write_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, wor
     and weights (the split is the oracle's, :mod:`staticattn.reference.pcp_layout`: the
     rank's own comes only with its step); returns its tokens' global indices (int64
     ``(n,)``, CPU)."""
-    s, rank, indexer = step["s"], pieces.rank, pieces.indexer
+    s, indexer = step["s"], pieces.indexer
     pieces.cache.copy_(shard(single, s["table"].numpy(), step["seq"], world, interleave, p))
-    cfg = rank.pcp
-    lay = pcp_layout.layout(cfg, global_batch(s), rank.num_tokens)
-    glob = torch.tensor(pcp_layout.rank_metadata(cfg, global_batch(s), lay, p,
-                                                 cfg.dcp_rank(p))["token_to_global"],
-                        dtype=torch.int64)[: lay.num_tokens[p]]
+    glob = rank_tokens(pieces.rank, p, s)
     n = glob.numel()
     indexer.q[:n].copy_(step["q"][glob].to(indexer.q.device))
     indexer.weights[:n].copy_(step["weights"][glob].to(indexer.weights.device))
     return glob
-
-
-def stage_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, world: int,
-               interleave: int):
-    """:func:`write_rank`, then the rank's metadata (its graph's work before the layer,
-    :func:`~helpers.pcp_views.rank_metadata`); returns its batch and its tokens' global
-    indices (int64 ``(n,)``, CPU), which the rank's own split must equal."""
-    glob = write_rank(pieces, p, step, single, world, interleave)
-    batch, _, own = rank_metadata(pieces.rank, p, step["s"])
-    assert torch.equal(own.cpu(), glob)
-    return batch, glob
 
 
 def rank_problems(out: torch.Tensor, glob: torch.Tensor, step: dict) -> tuple[list[str], int]:
@@ -190,31 +177,3 @@ def rank_problems(out: torch.Tensor, glob: torch.Tensor, step: dict) -> tuple[li
     problems += check_topk(out[torch.from_numpy(pre)], step["ref"][g[pre]],
                            step["tok_len"][g[pre]])
     return problems, int((step["tok_len"][g[pre]] > TOPK).sum())
-
-
-def rank_steps(rank: int, out: str, world: int, interleave: int, seed: int,
-               device: str = "cpu", speculative: int = 0) -> None:
-    """A rank's process (gloo on CPU; on ``device`` "cuda" NCCL, one GPU a rank, the
-    rank's step captured in its graph): this rank's pieces, and per drawn step the rank's
-    whole step (``PCPRank.run``: its rows built from the staged global batch, then the
-    indexer with its all-gather over the group); records each step's problems and scored
-    tokens."""
-    device = join_group(rank, out, world, device)
-    pieces = rank_pieces(world, interleave, device, rank, speculative=speculative,
-                         graphs=device != "cpu")
-    steps, single = draw_steps(world, interleave, seed, speculative)
-    record = {"problems": [], "scored": 0, "graph": pieces.rank.graphs}
-    if pieces.rank.graphs:
-        pieces.rank.capture()
-    for step in steps:
-        s = step["s"]
-        write_block_rows(pieces.rank, s)
-        glob = write_rank(pieces, rank, step, single, world, interleave)
-        rows = pieces.rank.run(s["query_lens"], s["is_prefilling"], s["num_computed"],
-                               s["req_state_idx"])
-        problems, scored = rank_problems(rows, glob, step)
-        record["problems"] += problems
-        record["scored"] += scored
-    dist.destroy_process_group()
-    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
-        json.dump(record, f)

@@ -75,6 +75,21 @@ class PrefillExtents:
         region = segment_of(local_cu, w)
         return region, w - local_cu[region], w < self.totals[1].long()
 
+    def shard_pages(self, w: torch.Tensor, block_table: torch.Tensor, nd_rows: torch.Tensor,
+                    page: int, block: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Where row ``w`` (int64 ``(n,)``) of this rank's shard lives in its cache:
+        ``(block, offset)``, int64 ``(n,)`` each -- its local key (:meth:`shard_rows`) through
+        the block-table row ``nd_rows + region`` (``block_table`` int32 ``(rows, width)``,
+        pages of ``page`` entries; ``nd_rows`` the decode rows in front, an int64 scalar
+        tensor). A row past the padded local total reads entry 0 of block 0 (never
+        attended). ``block`` (int64 ``(n,)``) receives the blocks and is returned."""
+        region, key, live = self.shard_rows(w)
+        row = (nd_rows + region).clamp_(0, block_table.shape[0] - 1)
+        key.mul_(live)
+        column = torch.div(key, page, rounding_mode="floor").clamp_(max=block_table.shape[1] - 1)
+        block.copy_(block_table[row, column]).mul_(live)
+        return block, torch.remainder(key, page, out=key)
+
     def gathered_rows(self, slab: int) -> torch.Tensor:
         """int64 ``(W,)``: where global entry ``i`` lies in the rank-major all-gather of every
         rank's shard rows, each rank's in a slab of ``slab`` rows -- ``deinterleave_idx``

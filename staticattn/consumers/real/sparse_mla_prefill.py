@@ -35,9 +35,10 @@ indexer's prefill: both read the same chunks, from their own caches.
 Under prefill context parallelism without DCP a rank's prefill rows are ordinary chunked-
 prefill rows reading their prefix from the replicated cache (§3.6, "PCP only"), so the same
 consumer serves a PCP rank. Not served: DCP (the workspace all-gathered over the DCP group,
-§3.6), FlashMLA's ``topk_length`` and ``attn_sink`` (V3.2 takes neither), the decode tokens
-(:mod:`~staticattn.consumers.real.sparse_mla_decode`: FlashMLA's sparse FP8 decode reads
-the cache itself), and models other than V3.2's layout.
+§3.6: :mod:`~staticattn.distributed.pcp_dcp_sparse_mla` on a PCP + DCP rank), FlashMLA's
+``topk_length`` and ``attn_sink`` (V3.2 takes neither), the decode tokens
+(:mod:`~staticattn.consumers.real.sparse_mla_decode`: FlashMLA's sparse FP8 decode reads the
+cache itself), and models other than V3.2's layout.
 
 Memory: the workspace holds ``max(config.max_prefill_workspace, max_model_len)`` keys (the
 largest chunk the indexer plans), ``576 * 2 + 656`` bytes and 32 bytes of row bookkeeping
@@ -68,7 +69,7 @@ from staticattn.errors import ConfigError
 from staticattn.kernels.runtime.dsa_libs import FLASH_MLA, require
 
 __all__ = ["SparseFwdFn", "SparseMLAPrefill", "V32_SOFTMAX_SCALE", "check_prefill_config",
-           "check_v32_inputs"]
+           "check_sparse_fwd_shapes", "check_v32_inputs"]
 
 #: ``(q, kv, indices, sm_scale, d_v=512) -> (out, max_logits, lse)``: FlashMLA's
 #: ``flash_mla_sparse_fwd``.
@@ -216,11 +217,17 @@ def check_prefill_config(config: ArenaConfig, kv_cache: torch.Tensor, q: torch.T
             "(prefill-context-parallel.md §3.6), which this consumer does not do")
     check_v32_inputs(config, kv_cache, q, q_rows=config.max_num_batched_tokens,
                      what="the sparse-MLA prefill")
+    check_sparse_fwd_shapes(q.shape[1], topk)
+
+
+def check_sparse_fwd_shapes(num_heads: int, topk: int) -> None:
+    """:class:`ConfigError` unless FlashMLA's sm90 sparse prefill takes ``num_heads`` query
+    heads and top-k rows of ``topk``."""
     if topk <= 0 or topk % _TOPK_BLOCK:
         raise ConfigError(f"topk={topk}: FlashMLA's sm90 sparse prefill takes a top-k that is "
                           f"a positive multiple of {_TOPK_BLOCK}")
-    if q.shape[1] % _HEAD_GROUP or q.shape[1] == 0:
-        raise ConfigError(f"{q.shape[1]} query heads: the sm90 sparse prefill takes a "
+    if num_heads % _HEAD_GROUP or num_heads == 0:
+        raise ConfigError(f"{num_heads} query heads: the sm90 sparse prefill takes a "
                           f"multiple of {_HEAD_GROUP} (the kernel's head group)")
 
 
