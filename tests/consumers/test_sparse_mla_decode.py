@@ -199,7 +199,6 @@ def _v4() -> ArenaConfig:
 #: By case: the config (``_config``'s fields, or a V4 config), ``_make``'s arguments and
 #: what the message says.
 REFUSED = {
-    "dcp": (dict(dcp_world_size=2, dcp_rank=0), {}, "DCP decode needs the LSE merge"),
     "v4": (_v4, {}, "V3.2's layout"),
     "block-128": (dict(block_size=128), {}, "V3.2's layout"),
     "heads-32": ({}, dict(heads=32), r"takes \(64, 128\)"),

@@ -33,17 +33,25 @@ def dequant_ds_mla_cache(cache: torch.Tensor) -> torch.Tensor:
     return torch.cat([nope, rope], -1).to(torch.bfloat16)
 
 
-def _attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: float,
-            d_v: int) -> torch.Tensor:
-    """fp32 ``(T, H, d_v)``: softmax over the valid keys of ``scale * q . k`` times
-    ``k[:d_v]``; zeros for a token without one. ``keys`` ``(T, N, D)``, ``valid`` ``(T, N)``."""
+def _attend_lse(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: float,
+                d_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)``: fp32 ``(T, H, d_v)``, the softmax over the valid keys of ``scale * q .
+    k`` times ``k[:d_v]``, zeros for a token without one; and fp32 ``(T, H)`` its natural
+    log-sum-exp, -inf for a token without one. ``keys`` ``(T, N, D)``, ``valid`` ``(T,
+    N)``."""
     kf = keys.float()
     s = torch.einsum("thd,tnd->thn", q.float(), kf) * scale
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(s, -1, keepdim=True)
     lonely = torch.isinf(lse)
     p = torch.where(valid[:, None, :], torch.exp(s - torch.where(lonely, 0.0, lse)), 0.0)
-    return torch.einsum("thn,tnd->thd", p, kf[..., :d_v])
+    return torch.einsum("thn,tnd->thd", p, kf[..., :d_v]), lse[..., 0]
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, valid: torch.Tensor, scale: float,
+            d_v: int) -> torch.Tensor:
+    """The output of :func:`_attend_lse`."""
+    return _attend_lse(q, keys, valid, scale, d_v)[0]
 
 
 def emulated_sparse_fwd(q, kv, indices, sm_scale, d_v=512, attn_sink=None, topk_length=None):
@@ -72,7 +80,8 @@ def emulated_sparse_decode(q, k_cache, block_table, cache_seqlens, head_dim_v,
     s_q, h, 576)``, ``k_cache`` uint8 ``(num_blocks, 64, 1, 656)``, ``indices`` int32 ``(b,
     s_q, K)`` of flat slots (-1: none) -> ``(out bf16 (b, s_q, h, 512), lse)``, per row the
     softmax over its valid slots' dequantised keys of ``softmax_scale * q . k`` times
-    ``k[:512]``, zeros for a row without one (lse not computed: the consumer drops it).
+    ``k[:512]``, zeros for a row without one; ``lse`` fp32 ``(b, h, s_q)``, the natural
+    log-sum-exp of the scaled scores, +inf for a row without a key (as FlashMLA's).
 
     The holder (``tile_scheduler_metadata``) is planned by the first call and must match on
     later ones, as FlashMLA asserts; what the sm90 V3.2 path rejects is asserted."""
@@ -96,8 +105,11 @@ def emulated_sparse_decode(q, k_cache, block_table, cache_seqlens, head_dim_v,
     valid = (idx >= 0) & (idx < entries.shape[0])
     keys = dequant_ds_mla_cache(entries[idx.clamp(0, entries.shape[0] - 1)]).view(*idx.shape,
                                                                                    DIM)
-    out = _attend(q.reshape(b * s_q, h, DIM), keys, valid, softmax_scale, NOPE)
-    return out.to(torch.bfloat16).view(b, s_q, h, NOPE), None
+    out, lse = _attend_lse(q.reshape(b * s_q, h, DIM), keys, valid, softmax_scale, NOPE)
+    # FlashMLA's LSE: (b, h, s_q), +inf for a row without a key.
+    lse = lse.masked_fill(lse == float("-inf"), float("inf"))
+    return (out.to(torch.bfloat16).view(b, s_q, h, NOPE),
+            lse.view(b, s_q, h).transpose(1, 2))
 
 
 def _token_slots(block_table: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
@@ -144,17 +156,21 @@ P_ROUNDING = 2.0 ** -7
 
 
 def kernel_abs_tol(device: torch.device, cache: torch.Tensor, block_table: np.ndarray,
-                   query_lens: np.ndarray, seq_lens: np.ndarray,
-                   topk: np.ndarray) -> torch.Tensor:
-    """fp32 ``(T, 1, 1)`` by token: :data:`ABS_TOL`, and on CUDA at least
-    :data:`P_ROUNDING` times the largest ``|v|`` (NoPE value) of the token's keys."""
+                   query_lens: np.ndarray, seq_lens: np.ndarray, topk: np.ndarray,
+                   merged: bool = False) -> torch.Tensor:
+    """fp32 ``(T, 1, 1)`` by token: :data:`ABS_TOL`, and at least :data:`P_ROUNDING` times
+    the largest ``|v|`` (NoPE value) of the token's keys for each rounding the output went
+    through: FlashMLA's bf16 probabilities on CUDA; with ``merged`` (decode context
+    parallelism) the ranks' partial outputs, bf16 before their merge (each off by ``u
+    |o_r|``, weights summing to 1), and the merged sum's own rounding to bf16."""
     tol = torch.full((int(query_lens.sum()), 1, 1), ABS_TOL)
-    if device.type != "cuda":
+    roundings = (device.type == "cuda") + merged
+    if not roundings:
         return tol
     nope = dequant_ds_mla_cache(cache.cpu())[:, :NOPE].float().abs().amax(-1)
     for t, slots in enumerate(_token_slots(block_table, query_lens, seq_lens, topk)):
         if slots.numel():
-            tol[t] = max(ABS_TOL, P_ROUNDING * float(nope[slots].max()))
+            tol[t] = max(ABS_TOL, roundings * P_ROUNDING * float(nope[slots].max()))
     return tol
 
 

@@ -33,14 +33,29 @@ handed in by a caller sharing one over a step's layers), so inside a capture the
 is recorded and re-plans at every replay (§2.6); V3.2 takes no ``topk_length``, so its
 plan depends on ``(Td, H, K)`` alone.
 
-Not served: decode context parallelism (each rank holds part of a token's keys: the
-partial outputs need FlashMLA's LSE and a merge over the DCP group), FlashMLA's
-``topk_length``, ``attn_sink`` and extra cache (sm90 V3.2 rejects them), an eager batch
-whose native decode rows have unequal query lengths (as the indexer's top-k step refuses
-it), and the prefill tokens (:mod:`~staticattn.consumers.real.sparse_mla_prefill`).
+Under decode context parallelism (``D`` ranks, interleave ``I``; ``prefill-context-
+parallel.md`` §3.6 "Decode rows", ``vllm-0.33-extras.md`` §7) a rank holds a token's keys
+``j`` with ``(j // I) % D`` its rank, at local index ``(j // (D I)) I + j % I`` through its
+own block table, and ``seq_lens`` is its share of the token's keys. The top-k rows are the
+global ones (the DCP candidate merge's, the same on every rank); each rank keeps the entries
+it holds (-1 for the others), attends over them, and the partial outputs merge over the DCP
+group as the reference's ``cp_lse_ag_out_ar`` does::
+
+    lse_r  = FlashMLA's LSE of rank r (+inf for "no key here" -> -inf)
+    all-gather lse over the group;  L = logsumexp_r lse_r
+    out    = all-reduce-sum_r  exp(lse_r - L) * out_r                 # fp32, then bf16
+
+A token none of whose entries any rank holds keeps zeros. The two collectives run on fixed
+capacity-shaped buffers, inside a capture as well.
+
+Not served: FlashMLA's ``topk_length``, ``attn_sink`` and extra cache (sm90 V3.2 rejects
+them), an eager batch whose native decode rows have unequal query lengths (as the indexer's
+top-k step refuses it), and the prefill tokens
+(:mod:`~staticattn.consumers.real.sparse_mla_prefill`).
 
 Memory: the slots ``D x K`` int32 (``D = max_decode_tokens``) with ``D x K`` of int64
-block columns, int32 offsets and two masks, 24 bytes a top-k entry in all.
+block columns, int32 offsets and two masks, 24 bytes a top-k entry in all; under DCP the
+partial outputs ``D x H x 512`` fp32 and the gathered LSE ``world x D x H`` fp32.
 """
 
 from __future__ import annotations
@@ -49,13 +64,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from staticattn.arena import ArenaConfig
 from staticattn.builders.indexer.metadata import IndexerDecodeMetadata, IndexerMetadata
+from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.consumers.real.caches import DS_MLA_BLOCK, DS_MLA_DIM, DS_MLA_NOPE
 from staticattn.consumers.real.sparse_decode import DecodeFn
 from staticattn.consumers.real.sparse_mla_prefill import V32_SOFTMAX_SCALE, check_v32_inputs
 from staticattn.errors import ConfigError, InvalidBatchError
+from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
 from staticattn.kernels.runtime.dsa_libs import FLASH_MLA, require
 
 __all__ = ["PlanFn", "SparseMLADecode", "check_decode_config"]
@@ -76,10 +94,11 @@ class SparseMLADecode:
     Parameters
     ----------
     config : ArenaConfig
-        What :func:`check_decode_config` accepts: V3.2's layout, no decode context
-        parallelism.
+        What :func:`check_decode_config` accepts: V3.2's layout; under DCP its
+        ``dcp_world_size``, ``dcp_rank`` and interleave.
     kv_cache : uint8 ``(num_blocks, 64, 1, 656)``
-        The ``fp8_ds_mla`` cache; the kernel reads its entries at the flat slots itself.
+        The ``fp8_ds_mla`` cache (under DCP this rank's share, at local indices); the kernel
+        reads its entries at the flat slots itself.
     q : bf16 ``(>= max_decode_tokens, H, 576)``
         By token of the step (the decode tokens first: the prefill consumer's ``q`` serves);
         ``H`` 64 or 128.
@@ -93,16 +112,26 @@ class SparseMLADecode:
     plan_fn : callable, optional
         Stand-in for ``lambda: flash_mla.get_mla_metadata()[0]``, the empty holder the first
         decode call plans into; default FlashMLA's.
+    group : ProcessGroup, optional
+        Under DCP, the DCP group the partial outputs merge over (None: the default one).
 
     Attributes
     ----------
     slots : int32 ``(max_decode_tokens, K)``
-        The last step's indices: flat cache slots ``block * 64 + offset``, -1 for none.
+        The last step's indices: flat cache slots ``block * 64 + offset``, -1 for none
+        (under DCP: for an entry another rank holds).
+    partial : fp32 ``(max_decode_tokens, H, 512)``
+        Under DCP: this rank's output weighted by its share of the softmax, then (after the
+        all-reduce) the merged one. None without DCP.
+    lse : fp32 ``(world, max_decode_tokens, H)``
+        Under DCP: every rank's log-sum-exp, rank-major (``[dcp_rank]`` this rank's, -inf
+        where it holds no key of the token). None without DCP.
     """
 
     def __init__(self, config: ArenaConfig, *, kv_cache: torch.Tensor, q: torch.Tensor,
                  topk: int, softmax_scale: float | None = None,
-                 decode_fn: DecodeFn | None = None, plan_fn: PlanFn | None = None) -> None:
+                 decode_fn: DecodeFn | None = None, plan_fn: PlanFn | None = None,
+                 group=None) -> None:
         check_decode_config(config, kv_cache, q, topk)
         if decode_fn is None or plan_fn is None:
             flash_mla = require(FLASH_MLA)
@@ -122,6 +151,16 @@ class SparseMLADecode:
         self._token = torch.arange(d, dtype=torch.int32, device=dev)
         self._is_decode = torch.empty(d, dtype=torch.bool, device=dev)
         self._none = torch.tensor(-1, dtype=torch.int32, device=dev)
+        self.world, self.rank, self.group = config.dcp_world_size, config.dcp_rank, group
+        self.interleave = config.dcp_entry_interleave(1)
+        self.partial = self.lse = None
+        if self.world > 1:
+            self.partial = torch.zeros(d, self.num_heads, DS_MLA_NOPE, dtype=torch.float32,
+                                       device=dev)
+            self.lse = torch.full((self.world, d, self.num_heads), float("-inf"),
+                                  dtype=torch.float32, device=dev)
+            self._local = torch.empty(d * topk, dtype=torch.int32, device=dev)
+            self._total = torch.empty(d, self.num_heads, dtype=torch.float32, device=dev)
 
     def attend_into(self, idx_md: IndexerMetadata, topk: torch.Tensor, out: torch.Tensor,
                     sched: Any = None) -> None:
@@ -131,10 +170,28 @@ class SparseMLADecode:
         other rows of ``out`` are left as they are. ``sched``: a tile-scheduler holder made
         in this step, to share one plan over the step's layers; default a fresh one (never
         pass one made before the step or before a capture: FlashMLA would reuse its
-        plan)."""
+        plan). Under DCP every rank of the group calls it for the same step: it holds two
+        collectives."""
+        o = self.attend_local(idx_md, topk, sched)
+        if o is None:
+            return
+        if self.world > 1:
+            td = o.shape[0]
+            gather_rank_major(self.lse, self.world, self.rank, self.group)
+            self.weigh(td)
+            dist.all_reduce(self.partial, group=self.group)
+            o = self.partial[:td]
+        self.write(idx_md, o, out)
+
+    def attend_local(self, idx_md: IndexerMetadata, topk: torch.Tensor,
+                     sched: Any = None) -> torch.Tensor | None:
+        """This rank's attention of the ``Td`` decode tokens over the top-k entries it holds:
+        bf16 ``(Td, H, 512)``, or None for a step without decode tokens. Under DCP also
+        copied into :attr:`partial` (fp32) with its LSE in ``lse[dcp_rank]``, for
+        :meth:`weigh` once every rank's LSE is there."""
         dec, td = idx_md.decode, idx_md.num_decode_tokens
         if dec is None or td == 0:
-            return
+            return None
         rows, width = dec.seq_lens.shape
         if dec.requires_padding or rows * width != td:
             raise InvalidBatchError(
@@ -144,12 +201,35 @@ class SparseMLADecode:
         slots = self.slots_of(dec, topk[:td])
         if sched is None:
             sched = self.plan_fn()
-        o, _ = self.decode_fn(
+        o, lse = self.decode_fn(
             self.q[:td].view(td, 1, self.num_heads, DS_MLA_DIM), self.kv_cache, None, None,
             DS_MLA_NOPE, sched, softmax_scale=self.scale, is_fp8_kvcache=True,
             indices=slots.view(td, 1, self.topk))
         o = o.view(td, self.num_heads, DS_MLA_NOPE)
+        if self.world > 1:
+            self.partial[:td].copy_(o)
+            # FlashMLA's LSE is (Td, H, 1), +inf for a token without a key: none here.
+            mine = self.lse[self.rank, :td]
+            mine.copy_(lse.view(td, self.num_heads))
+            mine.masked_fill_(mine == float("inf"), float("-inf"))
+        return o
+
+    def weigh(self, td: int) -> None:
+        """Scale :attr:`partial`'s first ``td`` rows by this rank's share of each token's
+        softmax, ``exp(lse_r - logsumexp over the ranks)`` (0 where no rank holds a key)."""
+        total = self._total[:td]
+        torch.logsumexp(self.lse[:, :td], dim=0, out=total)
+        total.masked_fill_(total == float("-inf"), 0.0)
+        share = torch.exp(self.lse[self.rank, :td] - total)
+        self.partial[:td].mul_(share.unsqueeze(-1))
+
+    def write(self, idx_md: IndexerMetadata, o: torch.Tensor, out: torch.Tensor) -> None:
+        """The decode tokens' rows ``o`` (bf16 or fp32 ``(Td, H, 512)``) into ``out`` (bf16
+        ``(T, H, 512)``); a mixed build's rows past its real decode tokens are left as they
+        were."""
+        td = o.shape[0]
         dst = out[:td]
+        o = o.to(dst.dtype)  # the merged fp32 rows under DCP
         pre = idx_md.prefill
         if pre is not None and pre.plan is not None:
             # A mixed build: Td is the bucket's capacity; past step_counts[3] the rows are
@@ -164,7 +244,7 @@ class SparseMLADecode:
         """int32 ``(Td, K)`` (a view of :attr:`slots`): the flat cache slot of every top-k
         entry of the ``Td = rows * width`` decode tokens of ``dec``, from ``topk`` (int32
         ``(Td, K)``); -1 for an entry below 0, at or past the token's ``seq_lens``, or past
-        its block-table row."""
+        its block-table row, and under DCP for one another rank holds."""
         rows, width = dec.seq_lens.shape
         n, k = rows * width, self.topk
         table = dec.block_table[:rows]
@@ -172,8 +252,16 @@ class SparseMLADecode:
         lens = self._lens[:n]
         torch.clamp(dec.seq_lens.view(n), max=max_blocks * DS_MLA_BLOCK, out=lens)
         valid = self._valid[: n * k].view(n, k)
+        placed = torch.ge(topk, 0, out=self._placed[: n * k].view(n, k))
+        if self.world > 1:
+            # An entry this rank holds, at its local index: compared with the rank's share
+            # of the token's keys (local indices keep the order of the entries held).
+            j = topk.clamp(min=0)
+            placed.logical_and_(dcp_owner(j, self.world, self.interleave) == self.rank)
+            topk = self._local[: n * k].view(n, k)
+            topk.copy_(dcp_local_index(j, self.world, self.interleave))
         torch.lt(topk, lens.view(n, 1), out=valid)
-        valid.logical_and_(torch.ge(topk, 0, out=self._placed[: n * k].view(n, k)))
+        valid.logical_and_(placed)
         col = self._block_col[: n * k].view(n, k)
         torch.floor_divide(topk, DS_MLA_BLOCK, out=col).clamp_(0, max_blocks - 1)
         slots = self.slots[:n]
@@ -190,10 +278,6 @@ def check_decode_config(config: ArenaConfig, kv_cache: torch.Tensor, q: torch.Te
     """:class:`ConfigError` unless FlashMLA's sm90 sparse decode serves ``config``, the
     cache (uint8 ``(num_blocks, 64, 1, 656)``), the queries (bf16 ``(>= max_decode_tokens,
     H, 576)``, ``H`` 64 or 128) and a top-k of ``topk``."""
-    if config.dcp_world_size > 1:
-        raise ConfigError(
-            "the sparse-MLA decode runs without decode context parallelism: DCP decode needs "
-            "the LSE merge of every rank's partial attention over the DCP group, not here")
     check_v32_inputs(config, kv_cache, q, q_rows=config.max_decode_tokens,
                      what="the sparse-MLA decode")
     if q.shape[1] not in _HEADS:
