@@ -74,7 +74,8 @@ class PCPRank:
         instead of the emulated layer, made once the rank's arena and views exist
         (``rank.config``, ``rank.views``); ``step(batch, md)`` returns ``step.out``, the
         same tensor every call, and runs the collectives it needs itself (the PCP + DCP
-        prefill indexer, :mod:`~staticattn.distributed.pcp_dcp_indexer`, is one).
+        prefill indexer, :mod:`~staticattn.distributed.pcp_dcp_indexer`, and V3.2's whole
+        prefill attention, :mod:`~staticattn.distributed.pcp_dcp_attention`, are such).
 
     Attributes
     ----------

@@ -9,7 +9,11 @@ all-gathered over the DCP group and used:
 * **the sparse-MLA prefill** (:class:`~staticattn.distributed.pcp_dcp_sparse_mla.
   PCPDCPSparseMLAPrefill`): dequantised and attended -- every prefill token gets the
   single-GPU oracle's attention over its top-k keys (-1 padding and positions past the token
-  among them).
+  among them);
+* **the whole attention** (:class:`~staticattn.distributed.pcp_dcp_attention.
+  PCPDCPSparseAttention`): the indexer's top-k feeding the sparse-MLA prefill -- every
+  prefill token's top-k is the oracle's (up to tied logits) and its attention the oracle's
+  over that top-k: the single-GPU step's.
 
 For interleave 1 and one that splits a request into runs, with MTP decode rows in front;
 decode tokens' rows are left alone (the indexer's say "no key"). Every rank in one process
@@ -24,6 +28,7 @@ import functools
 import pytest
 import torch
 from helpers import dcp_workers
+from helpers import pcp_dcp_attention as attention
 from helpers import pcp_dcp_indexer as indexer
 from helpers import pcp_dcp_ranks as ranks_of
 from helpers import pcp_dcp_sparse_mla as sparse_mla
@@ -38,22 +43,30 @@ from staticattn.distributed.pcp_world import PCPSizes, configs
 from staticattn.errors import ConfigError
 from staticattn.kernels.runtime.dsa_libs import import_error
 
-SETTINGS = {"indexer": indexer, "sparse-mla": sparse_mla}
+SETTINGS = {"indexer": indexer, "sparse-mla": sparse_mla, "attention": attention}
 #: (world, interleave, device, speculative tokens): single-module MTP's decode rows of 1 or
 #: 2 tokens put more decode tokens than decode rows before the prefill tokens.
 SHAPES = [(2, 1, "cpu", 0), (2, 16, "cpu", 0), (4, 1, "cpu", 0), (2, 1, "cpu", 1),
           (2, 16, "cuda", 0), (4, 1, "cuda", 0), (2, 1, "cuda", 1)]
 
 
+def _missing(setting) -> str:
+    """Why the setting's real kernels cannot run here ("" when they can)."""
+    return "; ".join(filter(None, (import_error(lib) for lib in setting.LIBRARIES)))
+
+
 def _cuda(setting) -> list:
-    error = import_error(setting.LIBRARY)
+    error = _missing(setting)
     return [pytest.mark.gpu,
             pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
-            pytest.mark.skipif(bool(error), reason=str(error))]
+            pytest.mark.skipif(bool(error), reason=error)]
 
 
+#: The whole attention composes the two: fewer shapes.
+WHOLE = [(2, 16, "cpu", 0), (2, 1, "cpu", 1), (4, 1, "cuda", 0), (2, 1, "cuda", 1)]
 CASES = [pytest.param(name, *shape, marks=_cuda(setting) if shape[2] == "cuda" else [])
-         for name, setting in SETTINGS.items() for shape in SHAPES]
+         for name, setting in SETTINGS.items()
+         for shape in (WHOLE if name == "attention" else SHAPES)]
 
 
 @pytest.mark.parametrize("layer,world,interleave,device,speculative", CASES)
@@ -87,8 +100,8 @@ def test_nccl_ranks_replay_the_layer_in_their_graph(tmp_path, layer, speculative
     library's kernel, the all-gather over NCCL)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("needs 2 GPUs (NCCL takes one GPU per rank); the gloo run covers CPU")
-    if import_error(SETTINGS[layer].LIBRARY):
-        pytest.skip(str(import_error(SETTINGS[layer].LIBRARY)))
+    if _missing(SETTINGS[layer]):
+        pytest.skip(_missing(SETTINGS[layer]))
     target = functools.partial(ranks_of.rank_steps, setting=SETTINGS[layer].__name__,
                                world=2, interleave=4, seed=208 if speculative else 11,
                                device="cuda", speculative=speculative)

@@ -12,7 +12,8 @@ A *setting* is a module naming the layer under test and its oracle
 * ``write_rank(pieces, p, step, single, world, interleave)``: the engine's work before rank
   ``p``'s step but the block rows (its cache shard, its tokens' inputs); returns its tokens'
   global indices (int64 ``(n,)``, CPU), the oracle's split;
-* ``rank_problems(rows, glob, step)``: ``(problems, checked)`` for a rank's rows.
+* ``rank_problems(pieces, rows, glob, step)``: ``(problems, checked)`` for a rank's
+  rows (its pieces: for what else the layer keeps).
 
 Every rank draws the same steps (one seed), so all see the same global batches, inputs and
 oracle.
@@ -105,7 +106,7 @@ def play_in_process(setting, world: int, interleave: int, device: str, seed: int
                 for mine, theirs in zip(r.gathered, other.gathered):
                     mine[d].copy_(theirs[d])
         for p, (r, (batch, glob)) in enumerate(zip(ranks, staged)):
-            problems, n = setting.rank_problems(r.finish(batch), glob, step)
+            problems, n = setting.rank_problems(r, r.finish(batch), glob, step)
             assert problems == [], (p, step["s"], problems)
             checked += n
     return steps, checked
@@ -132,7 +133,7 @@ def rank_steps(rank: int, out: str, setting: str, world: int, interleave: int, s
         glob = module.write_rank(pieces, rank, step, single, world, interleave)
         rows = pieces.rank.run(s["query_lens"], s["is_prefilling"], s["num_computed"],
                                s["req_state_idx"])
-        problems, checked = module.rank_problems(rows, glob, step)
+        problems, checked = module.rank_problems(pieces, rows, glob, step)
         record["problems"] += problems
         record["checked"] += checked
     dist.destroy_process_group()

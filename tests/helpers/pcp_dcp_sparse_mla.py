@@ -27,8 +27,8 @@ from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.distributed.pcp_world import configs, random_pcp_step
 from staticattn.kernels.runtime.dsa_libs import FLASH_MLA
 
-#: The library of the layer's real kernel (its torch emulation on CPU).
-LIBRARY = FLASH_MLA
+#: The libraries of the layer's real kernels (their torch emulations on CPU).
+LIBRARIES = (FLASH_MLA,)
 TOPK, HEADS = 128, 64
 STEPS = 4
 #: What the consumer must not touch: the decode tokens' (and padding's) rows.
@@ -69,6 +69,20 @@ class RankPieces:
         return self.out
 
 
+@dataclasses.dataclass
+class _Layer:
+    """The consumer as a rank's step (``step(batch, md) -> step.out``) over fixed top-k
+    rows."""
+
+    consumer: PCPDCPSparseMLAPrefill
+    topk: torch.Tensor
+    out: torch.Tensor
+
+    def __call__(self, batch, md) -> torch.Tensor:
+        self.consumer(batch, self.topk, self.out)
+        return self.out
+
+
 def rank_pieces(world: int, interleave: int, device: str, p: int, group=None,
                 speculative: int = 0, graphs: bool = False) -> RankPieces:
     """Rank ``p``'s PCP rank whose layer is the consumer over the top-k rows in
@@ -83,21 +97,15 @@ def rank_pieces(world: int, interleave: int, device: str, p: int, group=None,
     q = torch.zeros(N, HEADS, 576, dtype=torch.bfloat16, device=device)
     topk = torch.full((N, TOPK), -1, dtype=torch.int32, device=device)
     out = torch.full((N, HEADS, 512), UNTOUCHED, dtype=torch.bfloat16, device=device)
-    made = []
 
-    def layer(rank: PCPRank):  # the rank's layer: in its graph
-        made.append(PCPDCPSparseMLAPrefill(
+    def layer(rank: PCPRank) -> _Layer:  # the rank's layer: in its graph
+        return _Layer(PCPDCPSparseMLAPrefill(
             rank.config, rank.views, kv_cache=cache, q=q, topk=TOPK, group=group,
-            sparse_fwd_fn=emulated_sparse_fwd if device == "cpu" else None))
-
-        def step(batch, md):
-            made[0](batch, topk, out)
-            return out
-        return step
+            sparse_fwd_fn=emulated_sparse_fwd if device == "cpu" else None), topk, out)
 
     rank = PCPRank(pcp, rank_cfg, N, sz.max_num_tokens, group, p, num_blocks(interleave),
                    layer=layer)
-    return RankPieces(rank, made[0], cache, topk, out)
+    return RankPieces(rank, rank.step.consumer, cache, topk, out)
 
 
 def single_cache(interleave: int) -> torch.Tensor:
@@ -150,7 +158,8 @@ def write_rank(pieces: RankPieces, p: int, step: dict, single: torch.Tensor, wor
     return glob
 
 
-def rank_problems(out: torch.Tensor, glob: torch.Tensor, step: dict) -> tuple[list[str], int]:
+def rank_problems(pieces, out: torch.Tensor, glob: torch.Tensor, step: dict
+                  ) -> tuple[list[str], int]:
     """A rank's output rows (bf16 ``(>= n, H, 512)``) against the oracle: its prefill
     tokens' attention, its decode tokens' rows untouched; and how many prefill tokens it
     checked."""
