@@ -35,6 +35,7 @@ import torch
 from staticattn.arena import ArenaConfig
 from staticattn.builders.batch import Batch
 from staticattn.builders.compressed import ring_capacity
+from staticattn.builders.pcp.rank_step import input_table
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.builders.pcp.ring_link import ring_table
 from staticattn.consumers.dcp.merge import gather_rank_major
@@ -165,7 +166,7 @@ class SingleRingCompressor:
         table = ring_table(config)
         if table is None:
             raise ValueError(f"{config.architecture} has no ratio-2 compressor ring")
-        self.table = table[len("block_tables."):]
+        self.table = table
         self.capacity = ring_capacity(config.num_speculative_tokens)
         dev = config.torch_device
         self.ring_keys = torch.zeros(num_ring_blocks * self.capacity, dtype=torch.int32,
@@ -177,7 +178,7 @@ class SingleRingCompressor:
         ``(n,)``; then save each request's last key where its last position is even."""
         n, S = keys.shape[0], batch.num_reqs
         qsl, positions = batch.query_start_loc[:S + 1].long(), batch.positions[:n]
-        block = batch.block_tables[self.table][:S, 0]
+        block = input_table(batch, self.table)[:S, 0]
         req = batch.token_to_req[:n].long()
         ring = _ring_reads(self.ring_keys, block.index_select(0, req), positions, self.capacity)
         _compress(keys, positions, self._token[:n] == qsl.index_select(0, req), ring, out)

@@ -34,6 +34,7 @@ import torch
 
 from staticattn.arena.buffers import NULL_BLOCK_ID
 from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.batch import Batch
 from staticattn.builders.pcp.kv_plan import build_prefill_extents
 from staticattn.builders.pcp.rank_fields import build_rank_fields, gathered_slots
 from staticattn.builders.pcp.rank_rows import build_rows
@@ -103,8 +104,9 @@ def write_local_inputs(views: PCPViews, inputs: StepInputs, rank: int) -> None:
     inputs.step_counts.copy_(torch.stack([num_rows, n_p, decodes, decode_tokens]))
 
 
-def input_table(inputs: StepInputs, name: str) -> torch.Tensor:
-    """The input view of block table ``name``, int32 ``(max_num_seqs, columns)``
+def input_table(inputs: StepInputs | Batch, name: str) -> torch.Tensor:
+    """The view of block table ``name`` (a ``PCPViews.tables`` name) in a step's inputs or
+    a batch, int32 ``(rows, columns)``
     (:func:`~staticattn.builders.pcp.rank_views.table_columns`)."""
     if name.startswith("block_tables."):
         return inputs.block_tables[name[len("block_tables."):]]
