@@ -11,6 +11,13 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# pytest-xdist workers share the machine's cores, but torch gives each of them every core for
+# its intra-op threads: on 16 cores, 16 workers of 16 threads each made the CPU emulations of
+# the real kernels run 20x slower than alone. Each worker takes its share.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
