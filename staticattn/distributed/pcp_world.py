@@ -19,6 +19,7 @@ from staticattn.arena.pcp_config import GraphMode, PCPConfig, Speculation
 from staticattn.builders import default_builders, make_arena
 from staticattn.builders.pcp.rank_step import input_table, slot_group
 from staticattn.builders.pcp.rank_views import table_columns
+from staticattn.builders.pcp.ring_link import ring_table
 from staticattn.distributed.pcp_consumer import SingleGatherStep
 from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.distributed.step_keys import write_context
@@ -28,7 +29,7 @@ from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes",
            "continued_pcp_step", "expected_ring_links", "global_batch", "next_pcp_step",
-           "pcp_pair", "random_pcp_step", "rank_mismatches", "step_slots"]
+           "pcp_pair", "random_pcp_step", "rank_mismatches", "ring_rows", "step_slots"]
 
 #: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
 #: by the reference (its backends do not support PCP). V4.1 runs eagerly there (no CUDA
@@ -220,6 +221,16 @@ def step_slots(step: dict, block_size: int) -> np.ndarray:
     return block * block_size + pos % block_size
 
 
+def ring_rows(table) -> torch.Tensor:
+    """The rows :meth:`PCPPair.write` puts in the compressor ring's block table (V4.1's
+    ratio-2 ``compressor_state`` group, :func:`~staticattn.builders.pcp.ring_link.
+    ring_table`) for a drawn step's ``table`` (int ``(S, width)``, a tensor or lists): its
+    columns reversed, so that a request's ring block (column 0) is none of its blocks in
+    the other tables' column 0 -- a read of the wrong table shows. Every other table takes
+    ``table`` itself."""
+    return torch.as_tensor(table).flip(1)
+
+
 def global_batch(step: dict) -> pcp_layout.GlobalBatch:
     """A drawn step (:func:`random_pcp_step`) as the oracle's global batch."""
     return pcp_layout.GlobalBatch(step["query_lens"], step["num_computed"],
@@ -248,10 +259,12 @@ class PCPPair:
         written cache (the rank's shard under DCP); the single step's token states."""
         S = len(step["query_lens"])
         table = step["table"].to(self.rank.arena.device)
+        ring = ring_table(self.rank.config)
         for name, view in self.rank.views.tables.items():
-            view[:S].copy_(table[:, :view.shape[1]])
+            rows = ring_rows(table) if name == ring else table
+            view[:S].copy_(rows[:, :view.shape[1]])
             single = input_table(self.single.inputs, name)
-            single[:S].copy_(table[:, :single.shape[1]])
+            single[:S].copy_(rows[:, :single.shape[1]])
         me, cfg = self.rank, self.rank.pcp
         slot_cfg, _ = slot_group(cfg, me.config)
         for b, (state, computed) in enumerate(zip(step["req_state_idx"], step["num_computed"])):
@@ -348,8 +361,8 @@ def expected_ring_links(cfg: PCPConfig, batch: pcp_layout.GlobalBatch, lay: pcp_
                         ) -> tuple[list[list[int]], list[int]]:
     """The oracle's ring links of a step (:func:`staticattn.reference.pcp_ring.ring_links`,
     with the oracle's ring capacity for ``num_speculative_tokens``), each request's ring
-    block being column 0 of its row of ``table`` (what :meth:`PCPPair.write` puts in the
-    ring's table): ``prev_row_indices`` of every rank, padded to ``cfg.max_rows`` rows with
+    block being column 0 of its row of ``table`` (the ring's table: :func:`ring_rows` of a
+    drawn step's): ``prev_row_indices`` of every rank, padded to ``cfg.max_rows`` rows with
     -1, and ``ring_write_slots``."""
     R = cfg.max_rows
     want = pcp_ring.ring_links(batch, lay, [row[0] for row in table], R,
@@ -362,6 +375,7 @@ def ring_mismatches(ring, cfg: PCPConfig, batch: pcp_layout.GlobalBatch,
                     lay: pcp_layout.Layout, step: dict, num_speculative_tokens: int) -> list[str]:
     """The names of the fields of a rank's ``RingLinks`` after the last step that differ
     from :func:`expected_ring_links`: ``prev_row_indices``, ``ring_write_slots``."""
-    want = expected_ring_links(cfg, batch, lay, step["table"].tolist(), num_speculative_tokens)
+    want = expected_ring_links(cfg, batch, lay, ring_rows(step["table"]).tolist(),
+                               num_speculative_tokens)
     return [name for name, value in zip(("prev_row_indices", "ring_write_slots"), want)
             if getattr(ring, name).tolist() != value]

@@ -35,7 +35,9 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
     # The batch's slots: V4.1's are its window group's (32-token blocks).
     slot_cfg = dataclasses.replace(cfg, block_size=32) if v41 else cfg
     prefills = 0
-    compressed = compressor_oracle.compressed_values([r["step"] for r in records[0]["steps"]])
+    compressed = compressor_oracle.compressed_values(
+        [{**r["step"], "table": pcp_world.ring_rows(r["step"]["table"]).tolist()}
+         for r in records[0]["steps"]])
     for s, per_rank in enumerate(zip(*(r["steps"] for r in records))):
         step = per_rank[0]["step"]
         batch = pcp.GlobalBatch(step["query_lens"], step["num_computed"],
@@ -63,7 +65,8 @@ def _check(records: list[dict], world: int, dcp: int = 1, interleave: int = 1,
                                           meta["query_start_loc"][decodes]], (s, p)
             if v41:
                 # The demo's V4.1 takes no speculative tokens (§4.2).
-                assert pcp_world.expected_ring_links(cfg, batch, lay, step["table"], 0) == (
+                ring = pcp_world.ring_rows(step["table"]).tolist()
+                assert pcp_world.expected_ring_links(cfg, batch, lay, ring, 0) == (
                     got["prev_row_indices"], got["ring_write_slots"]), (s, p)
                 assert got["compressor"] == compressed[s], (s, p)
                 assert got["ring_equal"], f"step {s} rank {p}: ring differs from one GPU's"

@@ -133,7 +133,8 @@ def _step_record(pair, step: dict) -> dict:
 
 def ring_example(rank: int, out: str, world: int = 4) -> None:
     """The spec's worked example 4 on DeepSeek V4.1's ranks (gloo): fresh prefills of 37
-    and 100 tokens whose ring blocks (column 0 of their block rows) are 5 and 9,
+    and 100 tokens whose ring blocks (column 0 of their rows of the ring's table,
+    :func:`~staticattn.distributed.pcp_world.ring_rows`: the step's last column) are 5 and 9,
     ``max_num_seqs = 4``; then their next step, A's 8 tokens from 37 (its first closes the
     group 36 left open in ring slot 44; its last, 44, saves there again) and B's 21 from
     100; the rank's records of both steps."""
@@ -144,9 +145,9 @@ def ring_example(rank: int, out: str, world: int = 4) -> None:
     sizes = PCPSizes(max_num_seqs=4, max_num_tokens=160, max_model_len=512)
     with pcp_pair("deepseek-v4.1-flash", world, rank, None, "cpu", sizes) as pair:
         width = pair.columns
-        # Unique blocks (never the null block 0), A's row led by 5 and B's by 9.
+        # Unique blocks (never the null block 0), A's ring row led by 5 and B's by 9.
         rest = iter(range(10, 10 + 2 * width))
-        table = [[first] + [next(rest) for _ in range(width - 1)] for first in (5, 9)]
+        table = [[next(rest) for _ in range(width - 1)] + [ring] for ring in (5, 9)]
         records = [_step_record(pair, dict(
             query_lens=q, num_computed=computed, is_prefilling=[True, True],
             req_state_idx=[3, 7], table=torch.tensor(table, dtype=torch.int32)))
