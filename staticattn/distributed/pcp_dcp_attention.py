@@ -17,8 +17,8 @@ rank's graph after the builds::
     rank.capture()
     out = rank.run(query_lens, is_prefilling, num_computed, req_state_idx)  # bf16 (N, H, 512)
 
-Decode tokens' rows are left as they are (zeros unless written by the decode path: FlashMLA's
-sparse decode over the rank's shard, merged over the group,
+Decode tokens' rows are zeros: theirs is the decode path's (FlashMLA's sparse decode over the
+rank's shard, merged over the group,
 :class:`~staticattn.consumers.real.sparse_mla_decode.SparseMLADecode`).
 """
 
@@ -100,6 +100,8 @@ class PCPDCPSparseAttention:
 
     def finish(self, batch: Batch) -> torch.Tensor:
         """The prefill tokens' top-k, then their attention; returns :attr:`out`, bf16
-        ``(N, H, 512)`` by local token."""
+        ``(N, H, 512)`` by local token, zeros past the prefill tokens' rows (the attention
+        leaves them as they are: the last step's otherwise)."""
+        self.out.zero_()
         self.attention.attend(batch, self.indexer.score(batch), self.out)
         return self.out

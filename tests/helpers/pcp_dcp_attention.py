@@ -117,7 +117,8 @@ def write_rank(pieces: RankPieces, p: int, step: dict, single, world: int,
 def rank_problems(pieces: RankPieces, out: torch.Tensor, glob: torch.Tensor, step: dict
                   ) -> tuple[list[str], int]:
     """The rank's top-k (the indexer setting's check), then its prefill tokens' attention
-    against the oracle's over that top-k; the prefill tokens checked."""
+    against the oracle's over that top-k, every other row zero; the prefill tokens
+    checked."""
     problems, _ = indexer_setting.rank_problems(pieces, pieces.layer.indexer.out, glob, step)
     g = glob.numpy()
     pre = step["prefilling"][g]
@@ -129,6 +130,11 @@ def rank_problems(pieces: RankPieces, out: torch.Tensor, glob: torch.Tensor, ste
     ref = oracle_attention(step["q_att"], step["cache"], table, q_lens, step["seq"], topk,
                            V32_SOFTMAX_SCALE)
     tol = kernel_abs_tol(out.device, step["cache"], table, q_lens, step["seq"], topk)
-    problems += attention_problems(out[: g.size].cpu()[torch.from_numpy(pre)], ref[g[pre]],
+    got = out.cpu()
+    problems += attention_problems(got[: g.size][torch.from_numpy(pre)], ref[g[pre]],
                                    abs_tol=tol[g[pre]])
+    rest = torch.ones(got.shape[0], dtype=torch.bool)
+    rest[torch.from_numpy(np.nonzero(pre)[0])] = False
+    if got[rest].any():
+        problems.append("a row other than a prefill token's is not zero")
     return problems, int(pre.sum())
