@@ -61,9 +61,11 @@ def test_merged_decode_rows_are_the_single_gpu_attention(world, interleave, spec
 
 def test_gloo_ranks_merge_over_their_group(tmp_path):
     """Each rank a process: ``attend_into`` whole, the LSE all-gather and the output
-    all-reduce over gloo."""
-    target = functools.partial(world_of.rank_steps, world=2, interleave=1, seed=5, steps=3)
-    records = dcp_workers.spawn_ranks(target, tmp_path, 2)
+    all-reduce over gloo, in two DCP groups of two ranks side by side, each with steps of
+    its own (a collective over every process would mix them)."""
+    target = functools.partial(world_of.rank_steps, world=2, interleave=1, seed=5, steps=3,
+                               groups=2)
+    records = dcp_workers.spawn_ranks(target, tmp_path, 4)
     for p, record in enumerate(records):
         assert record["problems"] == [], (p, record["problems"])
     assert all(r["tokens"] for r in records)

@@ -86,10 +86,12 @@ def test_every_rank_prefill_token_gets_the_single_gpu_rows(layer, world, interle
 @pytest.mark.parametrize("layer", list(SETTINGS))
 def test_gloo_ranks_run_the_layer_in_their_step(tmp_path, layer):
     """Each rank a process, the layer its ``PCPRank``'s: the rank's rows built from the
-    staged global batch, then share, the all-gather over gloo, the layer's finish."""
+    staged global batch, then share, the all-gather over gloo, the layer's finish -- in two
+    groups of two ranks side by side, each with steps of its own (a collective over every
+    process would mix them)."""
     target = functools.partial(ranks_of.rank_steps, setting=SETTINGS[layer].__name__,
-                               world=2, interleave=4, seed=11)
-    ranks_of.check_records(dcp_workers.spawn_ranks(target, tmp_path, 2))
+                               world=2, interleave=4, seed=11, groups=2)
+    ranks_of.check_records(dcp_workers.spawn_ranks(target, tmp_path, 4))
 
 
 @pytest.mark.multigpu

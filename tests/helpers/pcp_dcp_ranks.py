@@ -113,24 +113,30 @@ def play_in_process(setting, world: int, interleave: int, device: str, seed: int
 
 
 def rank_steps(rank: int, out: str, setting: str, world: int, interleave: int, seed: int,
-               device: str = "cpu", speculative: int = 0) -> None:
+               device: str = "cpu", speculative: int = 0, groups: int = 1) -> None:
     """A rank's process for ``dcp_workers.spawn_ranks`` (``setting``: the setting module's
-    name; gloo on CPU; on ``device`` "cuda" NCCL, one GPU a rank, the rank's step captured
-    in its graph): per drawn step the rank's whole step (``PCPRank.run``: its rows built from
-    the staged global batch, then the layer with its all-gather over the group); records
-    each step's problems, the rows checked and whether the rank ran graphs."""
+    name; ``groups * world`` processes; gloo on CPU; on ``device`` "cuda" NCCL, one GPU a
+    rank, the rank's step captured in its graph): ``groups`` PCP + DCP groups of ``world``
+    ranks side by side, each drawing steps of its own (``seed`` plus its index), so that a
+    collective over the wrong group mixes steps that differ; per drawn step the rank's whole
+    step (``PCPRank.run``: its rows built from the staged global batch, then the layer with
+    its all-gather over its group); records each step's problems, the rows checked and
+    whether the rank ran graphs."""
     module = importlib.import_module(setting)
-    device = join_group(rank, out, world, device)
-    pieces = module.rank_pieces(world, interleave, device, rank, speculative=speculative,
-                                graphs=device != "cpu")
-    steps, single = module.draw_steps(world, interleave, seed, speculative)
+    device = join_group(rank, out, world * groups, device)
+    subgroups = [dist.new_group(list(range(g * world, (g + 1) * world))) for g in range(groups)]
+    mine, p = divmod(rank, world)
+    group = subgroups[mine] if groups > 1 else None
+    pieces = module.rank_pieces(world, interleave, device, p, group=group,
+                                speculative=speculative, graphs=device != "cpu")
+    steps, single = module.draw_steps(world, interleave, seed + mine, speculative)
     record = {"problems": [], "checked": 0, "graph": pieces.rank.graphs}
     if pieces.rank.graphs:
         pieces.rank.capture()
     for step in steps:
         s = step["s"]
         write_block_rows(pieces.rank, s)
-        glob = module.write_rank(pieces, rank, step, single, world, interleave)
+        glob = module.write_rank(pieces, p, step, single, world, interleave)
         rows = pieces.rank.run(s["query_lens"], s["is_prefilling"], s["num_computed"],
                                s["req_state_idx"])
         problems, checked = module.rank_problems(pieces, rows, glob, step)

@@ -151,19 +151,23 @@ def problems(rank: Rank, t: int, ref: torch.Tensor, single: torch.Tensor, table,
 
 
 def rank_steps(rank: int, out: str, world: int, interleave: int, seed: int, steps: int,
-               device: str = "cpu") -> None:
-    """A rank's process for ``dcp_workers.spawn_ranks`` (gloo on CPU, NCCL on CUDA): per
-    drawn step the whole consumer (its LSE all-gather and output all-reduce over the
-    group); records each step's problems."""
-    device = join_group(rank, out, world, device)
-    me = make_rank(world, rank, interleave, device)
+               groups: int = 1, device: str = "cpu") -> None:
+    """A rank's process for ``dcp_workers.spawn_ranks`` (``groups * world`` processes; gloo
+    on CPU, NCCL on CUDA): ``groups`` DCP groups of ``world`` ranks side by side, each
+    drawing steps of its own (``seed`` plus its index), so that a collective over the wrong
+    group mixes steps that differ; per step the whole consumer (its LSE all-gather and
+    output all-reduce over its group); records each step's problems."""
+    device = join_group(rank, out, world * groups, device)
+    subgroups = [dist.new_group(list(range(g * world, (g + 1) * world))) for g in range(groups)]
+    mine, p = divmod(rank, world)
+    me = make_rank(world, p, interleave, device, group=subgroups[mine])
     single = tiled_cache(BLOCKS, "cpu")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed + mine)
     record = {"problems": [], "tokens": 0}
     for _ in range(steps):
         q_lens, seq, table = draw_step(rng, 0)
         queries, topk, ref = draw_inputs(rng, q_lens, seq, table, single)
-        md, rows = place(me, rank, world, interleave, q_lens, seq, table, single, queries, topk)
+        md, rows = place(me, p, world, interleave, q_lens, seq, table, single, queries, topk)
         me.consumer.attend_into(md, rows, me.out)
         record["problems"] += problems(me, decode_tokens(md), ref, single, table, q_lens, seq,
                                        topk)
