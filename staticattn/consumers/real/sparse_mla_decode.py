@@ -179,7 +179,8 @@ class SparseMLADecode:
             td = o.shape[0]
             gather_rank_major(self.lse, self.world, self.rank, self.group)
             self.weigh(td)
-            dist.all_reduce(self.partial, group=self.group)
+            # The decode tokens' rows alone: the rows past them hold stale sums.
+            dist.all_reduce(self.partial[:td], group=self.group)
             o = self.partial[:td]
         self.write(idx_md, o, out)
 
