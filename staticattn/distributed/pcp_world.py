@@ -29,7 +29,8 @@ from staticattn.reference import pcp_layout, pcp_ring, v41_compressed
 
 __all__ = ["DEFAULT_SIZES", "PCP_PRESETS", "PCPFence", "PCPPair", "PCPSizes",
            "continued_pcp_step", "expected_ring_links", "global_batch", "next_pcp_step",
-           "pcp_pair", "random_pcp_step", "rank_mismatches", "ring_rows", "step_slots"]
+           "pcp_pair", "random_pcp_step", "rank_mismatches", "ring_rows", "step_slots",
+           "table_rows"]
 
 #: The presets ``--pcp`` serves, each in a graph per rank on CUDA. DeepSeek V4 is refused
 #: by the reference (its backends do not support PCP). V4.1 runs eagerly there (no CUDA
@@ -226,9 +227,16 @@ def ring_rows(table) -> torch.Tensor:
     ratio-2 ``compressor_state`` group, :func:`~staticattn.builders.pcp.ring_link.
     ring_table`) for a drawn step's ``table`` (int ``(S, width)``, a tensor or lists): its
     columns reversed, so that a request's ring block (column 0) is none of its blocks in
-    the other tables' column 0 -- a read of the wrong table shows. Every other table takes
-    ``table`` itself."""
+    the other tables' column 0 -- a read of the wrong table shows (every other table takes
+    ``table`` itself: :func:`table_rows`)."""
     return torch.as_tensor(table).flip(1)
+
+
+def table_rows(table, name: str, config: ArenaConfig) -> torch.Tensor:
+    """The rows a drawn step's ``table`` (int ``(S, width)``, a tensor or lists) puts in
+    block table ``name`` (a ``PCPViews.tables`` name) of an arena of ``config``:
+    :func:`ring_rows` in the compressor ring's table, ``table`` itself in every other."""
+    return ring_rows(table) if name == ring_table(config) else torch.as_tensor(table)
 
 
 def global_batch(step: dict) -> pcp_layout.GlobalBatch:
@@ -259,9 +267,8 @@ class PCPPair:
         written cache (the rank's shard under DCP); the single step's token states."""
         S = len(step["query_lens"])
         table = step["table"].to(self.rank.arena.device)
-        ring = ring_table(self.rank.config)
         for name, view in self.rank.views.tables.items():
-            rows = ring_rows(table) if name == ring else table
+            rows = table_rows(table, name, self.rank.config)
             view[:S].copy_(rows[:, :view.shape[1]])
             single = input_table(self.single.inputs, name)
             single[:S].copy_(rows[:, :single.shape[1]])

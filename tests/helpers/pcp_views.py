@@ -11,9 +11,8 @@ import torch
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import RankFields, build_rank_fields
 from staticattn.builders.pcp.rank_rows import RowViews, build_rows
-from staticattn.builders.pcp.ring_link import ring_table
 from staticattn.distributed.pcp_rank import PCPRank
-from staticattn.distributed.pcp_world import ring_rows
+from staticattn.distributed.pcp_world import table_rows
 from staticattn.reference import pcp_layout as pcp
 
 #: Global token capacity of the drawn steps (6 requests x 40 tokens at most).
@@ -59,12 +58,10 @@ def prefill_meta(cfg: PCPConfig, batch: pcp.GlobalBatch, lay: pcp.Layout, p: int
 
 def write_block_rows(rank: PCPRank, s: dict) -> None:
     """The global step ``s``'s block rows (:func:`~staticattn.distributed.pcp_world.
-    random_pcp_step`'s ``table``; the compressor ring's table its
-    :func:`~staticattn.distributed.pcp_world.ring_rows`; each table its first columns) into
-    the rank's tables."""
-    ring = ring_table(rank.config)
+    random_pcp_step`'s ``table``, as :func:`~staticattn.distributed.pcp_world.table_rows`
+    gives each table its rows; each table its first columns) into the rank's tables."""
     for name, view in rank.views.tables.items():
-        rows = ring_rows(s["table"]) if name == ring else s["table"]
+        rows = table_rows(s["table"], name, rank.config)
         view[: len(s["query_lens"])].copy_(rows[:, : view.shape[1]].to(view.device))
 
 
