@@ -8,13 +8,17 @@ from ``shared/spec/deepgemm-flashmla.md`` §2.2-§2.5, independent of the packag
 * :func:`oracle_attention`: per token, in a plain Python loop, the attention over its
   request's key positions named by its top-k row, read from the cache through the engine's
   block table -- no chunk, no workspace, no flat slot handed in;
-* :func:`kernel_abs_tol`: the absolute tolerance a token's output is held to, per device.
+* :func:`kernel_abs_tol`: the absolute tolerance a token's output is held to, per device;
+* :func:`served_row_problems`: a step's output rows against the oracle where a consumer
+  serves the token, :data:`UNTOUCHED` where it does not.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from helpers.dsa_reference import attention_problems
 
 NOPE, ROPE, TILE, PAGE = 512, 64, 128, 64
 DIM = NOPE + ROPE
@@ -172,6 +176,21 @@ def kernel_abs_tol(device: torch.device, cache: torch.Tensor, block_table: np.nd
         if slots.numel():
             tol[t] = max(ABS_TOL, roundings * P_ROUNDING * float(nope[slots].max()))
     return tol
+
+
+#: What a consumer must not write: the output rows of the tokens it does not serve start so.
+UNTOUCHED = 7.0
+
+
+def served_row_problems(got: torch.Tensor, ref: torch.Tensor, served: torch.Tensor,
+                        tol=ABS_TOL) -> list[str]:
+    """Problems of a consumer's output rows ``got`` (``(T, H, 512)``, CPU): where ``served``
+    (bool ``(T,)``) against ``ref`` (the served tokens' oracle rows, in order; ``tol`` a
+    float or per served token ``(n, 1, 1)``), and every other row still :data:`UNTOUCHED`."""
+    problems = attention_problems(got[served], ref, abs_tol=tol)
+    if not (got[~served] == UNTOUCHED).all():
+        problems.append("a row of a token the consumer does not serve was written")
+    return problems
 
 
 def draw_topk(rng: np.random.Generator, query_lens: np.ndarray, seq_lens: np.ndarray,
