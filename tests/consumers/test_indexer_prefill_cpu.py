@@ -27,7 +27,6 @@ from hypothesis import given, settings
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, make_arena
 from staticattn.consumers.real.indexer_topk import IndexerTopKStep
-from staticattn.errors import ConfigError
 
 BLOCKS = 160
 #: Small heads: the emulation scores in Python loops.
@@ -115,7 +114,7 @@ def test_keys_past_one_chunk_split_into_chunks_and_query_sub_chunks(build, case)
     assert indexer_problems(step, inputs, s, out, keys) == []
 
 
-def test_without_prefill_the_prefill_rows_say_no_key_and_dcp_is_refused():
+def test_without_prefill_the_prefill_rows_say_no_key():
     cfg = _config()
     builders, inputs, _, _ = _world(cfg)
     decode_only = IndexerTopKStep(cfg, num_kv_blocks=BLOCKS, **HEADS,
@@ -124,7 +123,3 @@ def test_without_prefill_the_prefill_rows_say_no_key_and_dcp_is_refused():
     s = make_step(cfg, [1, 40], [300, 40], rng=np.random.default_rng(2), num_blocks=BLOCKS)
     out = _run(decode_only, builders, stage(inputs, s), "build")
     assert (out[1:41] == -1).all() and (out[0, :64] >= 0).all()
-    with pytest.raises(ConfigError, match="without decode context parallelism"):
-        IndexerTopKStep(_config(dcp_world_size=2, dcp_rank=0), num_kv_blocks=BLOCKS,
-                        prefill=True, **HEADS, logits_fn=emulated_paged_mqa_logits,
-                        mqa_logits_fn=emulated_mqa_logits)

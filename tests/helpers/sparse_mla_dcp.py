@@ -39,13 +39,16 @@ MAX_LEN, SEQS = 1024, 8
 BLOCKS = 1 + SEQS * MAX_LEN // PAGE
 
 
-def config(world: int, rank: int, interleave: int, device: str, spec: int = 0) -> ArenaConfig:
-    return ArenaConfig.deepseek_v32(
-        max_model_len=MAX_LEN, max_num_seqs=SEQS, max_num_batched_tokens=64,
-        max_prefill_workspace=1100, max_logits_bytes=120_000, index_topk=TOPK,
-        num_speculative_tokens=spec, dcp_world_size=world, dcp_rank=rank,
-        cp_kv_cache_interleave_size=interleave, device=device,
-        kernel_backend="torch" if device == "cpu" else "auto")
+def config(world: int, rank: int, interleave: int, device: str, spec: int = 0,
+           **sizes) -> ArenaConfig:
+    """DCP rank ``rank`` of ``world`` of a small V3.2 (``sizes``: capacities that differ from
+    this setting's)."""
+    return ArenaConfig.deepseek_v32(**{
+        **dict(max_model_len=MAX_LEN, max_num_seqs=SEQS, max_num_batched_tokens=64,
+               max_prefill_workspace=1100, max_logits_bytes=120_000, index_topk=TOPK),
+        **sizes, "num_speculative_tokens": spec, "dcp_world_size": world, "dcp_rank": rank,
+        "cp_kv_cache_interleave_size": interleave, "device": device,
+        "kernel_backend": "torch" if device == "cpu" else "auto"})
 
 
 @dataclasses.dataclass

@@ -6,12 +6,18 @@ scores it ranked them by; :class:`DCPTopKMerge` packs them as ``(score, global i
 candidates (:func:`~staticattn.kernels.dcp.topk_merge.pack_candidates`), all-gathers them over the
 group into a buffer it owns and merges them into the global top-k, the same on every rank.
 A prefill chunk's rows pass their full-width logits with ``row_starts`` (their
-``cu_seqlen_ks``), or row-local logits without; decode rows row-local logits.
+``cu_seqlen_ks``), or row-local logits without; decode rows row-local logits. A top-k
+that comes with its scores (a top-k kernel's values) merges through
+:meth:`DCPTopKMerge.merge_scored`.
 
 Example (two ranks, each with its own group member)::
 
     merge = DCPTopKMerge(cfg, group, topk=2048, local_k=2048, max_rows=8192)
     ids = merge(local_topk, logits, row_starts=chunk.cu_seqlen_ks)  # (rows, 2048) int64
+    ids = merge.merge_scored(local_topk, topk_values)                # the same, scored
+
+Memory: the exchange buffer holds ``world x max_rows x local_k`` candidates of 16 bytes (a
+float64 score and id, so that ids stay exact), the merged ids ``max_rows x topk`` int64.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import torch.distributed as dist
 
 from staticattn.arena import ArenaConfig
 from staticattn.errors import InvalidBatchError
-from staticattn.kernels.dcp.topk_merge import merge_candidates, pack_candidates
+from staticattn.kernels.dcp.topk_merge import merge_candidates, pack_candidates, pack_scored
 
 __all__ = ["DCPTopKMerge", "gather_rank_major"]
 
@@ -83,16 +89,53 @@ class DCPTopKMerge:
         """``local_topk`` int ``(n, local_k)`` (-1 = none), ``logits`` float ``(n, cols)``,
         ``row_starts`` int ``(n,)`` or None; returns a view of an owned int64 ``(n, topk)``
         buffer, valid until the next call."""
+        n = self._check(local_topk)
+        pack_candidates(local_topk, logits, row_starts, self.candidates(n)[self.rank],
+                        world=self.world, rank=self.rank, interleave=self.interleave)
+        return self._exchange_and_merge(n)
+
+    def merge_scored(self, local_topk: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """The same merge for a local top-k that comes with its scores: ``local_topk`` int
+        ``(n, local_k)`` (-1 = none), ``scores`` float32 ``(n, local_k)`` aligned with it (a
+        top-k kernel's values); returns a view of an owned int64 ``(n, topk)`` buffer."""
+        self.pack(local_topk, scores)
+        return self._exchange_and_merge(local_topk.shape[0])
+
+    # The phases, for a caller that plays the all-gather itself (ranks in one process).
+    def pack(self, local_topk: torch.Tensor, scores: torch.Tensor) -> None:
+        """This rank's candidates of ``n`` rows into ``candidates(n)[dcp_rank]``:
+        ``local_topk`` int ``(n, local_k)`` (-1 = none), ``scores`` float32 ``(n, local_k)``
+        aligned with it."""
+        n = self._check(local_topk)
+        pack_scored(local_topk, scores, self.candidates(n)[self.rank], world=self.world,
+                    rank=self.rank, interleave=self.interleave)
+
+    def candidates(self, n: int) -> torch.Tensor:
+        """float64 ``(world, n, local_k, 2)``: every rank's candidates of ``n`` rows,
+        rank-major (``[dcp_rank]`` this rank's)."""
+        return self._cand[: self.world * n * self.local_k * 2].view(
+            self.world, n, self.local_k, 2)
+
+    def merged(self, n: int) -> torch.Tensor:
+        """The global top-k of ``n`` rows from :meth:`candidates`: a view of an owned int64
+        ``(n, topk)`` buffer."""
+        out = self._ids[:n]
+        merge_candidates(self.candidates(n), out)
+        return out
+
+    def exchange(self, n: int) -> None:
+        """Every rank's candidates of ``n`` rows into :meth:`candidates` (the all-gather
+        over the group; every rank of it calls this for the same ``n``)."""
+        gather_rank_major(self.candidates(n), self.world, self.rank, self.group)
+
+    def _exchange_and_merge(self, n: int) -> torch.Tensor:
+        self.exchange(n)
+        return self.merged(n)
+
+    def _check(self, local_topk: torch.Tensor) -> int:
         n = local_topk.shape[0]
         if n > self.max_rows or local_topk.shape[1] != self.local_k:
             raise InvalidBatchError(
                 f"local_topk must be (<= {self.max_rows}, {self.local_k}) (rows, local_k), "
                 f"got {tuple(local_topk.shape)}")
-        cand = self._cand[: self.world * n * self.local_k * 2].view(
-            self.world, n, self.local_k, 2)
-        pack_candidates(local_topk, logits, row_starts, cand[self.rank], world=self.world,
-                        rank=self.rank, interleave=self.interleave)
-        gather_rank_major(cand, self.world, self.rank, self.group)
-        out = self._ids[:n]
-        merge_candidates(cand, out)
-        return out
+        return n

@@ -27,14 +27,23 @@ form's is the chunks' own (a chunk's logits no wider than its keys).
 
 Under prefill context parallelism without DCP a rank's prefill rows are ordinary chunked-
 prefill rows (each row its own sequence reading its request's prefix, §3.4), so the same
-consumer serves a PCP rank: its tokens' top-k equal the single-GPU step's. Under decode
-context parallelism a chunk's keys are spread over the ranks (the global chunk plan, §3.5):
-not served here (:class:`~staticattn.errors.ConfigError`).
+consumer serves a PCP rank: its tokens' top-k equal the single-GPU step's.
+
+Under decode context parallelism alone (``vllm-0.33-extras.md`` §7.1) a rank holds its
+share of every request's keys, and the builder's chunks carry the rank's local row bounds:
+the loop gathers the chunk's local keys (``local_cu_seq_lens``, ``local_total_seq_lens``;
+the plan's ``local_req_key_start`` and column 6) and ranks them, so each token's row is
+the top-k of the keys this rank holds, by local index, with its logits in ``scores``
+(:meth:`IndexerPrefillTopK.topk_into`): what the DCP top-k merge takes
+(:class:`~staticattn.consumers.real.indexer_topk.IndexerTopKStep` runs it). A PCP + DCP
+rank's prefill rows read the whole DCP-gathered context instead (the global chunk plan,
+§3.5): :class:`~staticattn.distributed.pcp_dcp_indexer.PCPDCPPrefillTopK`.
 
 Memory: the workspace holds ``max(config.max_prefill_workspace, cdiv(max_model_len, R))``
 keys (``D + 4`` bytes and an int64 index each); ``width = min(workspace, cdiv(max_model_len,
 R))``; the graph form's score block and the top-k's masked copy, ``T x width`` fp32 each, and
-DeepGEMM's logits of each chunk as large (an eager chunk's: its tokens x its keys at most).
+DeepGEMM's logits of each chunk as large (an eager chunk's: its tokens x its keys at most);
+the graph form's top-k rows and their logits, ``T x K`` int32 and fp32.
 """
 
 from __future__ import annotations
@@ -63,7 +72,7 @@ class IndexerPrefillTopK:
     Parameters
     ----------
     config : ArenaConfig
-        Without decode context parallelism.
+        Under decode context parallelism, the rank's (its keys, at local indices).
     kv_cache : uint8 ``(num_blocks, 64, 1, D + 4)``
         The index type's K cache (:func:`~staticattn.consumers.real.caches.alloc_indexer_cache`).
     q : e4m3 ``(max_num_batched_tokens, H, D)``; weights : fp32 ``(max_num_batched_tokens, H)``
@@ -87,11 +96,6 @@ class IndexerPrefillTopK:
     def __init__(self, config: ArenaConfig, *, kv_cache: torch.Tensor, q: torch.Tensor,
                  weights: torch.Tensor, compress_ratio: int, topk: int,
                  logits_fn: MQALogitsFn | None = None) -> None:
-        if config.dcp_world_size > 1:
-            raise ConfigError(
-                "the real prefill indexer runs without decode context parallelism: under "
-                "DCP a chunk's keys are spread over the ranks (the global chunk plan, "
-                "prefill-context-parallel.md §3.5), which this consumer does not gather")
         if q.shape[0] < config.max_num_batched_tokens:
             raise ConfigError(f"the prefill indexer reads a query row per token: q holds "
                               f"{q.shape[0]} rows, the step up to "
@@ -101,6 +105,8 @@ class IndexerPrefillTopK:
                                           clean_logits=False)
         self.logits_fn = logits_fn
         self.q, self.weights, self.topk = q, weights, topk
+        #: Under DCP the chunks' local keys are gathered (their local row bounds).
+        self.local = config.dcp_world_size > 1
         self.keys = CacheKeyReader(kv_cache)
         self.head_dim = self.keys.head_dim
         self.max_keys = cdiv(config.max_model_len, compress_ratio)
@@ -120,57 +126,70 @@ class IndexerPrefillTopK:
         self._score_lens = torch.empty(t, dtype=torch.int32, device=dev)
         self._seen = torch.empty(t, dtype=torch.bool, device=dev)
         self._rows = torch.empty(t * topk, dtype=torch.int32, device=dev)
+        self._row_values = torch.empty(t * topk, dtype=torch.float32, device=dev)
 
-    def topk_into(self, idx_md: IndexerMetadata, out: torch.Tensor) -> None:
+    def topk_into(self, idx_md: IndexerMetadata, out: torch.Tensor,
+                  scores: torch.Tensor | None = None) -> None:
         """Write the top-k of every prefill token of ``idx_md`` into ``out`` (int32 ``(T,
-        K)``, ``T`` the step's tokens); the other rows are left as they are."""
+        K)``, ``T`` the step's tokens); the other rows are left as they are. ``scores``
+        (fp32 ``(T, K)``), given: each chosen key's logit into the same place (any value
+        where ``out`` is -1), for the DCP merge."""
         pre = idx_md.prefill
         if pre is None:
             return
         if pre.plan is not None:
-            self._planned(pre.plan, out)
+            self._planned(pre.plan, out, scores)
         for chunk in pre.chunks:
-            self._eager_chunk(chunk, out)
+            self._eager_chunk(chunk, out, scores)
 
     # ------------------------------------------------------------------ eager chunks
-    def _eager_chunk(self, chunk: IndexerPrefillChunkMetadata, out: torch.Tensor) -> None:
-        n, ts, te = chunk.total_seq_lens, chunk.token_start, chunk.token_end
+    def _eager_chunk(self, chunk: IndexerPrefillChunkMetadata, out: torch.Tensor,
+                     scores: torch.Tensor | None) -> None:
+        n = chunk.local_total_seq_lens if self.local else chunk.total_seq_lens
+        ts, te = chunk.token_start, chunk.token_end
         if n == 0 or te == ts:
             return
         # Request r's keys start at cu_seq_lens[r]; the chunk's keys end at its last entry.
         r = chunk.num_reqs
-        self.chunk_rows.eager_starts(chunk)
-        self._gather(r, chunk.cu_seq_lens[r:], chunk.block_table, n)
+        self.chunk_rows.eager_starts(chunk, local=self.local)
+        cu = chunk.local_cu_seq_lens if self.local else chunk.cu_seq_lens
+        self._gather(r, cu[r:], chunk.block_table, n)
         lens = self._lens[: te - ts]
         torch.sub(chunk.cu_seqlen_ke, chunk.cu_seqlen_ks, out=lens)
         # A token's keys are a part of the chunk's: its logits need no more columns.
         width = min(self.width, n)
         logits = self.logits_fn(self.q[ts:te], self._keys(n), self.weights[ts:te],
                                 chunk.cu_seqlen_ks, chunk.cu_seqlen_ke, max_seqlen_k=width)
-        self.masked_topk(logits, lens, out[ts:te], width=width)
+        self.masked_topk(logits, lens, out[ts:te], width=width,
+                         values=None if scores is None else scores[ts:te])
 
     # --------------------------------------------------------------- device plan
-    def _planned(self, plan, out: torch.Tensor) -> None:
+    def _planned(self, plan, out: torch.Tensor, scores: torch.Tensor | None) -> None:
         t, r = out.shape[0], plan.req_key_start.shape[0]
         lens = self._lens[:t]
         rows = self._rows[: t * self.topk].view(t, self.topk)
         # Each chunk's logits go to its tokens' rows of one score block; one top-k follows.
-        scores = self._scores[: t * self.width].view(t, self.width)
+        block = self._scores[: t * self.width].view(t, self.width)
         score_lens, seen = self._score_lens[:t], self._seen[:t]
         score_lens.zero_()
         seen.zero_()
         for c in range(plan.chunk_bounds.shape[0]):
-            self.chunk_rows.planned_starts(plan, c)
-            self._gather(r, plan.chunk_bounds[c, 4:5], plan.block_table, self.workspace)
+            self.chunk_rows.planned_starts(plan, c, local=self.local)
+            # Column 4: the chunk's keys; 6: this DCP rank's share of them.
+            keys = plan.chunk_bounds[c, 6:7] if self.local else plan.chunk_bounds[c, 4:5]
+            self._gather(r, keys, plan.block_table, self.workspace)
             in_chunk, ks, ke = self.chunk_rows.planned_tokens(plan, c, t)
             torch.sub(ke, ks, out=lens)
             logits = self.logits_fn(self.q[:t], self._keys(self.workspace), self.weights[:t],
                                     ks, ke, max_seqlen_k=self.width)
-            torch.where(in_chunk.view(t, 1), logits[:, : self.width], scores, out=scores)
+            torch.where(in_chunk.view(t, 1), logits[:, : self.width], block, out=block)
             torch.where(in_chunk, lens, score_lens, out=score_lens)
             seen.logical_or_(in_chunk)
-        self.masked_topk(scores, score_lens, rows)
+        values = None if scores is None else self._row_values[: t * self.topk].view(t, -1)
+        self.masked_topk(block, score_lens, rows, values=values)
         torch.where(seen.view(t, 1), rows, out, out=out)
+        if scores is not None:
+            torch.where(seen.view(t, 1), values, scores, out=scores)
 
     # -------------------------------------------------------------------- shared
     def _gather(self, num_reqs: int, num_keys: torch.Tensor, block_table: torch.Tensor,

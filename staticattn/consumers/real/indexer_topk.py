@@ -29,6 +29,19 @@ made with ``prefill=True``: their rows then come from DeepGEMM's ``fp8_mqa_logit
 prefill chunk's gathered keys (:class:`~staticattn.consumers.real.indexer_prefill.
 IndexerPrefillTopK`), eagerly or inside a mixed graph.
 
+Under decode context parallelism (``vllm-0.33-extras.md`` §7.1, the reference's
+``_merge_dcp_topk_global``) a rank holds its share of every request's keys, at local
+indices, and the builder's lengths and chunks are its own: steps 1-4 and the prefill part
+rank the keys this rank holds (``K`` of them, the local top-k, with their logits), then
+:class:`~staticattn.consumers.dcp.merge.DCPTopKMerge` packs them as ``(logit, global
+position)`` candidates, all-gathers them over the DCP group and keeps the ``K`` best: every
+rank's ``out`` is the global top-k, request-relative positions as without DCP, best first
+(ties to the smaller position). Exact: a key of the global top ``K`` is among its owner's
+local top ``K``. Step 5 is skipped under DCP: a short row holds the same keys, in the
+merge's order. The merge is one all-gather of ``world x rows x K`` candidates (16 bytes
+each; ``rows`` the decode tokens, with ``prefill`` the step's tokens): every rank of the
+group runs the step for the same batch.
+
 On sm90 DeepGEMM takes ``next_n`` in (1, 2) natively and 64-entry pages only, so the
 index type's pages must hold 64 entries (V3.2: block 64, R = 1; V4: block 256, R = 4;
 V4.1 on the SM90 block 64: ``c1a`` only, ``c2a``'s pages hold 32 --
@@ -52,6 +65,7 @@ import torch
 from staticattn.arena import ArenaConfig, cdiv
 from staticattn.builders.batch import Batch
 from staticattn.builders.indexer.index_type import indexer_name
+from staticattn.consumers.dcp.merge import DCPTopKMerge
 from staticattn.consumers.real.caches import INDEXER_BLOCK, alloc_indexer_cache
 from staticattn.consumers.real.indexer_prefill import IndexerPrefillTopK, MQALogitsFn
 from staticattn.consumers.real.key_rows import MaskedTopK
@@ -104,6 +118,8 @@ class IndexerTopKStep:
         Also score the prefill tokens (:attr:`prefill_topk`); default False (their rows -1).
     mqa_logits_fn : callable, optional
         Stand-in for ``deep_gemm.fp8_mqa_logits`` (the prefill part's); default DeepGEMM's.
+    group : ProcessGroup, optional
+        Under DCP, the DCP group the top-k merges over (None: the default group).
 
     Attributes
     ----------
@@ -115,6 +131,10 @@ class IndexerTopKStep:
         The prefill part, with ``prefill``.
     kv_cache : uint8 ``(num_kv_blocks, 64, 1, head_dim + 4)``.
     out : int32 ``(max_num_batched_tokens, topk)``: the step's result, -1 padded.
+    scores : fp32 ``(max_num_batched_tokens, topk)`` or None
+        Under DCP: the logits of the last step's local top-k, before the merge.
+    merge : DCPTopKMerge or None
+        Under DCP: the merge of the ranks' local top-k.
     """
 
     def __init__(
@@ -130,6 +150,7 @@ class IndexerTopKStep:
         short_context_fill: bool = True,
         prefill: bool = False,
         mqa_logits_fn: MQALogitsFn | None = None,
+        group=None,
     ) -> None:
         row = (config.index_layer_type if index_type is None
                else _index_row(config, index_type))
@@ -179,6 +200,12 @@ class IndexerTopKStep:
         # Work buffers at fixed addresses, so no op of the step allocates a result; flat, so
         # that a narrower step (a context bucket's graph) takes contiguous views of them.
         self.masked_topk = MaskedTopK(rows, ctx, k, dev)
+        self.scores = self.merge = None
+        if config.dcp_world_size > 1:
+            self.scores = torch.full((config.max_num_batched_tokens, k), float("-inf"),
+                                     dtype=torch.float32, device=dev)
+            self.merge = DCPTopKMerge(config, group, topk=k, local_k=k, max_rows=q_rows,
+                                      ratio=self.compress_ratio)
 
     def __call__(self, batch: Batch, md: dict[str, Any]) -> torch.Tensor:
         out = self.out[: batch.num_actual_tokens]
@@ -188,7 +215,19 @@ class IndexerTopKStep:
     def topk_into(self, idx_md, out: torch.Tensor) -> None:
         """Write the top-k of every decode token of ``idx_md`` (an ``IndexerMetadata``) into
         ``out`` (``(num_tokens, K)`` int32); rows past the decode tokens get -1, then, with
-        :attr:`prefill_topk`, the prefill tokens' top-k."""
+        :attr:`prefill_topk`, the prefill tokens' top-k. Under DCP every rank of the group
+        calls it for the same step (the merge's all-gather)."""
+        n = self.local_topk_into(idx_md, out)
+        if n:
+            self.merge.exchange(n)
+            self.merged_into(out, n)
+
+    # The DCP phases, for a caller that plays the merge's all-gather itself.
+    def local_topk_into(self, idx_md, out: torch.Tensor) -> int:
+        """:meth:`topk_into` without the merge: under DCP ``out`` (int32 ``(T, K)``) gets
+        this rank's local top-k (local indices), their logits go to :attr:`scores` and the
+        merge's candidates to ``merge.candidates(n)[dcp_rank]``. Returns ``n``, the rows to
+        merge (0 without DCP)."""
         td = idx_md.num_decode_tokens
         dec = idx_md.decode
         if dec is not None and td and dec.requires_padding:
@@ -205,12 +244,25 @@ class IndexerTopKStep:
         # Checked first, written after: a rejected batch leaves the output as it was.
         if td < out.shape[0]:
             out[td:].fill_(-1)
+        scores = None if self.scores is None else self.scores[: out.shape[0]]
         if dec is not None and td:
-            self._decode_topk(idx_md, out)
+            self._decode_topk(idx_md, out, scores)
         if self.prefill_topk is not None:
-            self.prefill_topk.topk_into(idx_md, out)
+            self.prefill_topk.topk_into(idx_md, out, scores)
+        if self.merge is None:
+            return 0
+        # With the prefill part every row of the step; else the decode tokens' rows.
+        n = out.shape[0] if self.prefill_topk is not None else (entries if td else 0)
+        if n:
+            self.merge.pack(out[:n], scores[:n])
+        return n
 
-    def _decode_topk(self, idx_md, out: torch.Tensor) -> None:
+    def merged_into(self, out: torch.Tensor, n: int) -> None:
+        """The global top-k of the first ``n`` rows, from every rank's candidates (after
+        the all-gather), into ``out[:n]`` (int32 ``(>= n, K)``)."""
+        out[:n].copy_(self.merge.merged(n))
+
+    def _decode_topk(self, idx_md, out: torch.Tensor, scores: torch.Tensor | None) -> None:
         dec = idx_md.decode
         rows, width = dec.seq_lens.shape
         entries = rows * width
@@ -218,9 +270,11 @@ class IndexerTopKStep:
         q = self.q[:entries].view(rows, width, self.num_heads, self.head_dim)
         logits = self.logits_fn(q, self.kv_cache, self.weights[:entries], dec.seq_lens,
                                 dec.block_table, dec.schedule_metadata, ctx)
-        self.masked_topk(logits, dec.seq_lens.view(entries), out[:entries], width=ctx)
+        self.masked_topk(logits, dec.seq_lens.view(entries), out[:entries], width=ctx,
+                         values=None if scores is None else scores[:entries])
         dst = out[:entries]
-        if self.short_context_fill:
+        # Under DCP the rows are local, ranked for the merge: the fill would misplace them.
+        if self.short_context_fill and scores is None:
             fill_short_context_topk(self.backend, dst, dec.seq_lens.view(entries),
                                     num_rows=entries)
 

@@ -79,11 +79,12 @@ class MaskedTopK:
         self._neg_inf = torch.tensor(float("-inf"), dtype=torch.float32, device=device)
 
     def __call__(self, logits: torch.Tensor, lens: torch.Tensor, out: torch.Tensor,
-                 width: int | None = None) -> None:
+                 width: int | None = None, values: torch.Tensor | None = None) -> None:
         """``out`` (int32 ``(n, K)``): the columns of the ``K`` largest of the first
         ``width`` (default the capacity's) ``logits`` (fp32 ``(n, >= width)``; columns past
         a row's ``lens`` (int32 ``(n,)``) never chosen), by logit; -1 where a row has fewer
-        than ``K`` columns."""
+        than ``K`` columns. ``values`` (fp32 ``(n, K)``), given: the chosen columns' logits
+        (any value where ``out`` is -1), what a DCP top-k merge ranks them by."""
         n, width = logits.shape[0], self.width if width is None else width
         k = min(self.topk, width)
         lens = lens.view(n, 1)
@@ -91,15 +92,17 @@ class MaskedTopK:
         masked = self._masked[: n * width].view(n, width)
         torch.lt(self._cols[:, :width], lens, out=mask)
         torch.where(mask, logits[:, :width], self._neg_inf, out=masked)
-        values = self._values[: n * k].view(n, k)
+        best = self._values[: n * k].view(n, k)
         indices = self._indices[: n * k].view(n, k)
-        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(values, indices))
+        torch.topk(masked, k, dim=1, largest=True, sorted=True, out=(best, indices))
         invalid = self._invalid[: n * k].view(n, k)
         torch.ge(indices, lens, out=invalid)
         out[:, :k].copy_(indices)
         out[:, :k].masked_fill_(invalid, -1)
         if k < out.shape[1]:
             out[:, k:].fill_(-1)
+        if values is not None:
+            values[:, :k].copy_(best)
 
 
 class ChunkKeyRows:
@@ -146,24 +149,26 @@ class ChunkKeyRows:
         self._before = torch.tensor(-1, dtype=torch.int64, device=device)
         self._zero = torch.tensor(0, dtype=torch.int32, device=device)
 
-    def eager_starts(self, chunk: IndexerPrefillChunkMetadata) -> None:
-        """The starts of a host-planned chunk's requests: its ``cu_seq_lens[:num_reqs]``."""
+    def eager_starts(self, chunk: IndexerPrefillChunkMetadata, local: bool = False) -> None:
+        """The starts of a host-planned chunk's requests: its ``cu_seq_lens[:num_reqs]``
+        (``local``: ``local_cu_seq_lens``, where they land in a DCP rank's gathered keys)."""
         r = chunk.num_reqs
-        self._starts[:r].copy_(chunk.cu_seq_lens[:r])
+        self._starts[:r].copy_((chunk.local_cu_seq_lens if local else chunk.cu_seq_lens)[:r])
 
-    def planned_starts(self, plan: IndexerPrefillPlan, c: int) -> None:
+    def planned_starts(self, plan: IndexerPrefillPlan, c: int, local: bool = False) -> None:
         """The starts of chunk row ``c`` of a device plan, over all ``R`` requests of the
         plan: a request's plan entry inside the chunk's ``[s, e)``, -1 before (never the
         last <= a row: the first request in range starts at 0), "none" after (above every
-        row)."""
-        r = plan.req_key_start.shape[0]
+        row); ``local``: the entries of a DCP rank's keys (``local_req_key_start``)."""
+        key_start = plan.local_req_key_start if local else plan.req_key_start
+        r = key_start.shape[0]
         s, e = plan.chunk_bounds[c, 0], plan.chunk_bounds[c, 1]
         reqs, starts = self._req_ids[:r], self._starts[:r]
         at_or_after, chosen = self._in_range[:r], self._chosen[:r]
         torch.ge(reqs, s, out=at_or_after)
         torch.where(at_or_after, self._no_req, self._before, out=starts)
         torch.lt(reqs, e, out=chosen).logical_and_(at_or_after)
-        torch.where(chosen, plan.req_key_start, starts, out=starts)
+        torch.where(chosen, key_start, starts, out=starts)
 
     def locate(self, num_reqs: int, num_keys: torch.Tensor, block_table: torch.Tensor,
                rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

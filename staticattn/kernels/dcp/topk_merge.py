@@ -28,13 +28,14 @@ import torch
 
 from staticattn.kernels.dcp.ownership import dcp_global_index
 
-__all__ = ["merge_candidates", "pack_candidates"]
+__all__ = ["merge_candidates", "pack_candidates", "pack_scored"]
 
 
 def pack_candidates(local_topk: torch.Tensor, logits: torch.Tensor,
                     row_starts: torch.Tensor | None, out: torch.Tensor, *, world: int,
                     rank: int, interleave: int) -> None:
-    """Write this rank's candidates of ``n`` rows into ``out``.
+    """Write this rank's candidates of ``n`` rows into ``out``, their scores read from the
+    logits.
 
     Parameters
     ----------
@@ -49,13 +50,23 @@ def pack_candidates(local_topk: torch.Tensor, logits: torch.Tensor,
     world, rank, interleave : int
         The DCP layout of the keys counted (``I // R`` for compressed keys).
     """
-    valid = local_topk >= 0
     local = local_topk.clamp(min=0).to(torch.int64)
     column = local if row_starts is None else local + row_starts.to(torch.int64)[:, None]
     column = column.clamp(max=logits.shape[1] - 1)
-    scores = logits.gather(1, column).to(torch.float64)
+    pack_scored(local_topk, logits.gather(1, column), out, world=world, rank=rank,
+                interleave=interleave)
+
+
+def pack_scored(local_topk: torch.Tensor, scores: torch.Tensor, out: torch.Tensor, *,
+                world: int, rank: int, interleave: int) -> None:
+    """:func:`pack_candidates` of a local top-k that comes with its scores: ``local_topk``
+    int ``(n, k')`` (-1 = none), ``scores`` float32 ``(n, k')``, ``scores[t, i]`` the score
+    of ``local_topk[t, i]`` (any value where that is -1), as a top-k kernel returns them;
+    ``out`` float64 ``(n, k', 2)``."""
+    valid = local_topk >= 0
+    local = local_topk.clamp(min=0).to(torch.int64)
     ids = dcp_global_index(local, world, rank, interleave)
-    out[..., 0] = torch.where(valid, scores, float("-inf"))
+    out[..., 0] = torch.where(valid, scores.to(torch.float64), float("-inf"))
     out[..., 1] = torch.where(valid, ids, -1).to(torch.float64)
 
 
