@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.dcp_workers import join_group
+from helpers.op_trace import NoHostReads
 from helpers.pcp_views import rank_metadata, write_block_rows
 from staticattn.distributed.pcp_rank import PCPRank
 from staticattn.distributed.pcp_world import global_batch
@@ -100,13 +101,16 @@ def play_in_process(setting, world: int, interleave: int, device: str, seed: int
         staged = [stage_rank(setting, r, p, step, single, world, interleave)
                   for p, r in enumerate(ranks)]
         for r, (batch, _) in zip(ranks, staged):
-            r.share(batch)
+            with NoHostReads():
+                r.share(batch)
         for r in ranks:  # the all-gather, rank-major
             for d, other in enumerate(ranks):
                 for mine, theirs in zip(r.gathered, other.gathered):
                     mine[d].copy_(theirs[d])
         for p, (r, (batch, glob)) in enumerate(zip(ranks, staged)):
-            problems, n = setting.rank_problems(r, r.finish(batch), glob, step)
+            with NoHostReads():
+                rows = r.finish(batch)
+            problems, n = setting.rank_problems(r, rows, glob, step)
             assert problems == [], (p, step["s"], problems)
             checked += n
     return steps, checked

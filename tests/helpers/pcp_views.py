@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from helpers.op_trace import NoHostReads
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import RankFields, build_rank_fields
 from staticattn.builders.pcp.rank_rows import RowViews, build_rows
@@ -73,6 +74,7 @@ def rank_metadata(rank: PCPRank, p: int, s: dict) -> tuple[object, dict, torch.T
     write_block_rows(rank, s)
     rank.check(q, s["is_prefilling"], s["num_computed"])
     rank.stage(q, s["is_prefilling"], s["num_computed"], s["req_state_idx"])
-    batch, md = rank.metadata()
+    with NoHostReads():  # what the rank's graph holds
+        batch, md = rank.metadata()
     n = int(rank.views.rows.num_tokens[p])
     return batch, md, rank.views.rows.token_to_global[p, :n].long()

@@ -141,8 +141,10 @@ def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, ra
     total, local_total = global_cu[-1], local_cu[-1]
     # Query tokens of the prefill rows: local token j = first prefill token + u.
     qsl = rows.query_start_loc[rank].long()
+    # qsl[nd] as a one-element tensor: indexing by a 0-dim tensor would read it to the host.
+    first_prefill = qsl.index_select(0, nd.view(1))
     u = torch.arange(out.ks.numel(), device=dev)
-    j = qsl[nd] + u
+    j = first_prefill + u
     token_row = segment_of(qsl, j)
     real = j < qsl[-1]
     pos = fields.start_pos.long()[token_row] + j - qsl[token_row]
@@ -152,7 +154,7 @@ def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, ra
     entry = torch.cumsum(request_first.long(), 0) - 1
     local_token = torch.arange(out.request_ids.numel(), device=dev)
     own_row = segment_of(qsl, local_token)
-    request_ids = torch.where((local_token >= qsl[nd]) & (local_token < qsl[-1]),
+    request_ids = torch.where((local_token >= first_prefill) & (local_token < qsl[-1]),
                               entry[(own_row - nd).clamp(0, R - 1)], -1)
     entry_first = torch.searchsorted(entry.contiguous(), r)  # the first row of entry r
     starts = torch.where(r <= entry[-1], _exclusive(shard)[entry_first.clamp(max=R - 1)], 0)
