@@ -7,14 +7,15 @@ candidates (:func:`~staticattn.kernels.dcp.topk_merge.pack_candidates`), all-gat
 group into a buffer it owns and merges them into the global top-k, the same on every rank.
 A prefill chunk's rows pass their full-width logits with ``row_starts`` (their
 ``cu_seqlen_ks``), or row-local logits without; decode rows row-local logits. A top-k
-that comes with its scores (a top-k kernel's values) merges through
-:meth:`DCPTopKMerge.merge_scored`.
+that comes with its scores (a top-k kernel's values) merges in phases:
+:meth:`DCPTopKMerge.pack`, :meth:`~DCPTopKMerge.exchange`, :meth:`~DCPTopKMerge.merged`.
 
 Example (two ranks, each with its own group member)::
 
     merge = DCPTopKMerge(cfg, group, topk=2048, local_k=2048, max_rows=8192)
     ids = merge(local_topk, logits, row_starts=chunk.cu_seqlen_ks)  # (rows, 2048) int64
-    ids = merge.merge_scored(local_topk, topk_values)                # the same, scored
+    merge.pack(local_topk, topk_values); merge.exchange(rows)       # the same, scored
+    ids = merge.merged(rows)
 
 Memory: the exchange buffer holds ``world x max_rows x local_k`` candidates of 16 bytes (a
 float64 score and id, so that ids stay exact), the merged ids ``max_rows x topk`` int64.
@@ -94,14 +95,8 @@ class DCPTopKMerge:
                         world=self.world, rank=self.rank, interleave=self.interleave)
         return self._exchange_and_merge(n)
 
-    def merge_scored(self, local_topk: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        """The same merge for a local top-k that comes with its scores: ``local_topk`` int
-        ``(n, local_k)`` (-1 = none), ``scores`` float32 ``(n, local_k)`` aligned with it (a
-        top-k kernel's values); returns a view of an owned int64 ``(n, topk)`` buffer."""
-        self.pack(local_topk, scores)
-        return self._exchange_and_merge(local_topk.shape[0])
-
-    # The phases, for a caller that plays the all-gather itself (ranks in one process).
+    # The phases of a local top-k that comes with its scores (a top-k kernel's values):
+    # pack, exchange (every rank), merged; a caller in one process plays the exchange.
     def pack(self, local_topk: torch.Tensor, scores: torch.Tensor) -> None:
         """This rank's candidates of ``n`` rows into ``candidates(n)[dcp_rank]``:
         ``local_topk`` int ``(n, local_k)`` (-1 = none), ``scores`` float32 ``(n, local_k)``
