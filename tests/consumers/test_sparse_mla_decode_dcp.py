@@ -42,14 +42,8 @@ def test_merged_decode_rows_are_the_single_gpu_attention(world, interleave, spec
                                  topk, build) for p, r in enumerate(ranks)]
         outs = [r.consumer.attend_local(md, rows) for r, (md, rows) in zip(ranks, placed)]
         t = outs[0].shape[0]  # the decode capacity: past the decode tokens, rows not kept
-        for r in ranks:  # the LSE all-gather
-            for d, other in enumerate(ranks):
-                r.consumer.lse[d].copy_(other.consumer.lse[d])
-        for r in ranks:
-            r.consumer.weigh(t)
-        total = sum(r.consumer.partial.clone() for r in ranks)  # the all-reduce
+        world_of.play_merge([r.consumer for r in ranks], t)
         for r, (md, _) in zip(ranks, placed):
-            r.consumer.partial.copy_(total)
             r.consumer.write(md, r.consumer.partial[:t], r.out)
             td = world_of.decode_tokens(md)
             assert world_of.problems(r, td, ref, single, table, q_lens, seq, topk) == []

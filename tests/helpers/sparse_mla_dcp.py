@@ -78,6 +78,20 @@ def make_rank(world: int, rank: int, interleave: int, device: str, spec: int = 0
     return Rank(cfg, builder, inputs, cache, consumer, out)
 
 
+def play_merge(consumers, t: int) -> None:
+    """The DCP merge of the consumers' first ``t`` attended rows, every rank in this
+    process: the LSE all-gather by copies, each rank's weighing, the all-reduce by a sum;
+    after it each consumer's ``partial[:t]`` holds the merged rows."""
+    for c in consumers:
+        for d, other in enumerate(consumers):
+            c.lse[d].copy_(other.lse[d])
+    for c in consumers:
+        c.weigh(t)
+    total = sum(c.partial.clone() for c in consumers)
+    for c in consumers:
+        c.partial.copy_(total)
+
+
 def draw_step(rng: np.random.Generator, spec: int) -> tuple[list[int], list[int], np.ndarray]:
     """A decode step (rows of 1..1+spec tokens: MTP's verified drafts and shorter rows)
     of 1..8 requests, lengths long, short and of the query alone, and its unique block rows

@@ -132,7 +132,7 @@ class SparseMLADecode:
                  topk: int, softmax_scale: float | None = None,
                  decode_fn: DecodeFn | None = None, plan_fn: PlanFn | None = None,
                  group=None) -> None:
-        check_decode_config(config, kv_cache, q, topk)
+        check_decode_config(config, kv_cache, q, topk, q_rows=self.capacity(config))
         if decode_fn is None or plan_fn is None:
             flash_mla = require(FLASH_MLA)
             decode_fn = decode_fn or flash_mla.flash_mla_with_kvcache
@@ -141,7 +141,7 @@ class SparseMLADecode:
         self.kv_cache, self.q, self.topk = kv_cache, q, topk
         self.num_heads = q.shape[1]
         self.scale = V32_SOFTMAX_SCALE if softmax_scale is None else float(softmax_scale)
-        dev, d = config.torch_device, config.max_decode_tokens
+        dev, d = config.torch_device, self.capacity(config)
         self.slots = torch.full((d, topk), -1, dtype=torch.int32, device=dev)
         self._block_col = torch.empty(d * topk, dtype=torch.int64, device=dev)
         self._offset = torch.empty(d * topk, dtype=torch.int32, device=dev)
@@ -149,7 +149,7 @@ class SparseMLADecode:
                                      for _ in range(2))
         self._lens = torch.empty(d, dtype=torch.int32, device=dev)
         self._token = torch.arange(d, dtype=torch.int32, device=dev)
-        self._is_decode = torch.empty(d, dtype=torch.bool, device=dev)
+        self._keep = torch.empty(d, dtype=torch.bool, device=dev)
         self._none = torch.tensor(-1, dtype=torch.int32, device=dev)
         self.world, self.rank, self.group = config.dcp_world_size, config.dcp_rank, group
         self.interleave = config.dcp_entry_interleave(1)
@@ -161,6 +161,11 @@ class SparseMLADecode:
                                   dtype=torch.float32, device=dev)
             self._local = torch.empty(d * topk, dtype=torch.int32, device=dev)
             self._total = torch.empty(d, self.num_heads, dtype=torch.float32, device=dev)
+
+    @staticmethod
+    def capacity(config: ArenaConfig) -> int:
+        """Rows it attends at most: the step's decode tokens."""
+        return config.max_decode_tokens
 
     def attend_into(self, idx_md: IndexerMetadata, topk: torch.Tensor, out: torch.Tensor,
                     sched: Any = None) -> None:
@@ -175,14 +180,20 @@ class SparseMLADecode:
         o = self.attend_local(idx_md, topk, sched)
         if o is None:
             return
-        if self.world > 1:
-            td = o.shape[0]
-            gather_rank_major(self.lse, self.world, self.rank, self.group)
-            self.weigh(td)
-            # The decode tokens' rows alone: the rows past them hold stale sums.
-            dist.all_reduce(self.partial[:td], group=self.group)
-            o = self.partial[:td]
-        self.write(idx_md, o, out)
+        self.write(idx_md, self.merged(o), out)
+
+    def merged(self, o: torch.Tensor) -> torch.Tensor:
+        """``o`` (bf16 ``(t, H, 512)``), the first ``t`` rows :meth:`attend_local` attended,
+        merged over the DCP group (the LSE all-gather, :meth:`weigh`, the all-reduce): fp32
+        ``(t, H, 512)``, a view of :attr:`partial`; ``o`` itself without DCP."""
+        if self.world == 1:
+            return o
+        t = o.shape[0]
+        gather_rank_major(self.lse, self.world, self.rank, self.group)
+        self.weigh(t)
+        # The attended rows alone: the rows past them hold stale sums.
+        dist.all_reduce(self.partial[:t], group=self.group)
+        return self.partial[:t]
 
     def attend_local(self, idx_md: IndexerMetadata, topk: torch.Tensor,
                      sched: Any = None) -> torch.Tensor | None:
@@ -199,21 +210,33 @@ class SparseMLADecode:
                 f"the sparse-MLA decode reads token e's keys at row e // width of a uniform "
                 f"decode layout; this one is {rows}x{width} for {td} decode tokens"
                 f"{' with unequal query lengths' if dec.requires_padding else ''}")
-        slots = self.slots_of(dec, topk[:td])
+        return self.attend_slots(self.slots_of(dec, topk[:td]), sched)
+
+    def attend_slots(self, slots: torch.Tensor, sched: Any = None) -> torch.Tensor:
+        """The kernel over the first ``t`` query rows, each at its flat cache ``slots``
+        (int32 ``(t, K)``, -1 for none): bf16 ``(t, H, 512)``; under DCP also copied into
+        :attr:`partial` with its LSE in ``lse[dcp_rank]``."""
+        t = slots.shape[0]
         if sched is None:
             sched = self.plan_fn()
         o, lse = self.decode_fn(
-            self.q[:td].view(td, 1, self.num_heads, DS_MLA_DIM), self.kv_cache, None, None,
+            self.q[:t].view(t, 1, self.num_heads, DS_MLA_DIM), self.kv_cache, None, None,
             DS_MLA_NOPE, sched, softmax_scale=self.scale, is_fp8_kvcache=True,
-            indices=slots.view(td, 1, self.topk))
-        o = o.view(td, self.num_heads, DS_MLA_NOPE)
+            indices=slots.view(t, 1, self.topk))
+        o = o.view(t, self.num_heads, DS_MLA_NOPE)
         if self.world > 1:
-            self.partial[:td].copy_(o)
-            # FlashMLA's LSE is (Td, H, 1), +inf for a token without a key: none here.
-            mine = self.lse[self.rank, :td]
-            mine.copy_(lse.view(td, self.num_heads))
-            mine.masked_fill_(mine == float("inf"), float("-inf"))
+            self._take_partial(o, lse)
         return o
+
+    def _take_partial(self, o: torch.Tensor, lse: torch.Tensor) -> None:
+        """This rank's output ``o`` (bf16 ``(t, H, 512)``) into :attr:`partial` and its LSE
+        (fp32 ``(t, H, 1)``, FlashMLA's) into ``lse[dcp_rank]``."""
+        t = o.shape[0]
+        self.partial[:t].copy_(o)
+        # FlashMLA's LSE is +inf for a token without a key: none here.
+        mine = self.lse[self.rank, :t]
+        mine.copy_(lse.view(t, self.num_heads))
+        mine.masked_fill_(mine == float("inf"), float("-inf"))
 
     def weigh(self, td: int) -> None:
         """Scale :attr:`partial`'s first ``td`` rows by this rank's share of each token's
@@ -235,7 +258,7 @@ class SparseMLADecode:
         if pre is not None and pre.plan is not None:
             # A mixed build: Td is the bucket's capacity; past step_counts[3] the rows are
             # prefill tokens (or padding), whose outputs are not ours.
-            keep = self._is_decode[:td]
+            keep = self._keep[:td]
             torch.lt(self._token[:td], idx_md.step_counts[3], out=keep)
             torch.where(keep.view(td, 1, 1), o, dst, out=dst)
         else:
@@ -249,9 +272,23 @@ class SparseMLADecode:
         rows, width = dec.seq_lens.shape
         n, k = rows * width, self.topk
         table = dec.block_table[:rows]
-        max_blocks = table.shape[1]
         lens = self._lens[:n]
-        torch.clamp(dec.seq_lens.view(n), max=max_blocks * DS_MLA_BLOCK, out=lens)
+        torch.clamp(dec.seq_lens.view(n), max=table.shape[1] * DS_MLA_BLOCK, out=lens)
+        local, col, valid = self.held_entries(topk, lens, table.shape[1])
+        slots = self.slots[:n]
+        # A table row serves its `width` tokens: gather their K columns each in one go.
+        torch.gather(table, 1, col.view(rows, width * k), out=slots.view(rows, width * k))
+        return self.finish_slots(local, valid, slots)
+
+    def held_entries(self, topk: torch.Tensor, lens: torch.Tensor, max_blocks: int
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For top-k rows ``topk`` (int32 ``(n, K)``) and each token's key count ``lens``
+        (int32 ``(n,)``, under DCP this rank's share): ``(local, col, valid)``, each ``(n,
+        K)`` -- the entry's index in this rank's keys (int32; the position itself without
+        DCP), its block-table column (int64, clamped into the table's ``max_blocks``), and
+        whether it is attended here (bool: not -1, below ``lens``, and under DCP held by
+        this rank). Views of owned buffers."""
+        n, k = topk.shape
         valid = self._valid[: n * k].view(n, k)
         placed = torch.ge(topk, 0, out=self._placed[: n * k].view(n, k))
         if self.world > 1:
@@ -265,21 +302,25 @@ class SparseMLADecode:
         valid.logical_and_(placed)
         col = self._block_col[: n * k].view(n, k)
         torch.floor_divide(topk, DS_MLA_BLOCK, out=col).clamp_(0, max_blocks - 1)
-        slots = self.slots[:n]
-        # A table row serves its `width` tokens: gather their K columns each in one go.
-        torch.gather(table, 1, col.view(rows, width * k), out=slots.view(rows, width * k))
+        return topk, col, valid
+
+    def finish_slots(self, local: torch.Tensor, valid: torch.Tensor,
+                     slots: torch.Tensor) -> torch.Tensor:
+        """``slots`` (int32 ``(n, K)``, the entries' blocks) turned into flat slots ``block *
+        64 + local % 64``, -1 where not ``valid`` (:meth:`held_entries`' outputs)."""
+        n, k = local.shape
         slots.mul_(DS_MLA_BLOCK).add_(
-            torch.remainder(topk, DS_MLA_BLOCK, out=self._offset[: n * k].view(n, k)))
+            torch.remainder(local, DS_MLA_BLOCK, out=self._offset[: n * k].view(n, k)))
         torch.where(valid, slots, self._none, out=slots)
         return slots
 
 
 def check_decode_config(config: ArenaConfig, kv_cache: torch.Tensor, q: torch.Tensor,
-                        topk: int) -> None:
+                        topk: int, q_rows: int | None = None) -> None:
     """:class:`ConfigError` unless FlashMLA's sm90 sparse decode serves ``config``, the
-    cache (uint8 ``(num_blocks, 64, 1, 656)``), the queries (bf16 ``(>= max_decode_tokens,
-    H, 576)``, ``H`` 64 or 128) and a top-k of ``topk``."""
-    check_v32_inputs(config, kv_cache, q, q_rows=config.max_decode_tokens,
+    cache (uint8 ``(num_blocks, 64, 1, 656)``), the queries (bf16 ``(>= q_rows, H, 576)``,
+    ``H`` 64 or 128; ``q_rows`` default ``max_decode_tokens``) and a top-k of ``topk``."""
+    check_v32_inputs(config, kv_cache, q, q_rows=q_rows or config.max_decode_tokens,
                      what="the sparse-MLA decode")
     if q.shape[1] not in _HEADS:
         raise ConfigError(f"{q.shape[1]} query heads: FlashMLA's sm90 sparse decode takes "

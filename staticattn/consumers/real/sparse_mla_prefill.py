@@ -213,8 +213,10 @@ def check_prefill_config(config: ArenaConfig, kv_cache: torch.Tensor, q: torch.T
     if config.dcp_world_size > 1:
         raise ConfigError(
             "the sparse-MLA prefill runs without decode context parallelism: under DCP a "
-            "chunk's keys are spread over the ranks and the workspace must be all-gathered "
-            "(prefill-context-parallel.md §3.6), which this consumer does not do")
+            "chunk's keys are spread over the ranks. Under DCP alone attend every token with "
+            "the decode kernel as one batch (sparse_mla_mixed.SparseMLAMixedBatch, the "
+            "reference's mixed-batch mode); on a PCP + DCP rank, "
+            "distributed.pcp_dcp_sparse_mla.PCPDCPSparseMLAPrefill")
     check_v32_inputs(config, kv_cache, q, q_rows=config.max_num_batched_tokens,
                      what="the sparse-MLA prefill")
     check_sparse_fwd_shapes(q.shape[1], topk)
