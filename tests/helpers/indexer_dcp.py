@@ -63,6 +63,8 @@ class Rank:
     builder: IndexerMetadataBuilder
     inputs: object
     step: IndexerTopKStep
+    #: The batch :func:`place` staged last.
+    batch: object = None
 
 
 def make_rank(world: int, p: int, interleave: int, device: str, spec: int = 0,
@@ -144,8 +146,9 @@ def _draw_lens(rng: np.random.Generator, spec: int) -> tuple[list[int], list[int
 def place(rank: Rank, p: int, world: int, interleave: int, g: GlobalStep, single: torch.Tensor,
           build: str):
     """Rank ``p``'s share of the keys, the step's queries, the step staged and built
-    (``"build"``: eagerly; ``"build_mixed"``: in the bucket of every request and token);
-    returns the metadata and the rank's output rows (a view of ``step.out``)."""
+    (``"build"``: eagerly; ``"build_mixed"``: in the bucket of every request and token;
+    the batch kept as ``rank.batch``); returns the metadata and the rank's output rows (a
+    view of ``step.out``)."""
     st = rank.step
     st.kv_cache.copy_(shard(single, g.table, g.step.seq_lens, world, interleave, p)
                       .to(st.kv_cache.device))
@@ -160,6 +163,7 @@ def place(rank: Rank, p: int, world: int, interleave: int, g: GlobalStep, single
     else:
         batch = stage_mixed(rank.inputs, s, cfg.max_num_seqs, cfg.max_num_batched_tokens)
         md = rank.builder.build_mixed(batch)
+    rank.batch = batch
     return md, st.out[: batch.num_actual_tokens]
 
 
