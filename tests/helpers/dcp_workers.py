@@ -345,3 +345,12 @@ def spawn_ranks(target, tmp_path: Path, world: int = WORLD) -> list[dict]:
     for r, record in enumerate(records):
         assert "crash" not in record, f"rank {r}:\n{record['crash']}"
     return records
+
+
+def check_records(records: list[dict], count: str = "tokens", every: bool = True) -> None:
+    """Every rank's steps without a problem (``record["problems"]``), and work done:
+    ``record[count]`` above 0 on every rank (``every``), or on some rank."""
+    for p, record in enumerate(records):
+        assert record["problems"] == [], (p, record["problems"])
+    done = [r[count] > 0 for r in records]
+    assert all(done) if every else any(done), done

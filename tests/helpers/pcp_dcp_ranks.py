@@ -30,6 +30,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
+from helpers import dcp_workers
 from helpers.dcp_workers import join_group
 from helpers.op_trace import NoHostReads
 from helpers.pcp_views import rank_metadata, write_block_rows
@@ -153,6 +154,4 @@ def rank_steps(rank: int, out: str, setting: str, world: int, interleave: int, s
 
 def check_records(records: list[dict]) -> None:
     """Every rank's steps without a problem, and some rows checked."""
-    for p, record in enumerate(records):
-        assert record["problems"] == [], (p, record["problems"])
-    assert sum(r["checked"] for r in records) > 0
+    dcp_workers.check_records(records, "checked", every=False)
