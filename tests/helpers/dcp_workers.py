@@ -5,6 +5,7 @@ tests' bodies too) and reads the records."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -71,6 +72,17 @@ def join_group(rank: int, out: str, world: int, device: str = "cpu") -> str:
         return device
     torch.cuda.set_device(rank)
     return f"cuda:{rank}"
+
+
+def leave_group() -> None:
+    """Destroy the run's group once the caller has dropped what holds it (arenas, consumers,
+    captured graphs): collect those first and let the device finish, as the launch's own
+    ``distributed.world.leave`` does. An NCCL communicator destroyed while a CUDA graph that
+    captured its collectives is still alive may wait forever."""
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.destroy_process_group()
 
 
 def _write(out: str, rank: int, record: dict) -> None:

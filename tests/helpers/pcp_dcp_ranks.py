@@ -147,7 +147,8 @@ def rank_steps(rank: int, out: str, setting: str, world: int, interleave: int, s
         problems, checked = module.rank_problems(pieces, rows, glob, step)
         record["problems"] += problems
         record["checked"] += checked
-    dist.destroy_process_group()
+    del pieces  # the rank's graph holds the group's collectives
+    dcp_workers.leave_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(record, f)
 

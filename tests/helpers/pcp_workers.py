@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from helpers.dcp_workers import join_group
+from helpers.dcp_workers import join_group, leave_group
 from helpers.pcp_batches import staged
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import gathered_slots
@@ -94,7 +94,8 @@ def demo_steps(rank: int, out: str, world: int, steps: int = DEMO_STEPS,
         for _ in range(steps):
             step = next_pcp_step(rng, sizes, pair.columns, step)
             records.append(_step_record(pair, step))
-    dist.destroy_process_group()
+    del pair  # its rank's graph holds the group's collectives
+    leave_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump({"steps": records}, f)
 
