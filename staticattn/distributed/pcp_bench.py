@@ -15,7 +15,9 @@ device with the ranks lined up, and measures:
   in a graph of their own and replayed back to back, and their share of the step's GPU
   time;
 * the same step on one GPU: the one-rank arena's manager with a token-bucket graph of the
-  whole global step.
+  whole global step;
+* the kernel nodes of the rank's graph and of the one-GPU graph (through cuda-python, when
+  installed): what a replay launches, which is what a graph's GPU time grows with.
 
 Without CUDA the ranks join over gloo and every step runs eagerly: host times only. Rank 0
 prints the table and writes the JSON.
@@ -40,6 +42,7 @@ from staticattn.distributed.pcp_world import (
     random_pcp_step,
 )
 from staticattn.distributed.world import join, leave
+from staticattn.graphs.introspect import node_census
 
 __all__ = ["run_pcp_bench"]
 
@@ -52,12 +55,16 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
     rng = np.random.default_rng(seed)
     align = aligner(me.cuda, me.check_group)
     rows = []
+    kernels = kernels_1gpu = None
     with pcp_pair(preset, world=me.world, rank=me.rank, group=None, device=me.device,
                   sizes=sizes, seed=seed, dcp=dcp) as pair:
         if me.cuda:
             if pair.rank.graphs:
                 pair.rank.capture()
+                kernels = _kernel_nodes(node_census(pair.rank.graph))
             pair.single.capture(sizes=(), buckets=(sizes.max_num_tokens,))
+            for captured in pair.single.mixed_graphs.values():
+                kernels_1gpu = _kernel_nodes(captured.nodes)
         for k in tqdm(STEP_REQUESTS, desc="PCP bench", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
             step = random_pcp_step(rng, sizes, pair.columns, num_reqs=k)
@@ -74,8 +81,14 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             single_args = pair.single_args(step)
             host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
             rows.append(dict(requests=k, tokens=int(single_args[0].sum()), host=host, gpu=gpu,
-                             collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1))
+                             collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
+                             kernels=kernels, kernels_1gpu=kernels_1gpu))
     return rows
+
+
+def _kernel_nodes(census: dict[str, int] | None) -> int | None:
+    """The kernel nodes of a graph's node census; None without one (no cuda-python)."""
+    return None if census is None else census.get("kernel", 0)
 
 
 def run_pcp_bench(world: int, reps: int = 200, seed: int = 0, preset: str = "deepseek-v3.2",
@@ -129,7 +142,13 @@ def _report(every: list[list[dict]], preset: str, world: int, reps: int,
                 f"{'-' if share is None else f'{share:.0%}':>6} | "
                 f"{fmt(fig['host_1gpu_50']):>10} {fmt(fig['gpu_1gpu_50']):>7}")
             out["rows"].append({"requests": first["requests"], "tokens": first["tokens"],
-                                "rank": r, **fig, "collective_share": share})
+                                "rank": r, **fig, "collective_share": share,
+                                "kernels": row["kernels"], "kernels_1gpu": row["kernels_1gpu"]})
+    kernels = [ranks[0]["kernels"] for ranks in every]
+    if any(k is not None for k in kernels):
+        lines.append("kernel nodes per graph: " + ", ".join(
+            f"rank {r} {'-' if k is None else k}" for r, k in enumerate(kernels))
+            + f"; 1 GPU {every[0][0]['kernels_1gpu']}")
     lines.append("(microseconds; collectives = the step's collectives "
                  + ("replayed alone, share = of the step's GPU time" if cuda
                     else "run alone, host time") + "; 1 GPU = the same step on a one-rank "

@@ -17,6 +17,7 @@ import torch
 from helpers.paths import ROOT
 
 from staticattn.__main__ import main
+from staticattn.graphs.introspect import cudart_or_none
 
 STEPS = 10
 
@@ -99,6 +100,11 @@ def test_the_bench_reports_every_rank_and_the_collectives(tmp_path, preset):
         assert row["collectives_50"] > 0 and row["host_1gpu_50"] > 0
         if torch.cuda.is_available():
             assert row["gpu_50"] > 0 and 0 < row["collective_share"]
+        # The graphs' kernel nodes: on GPUs with cuda-python both graphs', else none.
+        counted = torch.cuda.is_available() and cudart_or_none() is not None
+        assert (row["kernels"] is not None) == counted
+        if counted:
+            assert row["kernels"] > 0 and row["kernels_1gpu"] > 0
 
 
 def _refused(argv: list[str], capsys) -> str:
