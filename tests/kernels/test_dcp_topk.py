@@ -5,11 +5,15 @@ simulated in one process, and two gloo ranks merging through :class:`DCPTopKMerg
 
 from __future__ import annotations
 
+import pytest
 import torch
 from helpers.support import DEVICE
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from staticattn.arena import ArenaConfig
+from staticattn.consumers.dcp.merge import EXACT_IDS, DCPTopKMerge
+from staticattn.errors import ConfigError
 from staticattn.kernels.dcp.topk_merge import merge_candidates, pack_candidates
 from staticattn.reference import dcp_topk as oracle
 
@@ -96,3 +100,31 @@ def test_the_merge_is_exact(data):
     every = [sum((w[i] for w in wants), []) for i in range(len(rows))]
     assert merged == [oracle.merge(c, topk) for c in every]
     assert merged == [oracle.exact_topk(r, topk) for r in rows]
+
+
+
+def test_float32_candidates_keep_ids_up_to_the_limit_exact():
+    """``DCPTopKMerge``'s float32 pairs (as the reference packs them), two ranks in one
+    process: ids just below ``2 ** 24`` come back exact, and ties still go to the smaller
+    id."""
+    top = EXACT_IDS - 1
+    # Interleave 1: local l of rank r is global 2 l + r.
+    tops = [[[(top - 1) // 2, 0]], [[(top - 1) // 2, 3]]]
+    scores = [[[1.5, 0.25]], [[1.5, 2.0]]]
+    merges = [DCPTopKMerge(ArenaConfig.deepseek_v32(
+        max_model_len=EXACT_IDS, dcp_world_size=2, dcp_rank=rank, device=DEVICE), topk=3,
+        local_k=2, max_rows=1) for rank in range(2)]
+    for rank, merge in enumerate(merges):
+        merge.pack(torch.tensor(tops[rank], device=DEVICE),
+                   torch.tensor(scores[rank], device=DEVICE))
+    for merge in merges:  # the all-gather
+        for rank, other in enumerate(merges):
+            merge.candidates(1)[rank].copy_(other.candidates(1)[rank])
+    assert [m.merged(1).tolist() for m in merges] == [[[7, top - 1, top]]] * 2
+
+
+def test_a_context_past_exact_float32_ids_is_refused():
+    cfg = ArenaConfig.deepseek_v32(max_model_len=EXACT_IDS + 64, dcp_world_size=2,
+                                   dcp_rank=0, device="cpu")
+    with pytest.raises(ConfigError, match="float32"):
+        DCPTopKMerge(cfg, topk=64, local_k=64, max_rows=4)

@@ -17,8 +17,11 @@ Example (two ranks, each with its own group member)::
     merge.pack(local_topk, topk_values); merge.exchange(rows)       # the same, scored
     ids = merge.merged(rows)
 
-Memory: the exchange buffer holds ``world x max_rows x local_k`` candidates of 16 bytes (a
-float64 score and id, so that ids stay exact), the merged ids ``max_rows x topk`` int64.
+Memory: the exchange buffer holds ``world x max_rows x local_k`` candidates of 8 bytes, a
+float32 score and id as the reference packs them (an id, below ``cdiv(max_model_len, R)``, is
+exact in float32 up to ``2 ** 24``: a longer context is a ``ConfigError``), the merged ids
+``max_rows x topk`` int64. DeepSeek V3.2's defaults with the prefill rows (8192 tokens, top
+2048) on two ranks: 256 MiB.
 """
 
 from __future__ import annotations
@@ -26,11 +29,14 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from staticattn.arena import ArenaConfig
-from staticattn.errors import InvalidBatchError
+from staticattn.arena import ArenaConfig, cdiv
+from staticattn.errors import ConfigError, InvalidBatchError
 from staticattn.kernels.dcp.topk_merge import merge_candidates, pack_candidates, pack_scored
 
-__all__ = ["DCPTopKMerge", "gather_rank_major"]
+__all__ = ["DCPTopKMerge", "EXACT_IDS", "gather_rank_major"]
+
+#: Integers float32 holds exactly: the merge's candidate ids stay below it.
+EXACT_IDS = 2 ** 24
 
 #: ``(output, input, group=)``: the in-place all-gather into one tensor (its newer name
 #: where this torch has it).
@@ -78,10 +84,14 @@ class DCPTopKMerge:
                  max_rows: int, ratio: int | None = None) -> None:
         self.world, self.rank, self.group = config.dcp_world_size, config.dcp_rank, group
         ratio = ratio or config.index_compress_ratio
+        if cdiv(config.max_model_len, ratio) > EXACT_IDS:
+            raise ConfigError(
+                f"max_model_len={config.max_model_len}: the merge packs key positions as "
+                f"float32, exact below {EXACT_IDS} keys (compress ratio {ratio})")
         self.interleave = config.dcp_entry_interleave(ratio)
         self.topk, self.local_k, self.max_rows = topk, local_k, max_rows
         dev = config.torch_device
-        self._cand = torch.zeros(self.world * max_rows * local_k * 2, dtype=torch.float64,
+        self._cand = torch.zeros(self.world * max_rows * local_k * 2, dtype=torch.float32,
                                  device=dev)
         self._ids = torch.full((max_rows, topk), -1, dtype=torch.int64, device=dev)
 
@@ -106,7 +116,7 @@ class DCPTopKMerge:
                     rank=self.rank, interleave=self.interleave)
 
     def candidates(self, n: int) -> torch.Tensor:
-        """float64 ``(world, n, local_k, 2)``: every rank's candidates of ``n`` rows,
+        """float32 ``(world, n, local_k, 2)``: every rank's candidates of ``n`` rows,
         rank-major (``[dcp_rank]`` this rank's)."""
         return self._cand[: self.world * n * self.local_k * 2].view(
             self.world, n, self.local_k, 2)

@@ -38,7 +38,7 @@ position)`` candidates, all-gathers them over the DCP group and keeps the ``K`` 
 rank's ``out`` is the global top-k, request-relative positions as without DCP, best first
 (ties to the smaller position). Exact: a key of the global top ``K`` is among its owner's
 local top ``K``. Step 5 is skipped under DCP: a short row holds the same keys, in the
-merge's order. The merge is one all-gather of ``world x rows x K`` candidates (16 bytes
+merge's order. The merge is one all-gather of ``world x rows x K`` candidates (8 bytes
 each; ``rows`` the decode tokens, with ``prefill`` the step's tokens): every rank of the
 group runs the step for the same batch.
 

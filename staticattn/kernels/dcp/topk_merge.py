@@ -18,7 +18,8 @@ Example (prefill rows, world 2, ``I = 1``, ``K = 2``; spec §7.1): row 0's globa
 ``[0.5, 3.0, 1.0, 2.5, 0.1, 4.0, 0.2]``: rank 0 packs ``[(1.0, 2), (0.5, 0)]``, rank 1
 ``[(4.0, 5), (3.0, 1)]``, merged ``[5, 1]``.
 
-Plain torch (float64 pairs: ids are exact there), graph-safe: outputs into given views, no
+Plain torch (float pairs: float64, or float32 where every id is below ``2 ** 24``, exact
+there as the reference packs them), graph-safe: outputs into given views, no
 host read; temporaries come from a graph's pool when captured.
 """
 
@@ -45,8 +46,9 @@ def pack_candidates(local_topk: torch.Tensor, logits: torch.Tensor,
         The rank's scores: column ``l + row_start`` of row ``t`` scores local key ``l``.
     row_starts : int device ``(n,)`` or None
         Each row's first column (full-width logits); None: row-local logits (0).
-    out : float64 device ``(n, k', 2)``
-        ``[..., 0]`` the score, ``[..., 1]`` the global id (-inf, -1 for an empty one).
+    out : float32 or float64 device ``(n, k', 2)``
+        ``[..., 0]`` the score, ``[..., 1]`` the global id (-inf, -1 for an empty one); in
+        float32 the ids must stay below ``2 ** 24``.
     world, rank, interleave : int
         The DCP layout of the keys counted (``I // R`` for compressed keys).
     """
@@ -62,12 +64,12 @@ def pack_scored(local_topk: torch.Tensor, scores: torch.Tensor, out: torch.Tenso
     """:func:`pack_candidates` of a local top-k that comes with its scores: ``local_topk``
     int ``(n, k')`` (-1 = none), ``scores`` float32 ``(n, k')``, ``scores[t, i]`` the score
     of ``local_topk[t, i]`` (any value where that is -1), as a top-k kernel returns them;
-    ``out`` float64 ``(n, k', 2)``."""
+    ``out`` float32 or float64 ``(n, k', 2)``."""
     valid = local_topk >= 0
     local = local_topk.clamp(min=0).to(torch.int64)
     ids = dcp_global_index(local, world, rank, interleave)
-    out[..., 0] = torch.where(valid, scores.to(torch.float64), float("-inf"))
-    out[..., 1] = torch.where(valid, ids, -1).to(torch.float64)
+    out[..., 0] = torch.where(valid, scores.to(out.dtype), float("-inf"))
+    out[..., 1] = torch.where(valid, ids, -1).to(out.dtype)
 
 
 def merge_candidates(candidates: torch.Tensor, out: torch.Tensor) -> None:
@@ -75,7 +77,7 @@ def merge_candidates(candidates: torch.Tensor, out: torch.Tensor) -> None:
 
     Parameters
     ----------
-    candidates : float64 device ``(world, n, k', 2)``
+    candidates : float32 or float64 device ``(world, n, k', 2)``
         Every rank's :func:`pack_candidates`, rank-major (an all-gather's layout).
     out : int64 device ``(n, K)``
         Global ids, best first (ties: the smaller id), -1 past the row's valid candidates.
