@@ -51,7 +51,8 @@ capacity-shaped buffers, inside a capture as well.
 Not served: FlashMLA's ``topk_length``, ``attn_sink`` and extra cache (sm90 V3.2 rejects
 them), an eager batch whose native decode rows have unequal query lengths (as the indexer's
 top-k step refuses it), and the prefill tokens
-(:mod:`~staticattn.consumers.real.sparse_mla_prefill`).
+(:mod:`~staticattn.consumers.real.sparse_mla_prefill`; every token of a step as one batch
+of this kernel: :mod:`~staticattn.consumers.real.sparse_mla_mixed`).
 
 Memory: the slots ``D x K`` int32 (``D = max_decode_tokens``) with ``D x K`` of int64
 block columns, int32 offsets and two masks, 24 bytes a top-k entry in all; under DCP the
@@ -251,18 +252,24 @@ class SparseMLADecode:
         """The decode tokens' rows ``o`` (bf16 or fp32 ``(Td, H, 512)``) into ``out`` (bf16
         ``(T, H, 512)``); a mixed build's rows past its real decode tokens are left as they
         were."""
-        td = o.shape[0]
-        dst = out[:td]
-        o = o.to(dst.dtype)  # the merged fp32 rows under DCP
         pre = idx_md.prefill
-        if pre is not None and pre.plan is not None:
-            # A mixed build: Td is the bucket's capacity; past step_counts[3] the rows are
-            # prefill tokens (or padding), whose outputs are not ours.
-            keep = self._keep[:td]
-            torch.lt(self._token[:td], idx_md.step_counts[3], out=keep)
-            torch.where(keep.view(td, 1, 1), o, dst, out=dst)
-        else:
+        # A mixed build: Td is the bucket's capacity; past step_counts[3] the rows are
+        # prefill tokens (or padding), whose outputs are not ours.
+        mixed = pre is not None and pre.plan is not None
+        self.write_rows(o, out, idx_md.step_counts[3] if mixed else None)
+
+    def write_rows(self, o: torch.Tensor, out: torch.Tensor, count: torch.Tensor | None) -> None:
+        """``o`` (bf16 or fp32 ``(t, H, 512)``) into ``out[:t]`` (bf16), only the rows below
+        ``count`` (an int32 device scalar; None: all ``t``), the others left as they were."""
+        t = o.shape[0]
+        dst = out[:t]
+        o = o.to(dst.dtype)  # the merged fp32 rows under DCP
+        if count is None:
             dst.copy_(o)
+            return
+        keep = self._keep[:t]
+        torch.lt(self._token[:t], count, out=keep)
+        torch.where(keep.view(t, 1, 1), o, dst, out=dst)
 
     def slots_of(self, dec: IndexerDecodeMetadata, topk: torch.Tensor) -> torch.Tensor:
         """int32 ``(Td, K)`` (a view of :attr:`slots`): the flat cache slot of every top-k

@@ -82,15 +82,8 @@ class SparseMLAMixedBatch(SparseMLADecode):
     def write(self, batch: Batch, o: torch.Tensor, out: torch.Tensor) -> None:
         """The tokens' rows ``o`` (bf16 or fp32 ``(T, H, 512)``) into ``out``; rows past the
         step's real tokens (a mixed build's ``step_counts[1]``) are left as they were."""
-        t = o.shape[0]
-        dst = out[:t]
-        o = o.to(dst.dtype)
-        if batch.step_counts is None:
-            dst.copy_(o)
-            return
-        keep = self._keep[:t]
-        torch.lt(self._token[:t], batch.step_counts[1], out=keep)
-        torch.where(keep.view(t, 1, 1), o, dst, out=dst)
+        counts = batch.step_counts
+        self.write_rows(o, out, None if counts is None else counts[1])
 
     def token_slots(self, batch: Batch, topk: torch.Tensor) -> torch.Tensor:
         """int32 ``(T, K)`` (a view of :attr:`slots`): the flat cache slot of every top-k

@@ -34,9 +34,11 @@ indexer's prefill: both read the same chunks, from their own caches.
 
 Under prefill context parallelism without DCP a rank's prefill rows are ordinary chunked-
 prefill rows reading their prefix from the replicated cache (§3.6, "PCP only"), so the same
-consumer serves a PCP rank. Not served: DCP (the workspace all-gathered over the DCP group,
-§3.6: :mod:`~staticattn.distributed.pcp_dcp_sparse_mla` on a PCP + DCP rank), FlashMLA's
-``topk_length`` and ``attn_sink`` (V3.2 takes neither), the decode tokens
+consumer serves a PCP rank. Not served: DCP (under DCP alone every token takes the decode
+kernel as one batch, :mod:`~staticattn.consumers.real.sparse_mla_mixed`; on a PCP + DCP
+rank the workspace is all-gathered, §3.6,
+:mod:`~staticattn.distributed.pcp_dcp_sparse_mla`), FlashMLA's ``topk_length`` and
+``attn_sink`` (V3.2 takes neither), the decode tokens
 (:mod:`~staticattn.consumers.real.sparse_mla_decode`: FlashMLA's sparse FP8 decode reads the
 cache itself), and models other than V3.2's layout.
 
