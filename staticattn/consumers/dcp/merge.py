@@ -103,7 +103,8 @@ class DCPTopKMerge:
         n = self._check(local_topk)
         pack_candidates(local_topk, logits, row_starts, self.candidates(n)[self.rank],
                         world=self.world, rank=self.rank, interleave=self.interleave)
-        return self._exchange_and_merge(n)
+        self.exchange(n)
+        return self.merged(n)
 
     # The phases of a local top-k that comes with its scores (a top-k kernel's values):
     # pack, exchange (every rank), merged; a caller in one process plays the exchange.
@@ -132,10 +133,6 @@ class DCPTopKMerge:
         """Every rank's candidates of ``n`` rows into :meth:`candidates` (the all-gather
         over the group; every rank of it calls this for the same ``n``)."""
         gather_rank_major(self.candidates(n), self.world, self.rank, self.group)
-
-    def _exchange_and_merge(self, n: int) -> torch.Tensor:
-        self.exchange(n)
-        return self.merged(n)
 
     def _check(self, local_topk: torch.Tensor) -> int:
         n = local_topk.shape[0]
