@@ -15,6 +15,7 @@ import pytest
 import torch
 from helpers import sparse_mla_dcp as world_of
 from helpers.mixed_steps import stage_mixed
+from helpers.pcp_dcp_ranks import unique_block_rows
 from helpers.sparse_mla_reference import (
     UNTOUCHED,
     emulated_sparse_decode,
@@ -69,8 +70,7 @@ def _draw(rng: np.random.Generator) -> tuple[list[int], list[int], np.ndarray]:
         q.append(int(rng.integers(2, max(3, budget // (s - decodes - i)))))
         budget -= q[-1]
     seq = [n if rng.random() < 0.3 else int(rng.integers(n, world_of.MAX_LEN + 1)) for n in q]
-    table = (1 + rng.permutation(world_of.SEQS * COLS)[: s * COLS]).reshape(s, COLS)
-    return q, seq, table.astype(np.int32)
+    return q, seq, unique_block_rows(rng, s, COLS, world_of.SEQS)
 
 
 @pytest.mark.parametrize("device", DEVICES)

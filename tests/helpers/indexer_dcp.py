@@ -29,6 +29,7 @@ from helpers.dsa_reference import (
 )
 from helpers.mixed_steps import stage_mixed
 from helpers.pcp_dcp_indexer import shard
+from helpers.pcp_dcp_ranks import unique_block_rows
 from helpers.support import make_step, stage
 from staticattn.arena import ArenaConfig
 from staticattn.builders import IndexerMetadataBuilder, make_arena
@@ -111,7 +112,7 @@ def draw_step(rng: np.random.Generator, keys: torch.Tensor, spec: int = 0,
     ``lens``: the query and sequence lengths, drawn when None."""
     q_lens, seq = lens if lens is not None else _draw_lens(rng, spec)
     s = len(q_lens)
-    table = (1 + rng.permutation(SEQS * COLS)[: s * COLS]).reshape(s, COLS).astype(np.int32)
+    table = unique_block_rows(rng, s, COLS, SEQS)
     cfg = config(1, 0, 1, "cpu", spec)
     step = dataclasses.replace(make_step(cfg, q_lens, seq, rng=rng, num_blocks=BLOCKS),
                                block_table=table)

@@ -53,6 +53,14 @@ class Pieces(Protocol):
     finish: Callable
 
 
+def unique_block_rows(rng, rows: int, cols: int, max_rows: int):
+    """int32 ``(rows, cols)`` block rows drawn from ``1 .. max_rows * cols`` without a
+    repeat (never the null block 0), so that every rank's share of the keys can be written
+    through the same rows (:func:`owned_entries`)."""
+    return (1 + rng.permutation(max_rows * cols)[: rows * cols]).reshape(rows, cols).astype(
+        "int32")
+
+
 def owned_entries(table, lengths, world: int, interleave: int, rank: int):
     """Where rank ``rank``'s cache holds each key it owns, by the spec's ownership rule, not
     the package's: yields ``(src_block, src_offset, block, offset)`` for every key ``e <

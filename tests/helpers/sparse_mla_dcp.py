@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from helpers.dcp_workers import join_group
 from helpers.mixed_steps import stage_mixed
-from helpers.pcp_dcp_ranks import PAGE, owned_entries
+from helpers.pcp_dcp_ranks import PAGE, owned_entries, unique_block_rows
 from helpers.sparse_mla_reference import (
     UNTOUCHED,
     emulated_sparse_decode,
@@ -103,7 +103,7 @@ def draw_step(rng: np.random.Generator, spec: int) -> tuple[list[int], list[int]
     seq = [int(rng.choice([rng.integers(n, MAX_LEN + 1), rng.integers(n, n + 70), n],
                           p=[0.6, 0.25, 0.15])) for n in q]
     cols = MAX_LEN // PAGE
-    table = (1 + rng.permutation(SEQS * cols)[: s * cols]).reshape(s, cols).astype(np.int32)
+    table = unique_block_rows(rng, s, cols, SEQS)
     return q, seq, table
 
 
