@@ -88,7 +88,8 @@ case "$cmd" in
   demo) ensure; exec "$PY" -m staticattn demo "$@" ;;
   # One process per core (at most 16): on a CPU the interpreted Triton tests dominate; on a
   # GPU host the processes share the device, whose tests' work is light.
-  test) ensure test; exec "$PY" -m pytest -n auto --maxprocesses=16 --dist worksteal "$@" ;;
+  # The build system's requirements too: a test installs the clone as a user would.
+  test) ensure test build; exec "$PY" -m pytest -n auto --maxprocesses=16 --dist worksteal "$@" ;;
   installed) ensure test build; installed_check ;;
   gpu-check) ensure test; exec "$PY" scripts/gpu_check.py "$@" ;;
   docs) ensure docs; exec "$PY" -m sphinx -W --keep-going -b html docs docs/_build/html "$@" ;;

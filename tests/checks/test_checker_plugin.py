@@ -91,9 +91,11 @@ def test_example_project_in_a_fresh_virtualenv(tmp_path):
                            "'purelib'))"], capture_output=True, text=True, check=True).stdout
     # Every site directory this interpreter reads (a .pth inside one of them is not read
     # again from a listed directory: a virtualenv of a virtualenv would lose the grandparent's).
-    parent = {sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *(
-        p for p in sys.path if p.endswith(("site-packages", "dist-packages")))}
-    (Path(site.strip()) / "parent_site.pth").write_text("\n".join(sorted(parent)) + "\n")
+    # In this interpreter's order: a package its own environment holds (a newer setuptools,
+    # say) shadows the one of the environment it was made from.
+    parent = dict.fromkeys([sysconfig.get_path("purelib"), sysconfig.get_path("platlib"), *(
+        p for p in sys.path if p.endswith(("site-packages", "dist-packages")))])
+    (Path(site.strip()) / "parent_site.pth").write_text("\n".join(parent) + "\n")
     install = subprocess.run(
         [str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
          "--no-index", str(ROOT)], capture_output=True, text=True, timeout=600)
