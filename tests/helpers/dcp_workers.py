@@ -5,6 +5,7 @@ tests' bodies too) and reads the records."""
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import os
@@ -23,6 +24,8 @@ WORLD = 2
 #: No run of CPU ranks takes this long; past it the ranks are hung, and the test fails
 #: instead of hanging the suite.
 SPAWN_TIMEOUT_S = 300
+#: When a rank still running writes its stacks (:func:`run`): where a stalled run waits.
+STACK_DUMP_S = 150
 STEPS = 40
 CONSUMER_STEPS = 30
 
@@ -66,11 +69,17 @@ def _join(rank: int, out: str, world: int = WORLD, backend: str = "gloo") -> Non
 
 def join_group(rank: int, out: str, world: int, device: str = "cpu") -> str:
     """Join the run's group over ``out``'s file store: gloo on ``device`` "cpu", NCCL on
-    "cuda" (one GPU a rank, set current); returns the rank's device."""
-    _join(rank, out, world, "gloo" if device == "cpu" else "nccl")
+    "cuda" (one GPU a rank); returns the rank's device. On CUDA the rank's GPU is made
+    current first and the communicator is created here, on it, as a torchrun launch does
+    (``distributed.world.join``): not lazily by the first collective, which may run on
+    a side stream during a warm-up before a capture."""
     if device == "cpu":
+        _join(rank, out, world)
         return device
     torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"file://{out}/store", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=60),
+                            device_id=torch.device("cuda", rank))
     return f"cuda:{rank}"
 
 
@@ -291,10 +300,7 @@ def topk_merge_rows(rank: int, out: str, device: str = "cpu") -> None:
     from staticattn.consumers.dcp.merge import DCPTopKMerge
     from staticattn.reference import dcp_topk as oracle
 
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        device = f"cuda:{rank}"
-    _join(rank, out, backend="nccl" if device != "cpu" else "gloo")
+    device = join_group(rank, out, WORLD, device)
     cfg = config(rank).replace(device=device)
     interleave = cfg.cp_kv_cache_interleave_size // cfg.index_compress_ratio
     merge = DCPTopKMerge(cfg, dist.group.WORLD, topk=MERGE_TOPK, local_k=MERGE_TOPK,
@@ -317,13 +323,19 @@ def topk_merge_rows(rank: int, out: str, device: str = "cpu") -> None:
 
 
 def run(rank: int, target, out: str) -> None:
-    """Spawn entry: run ``target`` and leave a traceback for the parent on failure."""
-    try:
-        torch.set_num_threads(1)
-        target(rank, out)
-    except BaseException:
-        _write(out, rank, {"crash": traceback.format_exc()})
-        raise
+    """Spawn entry: run ``target`` and leave a traceback for the parent on failure; a rank
+    still running :data:`STACK_DUMP_S` after its start writes every thread's stack to
+    ``<out>/rank<r>.stack`` (once; it runs on), which the parent shows if the run stalls."""
+    with open(os.path.join(out, f"rank{rank}.stack"), "w") as stacks:
+        faulthandler.dump_traceback_later(STACK_DUMP_S, file=stacks)
+        try:
+            torch.set_num_threads(1)
+            target(rank, out)
+        except BaseException:
+            _write(out, rank, {"crash": traceback.format_exc()})
+            raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def _start_method() -> str:
@@ -352,7 +364,10 @@ def spawn_ranks(target, tmp_path: Path, world: int = WORLD) -> list[dict]:
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
-            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s")
+            stacks = "\n".join(f"rank {r}'s stacks at {STACK_DUMP_S} s:\n"
+                                + (tmp_path / f"rank{r}.stack").read_text()
+                                for r in range(world) if (tmp_path / f"rank{r}.stack").exists())
+            pytest.fail(f"the {world} ranks did not finish in {SPAWN_TIMEOUT_S} s\n{stacks}")
     records = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for r, record in enumerate(records):
         assert "crash" not in record, f"rank {r}:\n{record['crash']}"
