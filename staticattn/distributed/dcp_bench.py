@@ -14,6 +14,9 @@ device, and measures:
 * the collectives alone: the consumers' two all-gathers each of the same extent captured in a
   graph of their own and replayed back to back (GPU µs per replay), and their share of the
   step's GPU time (which, timed one step at a time, also holds the ranks' skew);
+* NCCL's latency floor: as many all-gathers of one float each, captured and replayed the
+  same way: when the collectives cost what it does, they are bound by each all-gather's
+  fixed latency, not by the bytes they move;
 * host jitter across ranks: per step, the spread (max - min over the ranks) of the host
   time, p50 and p99;
 * the same step on one GPU: a one-rank arena over every key, its graph replayed the same way.
@@ -38,6 +41,7 @@ from tqdm import tqdm
 
 from staticattn.bench.floor import host_times_us, replay_gpu_times_us
 from staticattn.bench.replay import step_times_us
+from staticattn.consumers.dcp.merge import gather_rank_major
 from staticattn.distributed.paired import emit, paired_managers
 from staticattn.distributed.world import (
     dcp_config,
@@ -49,7 +53,7 @@ from staticattn.distributed.world import (
 from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.graphs.capturer import capture, warm_up
 
-__all__ = ["aligner", "report_head", "run_dcp_bench", "time_exchange"]
+__all__ = ["aligner", "latency_floor", "report_head", "run_dcp_bench", "time_exchange"]
 
 WARMUP = 10
 COLLECTIVE_INNER = 20
@@ -100,6 +104,19 @@ def time_exchange(exchange: Callable[[], None], reps: int, cuda: bool,
     warm_up(exchange, stream)  # the communicator is ready before the capture
     graph, _ = capture(exchange, stream)
     return replay_gpu_times_us(graph, reps, before=align, inner=COLLECTIVE_INNER)
+
+
+def latency_floor(count: int, world: int, rank: int, reps: int, cuda: bool,
+                  align: Callable[[], None], group=None) -> list[float]:
+    """:func:`time_exchange` of ``count`` all-gathers of one float32 a rank over ``group``:
+    what ``count`` collectives cost before they move any data."""
+    one = torch.zeros(world, 1, device="cuda" if cuda else "cpu")
+
+    def gathers() -> None:
+        for _ in range(count):
+            gather_rank_major(one, world, rank, group)
+
+    return time_exchange(gathers, reps, cuda, align)
 
 
 def _p(values, q: float) -> float:
@@ -153,10 +170,13 @@ def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
                       disable=me.rank != 0 or not progress, leave=False):
             lengths = pair.write(random_decode_step(cfg, rng, num_reqs=k))
             host, gpu = _time_steps(pair.rank, lengths, reps, align)
-            coll = _time_collectives(pair.consumers[0], k * n, reps, me.cuda, align)
+            consumer = pair.consumers[0]
+            coll = _time_collectives(consumer, k * n, reps, me.cuda, align)
+            floor = latency_floor(consumer.collectives, me.world, me.rank, reps, me.cuda,
+                                  align)
             host1, gpu1 = _time_steps(pair.single, lengths, reps, align)
-            rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, host_1gpu=host1,
-                             gpu_1gpu=gpu1))
+            rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, floor=floor,
+                             host_1gpu=host1, gpu_1gpu=gpu1))
     return rows
 
 
@@ -175,8 +195,8 @@ def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
     lines = [f"DCP bench ({preset}, next_n {cfg.next_n}, R {ratios}): "
              f"{world} ranks, {reps} steps per batch, {mode}",
              f"{'batch':>5} {'rank':>4} | {'host p50':>8} {'p99':>7} | {'GPU p50':>7} "
-             f"{'p99':>7} | {'collectives':>11} {'share':>6} | {'1 GPU host':>10} "
-             f"{'GPU':>7}"]
+             f"{'p99':>7} | {'collectives':>11} {'share':>6} {'floor':>6} | "
+             f"{'1 GPU host':>10} {'GPU':>7}"]
     for b, first in enumerate(every[0]):
         hosts = np.array([ranks[b]["host"] for ranks in every])  # (world, reps)
         spread = hosts.max(axis=0) - hosts.min(axis=0)
@@ -187,11 +207,12 @@ def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
             lines.append(
                 f"{first['batch']:>5} {r:>4} | {_p(row['host'], 50):>8.1f} "
                 f"{_p(row['host'], 99):>7.1f} | {gpu:>7.1f} {_p(row['gpu'], 99):>7.1f} | "
-                f"{coll:>11.1f} {share:>6.0%} | {_p(row['host_1gpu'], 50):>10.1f} "
+                f"{coll:>11.1f} {share:>6.0%} {_p(row['floor'], 50):>6.1f} | "
+                f"{_p(row['host_1gpu'], 50):>10.1f} "
                 f"{_p(row['gpu_1gpu'], 50):>7.1f}")
             out["rows"].append({
                 "batch": first["batch"], "rank": r,
-                **{f"{key}_{q}": _p(row[key], q) for key in ("host", "gpu", "collectives",
+                **{f"{key}_{q}": _p(row[key], q) for key in ("host", "gpu", "collectives", "floor",
                                                              "host_1gpu", "gpu_1gpu")
                    for q in (50, 99)},
                 "host_min": float(np.min(row["host"])), "host_max": float(np.max(row["host"])),
@@ -202,6 +223,7 @@ def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
                             "host_spread_50": _p(spread, 50), "host_spread_99": _p(spread, 99)})
     lines.append("(microseconds; collectives = the step's all-gathers "
                  + ("replayed alone, share = of the step's GPU time" if cuda
-                    else "run alone, host time") + "; 1 GPU = the same step on a one-rank arena)")
+                    else "run alone, host time") + "; floor = as many all-gathers of one "
+                 "float, the same way; 1 GPU = the same step on a one-rank arena)")
     out["text"] = "\n".join(lines)
     return out

@@ -68,6 +68,7 @@ def test_the_bench_reports_every_rank_and_the_spread(tmp_path, preset):
             assert row["host_spread_50"] >= 0
             continue
         assert row["host_50"] > 0 and row["collectives_50"] > 0 and row["host_1gpu_50"] > 0
+        assert row["floor_50"] > 0  # the same count of one-float all-gathers
         if cuda:
             assert row["gpu_50"] > 0  # no order asserted between two timings
         else:

@@ -179,6 +179,9 @@ class DCPDecodeAttention:
         self._gather(att)
         return ids, self._merge(n, att)
 
+    #: The all-gathers of a step (:meth:`exchange`'s): the candidates', the partial outputs'.
+    collectives = 2
+
     def exchange(self, num_entries: int) -> None:
         """The step's collectives alone, over ``num_entries`` entries: the candidates'
         all-gather and the partial outputs' (what a bench times for their share of a step).
@@ -277,6 +280,11 @@ class DCPDecodeLayers:
 
     def __call__(self, batch: Batch, md) -> tuple[torch.Tensor, ...]:
         return tuple(x for layer in self.layers for x in layer(batch, md))
+
+    @property
+    def collectives(self) -> int:
+        """The all-gathers of a step: every layer's."""
+        return sum(layer.collectives for layer in self.layers)
 
     def exchange(self, num_entries: int) -> None:
         """Every layer's collectives over ``num_entries`` entries."""
