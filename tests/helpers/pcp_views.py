@@ -5,10 +5,13 @@ rank tests of the real consumers)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from helpers.op_trace import NoHostReads
+from helpers.support import DEVICE
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_fields import RankFields, build_rank_fields
 from staticattn.builders.pcp.rank_rows import RowViews, build_rows
@@ -20,10 +23,16 @@ from staticattn.reference import pcp_layout as pcp
 MAX_TOKENS = 256
 
 
-def device_rows(cfg: PCPConfig, inputs: dict[str, torch.Tensor], N: int) -> RowViews:
-    rows = RowViews.allocate(cfg, N, MAX_TOKENS)
-    return build_rows(cfg, inputs["query_start_loc"], inputs["is_prefilling"],
-                      inputs["num_computed"], rows)
+def device_rows(cfg: PCPConfig, inputs: dict[str, torch.Tensor], N: int,
+                backend: str = "torch") -> RowViews:
+    """Every rank's rows of the staged ``inputs`` (CPU tensors) by ``backend``, on the CPU:
+    the Triton kernels run on the test device (compiled on CUDA, interpreted on CPU) and
+    their views come back."""
+    device = DEVICE if backend == "triton" else "cpu"
+    rows = RowViews.allocate(cfg, N, MAX_TOKENS, device)
+    build_rows(cfg, *(inputs[k].to(device) for k in ("query_start_loc", "is_prefilling",
+                                                     "num_computed")), rows, backend)
+    return RowViews(**{f.name: getattr(rows, f.name).cpu() for f in dataclasses.fields(rows)})
 
 
 def device_fields(cfg: PCPConfig, rows: RowViews, inputs: dict[str, torch.Tensor],

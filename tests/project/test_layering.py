@@ -68,7 +68,7 @@ BUILDER_ROOMS = {
 SUB_ROOMS = {
     "kernels": {"runtime": set(), "staging": {"runtime"}, "dcp": {"runtime"},
                 "compressed": {"runtime", "staging", "dcp"}, "swa": {"runtime", "staging"},
-                "indexer": {"runtime", "staging", "dcp", "compressed"}},
+                "indexer": {"runtime", "staging", "dcp", "compressed"}, "pcp": {"runtime"}},
     "consumers": {"emulated": set(), "real": {"dcp"}, "dcp": set()},
 }
 #: The modules of ``graphs``, bottom up: each may import only those before it. The

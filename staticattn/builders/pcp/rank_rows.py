@@ -27,6 +27,7 @@ import torch
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.segments import segment_of
+from staticattn.kernels.pcp.split_rows import split_rows_triton
 
 __all__ = ["RowViews", "build_rows"]
 
@@ -47,6 +48,10 @@ class RowViews:
     write_mask : bool ``(P, N)``, whether the copy is canonical.
     hidden_restore_idx : int32 ``(T,)`` the gathered index of each global token's canonical
         copy, 0 past the step's tokens.
+    req_first_row : int32 ``(P, S)`` each request's first row on each rank (``S`` =
+        ``max_num_seqs``; where the rank has none of it, where its rows would start).
+    req_owner : int32 ``(S,)`` the rank that computes a replicated request's tokens (-1 for
+        a split request and past the requests).
     """
 
     row_req: torch.Tensor
@@ -62,15 +67,18 @@ class RowViews:
     positions: torch.Tensor
     write_mask: torch.Tensor
     hidden_restore_idx: torch.Tensor
+    req_first_row: torch.Tensor
+    req_owner: torch.Tensor
 
     @classmethod
     def allocate(cls, cfg: PCPConfig, num_tokens_padded: int, max_num_tokens: int,
                  device: torch.device | str = "cpu") -> RowViews:
         """Views of capacity shape for ``N = num_tokens_padded`` tokens a rank and
         ``T = max_num_tokens`` global tokens (the arena's place to hold them)."""
-        P, R, N = cfg.pcp_size, cfg.max_rows, num_tokens_padded
+        P, R, N, S = cfg.pcp_size, cfg.max_rows, num_tokens_padded, cfg.max_num_seqs
         shapes = {"query_start_loc": (P, R + 1), "num_rows": (P,), "num_decode_rows": (P,),
-                  "num_tokens": (P,), "hidden_restore_idx": (max_num_tokens,)}
+                  "num_tokens": (P,), "hidden_restore_idx": (max_num_tokens,),
+                  "req_first_row": (P, S), "req_owner": (S,)}
         views = {}
         for f in fields(cls):
             shape = shapes.get(f.name, (P, N) if f.name in (
@@ -87,8 +95,10 @@ def _gather(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def build_rows(cfg: PCPConfig, query_start_loc: torch.Tensor, is_prefilling: torch.Tensor,
-               num_computed: torch.Tensor, out: RowViews) -> RowViews:
-    """Write every rank's rows and the gathered layout of a staged global batch into ``out``.
+               num_computed: torch.Tensor, out: RowViews, backend: str = "torch") -> RowViews:
+    """Write every rank's rows and the gathered layout of a staged global batch into ``out``:
+    the torch ops below, or (``backend`` "triton") the same values in three kernels,
+    :mod:`staticattn.kernels.pcp.split_rows`.
 
     Parameters
     ----------
@@ -101,11 +111,19 @@ def build_rows(cfg: PCPConfig, query_start_loc: torch.Tensor, is_prefilling: tor
     out : RowViews
         Capacity-shaped views; ``N`` must hold ``max_p N_p`` (the host picks the bucket).
 
+    backend : {"torch", "triton"}
+        A resolved kernel backend (:func:`~staticattn.kernels.runtime.backend.
+        resolve_backend`).
+
     Returns
     -------
     RowViews
         ``out``, written.
     """
+    if backend == "triton":
+        split_rows_triton(query_start_loc, is_prefilling, num_computed, out,
+                          pcp_size=cfg.pcp_size, dcp_size=cfg.dcp_size)
+        return out
     P, K, D = cfg.pcp_size, cfg.num_chunks, cfg.dcp_size
     R, N = out.row_req.shape[1], out.token_to_global.shape[1]
     dev = query_start_loc.device
@@ -154,7 +172,15 @@ def build_rows(cfg: PCPConfig, query_start_loc: torch.Tensor, is_prefilling: tor
                         (out.token_req, torch.where(real, t_req, 0)), (out.positions, position),
                         (out.write_mask, real & canonical)):
         view.copy_(value)
-    _restore(cfg, qsl, pre, c, replicated, ordinal, cum - counts, row_qsl, N,
+    first_row = cum - counts
+    ids = torch.arange(S, device=dev)
+    req_first = torch.where(pre, first_row[:, S + ids], first_row[:, ids])
+    owner = (ordinal % P) if D == 1 else torch.zeros_like(ordinal)
+    out.req_first_row.zero_()
+    out.req_first_row[:, :S].copy_(req_first)
+    out.req_owner.fill_(-1)
+    out.req_owner[:S].copy_(torch.where(replicated, owner, -1))
+    _restore(cfg, qsl, pre, c, replicated, ordinal, first_row, row_qsl, N,
              out.hidden_restore_idx)
     return out
 

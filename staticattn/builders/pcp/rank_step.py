@@ -41,6 +41,7 @@ from staticattn.builders.pcp.rank_rows import build_rows
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.builders.pcp.ring_link import build_ring_links
 from staticattn.builders.pcp.segments import segment_of
+from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.staging import StepInputs
 
 __all__ = ["build_rank_step", "input_table", "slot_group", "write_local_inputs"]
@@ -61,7 +62,8 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     views.batch.copy_(views.host_batch, non_blocking=True)
     qsl, pre = views.staged("query_start_loc"), views.staged("is_prefilling").bool()
     computed, states = views.staged("num_computed"), views.staged("req_state_idx")
-    build_rows(cfg, qsl, pre, computed, views.rows)
+    build_rows(cfg, qsl, pre, computed, views.rows,
+               resolve_backend(inputs.config.kernel_backend, qsl.device))
     dcp_rank = cfg.dcp_rank(rank)
     build_rank_fields(cfg, views.rows, rank, dcp_rank, qsl, pre, computed, states, views.fields)
     slot_cfg, table = slot_group(cfg, inputs.config)

@@ -32,10 +32,10 @@ def _padded(values: list, size: int, pad=0) -> list:
     return list(values) + [pad] * (size - len(values))
 
 
-def check_layout(cfg: PCPConfig, batch: pcp.GlobalBatch) -> None:
+def check_layout(cfg: PCPConfig, batch: pcp.GlobalBatch, backend: str = "torch") -> None:
     lay = pcp.layout(cfg, batch)
     inputs = staged(batch, cfg.max_num_seqs)
-    rows = device_rows(cfg, inputs, lay.N)
+    rows = device_rows(cfg, inputs, lay.N, backend)
     R, T = cfg.max_rows, batch.query_start_loc[-1]
     assert rows.num_tokens.tolist() == lay.num_tokens
     assert rows.token_to_global.flatten().tolist() == lay.padded_gather_idx
