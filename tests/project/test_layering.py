@@ -62,13 +62,15 @@ BUILDER_ROOMS = {
 #: may import. ``runtime`` (how a kernel runs) is the base of every kernel room; the step-count
 #: helpers (``staging``) serve every kernel of a graph of device-decided counts; the indexer
 #: reads DCP ownership and the compressed slot gate, the compressed kernels DCP ownership (a
-#: rank's share of V4.1's sharded entries). The consumer rooms stand side by side, but for the
+#: rank's share of V4.1's sharded entries), and so do the PCP kernels (a PCP + DCP rank's
+#: slots and shares). The consumer rooms stand side by side, but for the
 #: real kernels' DCP path, which merges its ranks' partial outputs with the DCP room's
 #: collectives.
 SUB_ROOMS = {
     "kernels": {"runtime": set(), "staging": {"runtime"}, "dcp": {"runtime"},
                 "compressed": {"runtime", "staging", "dcp"}, "swa": {"runtime", "staging"},
-                "indexer": {"runtime", "staging", "dcp", "compressed"}, "pcp": {"runtime"}},
+                "indexer": {"runtime", "staging", "dcp", "compressed"},
+                "pcp": {"runtime", "dcp"}},
     "consumers": {"emulated": set(), "real": {"dcp"}, "dcp": set()},
 }
 #: The modules of ``graphs``, bottom up: each may import only those before it. The

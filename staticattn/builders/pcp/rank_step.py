@@ -41,6 +41,11 @@ from staticattn.builders.pcp.rank_rows import build_rows
 from staticattn.builders.pcp.rank_views import PCPViews
 from staticattn.builders.pcp.ring_link import build_ring_links
 from staticattn.builders.pcp.segments import segment_of
+from staticattn.kernels.pcp.rank_inputs import (
+    gathered_tokens_triton,
+    rank_rows_triton,
+    table_rows_triton,
+)
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.staging import StepInputs
 
@@ -60,21 +65,37 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     rows (``R = 2 * max_num_seqs`` requests, ``N`` tokens: the extent of
     ``Batch.for_mixed_capture(inputs, R, N)``)."""
     views.batch.copy_(views.host_batch, non_blocking=True)
-    qsl, pre = views.staged("query_start_loc"), views.staged("is_prefilling").bool()
+    qsl, pre = views.staged("query_start_loc"), views.staged("is_prefilling")
     computed, states = views.staged("num_computed"), views.staged("req_state_idx")
-    build_rows(cfg, qsl, pre, computed, views.rows,
-               resolve_backend(inputs.config.kernel_backend, qsl.device))
+    backend = resolve_backend(inputs.config.kernel_backend, qsl.device)
     dcp_rank = cfg.dcp_rank(rank)
-    build_rank_fields(cfg, views.rows, rank, dcp_rank, qsl, pre, computed, states, views.fields)
     slot_cfg, table = slot_group(cfg, inputs.config)
-    gathered_slots(slot_cfg, views.rows, views.tables[table], dcp_rank, views.gathered_slots)
+    if backend == "triton":
+        # Five launches and one a block table (kernels/pcp) for the ~200 torch ops below.
+        build_rows(cfg, qsl, pre, computed, views.rows, backend)
+        rank_rows_triton(views.rows, views.fields, inputs, rank, dcp_rank, qsl, pre,
+                         computed, states, dcp_size=cfg.dcp_size,
+                         interleave=cfg.cp_kv_cache_interleave_size)
+        gathered_tokens_triton(views.rows, views.tables[table], views.gathered_slots, inputs,
+                               rank, dcp_rank, block_size=slot_cfg.block_size,
+                               dcp_size=cfg.dcp_size,
+                               interleave=cfg.cp_kv_cache_interleave_size)
+        for name, rows in views.tables.items():
+            table_rows_triton(views.rows, rows, input_table(inputs, name), rank, NULL_BLOCK_ID)
+    else:
+        pre = pre.bool()
+        build_rows(cfg, qsl, pre, computed, views.rows, backend)
+        build_rank_fields(cfg, views.rows, rank, dcp_rank, qsl, pre, computed, states,
+                          views.fields)
+        gathered_slots(slot_cfg, views.rows, views.tables[table], dcp_rank,
+                       views.gathered_slots)
+        write_local_inputs(views, inputs, rank)
     if views.extents is not None:
         build_prefill_extents(cfg, views.rows, views.fields, rank, views.extents)
     if views.ring is not None:
         ring = views.ring
         build_ring_links(views.rows, computed, views.tables[ring.table][:, 0],
                          ring.prev_row_indices, ring.ring_write_slots, ring.capacity)
-    write_local_inputs(views, inputs, rank)
 
 
 def write_local_inputs(views: PCPViews, inputs: StepInputs, rank: int) -> None:

@@ -25,7 +25,7 @@ import torch
 from staticattn.kernels.runtime.compiled_launch import grid_size, launch, pow2_at_least
 from staticattn.kernels.runtime.deferred import lazy_jit
 
-__all__ = ["split_rows_triton"]
+__all__ = ["count_at_most_helper", "split_rows_triton"]
 
 #: Local (or global) tokens a program of the token and restore kernels places.
 TOKEN_TILE = 128
@@ -60,7 +60,7 @@ def split_rows_triton(qsl: torch.Tensor, pre: torch.Tensor, computed: torch.Tens
 
 
 @lazy_jit()
-def _count_at_most(triton, tl, **_):
+def count_at_most_helper(triton, tl, **_):
     @triton.jit
     def count_at_most(sorted_values, n, x, STEPS: tl.constexpr):
         """How many of ``sorted_values[0:n)`` (non-decreasing) are ``<= x``, per element
@@ -152,7 +152,7 @@ def _rows_kernel(triton, tl, **_):
     return pcp_rows_kernel
 
 
-@lazy_jit(_count_at_most)
+@lazy_jit(count_at_most_helper)
 def _tokens_kernel(triton, tl, count_at_most, **_):
     @triton.jit
     def pcp_tokens_kernel(qsl, computed, row_req, row_offset, row_replicated, row_qsl,
@@ -184,7 +184,7 @@ def _tokens_kernel(triton, tl, count_at_most, **_):
     return pcp_tokens_kernel
 
 
-@lazy_jit(_count_at_most)
+@lazy_jit(count_at_most_helper)
 def _restore_kernel(triton, tl, count_at_most, **_):
     @triton.jit
     def pcp_restore_kernel(qsl, req_first_row, req_owner, row_qsl, hidden_restore_idx,
