@@ -13,6 +13,7 @@ import torch
 from helpers.op_trace import NoHostReads
 from helpers.support import DEVICE
 from staticattn.arena.pcp_config import PCPConfig
+from staticattn.builders.pcp.kv_plan import PrefillExtents, build_prefill_extents
 from staticattn.builders.pcp.rank_fields import RankFields, build_rank_fields
 from staticattn.builders.pcp.rank_rows import RowViews, build_rows
 from staticattn.distributed.pcp_rank import PCPRank
@@ -33,6 +34,25 @@ def device_rows(cfg: PCPConfig, inputs: dict[str, torch.Tensor], N: int,
     build_rows(cfg, *(inputs[k].to(device) for k in ("query_start_loc", "is_prefilling",
                                                      "num_computed")), rows, backend)
     return RowViews(**{f.name: getattr(rows, f.name).cpu() for f in dataclasses.fields(rows)})
+
+
+def device_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, p: int,
+                   out: PrefillExtents, ratio: int = 1, backend: str = "torch"
+                   ) -> PrefillExtents:
+    """Rank ``p``'s prefill extents into ``out`` (CPU views) by ``backend``: the Triton
+    kernels on the test device, over views holding stale values (every output is written
+    whole), their views copied back."""
+    if backend != "triton":
+        return build_prefill_extents(cfg, rows, fields, p, out, ratio)
+    there = lambda views: type(views)(**{f.name: getattr(views, f.name).to(DEVICE)
+                                         for f in dataclasses.fields(views)})
+    stale = there(out)
+    for f in dataclasses.fields(stale):
+        getattr(stale, f.name).fill_(7)
+    got = build_prefill_extents(cfg, there(rows), there(fields), p, stale, ratio, backend)
+    for f in dataclasses.fields(out):
+        getattr(out, f.name).copy_(getattr(got, f.name))
+    return out
 
 
 def device_fields(cfg: PCPConfig, rows: RowViews, inputs: dict[str, torch.Tensor],

@@ -25,6 +25,7 @@ from staticattn.builders.pcp.rank_fields import RankFields
 from staticattn.builders.pcp.rank_rows import RowViews
 from staticattn.builders.pcp.segments import segment_of
 from staticattn.kernels.dcp.ownership import dcp_local_index, dcp_owner
+from staticattn.kernels.pcp.prefill_extents import prefill_extents_triton
 
 __all__ = ["PrefillExtents", "build_prefill_extents", "prefill_rows"]
 
@@ -43,6 +44,8 @@ class PrefillExtents:
     workspace_starts : int32 ``(R,)`` each entry's first workspace row (the running sum of
         the entries' shards ``S_k``), 0 past the entries.
     totals : int32 ``(2,)`` ``[total, padded_local_total]``.
+    row_entry : int32 ``(R,)`` each prefill row's entry (-1 before the first; past the rows,
+        the last).
     """
 
     cu_seq_lens: torch.Tensor
@@ -55,6 +58,7 @@ class PrefillExtents:
     request_ids: torch.Tensor
     workspace_starts: torch.Tensor
     totals: torch.Tensor
+    row_entry: torch.Tensor
 
     @classmethod
     def allocate(cls, cfg: PCPConfig, num_tokens_padded: int, workspace: int,
@@ -63,7 +67,7 @@ class PrefillExtents:
         R, N = cfg.max_rows, num_tokens_padded
         z = lambda *shape: torch.zeros(shape, dtype=torch.int32, device=device)
         return cls(z(R + 1), z(R + 1), z(R + 1), z(N), z(N), z(workspace), z(workspace), z(N),
-                   z(R), z(2))
+                   z(R), z(2), z(R))
 
     def shard_rows(self, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Where row ``w`` (int64 ``(n,)``) of this rank's shard of the plan comes from:
@@ -123,10 +127,17 @@ def _exclusive(values: torch.Tensor) -> torch.Tensor:
 
 
 def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, rank: int,
-                          out: PrefillExtents, ratio: int = 1) -> PrefillExtents:
+                          out: PrefillExtents, ratio: int = 1,
+                          backend: str = "torch") -> PrefillExtents:
     """Write rank ``rank``'s prefill extents into ``out`` (rows and fields of the same
-    batch). Under D = 1 the PCP-only rows, else the PCP + DCP global plan."""
+    batch). Under D = 1 the PCP-only rows, else the PCP + DCP global plan. ``backend``
+    "triton": the same values in three kernels (:mod:`staticattn.kernels.pcp.
+    prefill_extents`)."""
     D, interleave = cfg.dcp_size, cfg.cp_kv_cache_interleave_size
+    if backend == "triton":
+        prefill_extents_triton(rows, fields, out, rank, dcp_size=D, interleave=interleave,
+                               ratio=ratio)
+        return out
     R = rows.row_req.shape[1]
     dev = rows.row_req.device
     nd, src, live, request_first = prefill_rows(rows, fields, rank)
@@ -161,7 +172,8 @@ def build_prefill_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, ra
     for view, value in ((out.cu_seq_lens, global_cu), (out.local_cu_seq_lens, local_cu),
                         (out.row_start_cu, row_start), (out.ks, ks), (out.ke, ke),
                         (out.request_ids, request_ids), (out.workspace_starts, starts),
-                        (out.totals, torch.stack([total, local_total]))):
+                        (out.totals, torch.stack([total, local_total])),
+                        (out.row_entry, entry)):
         view.copy_(value)
     _deinterleave(global_cu, local_cu, extent, total, local_total, D, interleave, out)
     return out

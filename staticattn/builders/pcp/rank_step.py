@@ -71,7 +71,8 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     dcp_rank = cfg.dcp_rank(rank)
     slot_cfg, table = slot_group(cfg, inputs.config)
     if backend == "triton":
-        # Five launches and one a block table (kernels/pcp) for the ~200 torch ops below.
+        # Five launches and one a block table (kernels/pcp) for the ~200 torch ops below
+        # (PCP + DCP: three more for the extents' ~110).
         build_rows(cfg, qsl, pre, computed, views.rows, backend)
         rank_rows_triton(views.rows, views.fields, inputs, rank, dcp_rank, qsl, pre,
                          computed, states, dcp_size=cfg.dcp_size,
@@ -91,7 +92,8 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
                        views.gathered_slots)
         write_local_inputs(views, inputs, rank)
     if views.extents is not None:
-        build_prefill_extents(cfg, views.rows, views.fields, rank, views.extents)
+        build_prefill_extents(cfg, views.rows, views.fields, rank, views.extents,
+                              backend=backend)
     if views.ring is not None:
         ring = views.ring
         build_ring_links(views.rows, computed, views.tables[ring.table][:, 0],

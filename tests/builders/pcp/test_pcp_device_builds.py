@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.pcp_batches import fresh_prefills, pcp_cases, staged
-from helpers.pcp_views import MAX_TOKENS, device_fields, device_rows
+from helpers.pcp_views import MAX_TOKENS, device_extents, device_fields, device_rows
 from hypothesis import given, settings
 
 from staticattn.arena.pcp_config import PCPConfig
-from staticattn.builders.pcp.kv_plan import PrefillExtents, build_prefill_extents
+from staticattn.builders.pcp.kv_plan import PrefillExtents
 from staticattn.builders.pcp.rank_fields import (
     compressed_gathered_slots,
     gathered_slots,
@@ -68,15 +68,16 @@ def check_layout(cfg: PCPConfig, batch: pcp.GlobalBatch, backend: str = "torch")
     assert T <= MAX_TOKENS
 
 
-def check_extents(cfg: PCPConfig, batch: pcp.GlobalBatch, ratio: int = 1) -> None:
+def check_extents(cfg: PCPConfig, batch: pcp.GlobalBatch, ratio: int = 1,
+                  backend: str = "torch") -> None:
     lay = pcp.layout(cfg, batch)
     inputs = staged(batch, cfg.max_num_seqs)
     rows = device_rows(cfg, inputs, lay.N)
     R, N = cfg.max_rows, lay.N
     for p in range(cfg.pcp_size):
         meta = pcp.rank_metadata(cfg, batch, lay, p, cfg.dcp_rank(p))
-        out = build_prefill_extents(cfg, rows, device_fields(cfg, rows, inputs, p), p,
-                                    PrefillExtents.allocate(cfg, N, WORKSPACE), ratio)
+        out = device_extents(cfg, rows, device_fields(cfg, rows, inputs, p), p,
+                             PrefillExtents.allocate(cfg, N, WORKSPACE), ratio, backend)
         qsl = meta["query_start_loc"]
         lens = [b - a for a, b in zip(qsl, qsl[1:])]
         pre = [r for r, row in enumerate(lay.rows[p]) if row.length and

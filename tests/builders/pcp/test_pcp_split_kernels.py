@@ -1,9 +1,10 @@
-"""The prefill-context-parallel split on both kernel backends (the torch ops and the three
-Triton kernels of :mod:`staticattn.kernels.pcp.split_rows`), against the oracle field by
-field (:func:`test_pcp_device_builds.check_layout`'s checks), on the spec's examples, its
-edge cases and drawn batches; every field of the two backends equal, stale values in the
-views overwritten; and what only the restore reads (each request's first row on each rank,
-a replicated request's computing rank) against the oracle's rows."""
+"""The prefill-context-parallel split and the prefill extents on both kernel backends (the
+torch ops and the Triton kernels of :mod:`staticattn.kernels.pcp.split_rows` and
+:mod:`staticattn.kernels.pcp.prefill_extents`), against the oracle field by field
+(:func:`test_pcp_device_builds.check_layout`'s and ``check_extents``' checks), on the spec's
+examples, its edge cases and drawn batches; every field of the two backends' rows equal,
+stale values in the views overwritten; and what only the restore reads (each request's
+first row on each rank, a replicated request's computing rank) against the oracle's rows."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from helpers.pcp_batches import fresh_prefills, pcp_cases, staged
 from helpers.pcp_views import MAX_TOKENS
 from helpers.support import DEVICE, fuzz_examples
 from hypothesis import HealthCheck, given, settings
-from test_pcp_device_builds import EDGES, check_layout
+from test_pcp_device_builds import EDGES, check_extents, check_layout
 
 from staticattn.arena.pcp_config import PCPConfig
 from staticattn.builders.pcp.rank_rows import RowViews, build_rows
@@ -36,9 +37,12 @@ def _rows(cfg: PCPConfig, batch: pcp.GlobalBatch, backend: str, N: int,
 
 
 def check_split(cfg: PCPConfig, batch: pcp.GlobalBatch, backend: str) -> None:
-    """The backend's rows against the oracle and, field by field, against the torch ops'
-    (written over views holding stale values); each request's first row and owner."""
+    """The backend's rows and extents (entries of 1 and 4 tokens) against the oracle and,
+    field by field, its rows against the torch ops' (written over views holding stale
+    values); each request's first row and owner."""
     check_layout(cfg, batch, backend)
+    for ratio in (1, 4):
+        check_extents(cfg, batch, ratio, backend)
     lay = pcp.layout(cfg, batch)
     want = _rows(cfg, batch, "torch", lay.N)
     got = _rows(cfg, batch, backend, lay.N, stale=77)
