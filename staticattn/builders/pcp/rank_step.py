@@ -46,6 +46,7 @@ from staticattn.kernels.pcp.rank_inputs import (
     rank_rows_triton,
     table_rows_triton,
 )
+from staticattn.kernels.pcp.ring_links import ring_links_triton
 from staticattn.kernels.runtime.backend import resolve_backend
 from staticattn.staging import StepInputs
 
@@ -72,7 +73,7 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
     slot_cfg, table = slot_group(cfg, inputs.config)
     if backend == "triton":
         # Five launches and one a block table (kernels/pcp) for the ~200 torch ops below
-        # (PCP + DCP: three more for the extents' ~110).
+        # (PCP + DCP: three more for the extents' ~110; V4.1: one for the ring's ~50).
         build_rows(cfg, qsl, pre, computed, views.rows, backend)
         rank_rows_triton(views.rows, views.fields, inputs, rank, dcp_rank, qsl, pre,
                          computed, states, dcp_size=cfg.dcp_size,
@@ -96,8 +97,12 @@ def build_rank_step(cfg: PCPConfig, views: PCPViews, inputs: StepInputs, rank: i
                               backend=backend)
     if views.ring is not None:
         ring = views.ring
-        build_ring_links(views.rows, computed, views.tables[ring.table][:, 0],
-                         ring.prev_row_indices, ring.ring_write_slots, ring.capacity)
+        if backend == "triton":
+            ring_links_triton(views.rows, computed, views.tables[ring.table],
+                              ring.prev_row_indices, ring.ring_write_slots, ring.capacity)
+        else:
+            build_ring_links(views.rows, computed, views.tables[ring.table][:, 0],
+                             ring.prev_row_indices, ring.ring_write_slots, ring.capacity)
 
 
 def write_local_inputs(views: PCPViews, inputs: StepInputs, rank: int) -> None:

@@ -12,7 +12,8 @@ import functools
 import pytest
 import torch
 from helpers.pcp_batches import fresh_prefills, pcp_cases, staged
-from hypothesis import given, settings
+from helpers.support import DEVICE, fuzz_examples
+from hypothesis import HealthCheck, given, settings
 
 from staticattn.arena import ArenaConfig
 from staticattn.arena.pcp_config import PCPConfig
@@ -27,13 +28,15 @@ MAX_REQS, NUM_TOKENS, MAX_TOKENS = 6, 256, 256
 
 
 @functools.cache
-def _rank(pcp_size: int, preset: str = "deepseek-v4.1-flash"):
-    """A rank's PCP config, views and inputs (an arena holding the PCP views only)."""
+def _rank(pcp_size: int, preset: str = "deepseek-v4.1-flash", backend: str = "torch"):
+    """A rank's PCP config, views and inputs (an arena holding the PCP views only; the
+    Triton backend's on the test device)."""
     arch = ArenaConfig.preset(preset, device="cpu").architecture
     cfg = PCPConfig(pcp_size=pcp_size, architecture=arch, max_num_seqs=MAX_REQS)
-    config = ArenaConfig.preset(preset, device="cpu", max_num_seqs=cfg.max_rows,
+    config = ArenaConfig.preset(preset, device=DEVICE if backend == "triton" else "cpu",
+                                max_num_seqs=cfg.max_rows,
                                 max_num_batched_tokens=NUM_TOKENS, max_model_len=512,
-                                kernel_backend="torch", num_speculative_tokens=0)
+                                kernel_backend=backend, num_speculative_tokens=0)
     layout = PCPLayout(cfg, NUM_TOKENS, MAX_TOKENS)
     _, inputs = make_arena(config, [layout])
     return cfg, layout.views, inputs
@@ -76,10 +79,10 @@ def test_only_a_model_with_a_ratio_2_ring_declares_the_links():
 
 
 @pytest.mark.parametrize("rank", range(4))
-def test_worked_example_4_on_every_rank(rank):
+def test_worked_example_4_on_every_rank(backend, rank):
     """P = 4, q = (37, 100), ring blocks A -> 5, B -> 9; here ``max_num_seqs = 6``, so
     R = 12 and gathered row ``rank * 12 + row`` (the spec's R = 8 runs on gloo ranks)."""
-    cfg, views, inputs = _rank(4)
+    cfg, views, inputs = _rank(4, backend=backend)
     _stage(views, fresh_prefills(), [5, 9])
     build_rank_step(cfg, views, inputs, rank)
     prev, write = _links(views)
@@ -90,12 +93,19 @@ def test_worked_example_4_on_every_rank(rank):
     assert (prev, write) == _want(cfg, fresh_prefills(), [5, 9])
 
 
-@settings(max_examples=20, deadline=None)
-@given(pcp_cases(dcp=False))
-def test_drawn_batches(case):
-    drawn, batch = case
-    cfg, views, inputs = _rank(drawn.pcp_size)
-    blocks = [5 + 4 * i for i in range(len(batch.query_lens))]
-    _stage(views, batch, blocks)
-    build_rank_step(cfg, views, inputs, 0)
-    assert _links(views) == _want(cfg, batch, blocks)
+def test_drawn_batches(backend):
+    @settings(max_examples=fuzz_examples(backend, 20, 8), deadline=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(pcp_cases(dcp=False))
+    def check(case):
+        drawn, batch = case
+        cfg, views, inputs = _rank(drawn.pcp_size, backend=backend)
+        blocks = [5 + 4 * i for i in range(len(batch.query_lens))]
+        # The Triton kernel writes every link: stale ones must not survive.
+        views.ring.prev_row_indices.fill_(3)
+        views.ring.ring_write_slots.fill_(3)
+        _stage(views, batch, blocks)
+        build_rank_step(cfg, views, inputs, 0)
+        assert _links(views) == _want(cfg, batch, blocks)
+
+    check()
