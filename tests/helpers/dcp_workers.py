@@ -24,8 +24,9 @@ WORLD = 2
 #: No run of CPU ranks takes this long; past it the ranks are hung, and the test fails
 #: instead of hanging the suite.
 SPAWN_TIMEOUT_S = 300
-#: When a rank still running writes its stacks (:func:`run`): where a stalled run waits.
-STACK_DUMP_S = 150
+#: When a rank still running writes its stacks (:func:`run`): where a stalled run waits
+#: (``STATICATTN_STACK_DUMP_S`` sets it, for a run under a shorter limit of its own).
+STACK_DUMP_S = int(os.environ.get("STATICATTN_STACK_DUMP_S", "150"))
 STEPS = 40
 CONSUMER_STEPS = 30
 
