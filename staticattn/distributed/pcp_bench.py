@@ -10,7 +10,8 @@ its NCCL collectives and the restore) ``reps`` times, each step started on an id
 device with the ranks lined up, and measures:
 
 * host µs of :meth:`PCPRank.run <staticattn.distributed.pcp_rank.PCPRank.run>` (the host
-  checks, the staging, the launch) and GPU µs of the step (CUDA events), p50 and p99;
+  checks, the staging, the launch) and GPU µs of the step (CUDA events around the launch,
+  after the checks and the staging, as the one-GPU step's are taken), p50 and p99;
 * the collectives alone: the step's all-gathers (under DCP also the all-reduce) captured
   in a graph of their own and replayed back to back, and their share of the step's GPU
   time;
@@ -28,10 +29,11 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from staticattn.bench.floor import gpu_times_us, host_times_us
+from staticattn.bench.floor import host_times_us
 from staticattn.bench.replay import step_times_us
 from staticattn.distributed.dcp_bench import WARMUP, aligner, report_head, time_exchange
 from staticattn.distributed.paired import emit
@@ -74,8 +76,7 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             for _ in range(WARMUP):
                 run()
             host = host_times_us(run, reps, before=align)
-            # Warmed up above; the host times' calls ran it as well.
-            gpu = (gpu_times_us(run, reps, before=align, warmup=0) if me.cuda
+            gpu = (_replay_gpu_times(pair.rank, step, reps, align) if me.cuda
                    else [float("nan")] * reps)
             coll = time_exchange(pair.rank.step.exchange, reps, me.cuda, align)
             single_args = pair.single_args(step)
@@ -84,6 +85,28 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
                              collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
                              kernels=kernels, kernels_1gpu=kernels_1gpu))
     return rows
+
+
+def _replay_gpu_times(rank, step: dict, reps: int, before) -> list[float]:
+    """GPU µs of the rank's step per repetition: CUDA events around its launch alone, after
+    the host checks and the staging, each from an idle device with the ranks lined up --
+    as the one-GPU manager's step times are taken (events around a window that began
+    before the checks would count the host's time as the GPU's)."""
+    args = (step["query_lens"], step["is_prefilling"], step["num_computed"])
+    launch = rank.graph.replay if rank.graph is not None else rank.body
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu = []
+    for _ in range(reps):
+        before()
+        torch.cuda.synchronize()
+        rank.check(*args)
+        rank.stage(*args, step["req_state_idx"])
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end) * 1e3)
+    return gpu
 
 
 def _kernel_nodes(census: dict[str, int] | None) -> int | None:
