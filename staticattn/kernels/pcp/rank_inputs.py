@@ -108,20 +108,20 @@ def _rank_rows_kernel(triton, tl, dcp_local_count_tl, **_):
             seq_len = tl.where(length > 0, start + length, 0)
             total = done + q
             zero = tl.zeros_like(r)
-            row = r  # the fields and views are the rank's own: (R,)
-            tl.store(start_pos + row, tl.where(held, start, zero), mask=in_r)
-            tl.store(seq_lens + row, tl.where(held, seq_len, zero), mask=in_r)
-            tl.store(in_seq_lens + row, tl.where(held, seq_len, zero), mask=in_r)
-            tl.store(seq_lens_upper + row, tl.where(held, start + length, zero), mask=in_r)
-            tl.store(req_idx + row, tl.where(held, tl.load(states + req), zero), mask=in_r)
-            tl.store(is_prefilling + row, held & (tl.load(pre + req) != 0), mask=in_r)
-            tl.store(global_query_lens + row, tl.where(held, q, zero), mask=in_r)
-            tl.store(global_seq_lens_upper + row, tl.where(held, total, zero), mask=in_r)
-            tl.store(dcp_local_seq_lens + row, tl.where(
+            # The fields and the input views are the rank's own: indexed by its row r.
+            tl.store(start_pos + r, tl.where(held, start, zero), mask=in_r)
+            tl.store(seq_lens + r, tl.where(held, seq_len, zero), mask=in_r)
+            tl.store(in_seq_lens + r, tl.where(held, seq_len, zero), mask=in_r)
+            tl.store(seq_lens_upper + r, tl.where(held, start + length, zero), mask=in_r)
+            tl.store(req_idx + r, tl.where(held, tl.load(states + req), zero), mask=in_r)
+            tl.store(is_prefilling + r, held & (tl.load(pre + req) != 0), mask=in_r)
+            tl.store(global_query_lens + r, tl.where(held, q, zero), mask=in_r)
+            tl.store(global_seq_lens_upper + r, tl.where(held, total, zero), mask=in_r)
+            tl.store(dcp_local_seq_lens + r, tl.where(
                 held, dcp_local_count_tl(seq_len, D, dcp_rank, interleave), zero), mask=in_r)
-            tl.store(dcp_local_seq_lens_upper + row, tl.where(
+            tl.store(dcp_local_seq_lens_upper + r, tl.where(
                 held, dcp_local_count_tl(total, D, 0, interleave), zero), mask=in_r)
-            tl.store(in_query_lens + row, length, mask=in_r)
+            tl.store(in_query_lens + r, length, mask=in_r)
         decodes = tl.load(num_decode_rows + rank)
         tl.store(step_counts, held_rows)
         tl.store(step_counts + 1, tl.load(num_tokens + rank))

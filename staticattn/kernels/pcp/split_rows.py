@@ -38,8 +38,9 @@ def split_rows_triton(qsl: torch.Tensor, pre: torch.Tensor, computed: torch.Tens
     """Write :class:`~staticattn.builders.pcp.rank_rows.RowViews` ``out`` (every field,
     ``req_first_row`` and ``req_owner`` included) from the staged global batch.
 
-    qsl : int32 ``(S + 1,)``; pre : bool ``(S,)``; computed : int32 ``(S,)``, contiguous,
-    on ``out``'s device. ``S`` is at most ``out.req_owner.numel()``.
+    qsl : int32 ``(S + 1,)``; pre : bool or int32 ``(S,)`` (nonzero: still prefilling);
+    computed : int32 ``(S,)``; contiguous, on ``out``'s device. ``S`` is at most
+    ``out.req_owner.numel()``.
     """
     P, S = pcp_size, qsl.numel() - 1
     R, N = out.row_req.shape[1], out.token_to_global.shape[1]
@@ -117,6 +118,7 @@ def _rows_kernel(triton, tl, **_):
                          tl.cumsum(decode, 0) - decode)
         in_cap = i < S_cap
         tl.store(req_first_row + p * S_cap + i, tl.where(real, first, 0), mask=in_cap)
+        # Rank 0's program writes the owners (a tensor mask: the interpreter takes no scalar).
         tl.store(req_owner + i, tl.where(replicated, owner, -1), mask=in_cap & (i * 0 + p == 0))
         # Rows, a tile at a time: each row's request by a one-hot match (requests' row
         # ranges are disjoint), the query starts as a running sum carried across tiles.
