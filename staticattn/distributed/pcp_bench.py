@@ -29,11 +29,10 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from staticattn.bench.floor import host_times_us
+from staticattn.bench.floor import gpu_times_us, host_times_us
 from staticattn.bench.replay import step_times_us
 from staticattn.distributed.dcp_bench import WARMUP, aligner, report_head, time_exchange
 from staticattn.distributed.paired import emit
@@ -88,25 +87,20 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
 
 
 def _replay_gpu_times(rank, step: dict, reps: int, before) -> list[float]:
-    """GPU µs of the rank's step per repetition: CUDA events around its launch alone, after
-    the host checks and the staging, each from an idle device with the ranks lined up --
-    as the one-GPU manager's step times are taken (events around a window that began
-    before the checks would count the host's time as the GPU's)."""
+    """GPU µs of the rank's step per repetition: CUDA events around its launch alone (the
+    host checks and the staging run untimed ahead of it, after ``before``), each from an
+    idle device with the ranks lined up -- as the one-GPU manager's step times are taken
+    (events around a window that began before the checks would count the host's time as
+    the GPU's)."""
     args = (step["query_lens"], step["is_prefilling"], step["num_computed"])
-    launch = rank.graph.replay if rank.graph is not None else rank.body
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    gpu = []
-    for _ in range(reps):
+
+    def prepare() -> None:
         before()
-        torch.cuda.synchronize()
         rank.check(*args)
         rank.stage(*args, step["req_state_idx"])
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        gpu.append(start.elapsed_time(end) * 1e3)
-    return gpu
+
+    launch = rank.graph.replay if rank.graph is not None else rank.body
+    return gpu_times_us(launch, reps, before=prepare, warmup=0)
 
 
 def _kernel_nodes(census: dict[str, int] | None) -> int | None:
