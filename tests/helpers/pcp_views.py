@@ -24,6 +24,13 @@ from staticattn.reference import pcp_layout as pcp
 MAX_TOKENS = 256
 
 
+def on_device(views, device):
+    """A copy of ``views`` (a dataclass of tensors: RowViews, RankFields, PrefillExtents)
+    with every tensor on ``device``."""
+    return type(views)(**{f.name: getattr(views, f.name).to(device)
+                          for f in dataclasses.fields(views)})
+
+
 def device_rows(cfg: PCPConfig, inputs: dict[str, torch.Tensor], N: int,
                 backend: str = "torch") -> RowViews:
     """Every rank's rows of the staged ``inputs`` (CPU tensors) by ``backend``, on the CPU:
@@ -33,7 +40,7 @@ def device_rows(cfg: PCPConfig, inputs: dict[str, torch.Tensor], N: int,
     rows = RowViews.allocate(cfg, N, MAX_TOKENS, device)
     build_rows(cfg, *(inputs[k].to(device) for k in ("query_start_loc", "is_prefilling",
                                                      "num_computed")), rows, backend)
-    return RowViews(**{f.name: getattr(rows, f.name).cpu() for f in dataclasses.fields(rows)})
+    return on_device(rows, "cpu")
 
 
 def device_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, p: int,
@@ -44,12 +51,11 @@ def device_extents(cfg: PCPConfig, rows: RowViews, fields: RankFields, p: int,
     whole), their views copied back."""
     if backend != "triton":
         return build_prefill_extents(cfg, rows, fields, p, out, ratio)
-    there = lambda views: type(views)(**{f.name: getattr(views, f.name).to(DEVICE)
-                                         for f in dataclasses.fields(views)})
-    stale = there(out)
+    stale = on_device(out, DEVICE)
     for f in dataclasses.fields(stale):
         getattr(stale, f.name).fill_(7)
-    got = build_prefill_extents(cfg, there(rows), there(fields), p, stale, ratio, backend)
+    got = build_prefill_extents(cfg, on_device(rows, DEVICE), on_device(fields, DEVICE), p,
+                                stale, ratio, backend)
     for f in dataclasses.fields(out):
         getattr(out, f.name).copy_(getattr(got, f.name))
     return out
