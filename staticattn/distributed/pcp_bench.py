@@ -18,7 +18,12 @@ device with the ranks lined up, and measures:
 * the same step on one GPU: the one-rank arena's manager with a token-bucket graph of the
   whole global step;
 * the kernel nodes of the rank's graph and of the one-GPU graph (through cuda-python, when
-  installed): what a replay launches, which is what a graph's GPU time grows with.
+  installed): what a replay launches, which is what a graph's GPU time grows with;
+* the ranks' host spread per step (the slowest rank's host µs less the fastest's), p50 and
+  p99.
+
+``--pin-host`` pins each rank's host thread, once its graph is captured, to a core of its own
+near its GPU, as the DCP bench does.
 
 Without CUDA the ranks join over gloo and every step runs eagerly: host times only. Rank 0
 prints the table and writes the JSON.
@@ -34,7 +39,15 @@ from tqdm import tqdm
 
 from staticattn.bench.floor import gpu_times_us, host_times_us
 from staticattn.bench.replay import step_times_us
-from staticattn.distributed.dcp_bench import WARMUP, aligner, report_head, time_exchange
+from staticattn.distributed.dcp_bench import (
+    WARMUP,
+    aligner,
+    host_spread,
+    pin_rank,
+    pinned_line,
+    report_head,
+    time_exchange,
+)
 from staticattn.distributed.paired import emit
 from staticattn.distributed.pcp_world import (
     DEFAULT_SIZES,
@@ -52,7 +65,7 @@ STEP_REQUESTS = (1, 4, 8)
 
 
 def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
-               sizes: PCPSizes, dcp: int) -> list[dict]:
+               sizes: PCPSizes, dcp: int, pin: bool) -> list[dict]:
     rng = np.random.default_rng(seed)
     align = aligner(me.cuda, me.check_group)
     rows = []
@@ -66,6 +79,7 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             pair.single.capture(sizes=(), buckets=(sizes.max_num_tokens,))
             for captured in pair.single.mixed_graphs.values():
                 kernels_1gpu = _kernel_nodes(captured.nodes)
+        cpu = pin_rank(me, pin)
         for k in tqdm(STEP_REQUESTS, desc="PCP bench", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
             step = random_pcp_step(rng, sizes, pair.columns, num_reqs=k)
@@ -82,7 +96,7 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
             rows.append(dict(requests=k, tokens=int(single_args[0].sum()), host=host, gpu=gpu,
                              collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
-                             kernels=kernels, kernels_1gpu=kernels_1gpu))
+                             kernels=kernels, kernels_1gpu=kernels_1gpu, host_cpu=cpu))
     return rows
 
 
@@ -110,14 +124,15 @@ def _kernel_nodes(census: dict[str, int] | None) -> int | None:
 
 def run_pcp_bench(world: int, reps: int = 200, seed: int = 0, preset: str = "deepseek-v3.2",
                   json_path: str | None = None, progress: bool = True,
-                  sizes: PCPSizes = DEFAULT_SIZES, dcp: int = 1) -> int:
+                  sizes: PCPSizes = DEFAULT_SIZES, dcp: int = 1, pin: bool = False) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks; the exit status.
     ``json_path``: rank 0 writes the figures as JSON there, or prints them instead of the
-    table for "-". ``dcp``: 1 or ``world`` (the KV sharded over the same ranks)."""
+    table for "-". ``dcp``: 1 or ``world`` (the KV sharded over the same ranks). ``pin``:
+    each rank's host thread on a core of its own (``dcp_bench.pin_rank``)."""
     me = join(world, "bench", flag="--pcp")
     if me is None:
         return 2
-    rows = _rank_rows(me, preset, reps, seed, progress, sizes, dcp)
+    rows = _rank_rows(me, preset, reps, seed, progress, sizes, dcp, pin)
     every = [None] * world
     dist.all_gather_object(every, rows, group=me.check_group)
     leave(me)
@@ -161,6 +176,14 @@ def _report(every: list[list[dict]], preset: str, world: int, reps: int,
             out["rows"].append({"requests": first["requests"], "tokens": first["tokens"],
                                 "rank": r, **fig, "collective_share": share,
                                 "kernels": row["kernels"], "kernels_1gpu": row["kernels_1gpu"]})
+        spread_50, spread_99 = host_spread([ranks[b]["host"] for ranks in every])
+        lines.append(f"{'':>4} {'':>6} {'all':>4} | host spread across ranks per step: p50 "
+                     f"{spread_50:.1f} us, p99 {spread_99:.1f} us")
+        out["rows"].append({"requests": first["requests"], "tokens": first["tokens"],
+                            "rank": "spread", "host_spread_50": spread_50,
+                            "host_spread_99": spread_99})
+    out["host_cpus"] = [ranks[0]["host_cpu"] for ranks in every]
+    lines.append(pinned_line(out["host_cpus"]))
     kernels = [ranks[0]["kernels"] for ranks in every]
     if any(k is not None for k in kernels):
         lines.append("kernel nodes per graph: " + ", ".join(
