@@ -142,14 +142,13 @@ def cmd_bench(args, cuda: bool) -> int:
 
         return run_pcp_bench(args.pcp, reps=args.reps, seed=args.seed, preset=args.pcp_preset,
                              json_path=args.json, progress=not args.no_progress,
-                             dcp=args.dcp or 1, sizes=pcp_sizes(args), pin=args.pin_host)
+                             dcp=args.dcp or 1, sizes=pcp_sizes(args))
     if args.dcp:
         from staticattn.distributed.dcp_bench import run_dcp_bench
 
         return run_dcp_bench(args.dcp, batches=args.batch_requests or (1, 8, 16),
                              reps=args.reps, seed=args.seed, preset=args.preset,
-                             json_path=args.json, progress=not args.no_progress,
-                             pin=args.pin_host)
+                             json_path=args.json, progress=not args.no_progress)
     if not cuda:
         reason = "no CUDA device; replay latency (a GPU measurement) needs one"
         # As JSON to stdout for a CI job reading it (-); no file is written.

@@ -206,10 +206,6 @@ def _bench_flags(c: argparse.ArgumentParser) -> None:
     c.add_argument("--dcp", type=int_in(2), default=None, metavar="WORLD",
                    help="decode context parallelism over WORLD >= 2 ranks, one process each: "
                    "torchrun --nproc-per-node WORLD -m staticattn bench --dcp WORLD")
-    c.add_argument("--pin-host", action="store_true",
-                   help="--dcp / --pcp: pin each rank's host thread, once its graphs are "
-                   "captured, to a physical core of its own on its GPU's NUMA node (the table "
-                   "names the CPUs)")
     c.add_argument("--staging-guard", choices=["staging", "step"], default="staging",
                    help="where the graphs record the event the host waits for before "
                    "rewriting the staging: after the staging kernels or at the step's end "
@@ -275,8 +271,6 @@ def validate(args: argparse.Namespace, cuda: bool) -> None:
                  and not (m == "dcp" and args.pcp is not None)]
         if len(modes) > 1:
             error(f"{' and '.join(modes)}: one bench at a time")
-        if args.pin_host and args.dcp is None and args.pcp is None:
-            error("--pin-host: only the multi-rank benches (--dcp, --pcp) pin their ranks")
         if args.plot is not None:
             if modes and modes[0] != "--mix":
                 error(f"--plot: {modes[0]} has no plot (the batch-size and --mix benches do)")

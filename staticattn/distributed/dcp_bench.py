@@ -21,10 +21,6 @@ device, and measures:
   time, p50 and p99;
 * the same step on one GPU: a one-rank arena over every key, its graph replayed the same way.
 
-With ``--pin-host`` each rank's host thread is pinned, once its graphs are captured, to a
-core of its own on its GPU's NUMA node (``distributed.affinity``), and the table names the
-CPUs.
-
 Before each timed repetition the ranks line up (an untimed one-element all-reduce), so that
 a collective does not time the other rank's launch delay.
 
@@ -36,7 +32,6 @@ writes the JSON.
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 
 import numpy as np
@@ -47,7 +42,6 @@ from tqdm import tqdm
 from staticattn.bench.floor import host_times_us, replay_gpu_times_us
 from staticattn.bench.replay import step_times_us
 from staticattn.consumers.dcp.merge import gather_rank_major
-from staticattn.distributed.affinity import pin_host_thread
 from staticattn.distributed.paired import emit, paired_managers
 from staticattn.distributed.world import (
     dcp_config,
@@ -59,8 +53,8 @@ from staticattn.distributed.world import (
 from staticattn.graphs import GraphManager, GraphOptions
 from staticattn.graphs.capturer import capture, warm_up
 
-__all__ = ["aligner", "host_spread", "latency_floor", "pin_rank", "pinned_line", "report_head",
-           "run_dcp_bench", "time_exchange"]
+__all__ = ["aligner", "host_spread", "latency_floor", "report_head", "run_dcp_bench",
+           "time_exchange"]
 
 WARMUP = 10
 COLLECTIVE_INNER = 20
@@ -126,23 +120,6 @@ def latency_floor(count: int, world: int, rank: int, reps: int, cuda: bool,
     return time_exchange(gathers, reps, cuda, align)
 
 
-def pin_rank(me, pin: bool) -> int | None:
-    """With ``pin``, pin this rank's host thread (:func:`pin_host_thread`: a core of its own
-    near its GPU) and return the CPU; None otherwise. Call it once the graphs are captured:
-    the communicators then exist, and NCCL's threads keep the CPUs they were given."""
-    if not pin:
-        return None
-    return pin_host_thread(int(os.environ.get("LOCAL_RANK", me.rank)),
-                           torch.cuda.current_device() if me.cuda else None)
-
-
-def pinned_line(cpus: list) -> str:
-    """The table's line naming each rank's host CPU (``cpus`` per rank, None: unpinned)."""
-    if all(c is None for c in cpus):
-        return "host threads: not pinned (--pin-host pins each to a core near its GPU)"
-    return "host threads pinned: " + ", ".join(f"rank {r} CPU {c}" for r, c in enumerate(cpus))
-
-
 def host_spread(hosts) -> tuple[float, float]:
     """p50 and p99 over the steps of the ranks' host spread: per step, the slowest rank's
     host µs less the fastest's. ``hosts``: ``(world, reps)``."""
@@ -162,17 +139,16 @@ def _plain(value):
 
 def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0,
                   preset: str = "deepseek-v4", json_path: str | None = None,
-                  progress: bool = True, pin: bool = False) -> int:
+                  progress: bool = True) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks (batch sizes in
     requests, ``preset`` one of ``cli.DCP_PRESETS``); the exit status. ``json_path``:
     rank 0 writes the figures as JSON there, or prints them instead of the table for "-".
-    ``progress``: a progress bar over the batch sizes on rank 0. ``pin``: each rank's host
-    thread on a core of its own (:func:`pin_rank`)."""
+    ``progress``: a progress bar over the batch sizes on rank 0."""
     me = join(world, "bench")
     if me is None:
         return 2
     cfg = dcp_config(preset, world, me.rank, me.device)
-    rows = _rank_rows(me, cfg, preset, batches, reps, seed, progress, pin)
+    rows = _rank_rows(me, cfg, preset, batches, reps, seed, progress)
     every = [None] * world
     dist.all_gather_object(every, rows, group=me.check_group)
     leave(me)
@@ -185,7 +161,7 @@ def run_dcp_bench(world: int, batches=(1, 8, 16), reps: int = 200, seed: int = 0
 
 
 def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
-               progress: bool, pin: bool) -> list[dict]:
+               progress: bool) -> list[dict]:
     """This rank's figures per batch size; the arenas, consumers and managers it builds die
     with it, before the launch is left."""
     n = cfg.next_n
@@ -199,7 +175,6 @@ def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
             # Every rank captures the same sizes, in one order.
             pair.rank.capture(sizes, buckets=())
             pair.single.capture(sizes, buckets=())
-        cpu = pin_rank(me, pin)
         for k in tqdm(batches, desc="DCP bench", unit="batch size",
                       disable=me.rank != 0 or not progress, leave=False):
             lengths = pair.write(random_decode_step(cfg, rng, num_reqs=k))
@@ -210,7 +185,7 @@ def _rank_rows(me, cfg, preset: str, batches, reps: int, seed: int,
                                   align)
             host1, gpu1 = _time_steps(pair.single, lengths, reps, align)
             rows.append(dict(batch=k, host=host, gpu=gpu, collectives=coll, floor=floor,
-                             host_1gpu=host1, gpu_1gpu=gpu1, host_cpu=cpu))
+                             host_1gpu=host1, gpu_1gpu=gpu1))
     return rows
 
 
@@ -254,8 +229,6 @@ def _report(every: list[list[dict]], preset: str, cfg, world: int, reps: int,
                      f"{spread_50:.1f} us, p99 {spread_99:.1f} us")
         out["rows"].append({"batch": first["batch"], "rank": "spread",
                             "host_spread_50": spread_50, "host_spread_99": spread_99})
-    out["host_cpus"] = [ranks[0]["host_cpu"] for ranks in every]
-    lines.append(pinned_line(out["host_cpus"]))
     lines.append("(microseconds; collectives = the step's all-gathers "
                  + ("replayed alone, share = of the step's GPU time" if cuda
                     else "run alone, host time") + "; floor = as many all-gathers of one "

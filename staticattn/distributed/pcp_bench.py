@@ -22,9 +22,6 @@ device with the ranks lined up, and measures:
 * the ranks' host spread per step (the slowest rank's host µs less the fastest's), p50 and
   p99.
 
-``--pin-host`` pins each rank's host thread, once its graph is captured, to a core of its own
-near its GPU, as the DCP bench does.
-
 Without CUDA the ranks join over gloo and every step runs eagerly: host times only. Rank 0
 prints the table and writes the JSON.
 """
@@ -43,8 +40,6 @@ from staticattn.distributed.dcp_bench import (
     WARMUP,
     aligner,
     host_spread,
-    pin_rank,
-    pinned_line,
     report_head,
     time_exchange,
 )
@@ -65,7 +60,7 @@ STEP_REQUESTS = (1, 4, 8)
 
 
 def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
-               sizes: PCPSizes, dcp: int, pin: bool) -> list[dict]:
+               sizes: PCPSizes, dcp: int) -> list[dict]:
     rng = np.random.default_rng(seed)
     align = aligner(me.cuda, me.check_group)
     rows = []
@@ -79,7 +74,6 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             pair.single.capture(sizes=(), buckets=(sizes.max_num_tokens,))
             for captured in pair.single.mixed_graphs.values():
                 kernels_1gpu = _kernel_nodes(captured.nodes)
-        cpu = pin_rank(me, pin)
         for k in tqdm(STEP_REQUESTS, desc="PCP bench", unit="step",
                       disable=me.rank != 0 or not progress, leave=False):
             step = random_pcp_step(rng, sizes, pair.columns, num_reqs=k)
@@ -96,7 +90,7 @@ def _rank_rows(me, preset: str, reps: int, seed: int, progress: bool,
             host1, gpu1 = step_times_us(pair.single, single_args, None, reps, before=align)
             rows.append(dict(requests=k, tokens=int(single_args[0].sum()), host=host, gpu=gpu,
                              collectives=coll, host_1gpu=host1, gpu_1gpu=gpu1,
-                             kernels=kernels, kernels_1gpu=kernels_1gpu, host_cpu=cpu))
+                             kernels=kernels, kernels_1gpu=kernels_1gpu))
     return rows
 
 
@@ -124,15 +118,14 @@ def _kernel_nodes(census: dict[str, int] | None) -> int | None:
 
 def run_pcp_bench(world: int, reps: int = 200, seed: int = 0, preset: str = "deepseek-v3.2",
                   json_path: str | None = None, progress: bool = True,
-                  sizes: PCPSizes = DEFAULT_SIZES, dcp: int = 1, pin: bool = False) -> int:
+                  sizes: PCPSizes = DEFAULT_SIZES, dcp: int = 1) -> int:
     """Run the bench on this rank of a torchrun launch of ``world`` ranks; the exit status.
     ``json_path``: rank 0 writes the figures as JSON there, or prints them instead of the
-    table for "-". ``dcp``: 1 or ``world`` (the KV sharded over the same ranks). ``pin``:
-    each rank's host thread on a core of its own (``dcp_bench.pin_rank``)."""
+    table for "-". ``dcp``: 1 or ``world`` (the KV sharded over the same ranks)."""
     me = join(world, "bench", flag="--pcp")
     if me is None:
         return 2
-    rows = _rank_rows(me, preset, reps, seed, progress, sizes, dcp, pin)
+    rows = _rank_rows(me, preset, reps, seed, progress, sizes, dcp)
     every = [None] * world
     dist.all_gather_object(every, rows, group=me.check_group)
     leave(me)
@@ -182,8 +175,6 @@ def _report(every: list[list[dict]], preset: str, world: int, reps: int,
         out["rows"].append({"requests": first["requests"], "tokens": first["tokens"],
                             "rank": "spread", "host_spread_50": spread_50,
                             "host_spread_99": spread_99})
-    out["host_cpus"] = [ranks[0]["host_cpu"] for ranks in every]
-    lines.append(pinned_line(out["host_cpus"]))
     kernels = [ranks[0]["kernels"] for ranks in every]
     if any(k is not None for k in kernels):
         lines.append("kernel nodes per graph: " + ", ".join(

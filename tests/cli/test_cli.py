@@ -48,8 +48,6 @@ BAD = [
     (["bench", "--dcp", "2", "--next-n", "3", "--staging-guard", "step"],
      "--dcp times fixed steps of its own: --staging-guard, --next-n would be ignored"),
     (["bench", "--plot", "p.png", "--breakdown"], "--plot: --breakdown has no plot"),
-    (["bench", "--mix", "--pin-host"],
-     "--pin-host: only the multi-rank benches (--dcp, --pcp) pin their ranks"),
     (["bench", "--step", "os:getcwd", "--consumer", "gather"],
      "--step and --consumer gather: one step at a time"),
     (["check", "--step", "nosuchmodule:fn"],

@@ -74,7 +74,6 @@ def test_the_bench_reports_every_rank_and_the_spread(tmp_path, preset):
         else:
             assert row["gpu_50"] is None
     assert "host spread across ranks per step" in out
-    assert report["host_cpus"] == [None, None] and "host threads: not pinned" in out
 
 
 def test_the_demo_says_how_to_launch_it_without_torchrun():

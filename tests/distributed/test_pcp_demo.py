@@ -82,16 +82,14 @@ def test_four_ranks_under_torchrun_equal_the_single_gpu_step():
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize(("preset", "pin"), [("deepseek-v3.2", True),
-                                             ("deepseek-v4.1-flash", False)])
-def test_the_bench_reports_every_rank_and_the_collectives(tmp_path, preset, pin):
+@pytest.mark.parametrize("preset", ["deepseek-v3.2", "deepseek-v4.1-flash"])
+def test_the_bench_reports_every_rank_and_the_collectives(tmp_path, preset):
     """V4.1's single-GPU twin takes the window group's slots (its blocks are not the main
-    table's), as the demo's does. ``--pin-host``: each rank names the CPU its host thread
-    was pinned to."""
+    table's), as the demo's does."""
     _needs_gpus_or_none(2)
     out_json = tmp_path / "pcp.json"
     code, out = _torchrun(2, "bench", "--pcp", "2", "--pcp-preset", preset, "--reps", "5",
-                          "--json", str(out_json), *(["--pin-host"] if pin else []))
+                          "--json", str(out_json))
     assert code == 0, out[-4000:]
     data = json.loads(out_json.read_text())
     rows = data["rows"]
@@ -110,12 +108,7 @@ def test_the_bench_reports_every_rank_and_the_collectives(tmp_path, preset, pin)
         assert (row["kernels"] is not None) == counted
         if counted:
             assert row["kernels"] > 0 and row["kernels_1gpu"] > 0
-    allowed = os.sched_getaffinity(0)
-    if pin and len(allowed) > 1:
-        assert all(cpu in allowed for cpu in data["host_cpus"]), data["host_cpus"]
-        assert "host threads pinned: rank 0 CPU" in out
-    else:
-        assert data["host_cpus"] == [None, None]
+    assert "host spread across ranks per step" in out
 
 
 def _refused(argv: list[str], capsys) -> str:
