@@ -101,3 +101,16 @@ def test_rank_zeros_report_ends_with_a_verdict_or_prints_json(capsys, tmp_path):
     _report(totals, "deepseek-v4", 2, 12, True, str(tmp_path / "dcp.json"))
     assert json.loads((tmp_path / "dcp.json").read_text())["mismatches"] == 1
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("FAIL: ")
+
+
+def test_the_host_spread_is_per_step_the_slowest_rank_less_the_fastest():
+    """Three ranks, five steps: per step the spread is max - min over the ranks (not over
+    the steps, nor one rank's own variation); p50 and p99 are numpy's over those five."""
+    from staticattn.distributed.dcp_bench import host_spread
+
+    hosts = [[10.0, 20.0, 30.0, 40.0, 50.0],
+             [12.0, 20.0, 25.0, 40.0, 90.0],
+             [11.0, 26.0, 30.0, 41.0, 50.0]]  # spreads 2, 6, 5, 1, 40
+    p50, p99 = host_spread(hosts)
+    assert p50 == 5.0
+    assert p99 == pytest.approx(40.0 - 0.04 * (40.0 - 6.0))  # linear between 6 and 40
