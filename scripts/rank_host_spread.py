@@ -1,0 +1,189 @@
+"""Where the ranks' host spread comes from, step by step.
+
+    torchrun --nproc-per-node 2 scripts/rank_host_spread.py [--preset deepseek-v4]
+             [--requests 8 16] [--reps 1000] [--json spread.json]
+
+``bench --dcp`` reports the ranks' host spread: per step, the slowest rank's host time less
+the fastest's. This script times the same replayed DCP step (after the same untimed
+rendezvous) and records, on each rank's thread and around each step:
+
+* ``wall_us``: the host time, as the bench takes it;
+* ``cpu_us``: the thread's CPU time over the same window (``CLOCK_THREAD_CPUTIME_ID``).
+  ``wall_us - cpu_us`` is time the thread did not run: switched out, or its CPU taken by
+  the hypervisor where the guest accounts steal time apart;
+* ``switches``: its voluntary and involuntary context switches (``getrusage``);
+* ``gc``: Python collections started during the step;
+* ``cpu_before`` / ``cpu_after``: the CPU it ran on (``sched_getcpu``).
+
+Rank 0 prints, per request count, the spread of the wall times and the spread of the CPU
+times: when the two are alike the spread was spent executing (a slower CPU, a busy sibling
+hardware thread), not waiting; and how many steps some rank was switched out, collected
+garbage, changed CPU or shared a physical core with another rank (sysfs topology). With
+``--json`` it writes every rank's records. On CPU the ranks join over gloo and run the step
+eagerly: the records are real, the figures say nothing of a GPU host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import gc
+import json
+import os
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from staticattn.distributed.dcp_bench import WARMUP, aligner
+from staticattn.distributed.paired import paired_managers
+from staticattn.distributed.world import (
+    dcp_config,
+    graph_pool_blocks,
+    join,
+    leave,
+    random_decode_step,
+)
+from staticattn.graphs import GraphOptions
+
+FIELDS = ("wall_us", "cpu_us", "switches", "gc", "cpu_before", "cpu_after")
+
+
+class StepClock:
+    """Times calls on the calling thread; one record (``FIELDS``) a call."""
+
+    def __init__(self) -> None:
+        self._collections = 0
+        gc.callbacks.append(self._count)
+        libc = ctypes.CDLL(None, use_errno=True)
+        self._getcpu = getattr(libc, "sched_getcpu", lambda: -1)
+
+    def _count(self, phase: str, info: dict) -> None:
+        self._collections += phase == "start"
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._count)
+
+    def time(self, fn) -> tuple:
+        """Run ``fn()``; its record."""
+        cpu0, gc0 = self._getcpu(), self._collections
+        use0 = resource.getrusage(resource.RUSAGE_THREAD)
+        c0, t0 = time.thread_time_ns(), time.perf_counter_ns()
+        fn()
+        t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
+        use1 = resource.getrusage(resource.RUSAGE_THREAD)
+        switches = (use1.ru_nvcsw - use0.ru_nvcsw) + (use1.ru_nivcsw - use0.ru_nivcsw)
+        return ((t1 - t0) / 1e3, (c1 - c0) / 1e3, switches, self._collections - gc0, cpu0,
+                self._getcpu())
+
+
+def core_of(cpus, sysfs: Path = Path("/sys")) -> dict[int, tuple[int, ...]]:
+    """Each CPU's physical core: the hardware threads sysfs lists as its siblings (the CPU
+    alone when sysfs does not say)."""
+    cores = {}
+    for cpu in cpus:
+        path = sysfs / f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list"
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            cores[cpu] = (cpu,)
+            continue
+        members = []
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            members.extend(range(int(lo), int(hi or lo) + 1))
+        cores[cpu] = tuple(members)
+    return cores
+
+
+def summarize(records: np.ndarray) -> dict:
+    """``records`` ``(world, reps, len(FIELDS))``: the spreads and the step counts."""
+    wall, cpu = records[..., 0], records[..., 1]
+    spread = wall.max(axis=0) - wall.min(axis=0)
+    cpu_spread = cpu.max(axis=0) - cpu.min(axis=0)
+    placed = records[..., 4].astype(int)
+    cores = core_of(sorted(set(placed.ravel().tolist()) - {-1}))
+    shared = np.array([len({cores.get(c, (c,)) for c in step}) < len(step)
+                       for step in placed.T])
+
+    def p(v, q):
+        return round(float(np.percentile(v, q)), 1)
+
+    return {
+        "host_p50": [p(w, 50) for w in wall], "host_p99": [p(w, 99) for w in wall],
+        "off_cpu_p50": [p(w - c, 50) for w, c in zip(wall, cpu)],
+        "off_cpu_p99": [p(w - c, 99) for w, c in zip(wall, cpu)],
+        "spread_p50": p(spread, 50), "spread_p99": p(spread, 99),
+        "cpu_spread_p50": p(cpu_spread, 50), "cpu_spread_p99": p(cpu_spread, 99),
+        "steps_switched": int((records[..., 2] > 0).any(axis=0).sum()),
+        "steps_collecting": int((records[..., 3] > 0).any(axis=0).sum()),
+        "steps_moved": int((records[..., 4] != records[..., 5]).any(axis=0).sum()),
+        "steps_sharing_a_core": int(shared.sum()),
+        "cpus": [sorted(set(r.tolist())) for r in placed],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="deepseek-v4")
+    parser.add_argument("--requests", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--reps", type=int, default=1000)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world < 2:
+        print("start it with torchrun --nproc-per-node WORLD scripts/rank_host_spread.py "
+              "(WORLD >= 2)")
+        return 2
+    me = join(world, "bench")
+    cfg = dcp_config(args.preset, me.world, me.rank, me.device)
+    options = GraphOptions(progress=False, num_kv_blocks=graph_pool_blocks(cfg))
+    rng = np.random.default_rng(0)  # one seed: every rank times the same steps
+    align = aligner(me.cuda, me.check_group)
+    clock = StepClock()
+    mine = {}
+    with paired_managers(me, cfg, args.preset, options) as pair:
+        if me.cuda:
+            pair.rank.capture([k * cfg.next_n for k in args.requests], buckets=())
+        for k in args.requests:
+            step = functools.partial(
+                pair.rank.run, *pair.write(random_decode_step(cfg, rng, num_reqs=k)))
+            for _ in range(WARMUP):
+                step()
+            steps = []
+            for _ in range(args.reps):
+                align()
+                steps.append(clock.time(step))
+            mine[k] = steps
+    clock.close()
+    every = [None] * me.world
+    dist.all_gather_object(every, mine, group=me.check_group)
+    leave(me)
+    if me.rank:
+        return 0
+    report = {"preset": args.preset, "world": me.world, "reps": args.reps,
+              "device": torch.cuda.get_device_name() if me.cuda else "cpu", "fields": FIELDS,
+              "requests": {}}
+    for k in args.requests:
+        records = np.array([ranks[k] for ranks in every], dtype=np.float64)
+        summary = summarize(records)
+        report["requests"][k] = {"summary": summary, "records": records.tolist()}
+        print(f"{k} requests: host p50 {summary['host_p50']} p99 {summary['host_p99']} us; "
+              f"spread p50 {summary['spread_p50']} p99 {summary['spread_p99']}; CPU-time "
+              f"spread p50 {summary['cpu_spread_p50']} p99 {summary['cpu_spread_p99']}; "
+              f"off-CPU p99 {summary['off_cpu_p99']}")
+        print(f"   steps with a switch {summary['steps_switched']}, a collection "
+              f"{summary['steps_collecting']}, a CPU change {summary['steps_moved']}, two "
+              f"ranks on one core {summary['steps_sharing_a_core']} (of {args.reps}); "
+              f"CPUs per rank {summary['cpus']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
