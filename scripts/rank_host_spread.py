@@ -107,7 +107,8 @@ def summarize(records: np.ndarray) -> dict:
     cpu_spread = cpu.max(axis=0) - cpu.min(axis=0)
     placed = records[..., 4].astype(int)
     cores = core_of(sorted(set(placed.ravel().tolist()) - {-1}))
-    shared = np.array([len({cores.get(c, (c,)) for c in step}) < len(step)
+    # Two ranks on one physical core in a step; a CPU of -1 (no sched_getcpu) says nothing.
+    shared = np.array([len({cores[c] for c in step if c >= 0}) < (step >= 0).sum()
                        for step in placed.T])
 
     def p(v, q):

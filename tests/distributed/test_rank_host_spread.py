@@ -59,6 +59,8 @@ def test_the_summary_spreads_over_ranks_and_counts_steps():
     assert s["steps_switched"] == 1 and s["steps_collecting"] == 1 and s["steps_moved"] == 1
     assert s["steps_sharing_a_core"] == 1  # step 3: both ranks on CPU 1
     assert s["cpus"] == [[1], [1, 2]]
+    records[:, :, 4] = -1  # no sched_getcpu: no CPU known, so no core shared
+    assert spread.summarize(records)["steps_sharing_a_core"] == 0
 
 
 def test_it_runs_under_torchrun(tmp_path):
