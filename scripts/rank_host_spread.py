@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from staticattn.distributed.dcp_bench import WARMUP, aligner
+from staticattn.distributed.dcp_bench import WARMUP, aligner, host_spread
 from staticattn.distributed.paired import paired_managers
 from staticattn.distributed.world import (
     dcp_config,
@@ -103,8 +103,6 @@ def core_of(cpus, sysfs: Path = Path("/sys")) -> dict[int, tuple[int, ...]]:
 def summarize(records: np.ndarray) -> dict:
     """``records`` ``(world, reps, len(FIELDS))``: the spreads and the step counts."""
     wall, cpu = records[..., 0], records[..., 1]
-    spread = wall.max(axis=0) - wall.min(axis=0)
-    cpu_spread = cpu.max(axis=0) - cpu.min(axis=0)
     placed = records[..., 4].astype(int)
     cores = core_of(sorted(set(placed.ravel().tolist()) - {-1}))
     # Two ranks on one physical core in a step; a CPU of -1 (no sched_getcpu) says nothing.
@@ -114,12 +112,15 @@ def summarize(records: np.ndarray) -> dict:
     def p(v, q):
         return round(float(np.percentile(v, q)), 1)
 
+    # The bench's own spread (dcp_bench.host_spread), of the wall and of the CPU times.
+    spread, cpu_spread = (tuple(round(x, 1) for x in host_spread(t)) for t in (wall, cpu))
+
     return {
         "host_p50": [p(w, 50) for w in wall], "host_p99": [p(w, 99) for w in wall],
         "off_cpu_p50": [p(w - c, 50) for w, c in zip(wall, cpu)],
         "off_cpu_p99": [p(w - c, 99) for w, c in zip(wall, cpu)],
-        "spread_p50": p(spread, 50), "spread_p99": p(spread, 99),
-        "cpu_spread_p50": p(cpu_spread, 50), "cpu_spread_p99": p(cpu_spread, 99),
+        "spread_p50": spread[0], "spread_p99": spread[1],
+        "cpu_spread_p50": cpu_spread[0], "cpu_spread_p99": cpu_spread[1],
         "steps_switched": int((records[..., 2] > 0).any(axis=0).sum()),
         "steps_collecting": int((records[..., 3] > 0).any(axis=0).sum()),
         "steps_moved": int((records[..., 4] != records[..., 5]).any(axis=0).sum()),
