@@ -13,13 +13,21 @@ rendezvous) and records, on each rank's thread and around each step:
   the hypervisor where the guest accounts steal time apart;
 * ``switches``: its voluntary and involuntary context switches (``getrusage``);
 * ``gc``: Python collections started during the step;
-* ``cpu_before`` / ``cpu_after``: the CPU it ran on (``sched_getcpu``).
+* ``cpu_before`` / ``cpu_after``: the CPU it ran on (``sched_getcpu``);
+* ``probe_us``: right after the step, a fixed piece of pure-Python work (``probe``), the
+  same on every rank: when it too runs slower on one rank, that rank's CPU executes the
+  same code slower, whatever the step does.
+
+Around each request count's timed steps, ``host_census`` takes what the host's CPUs did:
+per CPU its busy and steal shares and its clock, and this process's busy threads.
 
 Rank 0 prints, per request count, the spread of the wall times and the spread of the CPU
 times: when the two are alike the spread was spent executing (a slower CPU, a busy sibling
 hardware thread), not waiting; and how many steps some rank was switched out, collected
-garbage, changed CPU or shared a physical core with another rank (sysfs topology). With
-``--json`` it writes every rank's records. On CPU the ranks join over gloo and run the step
+garbage, changed CPU or shared a physical core with another rank (sysfs topology). Then per
+rank: the probe's time, its CPU's busy and steal shares and clock, the busiest other
+hardware thread of its core, and the process's threads that ran 5% of the time or more.
+With ``--json`` it writes every rank's records. On CPU the ranks join over gloo and run the step
 eagerly: the records are real, the figures say nothing of a GPU host.
 """
 
@@ -38,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+from host_census import Census, window
 
 from staticattn.distributed.dcp_bench import WARMUP, aligner, host_spread
 from staticattn.distributed.paired import paired_managers
@@ -50,7 +59,16 @@ from staticattn.distributed.world import (
 )
 from staticattn.graphs import GraphOptions
 
-FIELDS = ("wall_us", "cpu_us", "switches", "gc", "cpu_before", "cpu_after")
+FIELDS = ("wall_us", "cpu_us", "switches", "gc", "cpu_before", "cpu_after", "probe_us")
+PROBE_ITERATIONS = 400  # about 10-20 us of bytecode on a server core
+
+
+def probe(n: int = PROBE_ITERATIONS) -> int:
+    """Fixed pure-Python work: a loop of additions and masks, no allocation, no I/O."""
+    total = 0
+    for i in range(n):
+        total += i & 7
+    return total
 
 
 class StepClock:
@@ -77,8 +95,12 @@ class StepClock:
         t1, c1 = time.perf_counter_ns(), time.thread_time_ns()
         use1 = resource.getrusage(resource.RUSAGE_THREAD)
         switches = (use1.ru_nvcsw - use0.ru_nvcsw) + (use1.ru_nivcsw - use0.ru_nivcsw)
+        cpu1 = self._getcpu()
+        p0 = time.perf_counter_ns()
+        probe()
+        p1 = time.perf_counter_ns()
         return ((t1 - t0) / 1e3, (c1 - c0) / 1e3, switches, self._collections - gc0, cpu0,
-                self._getcpu())
+                cpu1, (p1 - p0) / 1e3)
 
 
 def core_of(cpus, sysfs: Path = Path("/sys")) -> dict[int, tuple[int, ...]]:
@@ -126,7 +148,26 @@ def summarize(records: np.ndarray) -> dict:
         "steps_moved": int((records[..., 4] != records[..., 5]).any(axis=0).sum()),
         "steps_sharing_a_core": int(shared.sum()),
         "cpus": [sorted(set(r.tolist())) for r in placed],
+        "probe_p50": [p(r, 50) for r in records[..., 6]],
     }
+
+
+def rank_cpus(windows: list[dict], records: np.ndarray) -> list[dict]:
+    """Per rank, from its ``host_census.window`` and its records: its thread's CPU (the one it
+    started most steps on), that CPU's busy and steal shares and clock (MHz, None where
+    unknown), the busiest other hardware thread of its core, and its process's busy threads.
+    """
+    out = []
+    for w, placed in zip(windows, records[..., 4].astype(int)):
+        cpu = int(np.bincount(placed[placed >= 0]).argmax()) if (placed >= 0).any() else -1
+        own = w["cpus"].get(cpu, {"busy": None, "steal": None})
+        siblings = [c for c in core_of([cpu])[cpu] if c != cpu and c in w["cpus"]]
+        out.append({"cpu": cpu, "busy": own["busy"], "steal": own["steal"],
+                    "mhz": w["mhz"].get(cpu),
+                    "sibling_busy": max((w["cpus"][c]["busy"] for c in siblings),
+                                        default=None),
+                    "threads": w["threads"]})
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
                 pair.rank.run, *pair.write(random_decode_step(cfg, rng, num_reqs=k)))
             for _ in range(WARMUP):
                 step()
-            steps = []
+            steps, before = [], Census.take()
             for _ in range(args.reps):
                 align()
                 steps.append(clock.time(step))
-            mine[k] = steps
+            mine[k] = (steps, window(before, Census.take()))
     clock.close()
     every = [None] * me.world
     dist.all_gather_object(every, mine, group=me.check_group)
@@ -171,9 +212,12 @@ def main(argv: list[str] | None = None) -> int:
               "device": torch.cuda.get_device_name() if me.cuda else "cpu", "fields": FIELDS,
               "requests": {}}
     for k in args.requests:
-        records = np.array([ranks[k] for ranks in every], dtype=np.float64)
+        records = np.array([ranks[k][0] for ranks in every], dtype=np.float64)
+        windows = [ranks[k][1] for ranks in every]
         summary = summarize(records)
-        report["requests"][k] = {"summary": summary, "records": records.tolist()}
+        placed = rank_cpus(windows, records)
+        report["requests"][k] = {"summary": summary, "ranks": placed, "windows": windows,
+                                 "records": records.tolist()}
         print(f"{k} requests: host p50 {summary['host_p50']} p99 {summary['host_p99']} us; "
               f"spread p50 {summary['spread_p50']} p99 {summary['spread_p99']}; CPU-time "
               f"spread p50 {summary['cpu_spread_p50']} p99 {summary['cpu_spread_p99']}; "
@@ -182,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary['steps_collecting']}, a CPU change {summary['steps_moved']}, two "
               f"ranks on one core {summary['steps_sharing_a_core']} (of {args.reps}); "
               f"CPUs per rank {summary['cpus']}")
+        for r, (p50, cpu) in enumerate(zip(summary["probe_p50"], placed)):
+            print(f"   rank {r}: probe p50 {p50} us; CPU {cpu['cpu']} busy {cpu['busy']} "
+                  f"steal {cpu['steal']} at {cpu['mhz']} MHz, its core's other thread busy "
+                  f"{cpu['sibling_busy']}; threads >= 5%: {cpu['threads']}")
     if args.json:
         Path(args.json).write_text(json.dumps(report))
     return 0

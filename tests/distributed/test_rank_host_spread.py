@@ -47,11 +47,22 @@ def test_a_collection_in_the_step_is_counted(clock):
     assert len(record) == len(spread.FIELDS) and record[4] >= -1 and record[5] >= -1
 
 
+def test_the_probe_is_timed_after_the_step_not_in_it(clock, monkeypatch):
+    monkeypatch.setattr(spread, "probe", lambda: time.sleep(0.02))
+    record = clock.time(lambda: None)
+    assert record[6] >= 20_000 and record[0] < 20_000
+    assert spread.probe.__name__ == "<lambda>" and spread.FIELDS[6] == "probe_us"
+
+
+def test_the_probe_does_fixed_work():
+    assert spread.probe(8) == 28 and spread.probe(16) == 56  # 0 + 1 + ... + 7, twice
+
+
 def test_the_summary_spreads_over_ranks_and_counts_steps():
-    # (world 2, reps 3, FIELDS): wall, cpu, switches, gc, cpu before, after
+    # (world 2, reps 3, FIELDS): wall, cpu, switches, gc, cpu before, after, probe
     records = np.array([
-        [[10, 9, 0, 0, 1, 1], [30, 10, 1, 0, 1, 1], [20, 19, 0, 0, 1, 3]],
-        [[14, 13, 0, 1, 2, 2], [31, 30, 0, 0, 2, 2], [20, 20, 0, 0, 1, 1]],
+        [[10, 9, 0, 0, 1, 1, 5], [30, 10, 1, 0, 1, 1, 6], [20, 19, 0, 0, 1, 3, 7]],
+        [[14, 13, 0, 1, 2, 2, 9], [31, 30, 0, 0, 2, 2, 12], [20, 20, 0, 0, 1, 1, 30]],
     ], dtype=np.float64)
     s = spread.summarize(records)
     assert s["spread_p50"] == 1.0 and s["cpu_spread_p50"] == 4.0  # spreads 4, 1, 0 / 4, 20, 1
@@ -59,6 +70,7 @@ def test_the_summary_spreads_over_ranks_and_counts_steps():
     assert s["steps_switched"] == 1 and s["steps_collecting"] == 1 and s["steps_moved"] == 1
     assert s["steps_sharing_a_core"] == 1  # step 3: both ranks on CPU 1
     assert s["cpus"] == [[1], [1, 2]]
+    assert s["probe_p50"] == [6.0, 12.0]
     records[:, :, 4] = -1  # no sched_getcpu: no CPU known, so no core shared
     assert spread.summarize(records)["steps_sharing_a_core"] == 0
 
@@ -77,7 +89,27 @@ def test_it_runs_under_torchrun(tmp_path):
     records = np.array(report["requests"]["2"]["records"])
     assert records.shape == (2, 4, len(spread.FIELDS))
     assert (records[..., 0] > 0).all() and (records[..., 1] >= 0).all()
-    assert "2 requests: host p50" in done.stdout
+    assert (records[..., 6] > 0).all()
+    ranks = report["requests"]["2"]["ranks"]
+    assert len(ranks) == 2 and all(r["cpu"] >= -1 and "threads" in r for r in ranks)
+    assert "2 requests: host p50" in done.stdout and "rank 1: probe p50" in done.stdout
+
+
+def test_each_rank_is_told_its_cpu_its_shares_and_its_core_s_other_thread(tmp_path,
+                                                                         monkeypatch):
+    monkeypatch.setattr(spread, "core_of", lambda cpus: {c: (c, c + 16) for c in cpus})
+    shares = {1: {"busy": 1.0, "steal": 0.01}, 17: {"busy": 0.4, "steal": 0.0},
+              2: {"busy": 0.9, "steal": 0.2}}
+    windows = [{"cpus": shares, "mhz": {1: 2400.0}, "threads": [["pt_main", 1.0, 1]]},
+               {"cpus": shares, "mhz": {}, "threads": []}]
+    records = np.zeros((2, 3, len(spread.FIELDS)))
+    records[0, :, 4] = [1, 1, 3]  # rank 0 started two of its three steps on CPU 1
+    records[1, :, 4] = [2, 2, 2]
+    one, two = spread.rank_cpus(windows, records)
+    assert one == {"cpu": 1, "busy": 1.0, "steal": 0.01, "mhz": 2400.0, "sibling_busy": 0.4,
+                   "threads": [["pt_main", 1.0, 1]]}
+    assert two["cpu"] == 2 and two["steal"] == 0.2 and two["mhz"] is None
+    assert two["sibling_busy"] is None  # CPU 18 is not in the census
 
 
 def test_it_says_how_to_launch_it_without_torchrun(capsys, monkeypatch):
