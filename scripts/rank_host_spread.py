@@ -14,9 +14,9 @@ rendezvous) and records, on each rank's thread and around each step:
 * ``switches``: its voluntary and involuntary context switches (``getrusage``);
 * ``gc``: Python collections started during the step;
 * ``cpu_before`` / ``cpu_after``: the CPU it ran on (``sched_getcpu``);
-* ``probe_us``: right after the step, a fixed piece of pure-Python work (``probe``), the
-  same on every rank: when it too runs slower on one rank, that rank's CPU executes the
-  same code slower, whatever the step does.
+* ``probe_us``: right after the step, a fixed piece of pure-Python work
+  (``host_census.probe``), the same on every rank: when it too runs slower on one rank,
+  that rank's CPU executes the same code slower, whatever the step does.
 
 Around each request count's timed steps, ``host_census`` takes what the host's CPUs did:
 per CPU its busy and steal shares and its clock, and this process's busy threads.
@@ -46,7 +46,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from host_census import Census, window
+from host_census import Census, probe, window
 
 from staticattn.distributed.dcp_bench import WARMUP, aligner, host_spread
 from staticattn.distributed.paired import paired_managers
@@ -60,15 +60,6 @@ from staticattn.distributed.world import (
 from staticattn.graphs import GraphOptions
 
 FIELDS = ("wall_us", "cpu_us", "switches", "gc", "cpu_before", "cpu_after", "probe_us")
-PROBE_ITERATIONS = 400  # about 10-20 us of bytecode on a server core
-
-
-def probe(n: int = PROBE_ITERATIONS) -> int:
-    """Fixed pure-Python work: a loop of additions and masks, no allocation, no I/O."""
-    total = 0
-    for i in range(n):
-        total += i & 7
-    return total
 
 
 class StepClock:
@@ -79,6 +70,7 @@ class StepClock:
         gc.callbacks.append(self._count)
         libc = ctypes.CDLL(None, use_errno=True)
         self._getcpu = getattr(libc, "sched_getcpu", lambda: -1)
+        self.probe = probe
 
     def _count(self, phase: str, info: dict) -> None:
         self._collections += phase == "start"
@@ -97,7 +89,7 @@ class StepClock:
         switches = (use1.ru_nvcsw - use0.ru_nvcsw) + (use1.ru_nivcsw - use0.ru_nivcsw)
         cpu1 = self._getcpu()
         p0 = time.perf_counter_ns()
-        probe()
+        self.probe()
         p1 = time.perf_counter_ns()
         return ((t1 - t0) / 1e3, (c1 - c0) / 1e3, switches, self._collections - gc0, cpu0,
                 cpu1, (p1 - p0) / 1e3)

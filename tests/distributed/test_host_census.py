@@ -77,9 +77,69 @@ def test_a_busy_thread_of_this_process_shows_in_a_real_census():
     before = census.Census.take()
     t.start()
     time.sleep(0.6)
+    after = census.Census.take()  # while the spinner lives: an ended thread leaves /proc
     stop.set()
     t.join()
-    w = census.window(before, census.Census.take())
+    w = census.window(before, after)
     assert w["cpus"] and all(0 <= s["busy"] <= 1.05 for s in w["cpus"].values())
     # Python threads share the GIL with this one, sleeping here: the spinner ran most of it.
     assert any(share >= 0.3 for _, share, _ in w["threads"])
+
+
+def test_the_probe_does_fixed_work():
+    assert census.probe(8) == 28 and census.probe(16) == 56  # 0 + 1 + ... + 7, twice
+
+
+def test_phases_count_blocks_slower_than_the_fastest():
+    ph = census.phases([10.0, 12.0, 14.0, 30.0])
+    assert ph == {"fastest": 10.0, "median": 13.0, "slowest": 30.0, "slow_share": 0.5}
+
+
+def test_probe_blocks_pin_and_time_every_block(monkeypatch):
+    pinned = []
+    monkeypatch.setattr(census.os, "sched_setaffinity", lambda pid, cpus: pinned.append(cpus))
+    blocks = census.probe_blocks(0.35, cpu=0)
+    # Pinned for the probe, then the caller's CPUs again; whole 100 ms blocks only.
+    assert pinned == [{0}, os.sched_getaffinity(0)] and len(blocks) == 3
+    assert all(0 < b < 10_000 for b in blocks)
+
+
+def test_the_control_runs_one_pinned_process_per_cpu(capsys):
+    cpu = min(os.sched_getaffinity(0))
+    assert census.main(["--seconds", "0.3", "--cpus", str(cpu)]) == 0
+    out = capsys.readouterr().out
+    assert f"CPU   {cpu}: fastest" in out and "0.3 s on each of 1 CPUs" in out
+    assert "CPUs had a block 1.3x slower" in out
+
+
+def test_siblings_are_the_cpus_whose_busy_loop_slows_the_probe(monkeypatch, capsys):
+    # A fake probe_blocks: the probe runs 2x slower while a spinner lives on CPU 5.
+    spinning = []
+    monkeypatch.setattr(census, "_spin", lambda cpu, stop: None)
+
+    class FakeProcess:
+        def __init__(self, target, args):
+            self.cpu = args[0]
+
+        def start(self):
+            spinning.append(self.cpu)
+
+        def join(self):
+            spinning.remove(self.cpu)
+
+    fork = census.multiprocessing.get_context("fork")
+    monkeypatch.setattr(fork, "Process", FakeProcess)
+    monkeypatch.setattr(census.multiprocessing, "get_context", lambda _: fork)
+    monkeypatch.setattr(census, "probe_blocks",
+                        lambda seconds, cpu: [20.0 if 5 in spinning else 10.0])
+    assert census.slowed_by(1, others=[2, 5, 7]) == {2: 1.0, 5: 2.0, 7: 1.0}
+    monkeypatch.setattr(census.os, "sched_getaffinity", lambda pid: {1, 5, 7})
+    assert census.main(["--siblings-of", "1"]) == 0
+    assert "CPU 1: slowed >= 1.3x by a busy CPU [5]" in capsys.readouterr().out
+
+
+def test_a_real_spinner_runs_pinned_and_stops():
+    cpu = min(os.sched_getaffinity(0))
+    allowed = os.sched_getaffinity(0)
+    ratios = census.slowed_by(cpu, seconds=0.2, others=[cpu])  # the spinner on the same CPU
+    assert ratios[cpu] > 0 and os.sched_getaffinity(0) == allowed
