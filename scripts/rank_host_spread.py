@@ -16,7 +16,8 @@ rendezvous) and records, on each rank's thread and around each step:
 * ``cpu_before`` / ``cpu_after``: the CPU it ran on (``sched_getcpu``);
 * ``probe_us``: right after the step, a fixed piece of pure-Python work
   (``host_census.probe``), the same on every rank: when it too runs slower on one rank,
-  that rank's CPU executes the same code slower, whatever the step does.
+  that rank's CPU executes the same code slower, whatever the step does. The steps where
+  every rank's probe ran at full speed get a spread of their own.
 
 Around each request count's timed steps, ``host_census`` takes what the host's CPUs did:
 per CPU its busy and steal shares and its clock, and this process's busy threads.
@@ -46,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-from host_census import Census, probe, window
+from host_census import SLOW, Census, probe, window
 
 from staticattn.distributed.dcp_bench import WARMUP, aligner, host_spread
 from staticattn.distributed.paired import paired_managers
@@ -115,8 +116,12 @@ def core_of(cpus, sysfs: Path = Path("/sys")) -> dict[int, tuple[int, ...]]:
 
 
 def summarize(records: np.ndarray) -> dict:
-    """``records`` ``(world, reps, len(FIELDS))``: the spreads and the step counts."""
-    wall, cpu = records[..., 0], records[..., 1]
+    """``records`` ``(world, reps, len(FIELDS))``: the spreads and the step counts.
+
+    ``full_speed_*``: the steps where every rank's probe ran within ``SLOW`` of the run's
+    fast probe (its 5th percentile over every rank and step), so that no rank's CPU was in a
+    slow phase, and the wall-time spread over those steps alone (None without any)."""
+    wall, cpu, probed = records[..., 0], records[..., 1], records[..., 6]
     placed = records[..., 4].astype(int)
     cores = core_of(sorted(set(placed.ravel().tolist()) - {-1}))
     # Two ranks on one physical core in a step; a CPU of -1 (no sched_getcpu) says nothing.
@@ -128,6 +133,9 @@ def summarize(records: np.ndarray) -> dict:
 
     # The bench's own spread (dcp_bench.host_spread), of the wall and of the CPU times.
     spread, cpu_spread = (tuple(round(x, 1) for x in host_spread(t)) for t in (wall, cpu))
+    full = (probed < SLOW * np.percentile(probed, 5)).all(axis=0)
+    full_spread = (tuple(round(x, 1) for x in host_spread(wall[:, full])) if full.any()
+                   else (None, None))
 
     return {
         "host_p50": [p(w, 50) for w in wall], "host_p99": [p(w, 99) for w in wall],
@@ -140,7 +148,9 @@ def summarize(records: np.ndarray) -> dict:
         "steps_moved": int((records[..., 4] != records[..., 5]).any(axis=0).sum()),
         "steps_sharing_a_core": int(shared.sum()),
         "cpus": [sorted(set(r.tolist())) for r in placed],
-        "probe_p50": [p(r, 50) for r in records[..., 6]],
+        "probe_p50": [p(r, 50) for r in probed],
+        "full_speed_steps": int(full.sum()),
+        "full_speed_spread_p50": full_spread[0], "full_speed_spread_p99": full_spread[1],
     }
 
 
@@ -218,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{summary['steps_collecting']}, a CPU change {summary['steps_moved']}, two "
               f"ranks on one core {summary['steps_sharing_a_core']} (of {args.reps}); "
               f"CPUs per rank {summary['cpus']}")
+        print(f"   every rank's probe within {SLOW}x of the fast one: "
+              f"{summary['full_speed_steps']} steps, spread p50 "
+              f"{summary['full_speed_spread_p50']} p99 {summary['full_speed_spread_p99']}")
         for r, (p50, cpu) in enumerate(zip(summary["probe_p50"], placed)):
             print(f"   rank {r}: probe p50 {p50} us; CPU {cpu['cpu']} busy {cpu['busy']} "
                   f"steal {cpu['steal']} at {cpu['mhz']} MHz, its core's other thread busy "

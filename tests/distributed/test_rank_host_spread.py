@@ -66,6 +66,12 @@ def test_the_summary_spreads_over_ranks_and_counts_steps():
     assert s["steps_sharing_a_core"] == 1  # step 3: both ranks on CPU 1
     assert s["cpus"] == [[1], [1, 2]]
     assert s["probe_p50"] == [6.0, 12.0]
+    # The probes' p5 over both ranks is 5.25: full speed is below 6.825. Rank 1 (9, 12, 30)
+    # never ran at it, so no step did.
+    assert s["full_speed_steps"] == 0 and s["full_speed_spread_p99"] is None
+    records[1, :, 6] = [5, 6, 6]  # rank 1 fast throughout: steps 1 and 2 (rank 0's 5, 6)
+    s = spread.summarize(records)
+    assert s["full_speed_steps"] == 2 and s["full_speed_spread_p50"] == 2.5  # spreads 4, 1
     records[:, :, 4] = -1  # no sched_getcpu: no CPU known, so no core shared
     assert spread.summarize(records)["steps_sharing_a_core"] == 0
 
