@@ -157,8 +157,9 @@ def phases(blocks: list[float]) -> dict:
             "slow_share": round(sum(b >= SLOW * low for b in blocks) / len(blocks), 3)}
 
 
-def _spin(cpu: int, stop) -> None:
+def _spin(cpu: int, started, stop) -> None:
     os.sched_setaffinity(0, {cpu})
+    started.set()
     while not stop.is_set():
         pass
 
@@ -166,15 +167,18 @@ def _spin(cpu: int, stop) -> None:
 def slowed_by(cpu: int, seconds: float = 0.5, others=None) -> dict[int, float]:
     """The probe's median on ``cpu`` beside a busy loop on each other CPU (``others``, default
     every CPU this process may run on), over its median alone: a ratio per other CPU."""
-    fork = multiprocessing.get_context("fork")
+    # Spawned, not forked: a caller with threads (CUDA's, a test runner's) forks safely only
+    # when no other thread holds a lock at that instant.
+    spawn = multiprocessing.get_context("spawn")
     others = others or sorted(os.sched_getaffinity(0) - {cpu})
     alone = statistics.median(probe_blocks(seconds, cpu))
     ratios = {}
     for other in others:
-        stop = fork.Event()
-        spinner = fork.Process(target=_spin, args=(other, stop))
+        started, stop = spawn.Event(), spawn.Event()
+        spinner = spawn.Process(target=_spin, args=(other, started, stop))
         spinner.start()
         try:
+            started.wait(timeout=30)  # a spawned interpreter takes a while to start
             ratios[other] = round(statistics.median(probe_blocks(seconds, cpu)) / alone, 2)
         finally:
             stop.set()
@@ -200,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     cpus = args.cpus or sorted(os.sched_getaffinity(0))
     before = Census.take()
-    with multiprocessing.get_context("fork").Pool(len(cpus)) as pool:
+    with multiprocessing.get_context("spawn").Pool(len(cpus)) as pool:
         runs = pool.starmap(probe_blocks, [(args.seconds, c) for c in cpus])
     shares = window(before, Census.take())["cpus"]
     print(f"probe of {PROBE_ITERATIONS} iterations, median us per {BLOCK_S * 1e3:.0f} ms block, "

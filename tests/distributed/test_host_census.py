@@ -115,21 +115,21 @@ def test_the_control_runs_one_pinned_process_per_cpu(capsys):
 def test_siblings_are_the_cpus_whose_busy_loop_slows_the_probe(monkeypatch, capsys):
     # A fake probe_blocks: the probe runs 2x slower while a spinner lives on CPU 5.
     spinning = []
-    monkeypatch.setattr(census, "_spin", lambda cpu, stop: None)
 
     class FakeProcess:
         def __init__(self, target, args):
-            self.cpu = args[0]
+            self.cpu, self.started = args[0], args[1]
 
         def start(self):
             spinning.append(self.cpu)
+            self.started.set()
 
         def join(self):
             spinning.remove(self.cpu)
 
-    fork = census.multiprocessing.get_context("fork")
-    monkeypatch.setattr(fork, "Process", FakeProcess)
-    monkeypatch.setattr(census.multiprocessing, "get_context", lambda _: fork)
+    spawn = census.multiprocessing.get_context("spawn")
+    monkeypatch.setattr(spawn, "Process", FakeProcess)
+    monkeypatch.setattr(census.multiprocessing, "get_context", lambda _: spawn)
     monkeypatch.setattr(census, "probe_blocks",
                         lambda seconds, cpu: [20.0 if 5 in spinning else 10.0])
     assert census.slowed_by(1, others=[2, 5, 7]) == {2: 1.0, 5: 2.0, 7: 1.0}
