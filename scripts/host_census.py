@@ -37,6 +37,7 @@ PROC = Path("/proc")
 PROBE_ITERATIONS = 400  # 10-25 us of bytecode on a server core
 BLOCK_S = 0.1
 SLOW = 1.3  # a block this much slower than the CPU's fastest counts as slow
+SPIN_START_S = 30.0
 
 
 def probe(n: int = PROBE_ITERATIONS) -> int:
@@ -178,7 +179,11 @@ def slowed_by(cpu: int, seconds: float = 0.5, others=None) -> dict[int, float]:
         spinner = spawn.Process(target=_spin, args=(other, started, stop))
         spinner.start()
         try:
-            started.wait(timeout=30)  # a spawned interpreter takes a while to start
+            # A spawned interpreter takes a while to start; without its busy loop the ratio
+            # would say nothing of the other CPU.
+            if not started.wait(timeout=SPIN_START_S):
+                raise RuntimeError(f"the busy loop for CPU {other} did not start within "
+                                   f"{SPIN_START_S} s")
             ratios[other] = round(statistics.median(probe_blocks(seconds, cpu)) / alone, 2)
         finally:
             stop.set()

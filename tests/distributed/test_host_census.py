@@ -138,6 +138,26 @@ def test_siblings_are_the_cpus_whose_busy_loop_slows_the_probe(monkeypatch, caps
     assert "CPU 1: slowed >= 1.3x by a busy CPU [5]" in capsys.readouterr().out
 
 
+def test_a_spinner_that_never_starts_is_an_error_not_a_ratio(monkeypatch):
+    class SilentProcess:  # never sets "started"
+        def __init__(self, target, args):
+            pass
+
+        def start(self):
+            pass
+
+        def join(self):
+            pass
+
+    spawn = census.multiprocessing.get_context("spawn")
+    monkeypatch.setattr(spawn, "Process", SilentProcess)
+    monkeypatch.setattr(census.multiprocessing, "get_context", lambda _: spawn)
+    monkeypatch.setattr(census, "probe_blocks", lambda seconds, cpu: [10.0])
+    monkeypatch.setattr(census, "SPIN_START_S", 0.05)
+    with pytest.raises(RuntimeError, match="busy loop for CPU 3 did not start"):
+        census.slowed_by(1, others=[3])
+
+
 def test_a_real_spinner_runs_pinned_and_stops():
     cpu = min(os.sched_getaffinity(0))
     allowed = os.sched_getaffinity(0)
